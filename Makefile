@@ -1,0 +1,38 @@
+# Set-up and entry points. `make study` and `make test` are the two commands of the README.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+CORES ?= all
+
+.PHONY: venv study test test-all lint clean
+
+venv: $(INSTALLED)
+
+# torch first and alone: the CPU build of 2.13.0 (an unpinned torch would pull a multi-GB CUDA build).
+$(INSTALLED): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[dev]"
+	touch $@
+
+## The whole embedded study: every rule of the default config, then the HTML report.
+study: $(INSTALLED)
+	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --cores $(CORES) --report report.html
+
+## The test suite without the slow end-to-end tests (what CI runs).
+test: $(INSTALLED)
+	$(BIN)/pytest -m "not slow"
+
+## Every test, the slow end-to-end ones included.
+test-all: $(INSTALLED)
+	$(BIN)/pytest
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/snakemake --lint
+
+clean:
+	rm -rf results figures logs report.html .snakemake

@@ -1,0 +1,5 @@
+import sys
+
+from klstudy.cli import main
+
+sys.exit(main())

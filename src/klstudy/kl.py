@@ -1,0 +1,160 @@
+"""KL estimators and where they go in the policy-gradient objective: the paper's Table 1, written once.
+
+Every part of klstudy that touches the KL penalty (the toy model of §3.3, the RL trainer, the tests that
+compare both with TRL) imports these functions; none writes its own.
+
+Notation (paper §3). For token t of a response sampled from the policy,
+
+    log_ratio_t = log π_θ(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)        (= −log r_t in the paper)
+
+    K1_t = log_ratio_t                       naive estimator; E[Σ_t K1_t] = KL(π_θ ‖ π_ref)
+    K2_t = ½ · log_ratio_t²                  squared log-ratio; biased for the KL value
+    K3_t = exp(−log_ratio_t) − 1 + log_ratio_t   Schulman's estimator; unbiased and ≥ 0
+
+Placement (eqs. 7–9). With sequence estimate K = Σ_t K_t (masked), task reward R and baseline b:
+
+    reward: A = R − β·sg[K] − b          the score-function term  β·K·∇log π_θ(y)        (eq. 8)
+    loss:   L = L_pg + β·Σ_t K_t          the path-wise term       β·Σ_t ∇K_t               (eq. 9)
+    both:   both terms; on-policy their sum is ∇E[K], so unbiased whenever K is unbiased (eq. 6)
+    none:   no KL term (β is ignored)
+
+Only K1-in-reward, and "both" with an estimator unbiased in value, give unbiased gradients of the
+sequence-level reverse KL (§3.2; checked exactly in tests/test_toy.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ESTIMATORS = ("k1", "k2", "k3")
+PLACEMENTS = ("reward", "loss", "both", "none")
+
+EXPRESSIONS = {  # as Table 1 writes them, with r = π_ref / π_θ
+    "k1": "-log r",
+    "k2": "(log r)^2 / 2",
+    "k3": "r - 1 - log r",
+}
+
+
+@dataclass(frozen=True)
+class KLSpec:
+    """One KL configuration of the study.
+
+    Attributes:
+        estimator: token-level estimator, one of ``ESTIMATORS``.
+        placement: where the penalty enters the objective, one of ``PLACEMENTS``.
+        beta: penalty coefficient β ≥ 0.
+    """
+
+    estimator: str
+    placement: str
+    beta: float
+
+    def __post_init__(self):
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"kl estimator {self.estimator!r} is not one of {ESTIMATORS}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"kl placement {self.placement!r} is not one of {PLACEMENTS}")
+        if not self.beta >= 0:
+            raise ValueError(f"kl beta must be >= 0, got {self.beta!r}")
+
+    @property
+    def in_reward(self) -> bool:
+        return self.beta > 0 and self.placement in ("reward", "both")
+
+    @property
+    def in_loss(self) -> bool:
+        return self.beta > 0 and self.placement in ("loss", "both")
+
+    @property
+    def name(self) -> str:
+        return f"{self.estimator}-{self.placement}"
+
+
+def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from log-probs of the sampled tokens (any shape).
+
+    Differentiable in ``logp``; the caller detaches where the placement needs a stop-gradient.
+    """
+    log_ratio = logp - ref_logp
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    if estimator == "k3":
+        # Written as TRL writes it, so that the two agree to the last bit.
+        return torch.exp(-log_ratio) - 1 + log_ratio
+    raise ValueError(f"kl estimator {estimator!r} is not one of {ESTIMATORS}")
+
+
+def sequence_kl(logp, ref_logp, mask, estimator) -> torch.Tensor:
+    """Σ_t K_t over the response tokens of each sequence: shape ``logp.shape[:-1]``."""
+    return (token_kl(logp, ref_logp, estimator) * mask).sum(-1)
+
+
+def reward_penalty(logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
+    """β·Σ_t sg[K_t] per sequence when the KL is placed in the reward, else zeros (no gradient).
+
+    ``logp`` must be the log-probs of the policy that *sampled* the tokens (eq. 7): in an off-policy
+    update that is π_old, not the policy being trained.
+    """
+    if not spec.in_reward:
+        return torch.zeros(logp.shape[:-1], dtype=logp.dtype, device=logp.device)
+    return spec.beta * sequence_kl(logp.detach(), ref_logp.detach(), mask, spec.estimator)
+
+
+def shaped_rewards(task_rewards, logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
+    """R − β·Σ_t sg[K_t]: the reward the baseline and advantage are computed from."""
+    return task_rewards - reward_penalty(logp, ref_logp, mask, spec)
+
+
+def loss_penalty(logp, ref_logp, mask, spec: KLSpec, importance_weights=None) -> torch.Tensor:
+    """Per-token β·K_t(θ)·mask to add to the per-token loss when the KL is placed in the loss.
+
+    Differentiable in ``logp`` (the path-wise term of eq. 9). ``importance_weights`` (π_θ/π_old per
+    token, differentiable) multiplies the term, as Zhang et al. (2025) propose for off-policy
+    updates; the paper does not. Returns zeros when the KL is not in the loss.
+    """
+    if not spec.in_loss:
+        return torch.zeros_like(logp)
+    per_token = token_kl(logp, ref_logp.detach(), spec.estimator)
+    if importance_weights is not None:
+        per_token = importance_weights * per_token
+    return spec.beta * per_token * mask
+
+
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """REINFORCE leave-one-out: A_i = R_i − mean_{j≠i} R_j within each group (the last dimension).
+
+    The paper's on-policy baseline (Ahmadian et al., 2024). Unbiased: b_i does not depend on y_i.
+    """
+    group_size = rewards.shape[-1]
+    if group_size < 2:
+        raise ValueError("RLOO needs at least 2 samples per group")
+    total = rewards.sum(-1, keepdim=True)
+    return rewards - (total - rewards) / (group_size - 1)
+
+
+def group_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """GRPO without scaling: A_i = R_i − mean_j R_j = (G−1)/G times the RLOO advantage."""
+    return rewards - rewards.mean(-1, keepdim=True)
+
+
+ADVANTAGES = {"rloo": rloo_advantages, "grpo": group_mean_advantages, "none": lambda r: r}
+
+
+def reinforce_loss(logp, ref_logp, mask, task_rewards, spec: KLSpec, advantage="rloo") -> torch.Tensor:
+    """On-policy REINFORCE surrogate whose gradient is the paper's estimate (eqs. 8–9, with both terms).
+
+    Shapes: ``logp``, ``ref_logp``, ``mask`` are (..., G, T) for groups of G responses sampled from
+    π_θ; ``task_rewards`` is (..., G). Tokens are summed per sequence and sequences averaged per group,
+    so ``-∇loss`` is an unbiased per-group estimate of the gradient of (R − β·KL) for the unbiased
+    configurations. Returns one loss per group: shape (...,).
+    """
+    rewards = shaped_rewards(task_rewards, logp, ref_logp, mask, spec)
+    advantages = ADVANTAGES[advantage](rewards).detach()
+    score_term = -(advantages * (logp * mask).sum(-1))
+    path_term = loss_penalty(logp, ref_logp, mask, spec).sum(-1)
+    return (score_term + path_term).mean(-1)

@@ -1,0 +1,133 @@
+"""Config validation: bad input stops before any job, with a message naming the key."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from klstudy.config import ConfigError, validate_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+
+def load(name="config.yaml"):
+    return yaml.safe_load((ROOT / name).read_text())
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
+def test_shipped_configs_are_valid(name):
+    config = validate_config(load(name))
+    assert config["toy"]["baseline"] in ("none", "rloo")
+
+
+def test_defaults_are_filled_in():
+    config = load()
+    del config["toy"]["baseline"]
+    assert validate_config(config)["toy"]["baseline"] == "none"
+
+
+def set_key(config, path, value):
+    *parents, last = path
+    for key in parents:
+        config = config[key]
+    config[last] = value
+
+
+def delete_key(config, path):
+    *parents, last = path
+    for key in parents:
+        config = config[key]
+    del config[last]
+
+
+BAD = [
+    # (what, edit, text the message must contain)
+    ("unknown estimator", lambda c: set_key(c, ["toy", "estimators"], ["k1", "k4"]), "toy.estimators[1]"),
+    ("unknown placement", lambda c: set_key(c, ["toy", "placements"], ["advantage"]), "toy.placements[0]"),
+    ("negative beta", lambda c: set_key(c, ["studies", "onpolicy", "betas"], [-0.1, 0.1]), "studies.onpolicy.betas[0]"),
+    ("missing key", lambda c: delete_key(c, ["toy", "trials"]), "'toy.trials' is missing"),
+    ("missing section", lambda c: delete_key(c, ["toy"]), "'toy' is missing"),
+    ("wrong type", lambda c: set_key(c, ["toy", "trials"], "200"), "toy.trials"),
+    ("float where integer", lambda c: set_key(c, ["toy", "sequences"], 10.5), "toy.sequences"),
+    ("unknown top-level key", lambda c: set_key(c, ["toys"], {}), "'toys' is not a known setting"),
+    ("misspelt nested key", lambda c: set_key(c, ["toy", "trails"], 3), "'toy.trails' is not a known setting"),
+    (
+        "bad kl config",
+        lambda c: set_key(c, ["studies", "onpolicy", "kl"], ["k1-reward", "k4-loss"]),
+        "studies.onpolicy.kl[1]",
+    ),
+    (
+        "undefined model",
+        lambda c: set_key(c, ["studies", "onpolicy", "models"], ["gpt5"]),
+        "studies.onpolicy.models[0]",
+    ),
+    ("alpha out of range", lambda c: set_key(c, ["toy", "alpha"], 1.5), "toy.alpha"),
+    ("empty list", lambda c: set_key(c, ["toy", "lengths"], []), "toy.lengths"),
+    (
+        "setting lacks a parameter",
+        lambda c: delete_key(c, ["toy", "settings", "close", "b_ref"]),
+        "toy.settings.close.b_ref",
+    ),
+    ("slash in a model alias", lambda c: set_key(c, ["models", "Qwen/Qwen2.5-7B"], {"source": "x"}), "models"),
+    ("negative seed", lambda c: set_key(c, ["studies", "onpolicy", "seeds"], [0, -1]), "studies.onpolicy.seeds[1]"),
+    ("unknown scale", lambda c: set_key(c, ["scale"], "huge"), "scale"),
+    ("duplicate length", lambda c: set_key(c, ["toy", "lengths"], [2, 2]), "toy.lengths"),
+    (
+        "unknown advantage",
+        lambda c: set_key(c, ["studies", "onpolicy", "train", "advantage"], "ppo"),
+        "studies.onpolicy.train.advantage",
+    ),
+    (
+        "study without train",
+        lambda c: delete_key(c, ["studies", "onpolicy", "train"]),
+        "'studies.onpolicy.train' is missing",
+    ),
+]
+
+
+@pytest.mark.parametrize("what,edit,expected", BAD, ids=[b[0] for b in BAD])
+def test_bad_config_names_the_key(what, edit, expected):
+    config = copy.deepcopy(load())
+    edit(config)
+    with pytest.raises(ConfigError) as error:
+        validate_config(config)
+    assert expected in str(error.value), str(error.value)
+    assert "\n" not in str(error.value), "one line, not a schema dump"
+
+
+@pytest.mark.parametrize(
+    "edit,expected",
+    [
+        (lambda c: set_key(c, ["toy", "estimators"], ["k1", "k5"]), "toy.estimators[1]"),
+        (lambda c: set_key(c, ["studies", "onpolicy", "betas"], [0.1, -1]), "studies.onpolicy.betas[1]"),
+    ],
+)
+def test_snakemake_stops_before_any_job(tmp_path, edit, expected):
+    config = load()
+    edit(config)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = subprocess.run(
+        [
+            SNAKEMAKE,
+            "-n",
+            "--cores",
+            "1",
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert expected in run.stdout + run.stderr
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,149 @@
+"""kl.py: estimator values, placements, advantages. Exact checks on small categorical distributions."""
+
+import itertools
+
+import pytest
+import torch
+
+from klstudy import kl
+
+F64 = torch.float64
+
+
+def categorical_pair(seed, size=5):
+    generator = torch.Generator().manual_seed(seed)
+    logp = torch.log_softmax(torch.randn(size, generator=generator, dtype=F64) * 1.5, -1)
+    ref_logp = torch.log_softmax(torch.randn(size, generator=generator, dtype=F64) * 1.5, -1)
+    return logp, ref_logp
+
+
+def exact_kl(logp, ref_logp):
+    return (logp.exp() * (logp - ref_logp)).sum()
+
+
+def test_estimator_formulas_on_known_values():
+    logp, ref_logp = torch.tensor([-1.0, -0.2], dtype=F64), torch.tensor([-0.5, -0.2], dtype=F64)
+    log_ratio = logp - ref_logp  # [-0.5, 0]
+    assert torch.allclose(kl.token_kl(logp, ref_logp, "k1"), log_ratio)
+    assert torch.allclose(kl.token_kl(logp, ref_logp, "k2"), torch.tensor([0.125, 0.0], dtype=F64))
+    r = torch.exp(ref_logp - logp)
+    assert torch.allclose(kl.token_kl(logp, ref_logp, "k3"), r - 1 - torch.log(r))
+    assert kl.token_kl(logp, ref_logp, "k3")[1] == 0
+
+
+def test_k3_matches_trl_expression_bitwise():
+    # TRL 1.16 GRPOTrainer: torch.exp(ref - logp) - (ref - logp) - 1
+    logp, ref_logp = torch.randn(64, dtype=F64), torch.randn(64, dtype=F64)
+    trl_k3 = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    assert torch.allclose(kl.token_kl(logp, ref_logp, "k3"), trl_k3, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_k1_and_k3_are_unbiased_for_the_kl_value_exactly(seed):
+    logp, ref_logp = categorical_pair(seed)
+    truth = exact_kl(logp, ref_logp)
+    for estimator in ("k1", "k3"):
+        expectation = (logp.exp() * kl.token_kl(logp, ref_logp, estimator)).sum()
+        assert torch.isclose(expectation, truth, rtol=1e-12, atol=1e-14), estimator
+    k2 = (logp.exp() * kl.token_kl(logp, ref_logp, "k2")).sum()
+    assert not torch.isclose(k2, truth, rtol=1e-3), "K2 is biased for the KL value"
+
+
+def test_k3_is_nonnegative():
+    logp, ref_logp = torch.randn(1000) * 3, torch.randn(1000) * 3
+    assert (kl.token_kl(logp, ref_logp, "k3") >= 0).all()
+
+
+def test_unknown_estimator_is_an_error():
+    with pytest.raises(ValueError, match="k4"):
+        kl.token_kl(torch.zeros(1), torch.zeros(1), "k4")
+
+
+@pytest.mark.parametrize(
+    "estimator,placement,beta,message",
+    [("k4", "reward", 0.1, "estimator"), ("k1", "advantage", 0.1, "placement"), ("k1", "loss", -0.1, "beta")],
+)
+def test_klspec_rejects_bad_values(estimator, placement, beta, message):
+    with pytest.raises(ValueError, match=message):
+        kl.KLSpec(estimator, placement, beta)
+
+
+def test_placement_flags():
+    table = {
+        (p, b): (kl.KLSpec("k1", p, b).in_reward, kl.KLSpec("k1", p, b).in_loss)
+        for p, b in itertools.product(kl.PLACEMENTS, (0.0, 0.5))
+    }
+    assert table[("reward", 0.5)] == (True, False)
+    assert table[("loss", 0.5)] == (False, True)
+    assert table[("both", 0.5)] == (True, True)
+    assert table[("none", 0.5)] == (False, False)
+    assert all(table[(p, 0.0)] == (False, False) for p in kl.PLACEMENTS), "beta = 0 means no KL anywhere"
+
+
+def batch(seed=0, groups=3, group_size=4, length=6):
+    generator = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(groups, group_size, length, generator=generator, dtype=F64).requires_grad_()
+    ref_logp = -torch.rand(groups, group_size, length, generator=generator, dtype=F64)
+    mask = (torch.rand(groups, group_size, length, generator=generator, dtype=F64) > 0.2).double()
+    rewards = (torch.rand(groups, group_size, generator=generator, dtype=F64) > 0.5).double()
+    return logp, ref_logp, mask, rewards
+
+
+def test_reward_penalty_is_stop_gradient_masked_sum():
+    logp, ref_logp, mask, _ = batch()
+    spec = kl.KLSpec("k3", "reward", 0.3)
+    penalty = kl.reward_penalty(logp, ref_logp, mask, spec)
+    assert not penalty.requires_grad
+    expected = 0.3 * ((torch.exp(ref_logp - logp) - 1 - (ref_logp - logp)) * mask).sum(-1)
+    assert torch.allclose(penalty, expected.detach())
+    assert torch.equal(
+        kl.reward_penalty(logp, ref_logp, mask, kl.KLSpec("k3", "loss", 0.3)), torch.zeros(3, 4, dtype=F64)
+    )
+
+
+def test_loss_penalty_is_differentiable_masked_and_weighted():
+    logp, ref_logp, mask, _ = batch()
+    spec = kl.KLSpec("k1", "loss", 0.2)
+    per_token = kl.loss_penalty(logp, ref_logp, mask, spec)
+    assert per_token.requires_grad
+    assert torch.allclose(per_token, 0.2 * (logp - ref_logp) * mask)
+    assert (per_token[mask == 0] == 0).all()
+    weights = torch.rand_like(logp)
+    assert torch.allclose(kl.loss_penalty(logp, ref_logp, mask, spec, weights), weights * per_token)
+    (grad,) = torch.autograd.grad(per_token.sum(), logp)
+    assert torch.allclose(grad, 0.2 * mask), "d(beta*K1)/dlogp = beta on unmasked tokens"
+    assert not kl.loss_penalty(logp, ref_logp, mask, kl.KLSpec("k1", "reward", 0.2)).any()
+
+
+def test_rloo_is_leave_one_out_mean():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0], [0.3, -2.0, 5.0, 0.0, 1.0]], dtype=F64)
+    advantages = kl.rloo_advantages(rewards)
+    for g in range(2):
+        for i in range(5):
+            others = torch.cat([rewards[g, :i], rewards[g, i + 1 :]])
+            assert torch.isclose(advantages[g, i], rewards[g, i] - others.mean())
+    assert torch.allclose(kl.group_mean_advantages(rewards), advantages * 4 / 5)
+    with pytest.raises(ValueError):
+        kl.rloo_advantages(torch.ones(3, 1))
+
+
+def test_rloo_includes_the_reward_kl_penalty():
+    logp, ref_logp, mask, rewards = batch()
+    spec = kl.KLSpec("k1", "reward", 0.5)
+    shaped = kl.shaped_rewards(rewards, logp, ref_logp, mask, spec)
+    k1 = ((logp - ref_logp) * mask).sum(-1).detach()
+    assert torch.allclose(kl.rloo_advantages(shaped), kl.rloo_advantages(rewards - 0.5 * k1))
+
+
+def test_reinforce_loss_gradient_is_the_papers_estimate():
+    """-∇loss = mean_i (R_i - β K_i - b_i) ∇log π(y_i) - β mean_i Σ_t ∇K_t, for 'both' with RLOO."""
+    logp, ref_logp, mask, rewards = batch()
+    beta = 0.4
+    loss = kl.reinforce_loss(logp, ref_logp, mask, rewards, kl.KLSpec("k3", "both", beta), "rloo").sum()
+    (grad,) = torch.autograd.grad(loss, logp)
+    k3 = (torch.exp(ref_logp - logp) - 1 - (ref_logp - logp)).detach()
+    advantage = kl.rloo_advantages(rewards - beta * (k3 * mask).sum(-1))
+    group_size = logp.shape[1]
+    # d/dlogp of the score term: -A_i mask / G ; of the path term: β (1 - r) mask / G
+    expected = (-advantage.unsqueeze(-1) + beta * (1 - torch.exp(ref_logp - logp).detach())) * mask / group_size
+    assert torch.allclose(grad, expected)

@@ -1,0 +1,50 @@
+"""Set-up files agree with each other: pins in pyproject.toml, the lock file, the conda env, CI and README."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def canonical(requirement: str) -> tuple[str, str]:
+    name, version = requirement.split("==")
+    return re.sub(r"[-_.]+", "-", name.strip().lower()), version.strip()
+
+
+def pyproject_pins() -> dict:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + project["optional-dependencies"]["dev"]
+    assert all("==" in r for r in requirements), "every dependency is pinned exactly"
+    return dict(canonical(r) for r in requirements)
+
+
+def test_torch_is_pinned_first():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["dependencies"][0] == "torch==2.13.0"
+
+
+def test_conda_env_matches_pyproject():
+    env = yaml.safe_load((ROOT / "envs" / "klstudy.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    conda_pins = dict(canonical(r) for r in pip)
+    runtime = {k: v for k, v in pyproject_pins().items() if k not in ("pytest", "ruff")}
+    assert conda_pins == runtime
+
+
+def test_lock_file_agrees_with_pyproject():
+    lines = [line for line in (ROOT / "requirements.lock").read_text().splitlines() if line and line[0] != "#"]
+    locked = dict(canonical(line) for line in lines)
+    for name, version in pyproject_pins().items():
+        assert locked.get(name) == version, name
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme.split("## Quick start")[1].split("\n## ")[0]
+    commands = re.findall(r"^(make \S+)", quick_start, re.M)
+    assert commands == ["make study", "make test"], commands
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^make test$", ci, re.M)
