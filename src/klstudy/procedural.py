@@ -1,0 +1,185 @@
+"""Procedural stand-ins for the paper's datasets: same record schema and prompt formats, same roles.
+
+| role (paper)                      | embedded stand-in                                               |
+|-----------------------------------|-----------------------------------------------------------------|
+| MATH train, MATH test, MATH500    | ``arithmetic``: one- and two-digit +, −, × with a worked solution |
+| MATH² (harder, in-domain)         | ``arithmetic`` at ``hard`` levels: three-term sums, 3-digit sums |
+| MMLU college physics              | ``mc_compare``: which of four numbers is largest (A–D)          |
+| MMLU college chemistry            | ``mc_length``: how many letters a word has (A–D)                |
+| MMLU college biology              | ``mc_next``: which letter follows a given one (A–D)             |
+| Countdown                         | reasoning-gym ``countdown`` with 3 numbers in 1..9              |
+
+Every problem has a *region* (train or held-out) fixed by a hash of its text, so a training set and an
+evaluation set never share a problem whatever their sizes and seeds, as MATH train and test do not.
+Every record carries ``solution``: a worked solution in the format the base model is warm-started on.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+import zlib
+
+from klstudy import prompts
+
+ARITHMETIC_LEVELS = {
+    "single": "one-digit addition, subtraction or multiplication",
+    "add2": "two-digit addition, column by column",
+    "sub2": "two-digit subtraction, column by column",
+    "sum3": "three-term sums of one- and two-digit numbers",
+    "add3": "three-digit addition, column by column",
+}
+HELD_OUT_PERCENT = 30  # share of each problem space reserved for evaluation sets
+
+
+def region(text: str) -> str:
+    return "heldout" if zlib.crc32(text.encode()) % 100 < HELD_OUT_PERCENT else "train"
+
+
+def _digits(n: int, width: int) -> list[int]:
+    return [int(c) for c in str(n).zfill(width)][::-1]  # ones first
+
+
+def _column_addition(a: int, b: int) -> str:
+    width = max(len(str(a)), len(str(b)))
+    steps, carry = [], 0
+    for place, (x, y) in enumerate(zip(_digits(a, width), _digits(b, width), strict=True)):
+        total = x + y + carry
+        terms = f"{x}+{y}" + (f"+{carry}" if carry else "")
+        steps.append(f"{_PLACES[place]}: {terms}={total}")
+        carry = total // 10
+    return ", ".join(steps)
+
+
+def _column_subtraction(a: int, b: int) -> str:
+    width = len(str(a))
+    steps, borrow = [], 0
+    for place, (x, y) in enumerate(zip(_digits(a, width), _digits(b, width), strict=True)):
+        x -= borrow
+        borrow = int(x < y)
+        top = x + 10 * borrow
+        steps.append(f"{_PLACES[place]}: {top}-{y}={top - y}" + (" borrow 1" if borrow else ""))
+    return ", ".join(steps)
+
+
+_PLACES = ("ones", "tens", "hundreds", "thousands")
+
+
+def _arithmetic_problem(level: str, rng: random.Random) -> tuple[str, str, int]:
+    """(question, worked reasoning, answer) for one problem of the level."""
+    if level == "single":
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        op = rng.choice("+-*")
+        if op == "-" and a < b:
+            a, b = b, a
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        return f"What is {a} {op} {b}?", f"{a}{op}{b}={value}.", value
+    if level == "add2":
+        a, b = rng.randint(10, 99), rng.randint(1, 99)
+        return f"What is {a} + {b}?", _column_addition(a, b) + ".", a + b
+    if level == "sub2":
+        a = rng.randint(10, 99)
+        b = rng.randint(1, a)
+        return f"What is {a} - {b}?", _column_subtraction(a, b) + ".", a - b
+    if level == "sum3":
+        a, b, c = rng.randint(1, 9), rng.randint(10, 60), rng.randint(1, 30)
+        return f"What is {a} + {b} + {c}?", f"{a}+{b}={a + b}, {a + b}+{c}={a + b + c}.", a + b + c
+    if level == "add3":
+        a, b = rng.randint(100, 999), rng.randint(10, 999)
+        return f"What is {a} + {b}?", _column_addition(a, b) + ".", a + b
+    raise ValueError(f"unknown arithmetic level {level!r}; known: {', '.join(ARITHMETIC_LEVELS)}")
+
+
+def _choices(correct, distractors, rng):
+    options = [correct, *distractors]
+    rng.shuffle(options)
+    return options, prompts.LETTERS[options.index(correct)]
+
+
+def _mc_compare(rng):
+    numbers = rng.sample(range(10, 100), 4)
+    largest = max(numbers)
+    options, letter = _choices(largest, [n for n in numbers if n != largest], rng)
+    return "Which number is the largest?", options, letter, f"The largest is {largest}."
+
+
+def _mc_length(rng):
+    word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 8)))
+    wrong = rng.sample([n for n in range(1, 10) if n != len(word)], 3)
+    options, letter = _choices(len(word), wrong, rng)
+    spelled = " ".join(word)
+    return f"How many letters are in the word '{word}'?", options, letter, f"{spelled}: {len(word)} letters."
+
+
+def _mc_next(rng):
+    i = rng.randrange(25)
+    before, after = string.ascii_lowercase[i], string.ascii_lowercase[i + 1]
+    wrong = rng.sample([c for c in string.ascii_lowercase if c != after], 3)
+    options, letter = _choices(after, wrong, rng)
+    return (
+        f"Which letter comes right after '{before}' in the alphabet?",
+        options,
+        letter,
+        f"After {before} comes {after}.",
+    )
+
+
+MULTIPLE_CHOICE = {"mc_compare": _mc_compare, "mc_length": _mc_length, "mc_next": _mc_next}
+
+
+def _draw_unique(make, size, want_region, rng, limit_factor=200):
+    """Draw ``size`` distinct problems from ``want_region`` (by the key ``make`` returns first)."""
+    seen, records = set(), []
+    for _ in range(size * limit_factor):
+        key, record = make(rng)
+        if key in seen or region(key) != want_region:
+            continue
+        seen.add(key)
+        records.append(record)
+        if len(records) == size:
+            return records
+    raise ValueError(f"only {len(records)} distinct {want_region} problems found; ask for fewer than {size}")
+
+
+def arithmetic(name: str, size: int, seed: int, levels, split: str) -> list[dict]:
+    """Math-role records: {id, prompt, answer, reward='math', solution, level, ...}."""
+    rng = random.Random(f"{name}:{seed}")
+
+    def make(rng):
+        level = rng.choice(list(levels))
+        question, reasoning, value = _arithmetic_problem(level, rng)
+        record = dict(
+            prompt=prompts.math_prompt(question),
+            answer=str(value),
+            reward="math",
+            solution=f"{reasoning} The answer is \\boxed{{{value}}}.",
+            level=level,
+            problem=question,
+        )
+        return question, record
+
+    return _number(name, _draw_unique(make, size, split, rng))
+
+
+def multiple_choice(name: str, kind: str, size: int, seed: int, split: str) -> list[dict]:
+    """MMLU-role records with letter answers."""
+    rng = random.Random(f"{name}:{seed}")
+    generate = MULTIPLE_CHOICE[kind]
+
+    def make(rng):
+        question, options, letter, reasoning = generate(rng)
+        record = dict(
+            prompt=prompts.multiple_choice_prompt(question, [str(o) for o in options]),
+            answer=letter,
+            reward="multiple_choice",
+            solution=f"{reasoning} The answer is \\boxed{{{letter}}}.",
+            subject=kind,
+            choices=[str(o) for o in options],
+        )
+        return question + "|" + ",".join(map(str, options)), record
+
+    return _number(name, _draw_unique(make, size, split, rng))
+
+
+def _number(name, records):
+    return [{"id": f"{name}-{i:05d}", **record} for i, record in enumerate(records)]

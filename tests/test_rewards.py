@@ -1,0 +1,182 @@
+"""Rewards: correctness on hand-written cases in the real formats, and a fuzz test on untrusted text."""
+
+import random
+import string
+import threading
+import time
+
+import pytest
+
+from klstudy import rewards
+
+
+@pytest.fixture(scope="module", autouse=True)
+def math_worker():
+    rewards.MATH_VERIFIER.warm_up()
+
+
+MATH_CASES = [
+    # (completion, gold, expected)
+    ("ones: 3+5=8, tens: 2+4=6. The answer is \\boxed{68}.", "68", 1.0),
+    ("The answer is \\boxed{69}.", "68", 0.0),
+    ("\\boxed{\\frac{1}{2}}", "\\frac12", 1.0),
+    ("\\boxed{\\dfrac{1}{2}}", "0.5", 1.0),
+    ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+    ("\\boxed{\\frac{2}{3}}", "\\frac{1}{2}", 0.0),
+    ("\\boxed{[0, 1)}", "[0,1)", 1.0),
+    ("\\boxed{(0, 1]}", "[0,1)", 0.0),
+    ("\\boxed{(-\\infty, 3]}", "(-\\infty,3]", 1.0),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
+    ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
+    ("first \\boxed{3} then corrected: \\boxed{4}", "4", 1.0),
+    ("first \\boxed{4} then corrected: \\boxed{3}", "4", 0.0),
+    ("\\boxed{\\text{(C)}}", "\\text{(C)}", 1.0),
+    ("no answer at all", "4", 0.0),
+    ("", "4", 0.0),
+]
+
+
+@pytest.mark.parametrize("completion,gold,expected", MATH_CASES)
+def test_math_reward(completion, gold, expected):
+    assert rewards.math_reward(completion, gold) == expected
+
+
+def test_math_reward_works_outside_the_main_thread():
+    results = []
+    thread = threading.Thread(target=lambda: results.append(rewards.math_reward("\\boxed{\\frac{3}{6}}", "0.5")))
+    thread.start()
+    thread.join(10)
+    assert results == [1.0]
+
+
+def test_math_reward_times_out_on_c_level_work_in_a_thread():
+    results = []
+
+    def run():
+        start = time.perf_counter()
+        results.append((rewards.math_reward("\\boxed{9^{9^{9^{9}}}}", "3"), time.perf_counter() - start))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    reward, seconds = results[0]
+    assert reward == 0.0 and seconds < 1.0
+    assert rewards.math_reward("\\boxed{7}", "7") == 1.0, "the worker is replaced after a kill"
+
+
+@pytest.mark.parametrize(
+    "completion,gold,expected",
+    [
+        ("The largest is 57. The answer is \\boxed{B}.", "B", 1.0),
+        ("\\boxed{(B)}", "B", 1.0),
+        ("\\boxed{\\text{B}}", "B", 1.0),
+        ("\\boxed{B}", "C", 0.0),
+        ("\\boxed{B or C}", "B", 0.0),
+        ("The answer is (C).", "C", 1.0),
+        ("the answer is: D", "D", 1.0),
+        ("I think A. But the answer is B", "B", 1.0),
+        ("\\boxed{b}", "B", 0.0),
+        ("Answer: none of these", "A", 0.0),
+    ],
+)
+def test_multiple_choice_reward(completion, gold, expected):
+    assert rewards.multiple_choice_reward(completion, gold) == expected
+
+
+@pytest.mark.parametrize(
+    "answer,numbers,target,expected",
+    [
+        ("2 + 6 + 1", [6, 2, 1], 9, 1.0),
+        ("(6 - 2) * 1", [6, 2, 1], 4, 1.0),
+        ("6 / (3 - 1)", [6, 3, 1], 3, 1.0),
+        ("8 / 3 * 3", [8, 3, 3], 8, 1.0),  # exact rationals: 8/3*3 is 8, not 7.999...
+        ("7 / 2 + 1", [7, 2, 1], 4, 0.0),  # 4.5
+        ("6 + 2", [6, 2, 1], 8, 0.0),  # 1 unused: the question says use all numbers
+        ("6 + 6 + 1", [6, 2, 1], 13, 0.0),  # 6 reused
+        ("6 / (2 - 2)", [6, 2, 2], 0, 0.0),  # division by zero
+        ("-6 + 2 + 1", [6, 2, 1], -3, 0.0),  # unary minus is not an operation of the game
+        ("6 + 2 + 1 =  9", [6, 2, 1], 9, 0.0),
+        ("__import__('os').system('true')", [6, 2, 1], 9, 0.0),
+        ("6 ** 2 + 1", [6, 2, 1], 37, 0.0),
+        ("((6)) + (2 + (1))", [6, 2, 1], 9, 1.0),
+    ],
+)
+def test_countdown_reward(answer, numbers, target, expected):
+    assert rewards.countdown_reward(f"Let me think. <answer>{answer}</answer>", numbers, target) == expected
+
+
+def test_countdown_at_most_once_mode_and_extraction():
+    assert rewards.countdown_reward("<answer>6 + 2</answer>", [6, 2, 1], 8, use_all=False) == 1.0
+    assert rewards.countdown_reward("<answer>6 + 6</answer>", [6, 2, 1], 12, use_all=False) == 0.0
+    assert rewards.countdown_reward("<answer>1+1</answer> then <answer>6+2+1</answer>", [6, 2, 1], 9) == 1.0
+    assert rewards.countdown_reward("\\boxed{6+2+1}", [6, 2, 1], 9) == 1.0
+    assert rewards.countdown_reward("6+2+1", [6, 2, 1], 9) == 0.0, "no answer tag, no box: no answer"
+
+
+def test_score_dispatches_on_the_record():
+    assert rewards.score({"reward": "math", "answer": "68"}, "\\boxed{68}") == 1.0
+    assert rewards.score({"reward": "multiple_choice", "answer": "A"}, "\\boxed{A}") == 1.0
+    assert rewards.score({"reward": "countdown", "numbers": [1, 2], "target": 3}, "<answer>1+2</answer>") == 1.0
+    with pytest.raises(ValueError, match="unknown reward kind"):
+        rewards.score({"reward": "code", "id": "x"}, "")
+
+
+def test_fuzz_smoke_300_adversarial_completions():
+    """A quick slice of the fuzz test below, for every CI run."""
+    for i, completion in enumerate(adversarial_completions(300, seed=1)):
+        record = [
+            {"reward": "math", "answer": "3"},
+            {"reward": "multiple_choice", "answer": "B"},
+            {"reward": "countdown", "numbers": [1, 2, 3], "target": 6},
+        ][i % 3]
+        start = time.perf_counter()
+        assert 0.0 <= rewards.score(record, completion) <= 1.0
+        assert time.perf_counter() - start < 1.0
+
+
+def adversarial_completions(count: int, seed: int = 0):
+    """Untrusted text of every kind a policy can emit, including attacks on parsers."""
+    rng = random.Random(seed)
+    pieces = [
+        lambda: "\\boxed{" + "9" * rng.randint(1, 5000) + "}",
+        lambda: "\\boxed{" + "^".join(["9"] * rng.randint(2, 8)) + "}",
+        lambda: "\\boxed{" + "{" * rng.randint(1, 3000) + "1" + "}" * rng.randint(0, 3000),
+        lambda: "(" * rng.randint(1, 5000) + "1" + ")" * rng.randint(0, 5000),
+        lambda: "<answer>" + "(" * rng.randint(1, 300) + "1+2" + ")" * rng.randint(1, 300) + "</answer>",
+        lambda: "<answer>" + "9" * rng.randint(1, 400) + "</answer>",
+        lambda: "<answer>" + "*".join(str(rng.randint(1, 99)) for _ in range(rng.randint(1, 80))) + "</answer>",
+        lambda: "__import__('os').system('echo pwned')",
+        lambda: "\\boxed{__import__('os').getcwd()}",
+        lambda: "<answer>exec('import os')</answer>",
+        lambda: "\\boxed{\\frac{1}{0}}",
+        lambda: "\\boxed{10^{10^{10}}}",
+        lambda: "\\boxed{x" * rng.randint(1, 50),
+        lambda: "".join(rng.choice(string.printable) for _ in range(rng.randint(0, 3000))),
+        lambda: "".join(chr(rng.randint(0x80, 0x2FFFF)) for _ in range(rng.randint(0, 500))),
+        lambda: "\x00\ud800\uffff" * rng.randint(1, 100),
+        lambda: "The answer is (" + rng.choice("ABCDEFGH") + ")" * rng.randint(1, 10),
+        lambda: "\\boxed{" + rng.choice(["A", "B", "\\text{C}", "(D)", "E"]) + "}",
+        lambda: "\\boxed{\\begin{pmatrix}" + "1&" * rng.randint(1, 500) + "1\\end{pmatrix}}",
+        lambda: "\\boxed{" + "\\sqrt{" * rng.randint(1, 200) + "2" + "}" * rng.randint(1, 200) + "}",
+        lambda: "a" * rng.randint(10_000, 200_000) + "\\boxed{3}",
+        lambda: "\\boxed{" + rng.choice(["\\infty", "nan", "zoo", "I", "oo", "True", "lambda x: x"]) + "}",
+    ]
+    for _ in range(count):
+        yield "".join(rng.choice(pieces)() for _ in range(rng.randint(1, 3)))
+
+
+@pytest.mark.slow
+def test_fuzz_every_reward_on_10000_adversarial_completions():
+    records = [
+        {"reward": "math", "answer": "3"},
+        {"reward": "multiple_choice", "answer": "B"},
+        {"reward": "countdown", "numbers": [1, 2, 3], "target": 6},
+    ]
+    slowest = 0.0
+    for i, completion in enumerate(adversarial_completions(10_000)):
+        record = records[i % 3] if i % 10 else records[0]  # every reward, and the math one most often
+        start = time.perf_counter()
+        reward = rewards.score(record, completion)
+        slowest = max(slowest, time.perf_counter() - start)
+        assert 0.0 <= reward <= 1.0, (record, completion[:200])
+    assert slowest < 1.0, f"slowest call took {slowest:.2f}s"
