@@ -1,0 +1,140 @@
+"""Datasets: the common schema, determinism, disjoint train/held-out regions, hub loading and its failure."""
+
+import json
+import time
+
+import pytest
+
+from klstudy import data, procedural, rewards
+
+
+def test_procedural_sets_follow_the_schema_and_their_own_reward():
+    records = procedural.arithmetic("math_train", 200, 0, ["single", "add2", "sub2", "sum3", "add3"], "train")
+    data.check_records(records, "math_train")
+    for record in records:
+        assert rewards.math_reward(record["solution"], record["answer"]) == 1.0, record
+        assert "\\boxed{}" in record["prompt"] and record["prompt"].startswith(record["problem"])
+    for kind in procedural.MULTIPLE_CHOICE:
+        mc = procedural.multiple_choice(kind, kind, 50, 0, "heldout")
+        data.check_records(mc, kind)
+        assert all(rewards.multiple_choice_reward(r["solution"], r["answer"]) == 1.0 for r in mc)
+        assert {r["answer"] for r in mc} == {"A", "B", "C", "D"}
+
+
+def test_worked_column_arithmetic_is_right():
+    for level in ("add2", "sub2", "add3"):
+        for record in procedural.arithmetic(level, 100, 3, [level], "train"):
+            a, op, b = record["problem"].removeprefix("What is ").removesuffix("?").split()
+            assert int(record["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
+    spec = {"kind": "arithmetic", "size": 100, "seed": 7, "levels": ["add2", "sub2"], "split": "train"}
+    data.prepare("math_train", spec, tmp_path / "a.jsonl")
+    data.prepare("math_train", spec, tmp_path / "b.jsonl")
+    data.prepare("math_train", {**spec, "seed": 8}, tmp_path / "c.jsonl")
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert (tmp_path / "a.jsonl").read_bytes() != (tmp_path / "c.jsonl").read_bytes()
+
+
+def test_train_and_held_out_problems_never_overlap():
+    levels = ["single", "add2", "sub2"]
+    train = {r["problem"] for r in procedural.arithmetic("t", 1500, 0, levels, "train")}
+    held_out = {r["problem"] for r in procedural.arithmetic("h", 500, 0, levels, "heldout")}
+    assert train and held_out and not train & held_out
+
+
+def test_countdown_from_reasoning_gym_is_deterministic_and_solvable():
+    difficulty = dict(min_numbers=3, max_numbers=3, min_value=1, max_value=9, min_target=5, max_target=30)
+    first, again = (
+        data.countdown("cd", 20, 3, "train", **difficulty),
+        data.countdown("cd", 20, 3, "train", **difficulty),
+    )
+    assert first == again
+    data.check_records(first, "cd")
+    assert all(rewards.countdown_reward(r["solution"], r["numbers"], r["target"]) == 1.0 for r in first)
+
+
+def test_bad_records_name_the_dataset_and_record():
+    with pytest.raises(data.InvalidRecords, match="dataset 'x', record 2: field 'answer'"):
+        data.check_records(
+            [{"id": "1", "prompt": "p", "answer": "a", "reward": "math"}, {"id": "2", "prompt": "p"}], "x"
+        )
+    with pytest.raises(data.InvalidRecords, match="duplicate id"):
+        data.check_records([{"id": "1", "prompt": "p", "answer": "a", "reward": "math"}] * 2, "x")
+
+
+def test_unreachable_hub_fails_at_once_without_a_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    out = tmp_path / "mmlu.jsonl"
+    start = time.perf_counter()
+    spec = {"kind": "mmlu", "hub_id": "cais/mmlu", "subject": "college_physics", "splits": ["test"]}
+    with pytest.raises(data.DataUnavailable, match="cais/mmlu.*huggingface-cli download --repo-type dataset cais/mmlu"):
+        data.prepare("mmlu_physics", spec, out)
+    assert time.perf_counter() - start < 15
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def write_hub_snapshot(root, configs: dict[str, dict[str, list[dict]]]):
+    """A local repo in the hub's layout: data files per config and split, declared in README.md."""
+    lines = ["---", "configs:"]
+    for config, splits in configs.items():
+        lines += [f"- config_name: {config}", "  data_files:"]
+        for split, rows in splits.items():
+            path = root / config / f"{split}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            lines += [f"  - split: {split}", f"    path: {config}/{split}.jsonl"]
+    (root / "README.md").write_text("\n".join([*lines, "---", ""]))
+
+
+def test_mmlu_loads_from_a_local_snapshot_in_the_hub_format(tmp_path):
+    row = {"question": "What is c?", "subject": "college_physics", "choices": ["1", "3e8 m/s", "2", "4"], "answer": 1}
+    write_hub_snapshot(tmp_path, {"college_physics": {"test": [row] * 3, "validation": [row], "dev": [row]}})
+    spec = {
+        "kind": "mmlu",
+        "hub_id": "cais/mmlu",
+        "subject": "college_physics",
+        "splits": ["test", "validation", "dev"],
+        "local_dir": str(tmp_path),
+    }
+    records = data.prepare("mmlu_physics", spec, tmp_path / "out.jsonl")
+    assert len(records) == 5 and {r["answer"] for r in records} == {"B"}
+    assert "B) 3e8 m/s" in records[0]["prompt"]
+
+
+def test_math_loaders_on_local_snapshots(tmp_path):
+    math_row = {"problem": "Find x.", "level": "Level 2", "type": "Algebra", "solution": "So $x=\\boxed{\\frac12}$."}
+    write_hub_snapshot(tmp_path / "math", {s: {"train": [math_row]} for s in data.MATH_SUBJECTS})
+    records = data.prepare(
+        "math_train",
+        {
+            "kind": "hendrycks_math",
+            "hub_id": "EleutherAI/hendrycks_math",
+            "split": "train",
+            "local_dir": str(tmp_path / "math"),
+        },
+        tmp_path / "m.jsonl",
+    )
+    assert len(records) == 7 and records[0]["answer"] == "\\frac12"
+    row500 = {
+        "problem": "1+1?",
+        "solution": "\\boxed{2}",
+        "answer": "2",
+        "subject": "Algebra",
+        "level": 1,
+        "unique_id": "test/a.json",
+    }
+    write_hub_snapshot(tmp_path / "m500", {"default": {"test": [row500]}})
+    records = data.prepare(
+        "math500",
+        {"kind": "math500", "hub_id": "HuggingFaceH4/MATH-500", "split": "test", "local_dir": str(tmp_path / "m500")},
+        tmp_path / "m500.jsonl",
+    )
+    assert records[0]["answer"] == "2" and records[0]["source"].endswith("test/a.json")
+
+
+def test_math_squared_names_its_columns_when_they_are_unknown(tmp_path):
+    with pytest.raises(data.InvalidRecords, match="none of the columns"):
+        data.math_squared("math2", [{"q": "x", "a": "1"}], "veds12/math-squared")
