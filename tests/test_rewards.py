@@ -121,16 +121,18 @@ def test_score_dispatches_on_the_record():
         rewards.score({"reward": "code", "id": "x"}, "")
 
 
+FUZZ_RECORDS = [
+    {"reward": "math", "answer": "3"},
+    {"reward": "multiple_choice", "answer": "B"},
+    {"reward": "countdown", "numbers": [1, 2, 3], "target": 6},
+]
+
+
 def test_fuzz_smoke_300_adversarial_completions():
     """A quick slice of the fuzz test below, for every CI run."""
     for i, completion in enumerate(adversarial_completions(300, seed=1)):
-        record = [
-            {"reward": "math", "answer": "3"},
-            {"reward": "multiple_choice", "answer": "B"},
-            {"reward": "countdown", "numbers": [1, 2, 3], "target": 6},
-        ][i % 3]
         start = time.perf_counter()
-        assert 0.0 <= rewards.score(record, completion) <= 1.0
+        assert 0.0 <= rewards.score(FUZZ_RECORDS[i % 3], completion) <= 1.0
         assert time.perf_counter() - start < 1.0
 
 
@@ -167,11 +169,7 @@ def adversarial_completions(count: int, seed: int = 0):
 
 @pytest.mark.slow
 def test_fuzz_every_reward_on_10000_adversarial_completions():
-    records = [
-        {"reward": "math", "answer": "3"},
-        {"reward": "multiple_choice", "answer": "B"},
-        {"reward": "countdown", "numbers": [1, 2, 3], "target": 6},
-    ]
+    records = FUZZ_RECORDS
     slowest = 0.0
     for i, completion in enumerate(adversarial_completions(10_000)):
         record = records[i % 3] if i % 10 else records[0]  # every reward, and the math one most often
