@@ -270,7 +270,7 @@ def build(name: str, spec: dict) -> list[dict]:
 
 def prepare(name: str, spec: dict, out: Path) -> list[dict]:
     records = build(name, spec)
-    if "size" in spec and spec["kind"] not in ("countdown",) and len(records) != spec["size"]:
+    if "size" in spec and len(records) != spec["size"]:
         raise InvalidRecords(f"dataset {name!r}: built {len(records)} records, config asks for {spec['size']}")
     check_records(records, name)
     write_jsonl(records, out)

@@ -140,11 +140,7 @@ MATH_VERIFIER = IsolatedMathVerifier()
 
 def math_reward(completion: str, gold: str) -> float:
     """1.0 if the completion's final answer equals ``gold`` by math-verify, else 0.0."""
-    text = tail(completion)
-    boxed = last_boxed(text)
-    if boxed is not None and len(boxed) > MAX_ANSWER_CHARS:
-        return 0.0
-    return float(MATH_VERIFIER(str(gold), text))
+    return float(MATH_VERIFIER(str(gold), tail(completion)))
 
 
 # ------------------------------------------------------------------------------------ multiple choice
