@@ -29,9 +29,13 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/toy.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
 
 
 rule all:
     input:
         toy_outputs(),
+        input_outputs(),
+        run_outputs(),
     default_target: True

@@ -9,7 +9,7 @@ from klstudy import data, procedural, rewards
 
 
 def test_procedural_sets_follow_the_schema_and_their_own_reward():
-    records = procedural.arithmetic("math_train", 200, 0, ["single", "add2", "sub2", "sum3", "add3"], "train")
+    records = procedural.arithmetic("math_train", 200, 0, list(procedural.ARITHMETIC_LEVELS), "train")
     data.check_records(records, "math_train")
     for record in records:
         assert rewards.math_reward(record["solution"], record["answer"]) == 1.0, record
@@ -21,11 +21,14 @@ def test_procedural_sets_follow_the_schema_and_their_own_reward():
         assert {r["answer"] for r in mc} == {"A", "B", "C", "D"}
 
 
-def test_worked_column_arithmetic_is_right():
-    for level in ("add2", "sub2", "add3"):
-        for record in procedural.arithmetic(level, 100, 3, [level], "train"):
-            a, op, b = record["problem"].removeprefix("What is ").removesuffix("?").split()
-            assert int(record["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+def test_worked_arithmetic_is_right():
+    for level in procedural.ARITHMETIC_LEVELS:
+        for record in procedural.arithmetic(level, 10, 3, [level], "train"):
+            terms = record["problem"].removeprefix("What is ").removesuffix("?").split()
+            value = int(terms[0])
+            for op, operand in zip(terms[1::2], terms[2::2], strict=True):
+                value = {"+": value + int(operand), "-": value - int(operand), "*": value * int(operand)}[op]
+            assert int(record["answer"]) == value >= 0, record
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
@@ -37,11 +40,15 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
     assert (tmp_path / "a.jsonl").read_bytes() != (tmp_path / "c.jsonl").read_bytes()
 
 
-def test_train_and_held_out_problems_never_overlap():
-    levels = ["single", "add2", "sub2"]
-    train = {r["problem"] for r in procedural.arithmetic("t", 1500, 0, levels, "train")}
-    held_out = {r["problem"] for r in procedural.arithmetic("h", 500, 0, levels, "heldout")}
-    assert train and held_out and not train & held_out
+def test_warm_up_train_and_held_out_problems_never_overlap():
+    levels = ["add1", "sub1", "add2", "sub2"]
+    regions = {
+        split: {r["problem"] for r in procedural.arithmetic(split, 400, 0, levels, split)}
+        for split in procedural.REGIONS
+    }
+    assert all(regions.values())
+    assert not regions["train"] & regions["heldout"]
+    assert not regions["warmup"] & (regions["train"] | regions["heldout"])
 
 
 def test_countdown_from_reasoning_gym_is_deterministic_and_solvable():

@@ -6,6 +6,7 @@ Every stage can be run (and debugged) without Snakemake; the rules only wire pat
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,39 @@ def _table1(args):
     figures.write_table(figures.table1(tests), Path(args.md), Path(args.csv), caption)
 
 
+def _prepare_data(args):
+    from klstudy import data
+
+    records = data.prepare(args.name, json.loads(args.spec), Path(args.out))
+    print(f"dataset {args.name}: {len(records)} records -> {args.out}")
+
+
+def _base_model(args):
+    import torch
+
+    from klstudy import models
+
+    torch.set_num_threads(args.threads)
+    models.build_base_model(args.name, json.loads(args.spec), args.warm_start_data, Path(args.out))
+
+
+def _train(args):
+    import torch
+
+    from klstudy import train
+
+    torch.set_num_threads(args.threads)
+    summary = train.run(
+        json.loads(args.cell),
+        Path(args.model),
+        Path(args.train_data),
+        Path(args.heldout_data),
+        Path(args.out),
+        Path(args.checkpoints),
+    )
+    print(f"cell {args.out}: {summary['status']} after {summary['steps_done']} steps {summary['reason']}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from klstudy import kl
 
@@ -97,6 +131,32 @@ def build_parser() -> argparse.ArgumentParser:
     table1.add_argument("--md", required=True)
     table1.add_argument("--csv", required=True)
     table1.set_defaults(run=_table1)
+
+    prepare = commands.add_parser("prepare-data", help="stage one dataset as JSONL in the common schema")
+    prepare.add_argument("--name", required=True)
+    prepare.add_argument("--spec", required=True, help="the dataset's config entry, as JSON")
+    prepare.add_argument("--out", required=True)
+    prepare.set_defaults(run=_prepare_data)
+
+    base = commands.add_parser("base-model", help="build the tiny model, or stage a hub model, in HF format")
+    base.add_argument("--name", required=True)
+    base.add_argument("--spec", required=True, help="the model's config entry, as JSON")
+    base.add_argument("--warm-start-data", nargs="*", default=[], help="staged JSONL files (embedded models)")
+    base.add_argument("--threads", type=int, default=2)
+    base.add_argument("--out", required=True)
+    base.set_defaults(run=_base_model)
+
+    train = commands.add_parser("train", help="RL-train one grid cell (resumes from its last checkpoint)")
+    train.add_argument("--cell", required=True, help="the cell: kl, beta, seed and the study's train settings, as JSON")
+    train.add_argument("--model", required=True, help="base model directory (Hugging Face format)")
+    train.add_argument("--train-data", required=True)
+    train.add_argument("--heldout-data", required=True)
+    train.add_argument(
+        "--out", required=True, help="cell directory: metrics.jsonl, heldout.jsonl, summary.json, final/"
+    )
+    train.add_argument("--checkpoints", required=True, help="checkpoint directory, outside Snakemake's outputs")
+    train.add_argument("--threads", type=int, default=2)
+    train.set_defaults(run=_train)
     return parser
 
 

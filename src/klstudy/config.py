@@ -33,7 +33,7 @@ def _with_defaults(validator_class):
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
             for key, subschema in properties.items():
-                if "default" in subschema:
+                if isinstance(subschema, dict) and "default" in subschema:
                     instance.setdefault(key, subschema["default"])
         yield from check_properties(validator, properties, instance, schema)
 
@@ -79,12 +79,21 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     return config
 
 
+def _check_name(config: dict, section: str, name: str, where: str) -> None:
+    if name not in config[section]:
+        raise ConfigError(
+            f"config key '{where}': {name!r} is not defined under '{section}' "
+            f"(defined: {', '.join(sorted(config[section]))})"
+        )
+
+
 def _check_references(config: dict) -> None:
-    """What a schema cannot say: studies name models that exist."""
+    """What a schema cannot say: names used in one section are defined in another."""
+    for alias, model in config["models"].items():
+        for dataset in model.get("warm_start_data", {}):
+            _check_name(config, "data", dataset, f"models.{alias}.warm_start_data.{dataset}")
     for study, spec in config["studies"].items():
         for i, model in enumerate(spec["models"]):
-            if model not in config["models"]:
-                raise ConfigError(
-                    f"config key 'studies.{study}.models[{i}]': model {model!r} is not defined under 'models' "
-                    f"(defined: {', '.join(sorted(config['models']))})"
-                )
+            _check_name(config, "models", model, f"studies.{study}.models[{i}]")
+        for key in ("train_data", "heldout_data"):
+            _check_name(config, "data", spec[key], f"studies.{study}.{key}")

@@ -78,7 +78,7 @@ def hub_endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 
 
-def _hub_reachable(timeout: float = 5.0) -> bool:
+def hub_reachable(timeout: float = 5.0) -> bool:
     url = urlparse(hub_endpoint())
     try:
         socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
@@ -104,7 +104,7 @@ def load_hub_rows(dataset_id: str, config: str | None, split: str, local_dir: st
     import datasets
 
     source = local_dir or dataset_id
-    if local_dir is None and os.environ.get("HF_HUB_OFFLINE") != "1" and not _hub_reachable():
+    if local_dir is None and os.environ.get("HF_HUB_OFFLINE") != "1" and not hub_reachable():
         raise DataUnavailable(
             f"cannot reach {hub_endpoint()} to download dataset {dataset_id!r}. {staging_help(dataset_id)}"
         )

@@ -23,17 +23,24 @@ import zlib
 from klstudy import prompts
 
 ARITHMETIC_LEVELS = {
-    "single": "one-digit addition, subtraction or multiplication",
+    "add1": "one-digit addition",
+    "sub1": "one-digit subtraction with a non-negative result",
+    "mul1": "one-digit multiplication",
+    "sum3": "three-term sums of one-digit numbers",
     "add2": "two-digit addition, column by column",
     "sub2": "two-digit subtraction, column by column",
-    "sum3": "three-term sums of one- and two-digit numbers",
     "add3": "three-digit addition, column by column",
 }
-HELD_OUT_PERCENT = 30  # share of each problem space reserved for evaluation sets
+# Each problem space is cut by a hash of the problem text into three disjoint regions (percent ranges):
+# evaluation sets draw from "heldout", the base model's warm start from "warmup", RL training from
+# "train". So RL trains on problems the base model never saw, as the paper's RL trains a pretrained model
+# on MATH train, and no evaluation problem was seen by either stage.
+REGIONS = {"heldout": range(0, 30), "warmup": range(30, 60), "train": range(60, 100)}
 
 
 def region(text: str) -> str:
-    return "heldout" if zlib.crc32(text.encode()) % 100 < HELD_OUT_PERCENT else "train"
+    bucket = zlib.crc32(text.encode()) % 100
+    return next(name for name, percent in REGIONS.items() if bucket in percent)
 
 
 def _digits(n: int, width: int) -> list[int]:
@@ -67,12 +74,11 @@ _PLACES = ("ones", "tens", "hundreds", "thousands")
 
 def _arithmetic_problem(level: str, rng: random.Random) -> tuple[str, str, int]:
     """(question, worked reasoning, answer) for one problem of the level."""
-    if level == "single":
+    if level in ("add1", "sub1", "mul1"):
         a, b = rng.randint(0, 9), rng.randint(0, 9)
-        op = rng.choice("+-*")
-        if op == "-" and a < b:
+        if level == "sub1" and a < b:
             a, b = b, a
-        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        op, value = {"add1": ("+", a + b), "sub1": ("-", a - b), "mul1": ("*", a * b)}[level]
         return f"What is {a} {op} {b}?", f"{a}{op}{b}={value}.", value
     if level == "add2":
         a, b = rng.randint(10, 99), rng.randint(1, 99)
@@ -82,7 +88,7 @@ def _arithmetic_problem(level: str, rng: random.Random) -> tuple[str, str, int]:
         b = rng.randint(1, a)
         return f"What is {a} - {b}?", _column_subtraction(a, b) + ".", a - b
     if level == "sum3":
-        a, b, c = rng.randint(1, 9), rng.randint(10, 60), rng.randint(1, 30)
+        a, b, c = rng.randint(0, 9), rng.randint(0, 9), rng.randint(0, 9)
         return f"What is {a} + {b} + {c}?", f"{a}+{b}={a + b}, {a + b}+{c}={a + b + c}.", a + b + c
     if level == "add3":
         a, b = rng.randint(100, 999), rng.randint(10, 999)

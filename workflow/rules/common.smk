@@ -1,5 +1,6 @@
 # Helpers shared by the rules: how a stage runs, wildcard constraints, target lists.
 
+import json
 import shlex
 
 from snakemake.settings.types import DeploymentMethod
@@ -21,6 +22,12 @@ shell.prefix(
 
 wildcard_constraints:
     setting=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    study=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    kl=r"none|k[123]-(reward|loss|both)",
+    beta=r"[0-9][0-9.e-]*",
+    seed=r"[0-9]+",
 
 
 def toy_outputs():
@@ -31,3 +38,43 @@ def toy_outputs():
         "figures/table1.md",
         "figures/table1.csv",
     ]
+
+
+def input_outputs():
+    """Every staged dataset and base model."""
+    return expand("results/data/{dataset}.jsonl", dataset=config["data"]) + expand(
+        "results/models/{model}", model=config["models"]
+    )
+
+
+# One directory per grid cell, readable by a person: results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/
+RUN_PATH = "{study}/{model}/{kl}/beta~{beta}/seed~{seed}"
+RUN_DIR = f"results/runs/{RUN_PATH}"
+
+
+def data_file(name):
+    return f"results/data/{name}.jsonl"
+
+
+def study_cells(study):
+    """Every (model, kl, beta, seed) of a study; the β = 0 baseline ("none") once per model and seed."""
+    spec = config["studies"][study]
+    cells = []
+    for model in spec["models"]:
+        for kl in spec["kl"]:
+            for beta in [0] if kl == "none" else spec["betas"]:
+                for seed in spec["seeds"]:
+                    cells.append(dict(study=study, model=model, kl=kl, beta=beta, seed=seed))
+    return cells
+
+
+def cell_config(wildcards):
+    """What `klstudy train --cell` gets: the cell's KL, β and seed, and its study's trainer settings."""
+    spec = config["studies"][wildcards.study]
+    return dict(kl=wildcards.kl, beta=float(wildcards.beta), seed=int(wildcards.seed), train=spec["train"],
+                health=spec.get("health", {}))
+
+
+def run_outputs():
+    """summary.json of every cell of every study."""
+    return [f"{RUN_DIR}/summary.json".format(**cell) for study in config["studies"] for cell in study_cells(study)]

@@ -1,0 +1,293 @@
+"""One cell of a study grid, end to end: `klstudy train` → KLTrainer → the cell's output directory.
+
+Outputs (the Snakemake rule declares them):
+    metrics.jsonl   one line per optimiser step: task reward, KL (K1 and K3), entropy, loss, grad norm, ...
+    heldout.jsonl   pass@1 on the held-out set every ``eval_every`` steps (and before the first step)
+    summary.json    status: ok | collapsed | diverged, the reason, steps done, final numbers
+    final/          the policy in Hugging Face format (vLLM and lm-eval load it)
+
+Failures are data: a non-finite loss or an exploding KL ends the run as ``diverged``, a reward collapse
+as ``collapsed``, with every output written, so the rest of the grid and the figures go on.
+Checkpoints go to a directory outside the declared outputs (Snakemake deletes the outputs of a failed
+job); a rerun after a kill resumes from the last one and, on CPU with a fixed seed, ends with the same
+metrics as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+
+from klstudy import data, rewards
+from klstudy.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
+
+# Columns of metrics.jsonl: our name -> the key TRL / Trainer logs it under.
+METRIC_KEYS = {
+    "task_reward": "task_reward",
+    "reward_kl_penalty": "reward_kl_penalty",
+    "kl_k1": "kl_k1",
+    "kl_k3": "kl_k3",
+    "entropy": "entropy",
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "response_length": "completions/mean_length",
+    "clip_ratio": "clip_ratio/region_mean",
+    "staleness": "staleness",
+    "learning_rate": "learning_rate",
+    "step_time": "step_time",
+}
+
+
+@dataclass
+class HealthRules:
+    """When a run stops early, and with which status.
+
+    Attributes:
+        max_kl: ``diverged`` when the per-sequence K3 estimate of KL(π‖π_ref) exceeds this (nats).
+        collapse_window: steps in the running mean of the task reward.
+        collapse_fraction: ``collapsed`` when that running mean falls below this fraction of its best value
+            (after at least one full window, and only if the best was above ``collapse_min_best``).
+        collapse_min_best: a best running reward below this is too small to call a fall from it a collapse.
+    """
+
+    max_kl: float = 1000.0
+    collapse_window: int = 10
+    collapse_fraction: float = 0.2
+    collapse_min_best: float = 0.05
+
+    def verdict(self, history: list[dict]) -> tuple[str, str] | None:
+        """(status, reason) if the run must stop after the last logged step, else None."""
+        last = history[-1]
+        if not all(math.isfinite(last.get(key, 0.0)) for key in ("loss", "grad_norm", "kl_k1", "kl_k3")):
+            return "diverged", f"non-finite loss, gradient or KL at step {last['step']}"
+        if last.get("kl_k3", 0.0) > self.max_kl:
+            return "diverged", f"KL {last['kl_k3']:.3g} > max_kl {self.max_kl} at step {last['step']}"
+        window = self.collapse_window
+        if len(history) >= 2 * window:
+            means = [
+                sum(h["task_reward"] for h in history[i - window : i]) / window for i in range(window, len(history) + 1)
+            ]
+            best = max(means)
+            if best > self.collapse_min_best and means[-1] < self.collapse_fraction * best:
+                return "collapsed", (
+                    f"task reward (mean of {window} steps) fell to {means[-1]:.3f}, below "
+                    f"{self.collapse_fraction} x its best {best:.3f}, at step {last['step']}"
+                )
+        return None
+
+
+SCORING_COLUMNS = ("answer", "reward", "numbers", "target")
+
+
+def reward_function(completions, **columns) -> list[float]:
+    """TRL reward function: the verifiable reward of each completion (rewards.score), never raising."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    records = [{key: columns[key][i] for key in SCORING_COLUMNS} for i in range(len(texts))]
+    return [rewards.score(record, text) for record, text in zip(records, texts, strict=True)]
+
+
+def to_dataset(records: list[dict]):
+    """Conversational prompts (TRL applies the model's chat template) with every scoring field kept."""
+    import datasets
+
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": r["prompt"]}],
+            "answer": r["answer"],
+            "reward": r["reward"],
+            "numbers": r.get("numbers", []),
+            "target": r.get("target", 0),
+        }
+        for r in records
+    ]
+    return datasets.Dataset.from_list(rows)
+
+
+def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
+    """KLTrainerConfig of a grid cell (the study's ``train`` settings plus the cell's KL, β and seed)."""
+    train = cell["train"]
+    rollouts = train["rollouts"]
+    minibatch = train["minibatch_prompts"] * rollouts
+    micro = min(train.get("micro_batch", minibatch), minibatch)
+    if train["batch_prompts"] % train["minibatch_prompts"] or minibatch % micro:
+        raise ValueError(
+            "batch_prompts must be a multiple of minibatch_prompts, and minibatch completions of micro_batch"
+        )
+    updates = train["batch_prompts"] // train["minibatch_prompts"]
+    estimator, placement = ("k1", "none") if cell["kl"] == "none" else cell["kl"].split("-")
+    return KLTrainerConfig(
+        output_dir=str(checkpoint_dir),
+        seed=cell["seed"],
+        data_seed=cell["seed"],
+        max_steps=train["steps"] * updates,
+        learning_rate=train["learning_rate"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=train.get("max_grad_norm", 1.0),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=minibatch // micro,
+        updates_per_batch=updates,
+        num_generations=rollouts,
+        max_completion_length=train["max_response_tokens"],
+        temperature=train["temperature"],
+        top_p=1.0,
+        kl_estimator=estimator,
+        kl_placement=placement,
+        beta=0.0 if cell["kl"] == "none" else float(cell["beta"]),
+        advantage=train["advantage"],
+        loss_type=LOSS_TYPES[train["loss_type"]],
+        async_level=train["async_level"],
+        kl_loss_importance_weighting=train.get("kl_loss_importance_weighting", False),
+        use_vllm=train.get("generation", "hf") == "vllm",
+        vllm_mode="colocate",
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=train.get("checkpoint_every", 10) * updates,
+        save_total_limit=2,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(),
+        disable_tqdm=True,
+        log_completions=False,
+    )
+
+
+class RunRecorder(TrainerCallback):
+    """Writes metrics.jsonl, evaluates held-out pass@1, and stops the run when a health rule fires."""
+
+    def __init__(self, out_dir: Path, heldout: list[dict], eval_every: int, updates_per_batch: int, rules, seed: int):
+        self.metrics_path = Path(out_dir) / "metrics.jsonl"
+        self.heldout_path = Path(out_dir) / "heldout.jsonl"
+        self.heldout, self.eval_every, self.updates = heldout, eval_every, updates_per_batch
+        self.rules, self.seed = rules, seed
+        self.trainer = None
+        self.history: list[dict] = []
+        self.verdict: tuple[str, str] | None = None
+        self.start = time.perf_counter()
+
+    def resume_from(self, step: int) -> None:
+        """Keep the lines of steps <= ``step`` (the checkpoint's) and reload them as history."""
+        for path in (self.metrics_path, self.heldout_path):
+            lines = data.read_jsonl(path) if path.exists() else []
+            data.write_jsonl([line for line in lines if line["step"] <= step], path)
+        self.history = data.read_jsonl(self.metrics_path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return
+        row = {"step": state.global_step // self.updates, "optimizer_step": state.global_step}
+        row.update({name: float(logs[key]) for name, key in METRIC_KEYS.items() if key in logs})
+        row["time"] = round(time.perf_counter() - self.start, 3)
+        self.history.append(row)
+        _append_jsonl(self.metrics_path, row)
+        self.verdict = self.rules.verdict(self.history)
+        if self.verdict:
+            control.should_training_stop = True
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step == 0 and not self.heldout_path.exists():
+            self._evaluate(0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step // self.updates
+        if state.global_step % self.updates == 0 and step % self.eval_every == 0:
+            self._evaluate(step)
+
+    def _evaluate(self, step: int) -> None:
+        if self.heldout:
+            _append_jsonl(
+                self.heldout_path, {"step": step, **heldout_pass_at_1(self.trainer, self.heldout, self.seed + step)}
+            )
+
+
+def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, chunk: int = 64) -> dict:
+    """One sample per held-out prompt from the current policy (TRL's generation path: HF or vLLM)."""
+    was_training = trainer.model.training
+    trainer.model.eval()
+    scores = []
+    with torch.random.fork_rng(devices=[]):  # the training run's random stream is left untouched
+        torch.manual_seed(seed)
+        for start in range(0, len(records), chunk):
+            part = records[start : start + chunk]
+            prompts = [[{"role": "user", "content": r["prompt"]}] for r in part]
+            completions = trainer._generate(prompts)[3]
+            texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+            scores += [rewards.score(r, t) for r, t in zip(part, texts, strict=True)]
+    trainer.model.train(was_training)
+    mean = sum(scores) / len(scores)
+    return {"pass_at_1": mean, "stderr": math.sqrt(mean * (1 - mean) / max(1, len(scores) - 1)), "n": len(scores)}
+
+
+def _append_jsonl(path: Path, row: dict) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_dir: Path, checkpoint_dir: Path) -> dict:
+    """Train one cell (resuming from ``checkpoint_dir`` if it holds a checkpoint); returns summary.json."""
+    from transformers import AutoTokenizer
+
+    out_dir, checkpoint_dir = Path(out_dir), Path(checkpoint_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = trainer_config(cell, checkpoint_dir)
+    recorder = RunRecorder(
+        out_dir,
+        data.read_jsonl(heldout_path),
+        cell["train"].get("eval_every", 10),
+        args.updates_per_batch,
+        HealthRules(**cell.get("health", {})),
+        cell["seed"],
+    )
+    last = get_last_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
+    if last:
+        recorder.resume_from(
+            json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] // args.updates_per_batch
+        )
+    else:
+        for stale in (recorder.metrics_path, recorder.heldout_path):
+            stale.unlink(missing_ok=True)
+    trainer = KLTrainer(
+        model=str(model_dir),
+        reward_funcs=reward_function,
+        args=args,
+        train_dataset=to_dataset(data.read_jsonl(train_path)),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        callbacks=[recorder],
+    )
+    recorder.trainer = trainer
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=last)
+    status, reason = recorder.verdict or ("ok", "")
+    trainer.save_model(str(out_dir / "final"))
+    trainer.processing_class.save_pretrained(str(out_dir / "final"))
+    summary = _summary(cell, status, reason, recorder, time.perf_counter() - start, resumed_from=last)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if status == "ok" and cell["train"].get("delete_checkpoints", True):
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    return summary
+
+
+def _summary(cell, status, reason, recorder: RunRecorder, seconds, resumed_from) -> dict:
+    heldout = data.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
+    last = recorder.history[-1] if recorder.history else {}
+    return {
+        "status": status,
+        "reason": reason,
+        "steps_done": last.get("step", 0),
+        "steps_planned": cell["train"]["steps"],
+        "final_task_reward": last.get("task_reward"),
+        "final_kl_k3": last.get("kl_k3"),
+        "final_heldout_pass_at_1": heldout[-1]["pass_at_1"] if heldout else None,
+        "seconds_this_attempt": round(seconds, 1),
+        "resumed_from": resumed_from,
+        "cell": cell,
+    }

@@ -1,0 +1,282 @@
+"""The RL trainer: TRL's GRPOTrainer with every KL configuration of the paper, on- and off-policy.
+
+What changes with respect to stock TRL 1.16 (and only this; generation, vLLM, reward calls, logging,
+checkpointing and distributed training are TRL's own):
+
+1. Advantages (``_generate_and_score_completions``). The task reward R of each response is shaped by the
+   KL when the KL is placed in the reward, R − β·Σ_t sg[K_t], with K_t computed from the log-probs of the
+   policy that *sampled* the response, at sampling time (eq. 7); then the baseline is RLOO
+   (A_i = R_i − mean_{j≠i} R_j, the paper's choice) or the group mean (TRL's GRPO with
+   ``scale_rewards="none"``). All of it comes from ``kl.py``.
+2. Loss (``_compute_loss``). TRL's clipped surrogate −min(ω·A, clip(ω)·A) per token, plus the path-wise
+   KL term β·K_t(θ) when the KL is placed in the loss (optionally times the token ratio ω, Zhang et al.
+   2025), normalised like TRL's ``dapo`` (all completion tokens of the generation batch: the paper's
+   token-sum normalisation) or ``dr_grpo``. TRL's ``use_bias_correction_kl`` is never used.
+3. Asynchrony (``async_level = k``). A FIFO of generation batches: the batch trained at step t was
+   generated and scored (old log-probs, reward KL, advantages) at step max(0, t − k) by the policy of that
+   time. Prompts are drawn k batches ahead, so every batch still sees each prompt once per epoch.
+
+Per-step metrics always include the KL between the sampling policy and the reference, estimated with
+K1 and K3 per sequence (a reference model is loaded even when β = 0, to measure it).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate.utils import is_peft_model
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOConfig, GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import create_model_from_path, get_config_model_id, use_adapter
+
+from klstudy import kl
+
+# The paper's "normalisation by the total number of tokens in the sampled response batch" is what TRL
+# calls dapo; Dr. GRPO (the asynchronous study) divides by batch size × max completion length.
+LOSS_TYPES = {"token_sum": "dapo", "dr_grpo": "dr_grpo"}
+
+
+@dataclass
+class KLTrainerConfig(GRPOConfig):
+    """GRPOConfig plus the design choices the paper studies.
+
+    ``beta`` (GRPOConfig's) is the KL coefficient β of the configuration; ``loss_type`` is ``dapo``
+    (token-sum normalisation over the generation batch, the paper's on-policy setting) or ``dr_grpo``.
+    ``per_device_train_batch_size`` counts completions, as in TRL.
+    """
+
+    kl_estimator: str = field(default="k3", metadata={"help": "Token-level KL estimator: k1, k2 or k3 (kl.py)."})
+    kl_placement: str = field(
+        default="loss",
+        metadata={"help": "Where the KL goes: reward (R − β·Σ sg[K_t]), loss (+β·K_t), both, or none."},
+    )
+    advantage: str = field(
+        default="rloo",
+        metadata={"help": "Baseline: rloo (leave-one-out, the paper's) or grpo (group mean, no std scaling)."},
+    )
+    updates_per_batch: int = field(
+        default=1,
+        metadata={
+            "help": "Optimiser steps per generation batch, each on its own minibatch (1 = on-policy; the paper's "
+            "off-policy variants use 4). Sets TRL's steps_per_generation."
+        },
+    )
+    async_level: int = field(
+        default=0,
+        metadata={"help": "k ≥ 0: the batch trained at step t was generated at step t − k (FIFO of batches)."},
+    )
+    kl_loss_importance_weighting: bool = field(
+        default=False,
+        metadata={"help": "Multiply the loss-KL by the token ratio π_θ/π_old (Zhang et al. 2025); off = paper."},
+    )
+    measure_reference_kl: bool = field(
+        default=True,
+        metadata={"help": "Load the reference model even when β = 0, to log the K1 and K3 KL estimates."},
+    )
+
+    def __post_init__(self):
+        if self.kl_estimator not in kl.ESTIMATORS:
+            raise ValueError(f"kl_estimator {self.kl_estimator!r} is not one of {kl.ESTIMATORS}")
+        if self.kl_placement not in kl.PLACEMENTS:
+            raise ValueError(f"kl_placement {self.kl_placement!r} is not one of {kl.PLACEMENTS}")
+        if self.advantage not in ("rloo", "grpo"):
+            raise ValueError(f"advantage {self.advantage!r} is not one of ('rloo', 'grpo')")
+        if self.loss_type not in LOSS_TYPES.values():
+            raise ValueError(f"loss_type {self.loss_type!r}: this trainer supports {sorted(LOSS_TYPES.values())}")
+        if self.updates_per_batch < 1 or self.async_level < 0:
+            raise ValueError("updates_per_batch must be >= 1 and async_level >= 0")
+        # One generation batch = updates_per_batch minibatches, each of gradient_accumulation_steps micro-batches.
+        self.steps_per_generation = self.updates_per_batch * self.gradient_accumulation_steps
+        self.num_iterations = 1
+        self.scale_rewards = "none"  # advantages are ours; keep TRL from dividing by a std
+        self.use_bias_correction_kl = False  # TRL 1.16's default True changes the gradient of K3-in-loss
+        super().__post_init__()
+
+
+class KLTrainer(GRPOTrainer):
+    """GRPOTrainer whose KL estimator, placement, baseline and asynchrony follow ``KLTrainerConfig``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kl_spec = kl.KLSpec(self.args.kl_estimator, self.args.kl_placement, float(self.args.beta))
+        if self.ref_model is None and self.args.measure_reference_kl and not self._uses_peft():
+            self.ref_model = self._load_reference_model()
+        self._fifo: collections.deque = collections.deque()
+        self._lookahead = None  # iterator over prompt batches, async_level batches ahead of the training loop
+        self._lookahead_drawn = 0  # prompt batches drawn from the look-ahead iterator, restored on resume
+        self.generation_log: list[dict] = []  # (trained step, policy step that generated it) of every batch
+
+    # ------------------------------------------------------------------------------ reference model
+
+    def _uses_peft(self) -> bool:
+        return is_peft_model(self.accelerator.unwrap_model(self.model))
+
+    def _load_reference_model(self):
+        model = self.accelerator.unwrap_model(self.model)
+        reference = create_model_from_path(
+            get_config_model_id(model.config), dtype=model.dtype, attn_implementation=model.config._attn_implementation
+        )
+        reference.eval().requires_grad_(False)
+        return self.accelerator.prepare_model(reference, evaluation_mode=True)
+
+    def _logps(self, model, batch: dict) -> torch.Tensor:
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                batch["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        return logps
+
+    def _reference_logps(self, batch: dict) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._logps(self.ref_model, batch)
+        model = self.accelerator.unwrap_model(self.model)  # PEFT: the base model is the reference
+        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+            return self._logps(self.model, batch)
+
+    # ------------------------------------------------------------------------------ rewards and advantages
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._task_rewards = rewards_per_func  # gathered over processes; weighted below
+        return rewards_per_func
+
+    def _score_batch(self, inputs) -> dict:
+        """Generate, score and compute advantages for one generation batch, with the current policy."""
+        batch = super()._generate_and_score_completions(inputs)
+        mask = batch["completion_mask"].float()
+        if "old_per_token_logps" not in batch:
+            # The sampling policy's log-probs, kept for the reward KL and for any later (off-policy) update.
+            batch["old_per_token_logps"] = self._logps(self.model, batch)
+        if "ref_per_token_logps" not in batch and (self.ref_model is not None or self._uses_peft()):
+            batch["ref_per_token_logps"] = self._reference_logps(batch)
+        sampling_logps = batch["old_per_token_logps"]
+        weights = self.reward_weights.to(self._task_rewards.device)
+        task_rewards = (self._task_rewards * weights).nansum(dim=1)  # (global batch,)
+        penalty = torch.zeros_like(sampling_logps[:, 0])
+        if "ref_per_token_logps" in batch:
+            ref = batch["ref_per_token_logps"]
+            penalty = kl.reward_penalty(sampling_logps, ref, mask, self.kl_spec)
+            for estimator in ("k1", "k3"):
+                value = kl.sequence_kl(sampling_logps, ref, mask, estimator)
+                self._metrics["train"][f"kl_{estimator}"].append(self.accelerator.gather(value).mean().item())
+        penalty = self.accelerator.gather(penalty)
+        groups = (task_rewards - penalty).view(-1, self.num_generations)
+        advantages = kl.ADVANTAGES[self.args.advantage](groups).reshape(-1)
+        local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
+        batch["advantages"] = advantages[local]
+        # The training step whose policy generated this batch (for the async FIFO and its test).
+        batch["policy_step"] = torch.full_like(mask[:, 0], float(self.state.global_step // self.args.updates_per_batch))
+        self._metrics["train"]["task_reward"].append(task_rewards.mean().item())
+        self._metrics["train"]["reward_kl_penalty"].append(penalty.mean().item())
+        return batch
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        if self.args.async_level == 0:
+            batch = self._score_batch(inputs)
+        else:
+            # Keep async_level batches generated ahead; at the start all come from the initial policy.
+            while len(self._fifo) <= self.args.async_level:
+                self._fifo.append(self._score_batch(self._next_lookahead_prompts()))
+            batch = self._fifo.popleft()
+        generated_at = int(batch["policy_step"][0].item())
+        trained_at = self.state.global_step // self.args.updates_per_batch
+        self.generation_log.append({"trained_step": trained_at, "policy_step": generated_at})
+        self._metrics["train"]["staleness"].append(trained_at - generated_at)
+        return batch
+
+    def _next_lookahead_prompts(self):
+        """The next generation batch of prompts, from a dataloader that runs async_level batches ahead."""
+        if self._lookahead is None:  # first call, or first after a resume: skip what was already drawn
+            dataloader = self.get_train_dataloader()
+            self._lookahead = iter(dataloader)
+            for _ in range(self._lookahead_drawn % len(dataloader)):
+                next(self._lookahead)
+        try:
+            prompts = next(self._lookahead)
+        except StopIteration:
+            self._lookahead = iter(self.get_train_dataloader())
+            prompts = next(self._lookahead)
+        self._lookahead_drawn += 1
+        return prompts
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    ASYNC_STATE = "klstudy_async_state.pt"
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.async_level and self.args.should_save:
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            torch.save({"fifo": list(self._fifo), "lookahead_drawn": self._lookahead_drawn}, folder / self.ASYNC_STATE)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = Path(checkpoint or "") / self.ASYNC_STATE
+        if checkpoint and path.is_file():  # the batches generated ahead survive a kill with the checkpoint
+            state = torch.load(path, weights_only=False)
+            self._fifo = collections.deque(state["fifo"])
+            self._lookahead_drawn = state["lookahead_drawn"]
+
+    # ------------------------------------------------------------------------------ loss
+
+    def _compute_loss(self, model, inputs):
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        mask = inputs["completion_mask"]
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
+        )
+        old_logps = inputs.get("old_per_token_logps", logps.detach())
+        ratio = torch.exp(logps - old_logps)  # ω_t = π_θ / π_old per token: 1 (with gradient) on-policy
+        clipped = torch.clamp(ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
+        advantages = inputs["advantages"].unsqueeze(1)
+        per_token_loss = -torch.min(ratio * advantages, clipped * advantages)
+        if "importance_sampling_ratio" in inputs:  # vLLM's sampling vs training mismatch, as TRL corrects it
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        if self.kl_spec.in_loss:
+            weights = ratio if self.args.kl_loss_importance_weighting else None
+            per_token_loss = per_token_loss + kl.loss_penalty(
+                logps, inputs["ref_per_token_logps"], mask, self.kl_spec, importance_weights=weights
+            )
+        loss = (per_token_loss * mask).sum() / self._normaliser(inputs, per_token_loss)
+        self._log_loss_metrics(inputs, logps, entropies, ratio, advantages, mask)
+        return loss
+
+    def _normaliser(self, inputs, per_token_loss) -> torch.Tensor:
+        """TRL 1.16's normaliser for the loss type, so that gradients match stock TRL exactly."""
+        if self.loss_type == "dapo":
+            tokens = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            return tokens * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        accumulation = self.current_gradient_accumulation_steps  # dr_grpo
+        return torch.tensor(per_token_loss.size(0) * self.max_completion_length * accumulation, dtype=torch.float32)
+
+    def _log_loss_metrics(self, inputs, logps, entropies, ratio, advantages, mask):
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        maskf = mask.float()
+
+        def masked_mean(values):
+            totals = self.accelerator.reduce(torch.stack([(values * maskf).sum(), maskf.sum()]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        metrics["entropy"].append(masked_mean(entropies.detach()))
+        clipped = ((ratio < 1 - self.epsilon_low) & (advantages < 0)) | (
+            (ratio > 1 + self.epsilon_high) & (advantages > 0)
+        )
+        metrics["clip_ratio/region_mean"].append(masked_mean(clipped.float()))
+        if "ref_per_token_logps" in inputs:
+            for estimator in ("k1", "k3"):
+                value = kl.token_kl(logps.detach(), inputs["ref_per_token_logps"], estimator)
+                metrics[f"policy_kl_{estimator}_per_token"].append(masked_mean(value))

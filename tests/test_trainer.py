@@ -1,0 +1,324 @@
+"""The RL trainer against stock TRL and against hand-computed estimates, on a tiny random model on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from klstudy import data, kl, procedural, tiny
+from klstudy.trainer import KLTrainer, KLTrainerConfig
+
+GROUP = 4
+BETA = 0.1
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """An untrained tiny model: cheap, and far from deterministic, so completions differ within a group."""
+    spec = tiny.TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=0)
+    tokenizer = tiny.build_tokenizer()
+    path = tmp_path_factory.mktemp("model")
+    tiny.save(tiny.build_model(spec, tokenizer), tokenizer, path, spec, {})
+    return path
+
+
+def length_reward(completions, **kwargs):
+    """A deterministic reward with spread: (characters mod 5) / 4."""
+    return [(len(c[-1]["content"]) % 5) / 4 for c in completions]
+
+
+PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}]} for i in range(8)])
+
+
+def common(tmp_path, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2 * GROUP,
+        num_generations=GROUP,
+        max_completion_length=12,
+        learning_rate=1e-2,
+        beta=BETA,
+        use_cpu=True,
+        report_to="none",
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        lr_scheduler_type="constant",
+        loss_type="dapo",
+    )
+    settings.update(overrides)
+    return settings
+
+
+def ours(model_dir, tmp_path, **overrides):
+    return KLTrainer(
+        model=str(model_dir),
+        reward_funcs=length_reward,
+        args=KLTrainerConfig(**common(tmp_path, **overrides)),
+        train_dataset=PROMPTS,
+        processing_class=tiny.load(model_dir)[1],
+    )
+
+
+def drift(trainer, scale=0.05):
+    """Move the policy away from the reference (seeded), so that every KL term is non-zero."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in trainer.model.parameters():
+            parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
+    return trainer
+
+
+def generation_batch():
+    return [PROMPTS[i] for i in (0, 1) for _ in range(GROUP)]
+
+
+def scored(trainer, seed=0):
+    drift(trainer)
+    trainer.model.train()
+    torch.manual_seed(seed)
+    return trainer._generate_and_score_completions(generation_batch())
+
+
+def gradient(trainer, batch):
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by the train loop
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, batch)
+    loss.backward()
+    return loss.detach(), torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+
+
+def test_k3_in_loss_with_group_mean_matches_stock_trl(model_dir, tmp_path):
+    mine = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="grpo")
+    stock = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=length_reward,
+        args=GRPOConfig(**common(tmp_path), scale_rewards="none", use_bias_correction_kl=False),
+        train_dataset=PROMPTS,
+        processing_class=tiny.load(model_dir)[1],
+    )
+    batch_mine, batch_stock = scored(mine), scored(stock)
+    assert torch.equal(batch_mine["completion_ids"], batch_stock["completion_ids"])
+    assert batch_stock["advantages"].abs().sum() > 0, "the test needs a reward with spread"
+    mask = batch_stock["completion_mask"]
+    assert kl.sequence_kl(batch_mine["old_per_token_logps"], batch_stock["ref_per_token_logps"], mask, "k3").min() > 0
+    torch.testing.assert_close(batch_mine["advantages"], batch_stock["advantages"])
+    loss_mine, grad_mine = gradient(mine, batch_mine)
+    loss_stock, grad_stock = gradient(stock, batch_stock)
+    torch.testing.assert_close(loss_mine, loss_stock, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grad_mine, grad_stock, rtol=1e-4, atol=1e-7)
+
+
+def test_trl_default_bias_correction_would_differ(model_dir, tmp_path):
+    """Why the trainer turns TRL's use_bias_correction_kl off: with it on, the gradient is not the paper's."""
+    mine = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="grpo")
+    assert mine.args.use_bias_correction_kl is False
+    stock = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=length_reward,
+        args=GRPOConfig(**common(tmp_path), scale_rewards="none", use_bias_correction_kl=True),
+        train_dataset=PROMPTS,
+        processing_class=tiny.load(model_dir)[1],
+    )
+    _, grad_mine = gradient(mine, scored(mine))
+    _, grad_stock = gradient(stock, scored(stock))
+    assert not torch.allclose(grad_mine, grad_stock, rtol=1e-4, atol=1e-7)
+
+
+def _sequence_logps(trainer, batch):
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, input_ids, attention, batch["completion_ids"].size(1)
+    )
+    return logps
+
+
+def test_k1_in_reward_gradient_is_the_score_function_estimate(model_dir, tmp_path):
+    trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="reward", advantage="rloo")
+    batch = scored(trainer)
+    rewards = trainer._task_rewards[:, 0]
+    mask = batch["completion_mask"].float()
+    # Hand-computed, independent of kl.py: K1 = Σ_t (log π_old − log π_ref), leave-one-out baseline.
+    k1 = ((batch["old_per_token_logps"] - batch["ref_per_token_logps"]) * mask).sum(1)
+    shaped = (rewards - BETA * k1).view(-1, GROUP)
+    baseline = (shaped.sum(1, keepdim=True) - shaped) / (GROUP - 1)
+    advantages = (shaped - baseline).reshape(-1)
+    torch.testing.assert_close(batch["advantages"], advantages)
+
+    _, grad = gradient(trainer, batch)
+    trainer.model.zero_grad()
+    logps = _sequence_logps(trainer, batch)
+    surrogate = -(advantages.unsqueeze(1) * logps * mask).sum() / mask.sum()
+    surrogate.backward()
+    expected = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-8)
+
+
+def test_k1_in_loss_adds_the_pathwise_term(model_dir, tmp_path):
+    trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="loss", advantage="rloo")
+    batch = scored(trainer)
+    loss, grad = gradient(trainer, batch)
+    without = drift(ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="none", advantage="rloo"))
+    base_loss, _ = gradient(without, batch)
+    mask = batch["completion_mask"].float()
+    # The value: the loss grows by β · (batch mean of Σ_t K1_t per token), with K1 from kl.py.
+    logps = _sequence_logps(without, batch).detach()
+    penalty = kl.loss_penalty(logps, batch["ref_per_token_logps"], mask, kl.KLSpec("k1", "loss", BETA))
+    torch.testing.assert_close(loss - base_loss, penalty.sum() / mask.sum(), rtol=1e-4, atol=1e-7)
+    # The gradient: score-function term plus β·Σ_t ∇log π_t, written by hand (one backward pass: TRL 1.16's
+    # fused LM head gives gradients that are not exactly additive across separate backward passes).
+    trainer.model.zero_grad()
+    logps = _sequence_logps(trainer, batch)
+    ratio = torch.exp(logps - batch["old_per_token_logps"])
+    hand = ((-batch["advantages"].unsqueeze(1) * ratio + BETA * logps) * mask).sum() / mask.sum()
+    hand.backward()
+    expected = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.parametrize("placement", ["reward", "loss"])
+def test_rloo_advantages_include_the_penalty_only_in_the_reward(model_dir, tmp_path, placement):
+    trainer = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement=placement, advantage="rloo")
+    batch = scored(trainer)
+    mask = batch["completion_mask"].float()
+    rewards = trainer._task_rewards[:, 0]
+    if placement == "reward":
+        k3 = kl.sequence_kl(batch["old_per_token_logps"], batch["ref_per_token_logps"], mask, "k3")
+        rewards = rewards - BETA * k3
+    groups = rewards.view(-1, GROUP)
+    expected = [[groups[g, i] - (groups[g].sum() - groups[g, i]) / (GROUP - 1) for i in range(GROUP)] for g in range(2)]
+    torch.testing.assert_close(batch["advantages"], torch.tensor(expected).reshape(-1))
+
+
+def test_updates_per_batch_takes_that_many_optimiser_steps_per_generation(model_dir, tmp_path):
+    trainer = ours(
+        model_dir,
+        tmp_path,
+        kl_estimator="k1",
+        kl_placement="reward",
+        per_device_train_batch_size=GROUP,
+        updates_per_batch=4,
+        max_steps=8,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 8
+    assert [g["trained_step"] for g in trainer.generation_log] == [0, 1]  # two generation batches for 8 steps
+    assert trainer.args.generation_batch_size == 4 * GROUP
+
+
+def test_async_level_trains_on_batches_generated_k_steps_earlier(model_dir, tmp_path):
+    trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="reward", async_level=2, max_steps=6)
+    trainer.train()
+    log = trainer.generation_log
+    assert [g["trained_step"] for g in log] == list(range(6))
+    assert [g["policy_step"] for g in log] == [max(0, t - 2) for t in range(6)]
+
+
+# ------------------------------------------------------------------------------ the `klstudy train` command
+
+
+def _cell(steps=6, **train):
+    settings = dict(
+        steps=steps,
+        batch_prompts=2,
+        minibatch_prompts=2,
+        rollouts=GROUP,
+        learning_rate=1e-2,
+        max_response_tokens=12,
+        temperature=1.0,
+        advantage="rloo",
+        loss_type="token_sum",
+        async_level=0,
+        eval_every=3,
+        checkpoint_every=2,
+    )
+    settings.update(train)
+    return {"kl": "k3-reward", "beta": BETA, "seed": 0, "train": settings}
+
+
+def _command(model_dir, data_dir, out, checkpoints, cell):
+    return [
+        sys.executable,
+        "-m",
+        "klstudy",
+        "train",
+        "--cell",
+        json.dumps(cell),
+        "--model",
+        str(model_dir),
+        "--train-data",
+        str(data_dir / "train.jsonl"),
+        "--heldout-data",
+        str(data_dir / "heldout.jsonl"),
+        "--out",
+        str(out),
+        "--checkpoints",
+        str(checkpoints),
+        "--threads",
+        "1",
+    ]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data")
+    data.write_jsonl(procedural.arithmetic("t", 16, 0, ["add1"], "train"), path / "train.jsonl")
+    data.write_jsonl(procedural.arithmetic("h", 6, 0, ["add1"], "heldout"), path / "heldout.jsonl")
+    return path
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+
+
+@pytest.mark.parametrize("async_level", [0, 2])
+def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_one(
+    model_dir, data_dir, tmp_path, async_level
+):
+    cell = _cell(async_level=async_level, delete_checkpoints=False)
+    reference = tmp_path / "reference"
+    subprocess.run(_command(model_dir, data_dir, reference, tmp_path / "ref-ckpt", cell), check=True, env=_env())
+
+    out, checkpoints = tmp_path / "killed", tmp_path / "ckpt"
+    process = subprocess.Popen(_command(model_dir, data_dir, out, checkpoints, cell), env=_env())
+    deadline = time.time() + 300
+    while not (checkpoints / "checkpoint-4").is_dir() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    subprocess.run(_command(model_dir, data_dir, out, checkpoints, cell), check=True, env=_env())
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("checkpoint-4")
+    ignore = {"time", "step_time"}
+    resumed = [{k: v for k, v in row.items() if k not in ignore} for row in data.read_jsonl(out / "metrics.jsonl")]
+    expected = [
+        {k: v for k, v in row.items() if k not in ignore} for row in data.read_jsonl(reference / "metrics.jsonl")
+    ]
+    assert [row["step"] for row in resumed] == list(range(1, 7))
+    assert resumed == expected
+    assert data.read_jsonl(out / "heldout.jsonl") == data.read_jsonl(reference / "heldout.jsonl")
+
+
+def test_a_diverging_run_is_recorded_not_raised(model_dir, data_dir, tmp_path):
+    cell = _cell(steps=4, learning_rate=1.0)
+    cell["health"] = {"max_kl": 1e-6}
+    subprocess.run(_command(model_dir, data_dir, tmp_path / "cell", tmp_path / "ckpt", cell), check=True, env=_env())
+    summary = json.loads((tmp_path / "cell" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and "max_kl" in summary["reason"]
+    assert summary["steps_done"] < 4
+    assert (tmp_path / "cell" / "final" / "config.json").is_file()

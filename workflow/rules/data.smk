@@ -1,0 +1,38 @@
+# The pipeline's inputs, staged once so that training and evaluation jobs never touch the network:
+# every dataset as results/data/{dataset}.jsonl, every base model as results/models/{model}/.
+
+
+rule prepare_data:
+    """One dataset in the common schema: from the hub (paper scale) or generated from a seed (embedded)."""
+    output:
+        "results/data/{dataset}.jsonl",
+    params:
+        spec=lambda wildcards: json.dumps(config["data"][wildcards.dataset]),
+    log:
+        "logs/data/{dataset}.log",
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy prepare-data --name {wildcards.dataset} --spec {params.spec:q} --out {output} > {log} 2>&1"
+
+
+rule base_model:
+    """The base model in Hugging Face format: the tiny model built and warm-started here, or a hub model staged."""
+    input:
+        warm_start=lambda wildcards: expand(
+            "results/data/{dataset}.jsonl", dataset=config["models"][wildcards.model].get("warm_start_data", {})
+        ),
+    output:
+        directory("results/models/{model}"),
+    params:
+        spec=lambda wildcards: json.dumps(config["models"][wildcards.model]),
+    log:
+        "logs/models/{model}.log",
+    benchmark:
+        "results/benchmarks/models/{model}.tsv"
+    threads: 2
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy base-model --name {wildcards.model} --spec {params.spec:q}"
+        " --warm-start-data {input.warm_start} --threads {threads} --out {output} > {log} 2>&1"

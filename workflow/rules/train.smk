@@ -1,0 +1,30 @@
+# §4: RL fine-tuning, one job per grid cell (study × model × KL configuration × β × seed).
+
+
+rule train_rl:
+    """Train one cell; a diverged or collapsed run ends early with its status in summary.json, not as a failure."""
+    input:
+        model="results/models/{model}",
+        train_data=lambda wildcards: data_file(config["studies"][wildcards.study]["train_data"]),
+        heldout_data=lambda wildcards: data_file(config["studies"][wildcards.study]["heldout_data"]),
+    output:
+        metrics=f"{RUN_DIR}/metrics.jsonl",
+        heldout=f"{RUN_DIR}/heldout.jsonl",
+        summary=f"{RUN_DIR}/summary.json",
+        final=directory(f"{RUN_DIR}/final"),
+    params:
+        cell=lambda wildcards: json.dumps(cell_config(wildcards)),
+        out=RUN_DIR,
+        # Outside the declared outputs: Snakemake deletes those when a job fails, checkpoints must survive.
+        checkpoints=f"results/checkpoints/{RUN_PATH}",
+    log:
+        f"logs/train/{RUN_PATH}.log",
+    benchmark:
+        f"results/benchmarks/train/{RUN_PATH}.tsv"
+    threads: 1
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy train --cell {params.cell:q} --model {input.model} --train-data {input.train_data}"
+        " --heldout-data {input.heldout_data} --out {params.out} --checkpoints {params.checkpoints}"
+        " --threads {threads} > {log} 2>&1"
