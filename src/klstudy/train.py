@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import shutil
 import time
 from dataclasses import dataclass
@@ -209,6 +211,20 @@ class RunRecorder(TrainerCallback):
             )
 
 
+class KillAtStep(TrainerCallback):
+    """Fault injection for resume tests: SIGKILL this process after step ``KLSTUDY_KILL_AT_STEP`` is logged.
+
+    Nothing is flushed or saved on the way out, exactly as when SLURM or the OOM killer ends a job.
+    """
+
+    def __init__(self, step: int, updates_per_batch: int):
+        self.step, self.updates = step, updates_per_batch
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # after RunRecorder has written the step's line
+        if state.global_step >= self.step * self.updates:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, chunk: int = 64) -> dict:
     """One sample per held-out prompt from the current policy (TRL's generation path: HF or vLLM)."""
     was_training = trainer.model.training
@@ -264,6 +280,8 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
         callbacks=[recorder],
     )
     recorder.trainer = trainer
+    if os.environ.get("KLSTUDY_KILL_AT_STEP"):
+        trainer.add_callback(KillAtStep(int(os.environ["KLSTUDY_KILL_AT_STEP"]), args.updates_per_batch))
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     status, reason = recorder.verdict or ("ok", "")

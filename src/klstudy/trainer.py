@@ -154,21 +154,19 @@ class KLTrainer(GRPOTrainer):
         """Generate, score and compute advantages for one generation batch, with the current policy."""
         batch = super()._generate_and_score_completions(inputs)
         mask = batch["completion_mask"].float()
-        if "old_per_token_logps" not in batch:
-            # The sampling policy's log-probs, kept for the reward KL and for any later (off-policy) update.
+        if "old_per_token_logps" not in batch and self._needs_sampling_logps():
+            # The sampling policy's log-probs, for the reward KL and for later (off-policy) updates. On-policy
+            # with the KL in the loss only, TRL's shortcut (π_old = sg[π_θ] in the loss) saves this forward pass.
             batch["old_per_token_logps"] = self._logps(self.model, batch)
         if "ref_per_token_logps" not in batch and (self.ref_model is not None or self._uses_peft()):
             batch["ref_per_token_logps"] = self._reference_logps(batch)
-        sampling_logps = batch["old_per_token_logps"]
         weights = self.reward_weights.to(self._task_rewards.device)
         task_rewards = (self._task_rewards * weights).nansum(dim=1)  # (global batch,)
-        penalty = torch.zeros_like(sampling_logps[:, 0])
-        if "ref_per_token_logps" in batch:
-            ref = batch["ref_per_token_logps"]
+        penalty = torch.zeros_like(mask[:, 0])
+        if "old_per_token_logps" in batch and "ref_per_token_logps" in batch:
+            sampling_logps, ref = batch["old_per_token_logps"], batch["ref_per_token_logps"]
             penalty = kl.reward_penalty(sampling_logps, ref, mask, self.kl_spec)
-            for estimator in ("k1", "k3"):
-                value = kl.sequence_kl(sampling_logps, ref, mask, estimator)
-                self._metrics["train"][f"kl_{estimator}"].append(self.accelerator.gather(value).mean().item())
+            self._log_sequence_kl(sampling_logps, ref, mask)
         penalty = self.accelerator.gather(penalty)
         groups = (task_rewards - penalty).view(-1, self.num_generations)
         advantages = kl.ADVANTAGES[self.args.advantage](groups).reshape(-1)
@@ -179,6 +177,15 @@ class KLTrainer(GRPOTrainer):
         self._metrics["train"]["task_reward"].append(task_rewards.mean().item())
         self._metrics["train"]["reward_kl_penalty"].append(penalty.mean().item())
         return batch
+
+    def _needs_sampling_logps(self) -> bool:
+        return self.kl_spec.in_reward or self.args.updates_per_batch > 1 or self.args.async_level > 0
+
+    def _log_sequence_kl(self, logps, ref_logps, mask):
+        """KL(π_sampling ‖ π_ref) per sequence, estimated with K1 and K3 whatever the configuration."""
+        for estimator in ("k1", "k3"):
+            value = kl.sequence_kl(logps.detach(), ref_logps, mask, estimator)
+            self._metrics["train"][f"kl_{estimator}"].append(self.accelerator.gather(value).mean().item())
 
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:
@@ -197,17 +204,22 @@ class KLTrainer(GRPOTrainer):
         return batch
 
     def _next_lookahead_prompts(self):
-        """The next generation batch of prompts, from a dataloader that runs async_level batches ahead."""
-        if self._lookahead is None:  # first call, or first after a resume: skip what was already drawn
-            dataloader = self.get_train_dataloader()
-            self._lookahead = iter(dataloader)
-            for _ in range(self._lookahead_drawn % len(dataloader)):
-                next(self._lookahead)
-        try:
-            prompts = next(self._lookahead)
-        except StopIteration:
-            self._lookahead = iter(self.get_train_dataloader())
-            prompts = next(self._lookahead)
+        """The next generation batch of prompts, from a dataloader that runs async_level batches ahead.
+
+        Creating a DataLoader iterator draws a seed from the global torch RNG; doing it under fork_rng keeps
+        the sampling stream identical whether or not the run was resumed (when the iterator is re-created).
+        """
+        with torch.random.fork_rng(devices=[]):
+            if self._lookahead is None:  # first call, or first after a resume: skip what was already drawn
+                dataloader = self.get_train_dataloader()
+                self._lookahead = iter(dataloader)
+                for _ in range(self._lookahead_drawn % len(dataloader)):
+                    next(self._lookahead)
+            try:
+                prompts = next(self._lookahead)
+            except StopIteration:
+                self._lookahead = iter(self.get_train_dataloader())
+                prompts = next(self._lookahead)
         self._lookahead_drawn += 1
         return prompts
 
@@ -276,7 +288,5 @@ class KLTrainer(GRPOTrainer):
             (ratio > 1 + self.epsilon_high) & (advantages > 0)
         )
         metrics["clip_ratio/region_mean"].append(masked_mean(clipped.float()))
-        if "ref_per_token_logps" in inputs:
-            for estimator in ("k1", "k3"):
-                value = kl.token_kl(logps.detach(), inputs["ref_per_token_logps"], estimator)
-                metrics[f"policy_kl_{estimator}_per_token"].append(masked_mean(value))
+        if "ref_per_token_logps" in inputs and "old_per_token_logps" not in inputs:
+            self._log_sequence_kl(logps, inputs["ref_per_token_logps"], maskf)  # on-policy: π_θ is the sampler
