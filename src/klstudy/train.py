@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
