@@ -203,6 +203,14 @@ def test_rloo_advantages_include_the_penalty_only_in_the_reward(model_dir, tmp_p
     torch.testing.assert_close(batch["advantages"], torch.tensor(expected).reshape(-1))
 
 
+def test_beta_zero_still_measures_the_kl_to_the_reference(model_dir, tmp_path):
+    trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="none", beta=0.0)
+    assert trainer.ref_model is not None  # stock TRL loads none at β = 0
+    batch = scored(trainer)
+    gradient(trainer, batch)
+    assert trainer._metrics["train"]["kl_k3"][-1] > 0  # drift() moved the policy away from the reference
+
+
 def test_updates_per_batch_takes_that_many_optimiser_steps_per_generation(model_dir, tmp_path):
     trainer = ours(
         model_dir,
@@ -323,3 +331,14 @@ def test_a_diverging_run_is_recorded_not_raised(model_dir, data_dir, tmp_path):
     assert summary["status"] == "diverged" and "max_kl" in summary["reason"]
     assert summary["steps_done"] < 4
     assert (tmp_path / "cell" / "final" / "config.json").is_file()
+
+
+def test_lora_cell_trains_and_saves_a_merged_model(model_dir, data_dir, tmp_path):
+    cell = _cell(steps=2, lora={"r": 4, "alpha": 8})
+    subprocess.run(_command(model_dir, data_dir, tmp_path / "cell", tmp_path / "ckpt", cell), check=True, env=_env())
+    assert json.loads((tmp_path / "cell" / "summary.json").read_text())["status"] == "ok"
+    final, _ = tiny.load(tmp_path / "cell" / "final")
+    base, _ = tiny.load(model_dir)
+    assert not (tmp_path / "cell" / "final" / "adapter_config.json").exists()
+    changed = [name for name, p in final.state_dict().items() if not torch.equal(p, base.state_dict()[name])]
+    assert changed and all("embed" not in name for name in changed)  # LoRA touched the linear layers only

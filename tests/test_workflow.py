@@ -1,5 +1,6 @@
-"""The Snakemake workflow: its DAG, a reduced end-to-end run of the §3 analysis, and the report."""
+"""The Snakemake workflow: its DAG, a reduced end-to-end run of every stage, and the report."""
 
+import json
 import re
 import subprocess
 import sys
@@ -42,12 +43,23 @@ def test_lint_is_clean():
     assert "Lints for" not in out, out
 
 
-@pytest.fixture(scope="module")
-def toy_run(tmp_path_factory):
-    """A reduced §3 analysis run through Snakemake in a scratch directory, then its report."""
-    workdir = tmp_path_factory.mktemp("toy_run")
+def reduced_config() -> dict:
+    """config.yaml with every stage kept but made small: few toy trials, a barely trained model, 2 short cells."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["toy"].update(trials=30, sequences=100, lengths=[2, 6])
+    config["models"]["tiny"]["spec"] = dict(hidden_size=64, num_heads=2, num_layers=1, sft_steps=10, sft_batch=8)
+    study = config["studies"]["onpolicy"]
+    study.update(kl=["none", "k1-reward"], betas=[0.1], seeds=[0])
+    study["train"].update(steps=2, batch_prompts=2, minibatch_prompts=2, rollouts=2, max_response_tokens=8,
+                          eval_every=1, checkpoint_every=1)  # fmt: skip
+    return config
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    """The reduced study run through Snakemake in a scratch directory, then its report."""
+    workdir = tmp_path_factory.mktemp("reduced_run")
+    config = reduced_config()
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     snakemake("--cores", "2", "--configfile", str(workdir / "config.yaml"), cwd=workdir)
     snakemake("--cores", "2", "--configfile", str(workdir / "config.yaml"), "--report", "report.html", cwd=workdir)
@@ -67,6 +79,25 @@ def test_end_to_end_outputs(toy_run):
     for setting in config["toy"]["settings"]:
         assert (workdir / "logs" / "toy" / f"{setting}.log").exists()
         assert (workdir / "results" / "benchmarks" / "toy" / f"{setting}.tsv").exists()
+
+
+def test_every_cell_trained_and_recorded(toy_run):
+    workdir, config = toy_run
+    runs = sorted((workdir / "results" / "runs").glob("*/*/*/*/*/summary.json"))
+    assert [str(p.relative_to(workdir / "results" / "runs").parent) for p in runs] == [
+        "onpolicy/tiny/k1-reward/beta~0.1/seed~0",
+        "onpolicy/tiny/none/beta~0/seed~0",
+    ]
+    for summary_path in runs:
+        summary = json.loads(summary_path.read_text())
+        assert summary["status"] == "ok" and summary["steps_done"] == 2
+        cell = summary_path.parent
+        assert [row["step"] for row in map(json.loads, (cell / "metrics.jsonl").read_text().splitlines())] == [1, 2]
+        assert [row["step"] for row in map(json.loads, (cell / "heldout.jsonl").read_text().splitlines())] == [0, 1, 2]
+        assert (cell / "final" / "model.safetensors").is_file()
+    for name in config["data"]:
+        assert (workdir / "results" / "data" / f"{name}.jsonl").stat().st_size > 0
+    assert (workdir / "results" / "models" / "tiny" / "klstudy_build.json").is_file()
 
 
 def test_report_contains_figure_table_captions_and_config(toy_run):

@@ -43,6 +43,8 @@ class TinyModelSpec:
         num_heads: attention heads (and key-value heads).
         intermediate_size: MLP width.
         max_positions: longest prompt + response, in bytes.
+        rope_theta: base of the rotary position embedding; small values resolve short distances sharply,
+            which copying an operand from a prompt a hundred bytes back needs.
         sft_steps: optimiser steps of the warm start.
         sft_batch: sequences per warm-start step.
         learning_rate: peak AdamW learning rate (linear warm-up, cosine decay).
@@ -54,6 +56,7 @@ class TinyModelSpec:
     num_heads: int = 4
     intermediate_size: int = 512
     max_positions: int = 512
+    rope_theta: float = 10000.0
     sft_steps: int = 600
     sft_batch: int = 32
     learning_rate: float = 3e-3
@@ -85,6 +88,7 @@ def build_model(spec: TinyModelSpec, tokenizer) -> Qwen2ForCausalLM:
         num_key_value_heads=spec.num_heads,
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_positions,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),

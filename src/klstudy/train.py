@@ -20,6 +20,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,10 +167,19 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
 class RunRecorder(TrainerCallback):
     """Writes metrics.jsonl, evaluates held-out pass@1, and stops the run when a health rule fires."""
 
-    def __init__(self, out_dir: Path, heldout: list[dict], eval_every: int, updates_per_batch: int, rules, seed: int):
+    def __init__(
+        self,
+        out_dir: Path,
+        heldout: list[dict],
+        eval_every: int,
+        samples: int,
+        updates_per_batch: int,
+        rules,
+        seed: int,
+    ):
         self.metrics_path = Path(out_dir) / "metrics.jsonl"
         self.heldout_path = Path(out_dir) / "heldout.jsonl"
-        self.heldout, self.eval_every, self.updates = heldout, eval_every, updates_per_batch
+        self.heldout, self.eval_every, self.samples, self.updates = heldout, eval_every, samples, updates_per_batch
         self.rules, self.seed = rules, seed
         self.trainer = None
         self.history: list[dict] = []
@@ -225,8 +235,9 @@ class KillAtStep(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, chunk: int = 64) -> dict:
-    """One sample per held-out prompt from the current policy (TRL's generation path: HF or vLLM)."""
+def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, samples: int = 1, chunk: int = 64) -> dict:
+    """Pass@1 from ``samples`` samples per held-out prompt (TRL's generation path: HF or vLLM)."""
+    records = records * samples
     was_training = trainer.model.training
     trainer.model.eval()
     scores = []
@@ -240,7 +251,9 @@ def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, chunk:
             scores += [rewards.score(r, t) for r, t in zip(part, texts, strict=True)]
     trainer.model.train(was_training)
     mean = sum(scores) / len(scores)
-    return {"pass_at_1": mean, "stderr": math.sqrt(mean * (1 - mean) / max(1, len(scores) - 1)), "n": len(scores)}
+    per_prompt = [sum(scores[i :: len(records) // samples]) / samples for i in range(len(records) // samples)]
+    stderr = statistics.stdev(per_prompt) / math.sqrt(len(per_prompt)) if len(per_prompt) > 1 else 0.0
+    return {"pass_at_1": mean, "stderr": stderr, "prompts": len(per_prompt), "samples": samples}
 
 
 def _append_jsonl(path: Path, row: dict) -> None:
@@ -259,6 +272,7 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
         out_dir,
         data.read_jsonl(heldout_path),
         cell["train"].get("eval_every", 10),
+        cell["train"].get("heldout_samples", 1),
         args.updates_per_batch,
         HealthRules(**cell.get("health", {})),
         cell["seed"],
@@ -278,6 +292,7 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
         train_dataset=to_dataset(data.read_jsonl(train_path)),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
         callbacks=[recorder],
+        peft_config=lora_config(cell["train"].get("lora")),
     )
     recorder.trainer = trainer
     if os.environ.get("KLSTUDY_KILL_AT_STEP"):
@@ -285,13 +300,35 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     status, reason = recorder.verdict or ("ok", "")
-    trainer.save_model(str(out_dir / "final"))
-    trainer.processing_class.save_pretrained(str(out_dir / "final"))
+    save_final(trainer, out_dir / "final")
     summary = _summary(cell, status, reason, recorder, time.perf_counter() - start, resumed_from=last)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if status == "ok" and cell["train"].get("delete_checkpoints", True):
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return summary
+
+
+def lora_config(settings: dict | None):
+    """A LoRA adapter on every linear layer (small budgets); None trains all weights, as the paper does."""
+    if not settings:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=settings["r"], lora_alpha=settings["alpha"], lora_dropout=settings.get("dropout", 0.0),
+        target_modules="all-linear", task_type="CAUSAL_LM",
+    )  # fmt: skip
+
+
+def save_final(trainer: KLTrainer, path: Path) -> None:
+    """The policy as a plain Hugging Face model (LoRA adapters merged), loadable by vLLM and lm-eval."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+        model.save_pretrained(str(path))
+    else:
+        trainer.save_model(str(path))
+    trainer.processing_class.save_pretrained(str(path))
 
 
 def _summary(cell, status, reason, recorder: RunRecorder, seconds, resumed_from) -> dict:

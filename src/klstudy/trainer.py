@@ -31,7 +31,7 @@ from accelerate.utils import is_peft_model
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import create_model_from_path, get_config_model_id, use_adapter
+from trl.trainer.utils import add_fused_lm_head, create_model_from_path, get_config_model_id, use_adapter
 
 from klstudy import kl
 
@@ -121,6 +121,7 @@ class KLTrainer(GRPOTrainer):
             get_config_model_id(model.config), dtype=model.dtype, attn_implementation=model.config._attn_implementation
         )
         reference.eval().requires_grad_(False)
+        add_fused_lm_head(reference, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         return self.accelerator.prepare_model(reference, evaluation_mode=True)
 
     def _logps(self, model, batch: dict) -> torch.Tensor:

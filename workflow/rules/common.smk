@@ -78,3 +78,11 @@ def cell_config(wildcards):
 def run_outputs():
     """summary.json of every cell of every study."""
     return [f"{RUN_DIR}/summary.json".format(**cell) for study in config["studies"] for cell in study_cells(study)]
+
+
+def train_launcher(wildcards):
+    """`python`, or `accelerate launch` with the study's multi-GPU config (FSDP / ZeRO-3) when it names one."""
+    accelerate_config = config["studies"][wildcards.study]["train"].get("accelerate_config")
+    if accelerate_config is None:
+        return "python"
+    return f"accelerate launch --config_file {shlex.quote(accelerate_config)}"

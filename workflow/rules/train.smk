@@ -14,6 +14,7 @@ rule train_rl:
         final=directory(f"{RUN_DIR}/final"),
     params:
         cell=lambda wildcards: json.dumps(cell_config(wildcards)),
+        launcher=train_launcher,
         out=RUN_DIR,
         # Outside the declared outputs: Snakemake deletes those when a job fails, checkpoints must survive.
         checkpoints=f"results/checkpoints/{RUN_PATH}",
@@ -25,6 +26,6 @@ rule train_rl:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy train --cell {params.cell:q} --model {input.model} --train-data {input.train_data}"
+        "{params.launcher} -m klstudy train --cell {params.cell:q} --model {input.model} --train-data {input.train_data}"
         " --heldout-data {input.heldout_data} --out {params.out} --checkpoints {params.checkpoints}"
         " --threads {threads} > {log} 2>&1"
