@@ -82,6 +82,23 @@ BAD = [
         "studies.onpolicy.train.advantage",
     ),
     (
+        "undefined training data",
+        lambda c: set_key(c, ["studies", "onpolicy", "train_data"], "gsm8k"),
+        "studies.onpolicy.train_data",
+    ),
+    (
+        "undefined warm-start data",
+        lambda c: set_key(c, ["models", "tiny", "warm_start_data"], {"pile": 1}),
+        "models.tiny.warm_start_data.pile",
+    ),
+    ("unknown data kind", lambda c: set_key(c, ["data", "math_test", "kind"], "gsm8k"), "data.math_test.kind"),
+    ("hub model without id", lambda c: set_key(c, ["models", "tiny"], {"source": "hub"}), "models.tiny.hub_id"),
+    (
+        "minibatch not dividing the batch",
+        lambda c: set_key(c, ["studies", "onpolicy", "train", "minibatch_prompts"], 3),
+        "studies.onpolicy.train.minibatch_prompts",
+    ),
+    (
         "study without train",
         lambda c: delete_key(c, ["studies", "onpolicy", "train"]),
         "'studies.onpolicy.train' is missing",

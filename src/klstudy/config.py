@@ -97,3 +97,9 @@ def _check_references(config: dict) -> None:
             _check_name(config, "models", model, f"studies.{study}.models[{i}]")
         for key in ("train_data", "heldout_data"):
             _check_name(config, "data", spec[key], f"studies.{study}.{key}")
+        train = spec["train"]
+        if train["batch_prompts"] % train["minibatch_prompts"]:
+            raise ConfigError(
+                f"config key 'studies.{study}.train.minibatch_prompts': {train['minibatch_prompts']} does not divide "
+                f"batch_prompts {train['batch_prompts']} (their ratio is the number of updates per batch)"
+            )

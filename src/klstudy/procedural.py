@@ -2,15 +2,16 @@
 
 | role (paper)                      | embedded stand-in                                               |
 |-----------------------------------|-----------------------------------------------------------------|
-| MATH train, MATH test, MATH500    | ``arithmetic``: one- and two-digit +, −, × with a worked solution |
-| MATH² (harder, in-domain)         | ``arithmetic`` at ``hard`` levels: three-term sums, 3-digit sums |
+| MATH train, MATH test, MATH500    | ``arithmetic``: one-digit + and − (levels add1, sub1) with a worked solution |
+| MATH² (harder, in-domain)         | ``arithmetic`` level sum3: three-term sums                       |
 | MMLU college physics              | ``mc_compare``: which of four numbers is largest (A–D)          |
 | MMLU college chemistry            | ``mc_length``: how many letters a word has (A–D)                |
 | MMLU college biology              | ``mc_next``: which letter follows a given one (A–D)             |
 | Countdown                         | reasoning-gym ``countdown`` with 3 numbers in 1..9              |
 
-Every problem has a *region* (train or held-out) fixed by a hash of its text, so a training set and an
-evaluation set never share a problem whatever their sizes and seeds, as MATH train and test do not.
+Every problem has a *region* (warmup, train or heldout; ``REGIONS``) fixed by a hash of its text, so the
+warm start, RL training and evaluation never share a problem whatever their sizes and seeds, as MATH train
+and test do not. Longer column-wise levels (add2, sub2, add3, mul1) exist for larger embedded models.
 Every record carries ``solution``: a worked solution in the format the base model is warm-started on.
 """
 
