@@ -27,6 +27,8 @@ ARITHMETIC_LEVELS = {
     "add1": "one-digit addition",
     "sub1": "one-digit subtraction with a non-negative result",
     "mul1": "one-digit multiplication",
+    "add1w": "one-digit addition, asked in one of several phrasings",
+    "sub1w": "one-digit subtraction, asked in one of several phrasings",
     "sum3": "three-term sums of one-digit numbers",
     "add2": "two-digit addition, column by column",
     "sub2": "two-digit subtraction, column by column",
@@ -71,10 +73,18 @@ def _column_subtraction(a: int, b: int) -> str:
 
 
 _PLACES = ("ones", "tens", "hundreds", "thousands")
+_PHRASINGS = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "Find the {name}: {a} {op} {b}.", "{a} {op} {b} = ?")
 
 
 def _arithmetic_problem(level: str, rng: random.Random) -> tuple[str, str, int]:
     """(question, worked reasoning, answer) for one problem of the level."""
+    if level in ("add1w", "sub1w"):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        if level == "sub1w" and a < b:
+            a, b = b, a
+        op, value, name = ("+", a + b, "sum") if level == "add1w" else ("-", a - b, "difference")
+        question = rng.choice(_PHRASINGS).format(a=a, b=b, op=op, name=name)
+        return question, f"{a}{op}{b}={value}.", value
     if level in ("add1", "sub1", "mul1"):
         a, b = rng.randint(0, 9), rng.randint(0, 9)
         if level == "sub1" and a < b:

@@ -1,0 +1,100 @@
+"""Evaluation with lm-eval-harness: mean@k on klstudy's tasks (src/klstudy/tasks), HF on CPU, vLLM on GPUs.
+
+The task files are shipped in the package and loaded with ``include_path``; they read the staged
+``results/data/*.jsonl`` (passed as lm-eval metadata), never the hub. The number of samples k, min_p and the
+generation length come from the config: a small task file written next to the outputs includes the shipped
+one and overrides them, so the shipped files stay the single definition of each task.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import yaml
+
+TASKS_DIR = Path(__file__).parent / "tasks"
+BACKENDS = ("hf", "vllm")
+
+
+def task_names() -> list[str]:
+    return sorted(path.stem.removeprefix("klstudy_") for path in TASKS_DIR.glob("klstudy_*.yaml"))
+
+
+def _override_task(task: str, k: int, min_p: float, max_tokens: int, directory: Path) -> str:
+    """A task file that includes the shipped one with k repeats (all kept), min_p and max_gen_toks."""
+    template = yaml.safe_load((TASKS_DIR / "_template_yaml").read_text().replace("!function", ""))
+    name = f"klstudy_{task}_k{k}"
+    override = {
+        "include": str(TASKS_DIR / f"klstudy_{task}.yaml"),
+        "task": name,
+        "repeats": k,
+        "filter_list": [{"name": "all_repeats", "filter": [{"function": "take_first_k", "k": k}]}],
+        "generation_kwargs": {**template["generation_kwargs"], "min_p": min_p, "max_gen_toks": max_tokens},
+    }
+    (directory / f"{name}.yaml").write_text(yaml.safe_dump(override))
+    return name
+
+
+def model_arguments(backend: str, model_dir: Path, settings: dict) -> str:
+    if backend == "hf":
+        return f"pretrained={model_dir},dtype=float32,device=cpu"
+    parts = {
+        "pretrained": model_dir,
+        "tensor_parallel_size": settings.get("tensor_parallel_size", 1),
+        "data_parallel_size": settings.get("data_parallel_size", 1),
+        "gpu_memory_utilization": settings.get("gpu_memory_utilization", 0.9),
+        "max_model_len": settings.get("max_model_len", 4096),
+        "seed": settings.get("seed", 0),  # engine seed; never a per-request seed (all repeats would be identical)
+    }
+    return ",".join(f"{key}={value}" for key, value in parts.items())
+
+
+def run(
+    model_dir: Path,
+    task: str,
+    data_dir: Path,
+    k: int = 32,
+    min_p: float = 0.0,
+    max_tokens: int = 1024,
+    chat_template: bool = True,
+    backend: str = "hf",
+    seed: int = 0,
+    limit: int | None = None,
+    batch_size: int = 64,
+    backend_settings: dict | None = None,
+) -> dict:
+    """lm-eval's results for one task: {'results': ..., 'samples': [...], 'mean_at_k': ..., 'stderr': ...}."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    if backend not in BACKENDS:
+        raise ValueError(f"evaluation backend {backend!r} is not one of {BACKENDS}")
+    with tempfile.TemporaryDirectory(prefix="klstudy-tasks-") as overrides:
+        name = _override_task(task, k, min_p, max_tokens, Path(overrides))
+        manager = TaskManager(
+            include_path=[str(TASKS_DIR), overrides], metadata={"data_dir": str(data_dir), "limit": limit}
+        )
+        output = lm_eval.simple_evaluate(
+            model=backend,
+            model_args=model_arguments(backend, model_dir, {**(backend_settings or {}), "seed": seed}),
+            tasks=[name],
+            task_manager=manager,
+            apply_chat_template=chat_template,
+            batch_size=batch_size,
+            log_samples=True,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+        )
+    metrics = output["results"][name]
+    return {
+        "task": task,
+        "k": k,
+        "mean_at_k": metrics["mean_at_k,all_repeats"],
+        "stderr": metrics.get("mean_at_k_stderr,all_repeats"),
+        "results": json.loads(json.dumps(output["results"], default=str)),
+        "config": json.loads(json.dumps(output.get("configs", {}), default=str)),
+        "samples": json.loads(json.dumps(output["samples"][name], default=str)),
+    }

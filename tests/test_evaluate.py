@@ -1,0 +1,61 @@
+"""Evaluation through the real lm-eval-harness (HF backend, CPU) on a tiny model, and the mean@k metric."""
+
+import pytest
+
+from klstudy import data, evaluate, procedural, tiny
+from klstudy.tasks import utils
+
+
+def test_mean_at_k_by_hand():
+    doc = {"answer": "11", "reward": "math", "numbers": [], "target": 0}
+    completions = ["so \\boxed{11}", "\\boxed{12}", "The answer is \\boxed{11}.", "no box at all"]
+    assert utils.process_results(doc, completions) == {"mean_at_k": 0.5}
+    assert utils.mean_at_k(doc, completions[:1]) == 1.0
+    letter = {"answer": "C", "reward": "multiple_choice", "numbers": [], "target": 0}
+    assert utils.mean_at_k(letter, ["\\boxed{C}", "\\boxed{A}", "\\boxed{C}"]) == pytest.approx(2 / 3)
+
+
+def test_every_task_file_names_a_staged_dataset():
+    assert evaluate.task_names() == sorted(
+        [
+            "countdown_test",
+            "math500",
+            "math_squared",
+            "math_test",
+            "mmlu_college_biology",
+            "mmlu_college_chemistry",
+            "mmlu_college_physics",
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def harness_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("eval")
+    spec = tiny.TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=0)
+    tokenizer = tiny.build_tokenizer()
+    tiny.save(tiny.build_model(spec, tokenizer), tokenizer, path / "model", spec, {})
+    (path / "data").mkdir()
+    records = procedural.multiple_choice("mmlu_college_biology", "mc_next", 5, 0, "heldout")
+    data.write_jsonl(records, path / "data" / "mmlu_college_biology.jsonl")
+    return evaluate.run(path / "model", "mmlu_college_biology", path / "data", k=4, max_tokens=16, limit=3)
+
+
+def test_harness_keeps_all_k_repeats_and_averages_them(harness_run):
+    samples = harness_run["samples"]
+    assert len(samples) == 3  # limit
+    for sample in samples:
+        assert len(sample["filtered_resps"][0]) == 4  # lm-eval's default filter would keep 1
+        assert len(set(sample["filtered_resps"][0])) > 1  # sampled, not four copies of one completion
+        assert sample["mean_at_k"] == utils.mean_at_k(sample["doc"], sample["filtered_resps"][0])
+    expected = sum(s["mean_at_k"] for s in samples) / len(samples)
+    assert harness_run["mean_at_k"] == pytest.approx(expected)
+
+
+def test_requests_sample_at_temperature_one_without_a_per_request_seed(harness_run):
+    for sample in harness_run["samples"]:
+        prompt, generation = sample["arguments"][0]
+        assert prompt.startswith("<|im_start|>user\n")  # the chat template was applied
+        assert generation["do_sample"] is True and generation["temperature"] == 1.0 and generation["top_p"] == 1.0
+        assert "seed" not in generation
+        assert generation["until"]  # never lm-eval's default "\n\n"
