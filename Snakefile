@@ -31,6 +31,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/toy.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
 
 
 rule all:
@@ -38,4 +39,5 @@ rule all:
         toy_outputs(),
         input_outputs(),
         run_outputs(),
+        evaluation_outputs(),
     default_target: True

@@ -33,5 +33,8 @@ def test_a_local_copy_without_weights_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(data.DataUnavailable, match="no config.json"):
         models.build_base_model(
-            "q", {"source": "hub", "hub_id": "Qwen/Qwen2.5-7B", "local_dir": str(tmp_path / "empty")}, [], tmp_path / "m"
+            "q",
+            {"source": "hub", "hub_id": "Qwen/Qwen2.5-7B", "local_dir": str(tmp_path / "empty")},
+            [],
+            tmp_path / "m",
         )

@@ -52,6 +52,7 @@ def reduced_config() -> dict:
     study.update(kl=["none", "k1-reward"], betas=[0.1], seeds=[0])
     study["train"].update(steps=2, batch_prompts=2, minibatch_prompts=2, rollouts=2, max_response_tokens=8,
                           eval_every=1, checkpoint_every=1)  # fmt: skip
+    config["evaluation"].update(tasks=["math500", "mmlu_college_biology"], k=2, max_tokens=8, limit=3)
     return config
 
 
@@ -98,6 +99,27 @@ def test_every_cell_trained_and_recorded(toy_run):
     for name in config["data"]:
         assert (workdir / "results" / "data" / f"{name}.jsonl").stat().st_size > 0
     assert (workdir / "results" / "models" / "tiny" / "klstudy_build.json").is_file()
+
+
+def test_every_cell_and_base_model_evaluated(toy_run):
+    workdir, _ = toy_run
+    evals = sorted(
+        str(p.relative_to(workdir / "results" / "evals")) for p in (workdir / "results" / "evals").rglob("*.json")
+    )
+    assert evals == [
+        "base/tiny/template~off/math500.json",
+        "base/tiny/template~off/mmlu_college_biology.json",
+        "base/tiny/template~on/math500.json",
+        "base/tiny/template~on/mmlu_college_biology.json",
+        "onpolicy/tiny/k1-reward/beta~0.1/seed~0/math500.json",
+        "onpolicy/tiny/k1-reward/beta~0.1/seed~0/mmlu_college_biology.json",
+        "onpolicy/tiny/none/beta~0/seed~0/math500.json",
+        "onpolicy/tiny/none/beta~0/seed~0/mmlu_college_biology.json",
+    ]
+    row = json.loads((workdir / "results/evals/onpolicy/tiny/none/beta~0/seed~0/math500.json").read_text())
+    assert row["k"] == 2 and row["cell_status"] == "ok" and 0 <= row["mean_at_k"] <= 1
+    samples = (workdir / "results/evals/onpolicy/tiny/none/beta~0/seed~0/math500.samples.jsonl").read_text()
+    assert len(samples.splitlines()) == 3
 
 
 def test_report_contains_figure_table_captions_and_config(toy_run):

@@ -92,6 +92,10 @@ def _check_references(config: dict) -> None:
     for alias, model in config["models"].items():
         for dataset in model.get("warm_start_data", {}):
             _check_name(config, "data", dataset, f"models.{alias}.warm_start_data.{dataset}")
+    for i, study in enumerate(config["evaluation"]["studies"]):
+        _check_name(config, "studies", study, f"evaluation.studies[{i}]")
+    for i, task in enumerate(config["evaluation"]["tasks"]):
+        _check_name(config, "data", task, f"evaluation.tasks[{i}]")
     for study, spec in config["studies"].items():
         for i, model in enumerate(spec["models"]):
             _check_name(config, "models", model, f"studies.{study}.models[{i}]")

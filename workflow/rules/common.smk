@@ -28,6 +28,8 @@ wildcard_constraints:
     kl=r"none|k[123]-(reward|loss|both)",
     beta=r"[0-9][0-9.e-]*",
     seed=r"[0-9]+",
+    task=r"[A-Za-z0-9_]+",
+    template=r"on|off",
 
 
 def toy_outputs():
@@ -86,3 +88,22 @@ def train_launcher(wildcards):
     if accelerate_config is None:
         return "python"
     return f"accelerate launch --config_file {shlex.quote(accelerate_config)}"
+
+
+def evaluation_outputs():
+    """Every evaluated study cell on every task, and every base model with (and, if asked, without) its template."""
+    tasks = config["evaluation"]["tasks"]
+    cells = [
+        f"results/evals/{RUN_PATH}/{{task}}.json".format(task=task, **cell)
+        for study in config["evaluation"]["studies"]
+        for cell in study_cells(study)
+        for task in tasks
+    ]
+    templates = ["on", "off"] if config["evaluation"]["base_without_chat_template"] else ["on"]
+    bases = expand(
+        "results/evals/base/{model}/template~{template}/{task}.json",
+        model=sorted({m for s in config["evaluation"]["studies"] for m in config["studies"][s]["models"]}),
+        template=templates,
+        task=tasks,
+    )
+    return cells + bases
