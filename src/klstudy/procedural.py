@@ -2,7 +2,7 @@
 
 | role (paper)                      | embedded stand-in                                               |
 |-----------------------------------|-----------------------------------------------------------------|
-| MATH train, MATH test, MATH500    | ``arithmetic``: one-digit + and −, each asked in one of four phrasings (levels add1w, sub1w), with a worked solution |
+| MATH train, MATH test, MATH500    | ``arithmetic`` add1w, sub1w: one-digit + and −, four phrasings   |
 | MATH² (harder, in-domain)         | ``arithmetic`` level sum3: three-term sums                       |
 | MMLU college physics              | ``mc_compare``: which of four numbers is largest (A–D)          |
 | MMLU college chemistry            | ``mc_length``: how many letters a word has (A–D)                |
