@@ -1,6 +1,6 @@
 """Time per training step of KLTrainer and of stock TRL GRPOTrainer, same model, batch and settings.
 
-    .venv/bin/python benchmarks/trainer_step.py [--model DIR] [--steps 20] [--repeats 3] [--threads 2]
+    .venv/bin/python benchmarks/trainer_step.py [--model DIR] [--steps 30] [--repeats 6] [--threads 2]
 
 Both trainers run K3-in-loss with group-mean advantages and TRL's dapo normaliser (the configuration in
 which they compute the same loss; tests/test_trainer.py checks that), on the same tiny model (built here
@@ -46,8 +46,8 @@ def seconds_per_step(trainer_class, config_class, model_dir, settings, extra, st
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a model directory (default: a tiny untrained model built here)")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
