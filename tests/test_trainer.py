@@ -342,3 +342,21 @@ def test_lora_cell_trains_and_saves_a_merged_model(model_dir, data_dir, tmp_path
     assert not (tmp_path / "cell" / "final" / "adapter_config.json").exists()
     changed = [name for name, p in final.state_dict().items() if not torch.equal(p, base.state_dict()[name])]
     assert changed and all("embed" not in name for name in changed)  # LoRA touched the linear layers only
+
+
+def _history(rewards, **extra):
+    return [{"step": i + 1, "task_reward": r, "loss": 0.1, "grad_norm": 1.0, "kl_k1": 0.1, "kl_k3": 0.1, **extra}
+            for i, r in enumerate(rewards)]  # fmt: skip
+
+
+def test_health_rules_name_collapse_divergence_and_leave_healthy_runs_alone():
+    from klstudy.train import HealthRules
+
+    rules = HealthRules(max_kl=50, collapse_window=3, collapse_fraction=0.2, collapse_min_best=0.05)
+    assert rules.verdict(_history([0.3, 0.4, 0.5, 0.45, 0.5, 0.4, 0.35])) is None
+    status, reason = rules.verdict(_history([0.3, 0.4, 0.5, 0.5, 0.1, 0.0, 0.0]))
+    assert status == "collapsed" and "best 0.467" in reason
+    assert rules.verdict(_history([0.0, 0.01, 0.0, 0.0, 0.0, 0.0])) is None  # never learned: not a collapse
+    assert rules.verdict(_history([0.3, 0.3], kl_k3=float("nan")))[0] == "diverged"
+    assert rules.verdict(_history([0.3, 0.3], loss=float("inf")))[0] == "diverged"
+    assert rules.verdict(_history([0.3, 0.3], kl_k3=60.0))[0] == "diverged"
