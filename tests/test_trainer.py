@@ -360,3 +360,18 @@ def test_health_rules_name_collapse_divergence_and_leave_healthy_runs_alone():
     assert rules.verdict(_history([0.3, 0.3], kl_k3=float("nan")))[0] == "diverged"
     assert rules.verdict(_history([0.3, 0.3], loss=float("inf")))[0] == "diverged"
     assert rules.verdict(_history([0.3, 0.3], kl_k3=60.0))[0] == "diverged"
+
+
+@pytest.mark.parametrize(
+    "processes,micro,expected",
+    [(1, None, (40, 1)), (1, 8, (8, 5)), (4, None, (10, 1)), (4, 5, (5, 2)), (8, 5, (5, 1))],
+)
+def test_a_minibatch_is_split_over_processes_then_micro_batches(processes, micro, expected):
+    from klstudy.train import batch_layout
+
+    train = dict(batch_prompts=8, minibatch_prompts=8, rollouts=5, **({"micro_batch": micro} if micro else {}))
+    assert batch_layout(train, processes) == expected
+    per_device, accumulation = expected
+    assert per_device * accumulation * processes == 40  # one optimiser step = the whole minibatch
+    with pytest.raises(ValueError, match="cannot be split over 3 processes"):
+        batch_layout(train, 3)

@@ -114,16 +114,30 @@ def to_dataset(records: list[dict]):
     return datasets.Dataset.from_list(rows)
 
 
+def batch_layout(train: dict, processes: int) -> tuple[int, int]:
+    """(completions per micro-batch per process, gradient-accumulation steps) for one optimiser step.
+
+    One optimiser step sees minibatch_prompts × rollouts completions in total, split over the processes
+    (GPUs) that `accelerate launch` started, then into micro-batches of at most ``micro_batch``.
+    """
+    minibatch = train["minibatch_prompts"] * train["rollouts"]
+    if minibatch % processes:
+        raise ValueError(f"a minibatch of {minibatch} completions cannot be split over {processes} processes")
+    per_process = minibatch // processes
+    micro = min(train.get("micro_batch", per_process), per_process)
+    if train["batch_prompts"] % train["minibatch_prompts"] or per_process % micro:
+        raise ValueError(
+            "batch_prompts must be a multiple of minibatch_prompts, and each process's share of the minibatch "
+            f"({per_process} completions) a multiple of micro_batch ({micro})"
+        )
+    return micro, per_process // micro
+
+
 def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
     """KLTrainerConfig of a grid cell (the study's ``train`` settings plus the cell's KL, β and seed)."""
     train = cell["train"]
     rollouts = train["rollouts"]
-    minibatch = train["minibatch_prompts"] * rollouts
-    micro = min(train.get("micro_batch", minibatch), minibatch)
-    if train["batch_prompts"] % train["minibatch_prompts"] or minibatch % micro:
-        raise ValueError(
-            "batch_prompts must be a multiple of minibatch_prompts, and minibatch completions of micro_batch"
-        )
+    micro, accumulation = batch_layout(train, int(os.environ.get("WORLD_SIZE", "1")))
     updates = train["batch_prompts"] // train["minibatch_prompts"]
     estimator, placement = ("k1", "none") if cell["kl"] == "none" else cell["kl"].split("-")
     return KLTrainerConfig(
@@ -137,7 +151,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         weight_decay=0.0,
         max_grad_norm=train.get("max_grad_norm", 1.0),
         per_device_train_batch_size=micro,
-        gradient_accumulation_steps=minibatch // micro,
+        gradient_accumulation_steps=accumulation,
         updates_per_batch=updates,
         num_generations=rollouts,
         max_completion_length=train["max_response_tokens"],
