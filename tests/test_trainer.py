@@ -79,6 +79,17 @@ def drift(trainer, scale=0.05):
     return trainer
 
 
+def stock_trl(model_dir, tmp_path, use_bias_correction_kl):
+    """TRL's own GRPOTrainer with group-mean advantages (no std scaling), as the comparison baseline."""
+    return GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=length_reward,
+        args=GRPOConfig(**common(tmp_path), scale_rewards="none", use_bias_correction_kl=use_bias_correction_kl),
+        train_dataset=PROMPTS,
+        processing_class=tiny.load(model_dir)[1],
+    )
+
+
 def generation_batch():
     return [PROMPTS[i] for i in (0, 1) for _ in range(GROUP)]
 
@@ -100,13 +111,7 @@ def gradient(trainer, batch):
 
 def test_k3_in_loss_with_group_mean_matches_stock_trl(model_dir, tmp_path):
     mine = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="grpo")
-    stock = GRPOTrainer(
-        model=str(model_dir),
-        reward_funcs=length_reward,
-        args=GRPOConfig(**common(tmp_path), scale_rewards="none", use_bias_correction_kl=False),
-        train_dataset=PROMPTS,
-        processing_class=tiny.load(model_dir)[1],
-    )
+    stock = stock_trl(model_dir, tmp_path, use_bias_correction_kl=False)
     batch_mine, batch_stock = scored(mine), scored(stock)
     assert torch.equal(batch_mine["completion_ids"], batch_stock["completion_ids"])
     assert batch_stock["advantages"].abs().sum() > 0, "the test needs a reward with spread"
@@ -125,13 +130,7 @@ def test_trl_default_bias_correction_would_differ(model_dir, tmp_path):
     """Why the trainer turns TRL's use_bias_correction_kl off: with it on, the gradient is not the paper's."""
     mine = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="grpo")
     assert mine.args.use_bias_correction_kl is False
-    stock = GRPOTrainer(
-        model=str(model_dir),
-        reward_funcs=length_reward,
-        args=GRPOConfig(**common(tmp_path), scale_rewards="none", use_bias_correction_kl=True),
-        train_dataset=PROMPTS,
-        processing_class=tiny.load(model_dir)[1],
-    )
+    stock = stock_trl(model_dir, tmp_path, use_bias_correction_kl=True)
     _, grad_mine = gradient(mine, scored(mine))
     _, grad_stock = gradient(stock, scored(stock))
     assert not torch.allclose(grad_mine, grad_stock, rtol=1e-4, atol=1e-7)
