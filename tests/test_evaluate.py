@@ -9,7 +9,8 @@ from klstudy.tasks import utils
 def test_mean_at_k_by_hand():
     doc = {"answer": "11", "reward": "math", "numbers": [], "target": 0}
     completions = ["so \\boxed{11}", "\\boxed{12}", "The answer is \\boxed{11}.", "no box at all"]
-    assert utils.process_results(doc, completions) == {"mean_at_k": 0.5}
+    # lm-eval passes one request's filtered response: [the k completions] (the sample's logged filtered_resps).
+    assert utils.process_results(doc, [completions]) == {"mean_at_k": 0.5}
     assert utils.mean_at_k(doc, completions[:1]) == 1.0
     letter = {"answer": "C", "reward": "multiple_choice", "numbers": [], "target": 0}
     assert utils.mean_at_k(letter, ["\\boxed{C}", "\\boxed{A}", "\\boxed{C}"]) == pytest.approx(2 / 3)
@@ -30,7 +31,8 @@ def test_every_task_file_names_a_staged_dataset():
 
 
 @pytest.fixture(scope="module")
-def harness_run(tmp_path_factory):
+def harness_inputs(tmp_path_factory):
+    """An untrained tiny model and five staged questions."""
     path = tmp_path_factory.mktemp("eval")
     spec = tiny.TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=0)
     tokenizer = tiny.build_tokenizer()
@@ -38,6 +40,12 @@ def harness_run(tmp_path_factory):
     (path / "data").mkdir()
     records = procedural.multiple_choice("mmlu_college_biology", "mc_next", 5, 0, "heldout")
     data.write_jsonl(records, path / "data" / "mmlu_college_biology.jsonl")
+    return path
+
+
+@pytest.fixture(scope="module")
+def harness_run(harness_inputs):
+    path = harness_inputs
     return evaluate.run(path / "model", "mmlu_college_biology", path / "data", k=4, max_tokens=16, limit=3)
 
 
@@ -50,6 +58,19 @@ def test_harness_keeps_all_k_repeats_and_averages_them(harness_run):
         assert sample["mean_at_k"] == utils.mean_at_k(sample["doc"], sample["filtered_resps"][0])
     expected = sum(s["mean_at_k"] for s in samples) / len(samples)
     assert harness_run["mean_at_k"] == pytest.approx(expected)
+
+
+def test_harness_scores_every_repeat_with_the_reward(harness_inputs, monkeypatch):
+    """An untrained model is never right, so swap in a reward that often is: the score lm-eval reports must be
+    the mean over questions of the mean over all k repeats of that reward (a part-right question included)."""
+    from klstudy import rewards
+
+    monkeypatch.setattr(rewards, "score", lambda record, completion: float(len(completion) % 2))
+    path = harness_inputs
+    result = evaluate.run(path / "model", "mmlu_college_biology", path / "data", k=4, max_tokens=16, limit=3)
+    per_question = [sum(len(c) % 2 for c in s["filtered_resps"][0]) / 4 for s in result["samples"]]
+    assert [s["mean_at_k"] for s in result["samples"]] == per_question
+    assert 0 < result["mean_at_k"] == pytest.approx(sum(per_question) / 3)
 
 
 def test_requests_sample_at_temperature_one_without_a_per_request_seed(harness_run):

@@ -37,6 +37,9 @@ def mean_at_k(doc: dict, completions: list[str]) -> float:
     return sum(rewards.score(doc, completion) for completion in completions) / len(completions)
 
 
-def process_results(doc: dict, results: list[str]) -> dict:
-    """lm-eval hook: ``results`` holds all k repeats (the task's take_first_k filter keeps them)."""
-    return {"mean_at_k": mean_at_k(doc, results)}
+def process_results(doc: dict, results: list[list[str]]) -> dict:
+    """lm-eval hook: ``results`` is [the k repeats] — one request, whose filtered response (the task's
+    take_first_k filter) is the list of all k completions. lm-eval logs the same list as the sample's
+    ``filtered_resps``."""
+    (completions,) = results
+    return {"mean_at_k": mean_at_k(doc, completions)}
