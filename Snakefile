@@ -28,10 +28,26 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+
+
+# Run on the host that runs Snakemake, never submitted: staging needs the hub (often unreachable from compute
+# nodes), and the others are seconds of pandas and matplotlib.
+localrules:
+    all,
+    prepare_data,
+    base_model,
+    toy_unbiasedness,
+    fig01,
+    aggregate,
+    figure,
+    study_tables,
+
+
 include: "workflow/rules/toy.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/figures.smk"
 
 
 rule all:
@@ -40,4 +56,6 @@ rule all:
         input_outputs(),
         run_outputs(),
         evaluation_outputs(),
+        divergence_outputs(),
+        figure_outputs(),
     default_target: True

@@ -103,6 +103,50 @@ BAD = [
         lambda c: delete_key(c, ["studies", "onpolicy", "train"]),
         "'studies.onpolicy.train' is missing",
     ),
+    (
+        "evaluating a configuration the study does not train",
+        lambda c: set_key(c, ["evaluation", "studies", "unbiased"], ["k1-reward", "k1-loss"]),
+        "evaluation.studies.unbiased[1]",
+    ),
+    (
+        "a missing accelerate config file",
+        lambda c: set_key(c, ["studies", "onpolicy", "train", "accelerate_config"], "config/accelerate/nope.yaml"),
+        "studies.onpolicy.train.accelerate_config",
+    ),
+    (
+        "figure panel with a β the study lacks",
+        lambda c: set_key(c, ["figures", "fig05_eval_qwen", "panels", 0, "betas"], [0.3]),
+        "figures.fig05_eval_qwen.panels[0].betas[0]",
+    ),
+    (
+        "figure panel with an unknown kind",
+        lambda c: set_key(c, ["figures", "fig02_k1_in_loss", "panels", 0, "kind"], "violin"),
+        "figures.fig02_k1_in_loss.panels[0].kind",
+    ),
+    (
+        "bars of a study that is not evaluated",
+        lambda c: set_key(
+            c,
+            ["figures", "fig05_eval_qwen", "panels", 0],
+            {"kind": "bars", "study": "offpolicy_k1_loss", "model": "tiny"},
+        ),
+        "figures.fig05_eval_qwen.panels[0].study",
+    ),
+    (
+        "divergence panel without its metric",
+        lambda c: delete_key(c, ["figures", "fig12_forward_kl_entropy", "panels", 0, "metric"]),
+        "figures.fig12_forward_kl_entropy.panels[0].metric",
+    ),
+    (
+        "snapshot step beyond the study's steps",
+        lambda c: set_key(c, ["divergence", "steps"], [0, 10, 999]),
+        "divergence.steps[2]",
+    ),
+    (
+        "divergence on a dataset that is not staged",
+        lambda c: set_key(c, ["divergence", "tasks"], ["gsm8k"]),
+        "divergence.tasks[0]",
+    ),
 ]
 
 

@@ -80,3 +80,13 @@ def test_requests_sample_at_temperature_one_without_a_per_request_seed(harness_r
         assert generation["do_sample"] is True and generation["temperature"] == 1.0 and generation["top_p"] == 1.0
         assert "seed" not in generation
         assert generation["until"]  # never lm-eval's default "\n\n"
+
+
+def test_results_record_the_library_versions(harness_run):
+    from importlib.metadata import version
+
+    assert harness_run["versions"] == {
+        "lm_eval_version": version("lm_eval"),
+        "transformers_version": version("transformers"),
+        "torch_version": version("torch"),
+    }

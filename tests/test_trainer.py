@@ -359,6 +359,14 @@ def test_health_rules_name_collapse_divergence_and_leave_healthy_runs_alone():
     assert rules.verdict(_history([0.3, 0.3], kl_k3=float("nan")))[0] == "diverged"
     assert rules.verdict(_history([0.3, 0.3], loss=float("inf")))[0] == "diverged"
     assert rules.verdict(_history([0.3, 0.3], kl_k3=60.0))[0] == "diverged"
+    # Several updates per batch: only the generating update logs a reward; the others must not break the rule.
+    interleaved = [row for h in _history([0.3, 0.4, 0.5, 0.5, 0.1, 0.0, 0.0]) for row in (h, _without_reward(h))]
+    assert rules.verdict(interleaved)[0] == "collapsed"
+    assert rules.verdict(interleaved[:7]) is None
+
+
+def _without_reward(row):
+    return {key: value for key, value in row.items() if key != "task_reward"}
 
 
 @pytest.mark.parametrize(

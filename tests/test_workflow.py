@@ -30,12 +30,58 @@ def job_counts(output: str) -> dict:
     return {m[0]: int(m[1]) for m in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
 
 
+def expected_jobs(config: dict) -> dict:
+    """Job counts per rule, computed from the config independently of the workflow's helpers."""
+    trained = evaluated = 0
+    for study, spec in config["studies"].items():
+        per_config = {kl: (1 if kl == "none" else len(spec["betas"])) * len(spec["seeds"]) for kl in spec["kl"]}
+        trained += len(spec["models"]) * sum(per_config.values())
+        if study in config["evaluation"]["studies"]:
+            evaluated += len(spec["models"]) * sum(per_config[kl] for kl in config["evaluation"]["studies"][study])
+    tasks = len(config["evaluation"]["tasks"])
+    base_models = {m for s in config["evaluation"]["studies"] for m in config["studies"][s]["models"]}
+    div = config["divergence"]
+    div_models = div.get("models") or config["studies"][div["study"]]["models"]
+    return {
+        "toy_bias_variance": len(config["toy"]["settings"]),
+        "toy_unbiasedness": 1,
+        "fig01": 1,
+        "prepare_data": len(config["data"]),
+        "base_model": len(config["models"]),
+        "train_rl": trained,
+        "evaluate_cell": evaluated * tasks,
+        "evaluate_base": len(base_models) * 2 * tasks,
+        "divergence": len(div_models) * len(div["kl"]) * len(div["betas"]) * len(div["seeds"]) * len(div["tasks"]),
+        "aggregate": 1,
+        "figure": len(config["figures"]),
+        "study_tables": 1,
+        "all": 1,
+    }
+
+
 @pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
-def test_dry_run_has_one_toy_job_per_setting(name, tmp_path):
+def test_dry_run_job_counts_match_the_grid(name, tmp_path):
     config = yaml.safe_load((ROOT / name).read_text())
     counts = job_counts(snakemake("-n", "--cores", "1", "--configfile", str(ROOT / name), cwd=tmp_path))
-    assert counts["toy_bias_variance"] == len(config["toy"]["settings"])
-    assert counts["toy_unbiasedness"] == counts["fig01"] == counts["table1"] == 1
+    assert counts == expected_jobs(config)
+
+
+def test_paper_grid_sizes():
+    """The paper's grid, by hand: 2 models × (4 configs × 4 β + β = 0) × 3 seeds on-policy; 4 + 4 off-policy;
+    (4 + 1) × 3 and (4 + 1) × 1 asynchronous; 4 × 3 unbiased."""
+    counts = expected_jobs(yaml.safe_load((ROOT / "config/paper.yaml").read_text()))
+    assert counts["train_rl"] == 102 + 4 + 4 + 15 + 5 + 12
+    assert counts["evaluate_cell"] == (48 + 6 + 12) * 5 and counts["evaluate_base"] == 2 * 2 * 5
+    assert counts["figure"] == 11
+
+
+def test_one_cell_is_one_target(tmp_path):
+    """Rerunning one cell: name its summary.json (the README's command); only its own jobs run."""
+    cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~2/summary.json"
+    out = snakemake(cell, "-n", "--cores", "1", "--configfile", str(ROOT / "config/paper.yaml"), cwd=tmp_path)
+    counts = job_counts(out)
+    assert counts["train_rl"] == 1 and "evaluate_cell" not in counts
+    assert "beta~0.1/seed~2" in out
 
 
 def test_lint_is_clean():
@@ -44,15 +90,35 @@ def test_lint_is_clean():
 
 
 def reduced_config() -> dict:
-    """config.yaml with every stage kept but made small: few toy trials, a barely trained model, 2 short cells."""
+    """config.yaml with every stage kept but made small: few toy trials, a barely trained model, short cells of
+    an on-policy and an off-policy study, evaluation of one configuration, one figure of each kind."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["toy"].update(trials=30, sequences=100, lengths=[2, 6])
     config["models"]["tiny"]["spec"] = dict(hidden_size=64, num_heads=2, num_layers=1, sft_steps=10, sft_batch=8)
-    study = config["studies"]["onpolicy"]
-    study.update(kl=["none", "k1-reward"], betas=[0.1], seeds=[0])
-    study["train"].update(steps=2, batch_prompts=2, minibatch_prompts=2, rollouts=2, max_response_tokens=8,
-                          eval_every=1, checkpoint_every=1)  # fmt: skip
-    config["evaluation"].update(tasks=["math500", "mmlu_college_biology"], k=2, max_tokens=8, limit=3)
+    config["studies"] = {name: config["studies"][name] for name in ("onpolicy", "offpolicy_k1_loss")}
+    config["studies"]["onpolicy"].update(kl=["none", "k1-reward"], betas=[0.1], seeds=[0])
+    config["studies"]["offpolicy_k1_loss"].update(betas=[0.1])
+    for study in config["studies"].values():
+        study["train"].update(steps=2, rollouts=2, max_response_tokens=8, eval_every=1, checkpoint_every=1)
+        study["train"].update(batch_prompts=4, minibatch_prompts=4 if study["train"]["minibatch_prompts"] == 8 else 2)
+    config["evaluation"].update(tasks=["math500", "mmlu_college_biology"], k=2, max_tokens=8, limit=3,
+                                studies={"onpolicy": ["none", "k1-reward"]})  # fmt: skip
+    config["divergence"].update(
+        kl=["k1-reward"], steps=[0, 1, 2], tasks=["math500"], prompts=3, samples=2, max_tokens=8
+    )
+    onpolicy, offpolicy = dict(study="onpolicy", model="tiny"), dict(study="offpolicy_k1_loss", model="tiny")
+    divergence = [
+        dict(kind="divergence", metric=m, task="math500", kl=["k1-reward"], **onpolicy)
+        for m in ("forward_kl", "entropy")
+    ]
+    config["figures"] = {
+        "fig_curves": {
+            "title": "curves",
+            "panels": [dict(kind="curves", **onpolicy), dict(kind="curves", **offpolicy)],
+        },
+        "fig_bars": {"title": "bars", "panels": [dict(kind="bars", **onpolicy)]},
+        "fig_divergence": {"title": "divergence", "panels": divergence},
+    }
     return config
 
 
@@ -69,11 +135,17 @@ def toy_run(tmp_path_factory):
 
 def test_end_to_end_outputs(toy_run):
     workdir, config = toy_run
-    for name in ("fig01_toy_bias_variance.png", "fig01_toy_bias_variance.pdf", "table1.md", "table1.csv"):
-        assert (workdir / "figures" / name).stat().st_size > 0, name
+    for name in ("fig01_toy_bias_variance", "fig_curves", "fig_bars", "fig_divergence"):
+        for ext in ("png", "pdf"):
+            assert (workdir / "figures" / f"{name}.{ext}").stat().st_size > 0, name
+    for name in ("table1", "table2", "relative_improvement", "evaluations"):
+        assert (workdir / "figures" / f"{name}.md").stat().st_size > 0, name
     table = pd.read_csv(workdir / "figures" / "table1.csv")
     assert len(table) == 9  # 3 estimators × reward/loss/both
     assert set(table.unbiased_gradient) <= {"yes", "no"}
+    behaviour = table.set_index(["estimator", "placement"]).behaviour
+    assert behaviour[("K1", "reward")].split(" (")[0] in {"stable", "instabilities", "collapse"}
+    assert behaviour[("K3", "loss")] == "not trained"
     results = pd.read_csv(workdir / "results" / "toy" / "apart.csv")
     assert sorted(results["T"].unique()) == [2, 6]
     assert (results.trials == 30).all() and (results.sequences == 100).all()
@@ -86,6 +158,7 @@ def test_every_cell_trained_and_recorded(toy_run):
     workdir, config = toy_run
     runs = sorted((workdir / "results" / "runs").glob("*/*/*/*/*/summary.json"))
     assert [str(p.relative_to(workdir / "results" / "runs").parent) for p in runs] == [
+        "offpolicy_k1_loss/tiny/k1-loss/beta~0.1/seed~0",
         "onpolicy/tiny/k1-reward/beta~0.1/seed~0",
         "onpolicy/tiny/none/beta~0/seed~0",
     ]
@@ -93,9 +166,13 @@ def test_every_cell_trained_and_recorded(toy_run):
         summary = json.loads(summary_path.read_text())
         assert summary["status"] == "ok" and summary["steps_done"] == 2
         cell = summary_path.parent
-        assert [row["step"] for row in map(json.loads, (cell / "metrics.jsonl").read_text().splitlines())] == [1, 2]
+        metrics = [row["step"] for row in map(json.loads, (cell / "metrics.jsonl").read_text().splitlines())]
+        off_policy = "offpolicy" in str(cell)
+        assert metrics == ([1, 1, 2, 2] if off_policy else [1, 2])  # off-policy: 2 optimiser steps per batch
         assert [row["step"] for row in map(json.loads, (cell / "heldout.jsonl").read_text().splitlines())] == [0, 1, 2]
         assert (cell / "final" / "model.safetensors").is_file()
+        snapshots = sorted(p.name for p in (cell / "snapshots").iterdir())
+        assert snapshots == (["step~1", "step~2"] if "k1-reward" in str(cell) else [])
     for name in config["data"]:
         assert (workdir / "results" / "data" / f"{name}.jsonl").stat().st_size > 0
     assert (workdir / "results" / "models" / "tiny" / "klstudy_build.json").is_file()
@@ -116,6 +193,13 @@ def test_every_cell_and_base_model_evaluated(toy_run):
         "onpolicy/tiny/none/beta~0/seed~0/math500.json",
         "onpolicy/tiny/none/beta~0/seed~0/mmlu_college_biology.json",
     ]
+    tables = workdir / "results" / "tables"
+    cells = pd.read_csv(tables / "cells.csv")
+    assert len(cells) == 3 and set(cells.status) == {"ok"}
+    assert len(pd.read_csv(tables / "evaluations.csv")) == (2 + 2) * 2  # (2 cells + base on/off) × 2 tasks
+    divergence = pd.read_csv(tables / "divergence.csv")
+    assert list(divergence.step) == [0, 1, 2] and divergence.forward_kl.iloc[0] == 0
+    assert (divergence.forward_kl.iloc[1:] > 0).all() and (divergence.entropy > 0).all()
     row = json.loads((workdir / "results/evals/onpolicy/tiny/none/beta~0/seed~0/math500.json").read_text())
     assert row["k"] == 2 and row["cell_status"] == "ok" and 0 <= row["mean_at_k"] <= 1
     samples = (workdir / "results/evals/onpolicy/tiny/none/beta~0/seed~0/math500.samples.jsonl").read_text()
@@ -126,5 +210,6 @@ def test_report_contains_figure_table_captions_and_config(toy_run):
     workdir, _ = toy_run
     html = (workdir / "report.html").read_text()
     assert "fig01_toy_bias_variance.png" in html and "table1.csv" in html
+    assert "fig_curves.png" in html and "fig_divergence.png" in html and "config.yaml" in html
     assert "Figure 1" in html and "Table 1" in html
     assert "embedded" in html

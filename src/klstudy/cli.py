@@ -46,20 +46,6 @@ def _fig01(args):
     figures.fig01_toy_bias_variance(results, pd.read_csv(args.tests), Path(args.out))
 
 
-def _table1(args):
-    from klstudy import figures
-
-    tests = pd.read_csv(args.tests)
-    alpha = tests.alpha.iloc[0]
-    caption = (
-        "Table 1. KL estimators, placements and whether their expected gradient equals the gradient of the "
-        "sequence-level reverse KL (on-policy), decided from the toy model's Monte Carlo estimates: a "
-        f"configuration is biased when any |bias / standard error| exceeds the Bonferroni critical value "
-        f"at family-wise level {alpha}. Here r = π_ref / π_θ per token."
-    )
-    figures.write_table(figures.table1(tests), Path(args.md), Path(args.csv), caption)
-
-
 def _prepare_data(args):
     from klstudy import data
 
@@ -114,6 +100,58 @@ def _evaluate(args):
     print(json.dumps(row))
 
 
+def _divergence(args):
+    import torch
+
+    from klstudy import data, divergence
+
+    torch.set_num_threads(args.threads)
+    prompts = [record["prompt"] for record in data.read_jsonl(Path(args.data))[: args.prompts]]
+    rows = divergence.across_snapshots(
+        Path(args.reference), Path(args.snapshots), args.steps, prompts, args.samples, args.max_tokens, args.seed
+    )
+    table = pd.DataFrame(rows)
+    table.to_csv(args.out, index=False)
+    print(table.to_string(index=False))
+
+
+def _read_config(text_or_path: str) -> dict:
+    """A config file's path, or the config itself as YAML/JSON text (what the Snakemake rules pass); validated."""
+    import yaml
+
+    from klstudy.config import validate_config
+
+    is_file = len(text_or_path) < 4096 and Path(text_or_path).is_file()
+    return validate_config(yaml.safe_load(Path(text_or_path).read_text() if is_file else text_or_path))
+
+
+def _aggregate(args):
+    import yaml
+
+    from klstudy import aggregate
+
+    config = _read_config(args.config)
+    tables = aggregate.write_tables(config, Path(args.results), Path(args.out_dir))
+    (Path(args.out_dir) / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    for name, table in tables.items():
+        print(f"{name}: {len(table)} rows")
+
+
+def _figure(args):
+    from klstudy import figures
+
+    config = _read_config(args.config)
+    tables = figures.read_tables(Path(args.tables))
+    figures.paper_figure(args.name, config, tables, Path(args.out))
+
+
+def _tables(args):
+    from klstudy import figures
+
+    config = _read_config(args.config)
+    figures.write_study_tables(config, figures.read_tables(Path(args.tables)), Path(args.toy_tests), Path(args.out_dir))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from klstudy import kl
 
@@ -146,12 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
     fig01.add_argument("--tests", required=True)
     fig01.add_argument("--out", required=True)
     fig01.set_defaults(run=_fig01)
-
-    table1 = commands.add_parser("table1", help="Table 1 (Markdown and CSV)")
-    table1.add_argument("--tests", required=True)
-    table1.add_argument("--md", required=True)
-    table1.add_argument("--csv", required=True)
-    table1.set_defaults(run=_table1)
 
     prepare = commands.add_parser("prepare-data", help="stage one dataset as JSONL in the common schema")
     prepare.add_argument("--name", required=True)
@@ -191,6 +223,39 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", required=True, help="results JSON (lm-eval's results plus the tidy row)")
     evaluate.add_argument("--samples", required=True, help="per-sample JSONL (every repeat and its score)")
     evaluate.set_defaults(run=_evaluate)
+
+    div = commands.add_parser("divergence", help="Fig. 12: forward KL(π_ref‖π_θ) and entropy over a cell's snapshots")
+    div.add_argument("--reference", required=True, help="the base model directory (π_ref)")
+    div.add_argument("--snapshots", required=True, help="the cell's snapshots/ directory (step~N/ inside)")
+    div.add_argument("--steps", type=int, nargs="+", required=True, help="steps to score (0: the base model)")
+    div.add_argument("--data", required=True, help="staged JSONL whose prompts are used")
+    div.add_argument("--prompts", type=int, default=200, help="the first N questions")
+    div.add_argument("--samples", type=int, default=4, help="responses per question")
+    div.add_argument("--max-tokens", type=int, default=1024)
+    div.add_argument("--seed", type=int, default=0)
+    div.add_argument("--threads", type=int, default=2)
+    div.add_argument("--out", required=True, help="CSV: step, forward_kl, entropy and their standard errors")
+    div.set_defaults(run=_divergence)
+
+    agg = commands.add_parser("aggregate", help="tidy tables of the whole grid (results/tables/*.csv)")
+    agg.add_argument("--config", required=True, help="the validated config: a YAML file, or YAML/JSON text")
+    agg.add_argument("--results", default="results", help="the results directory")
+    agg.add_argument("--out-dir", required=True)
+    agg.set_defaults(run=_aggregate)
+
+    fig = commands.add_parser("figure", help="one of the paper's figures 2-12, as configured under 'figures'")
+    fig.add_argument("--name", required=True, help="a key of the config's figures section, e.g. fig02_k1_in_loss")
+    fig.add_argument("--config", required=True)
+    fig.add_argument("--tables", required=True, help="the directory of the aggregated tables")
+    fig.add_argument("--out", required=True, help="PNG path (a PDF is written beside it)")
+    fig.set_defaults(run=_figure)
+
+    tab = commands.add_parser("tables", help="Table 1 (with the runs' behaviour), Table 2, relative improvements")
+    tab.add_argument("--config", required=True)
+    tab.add_argument("--tables", required=True, help="the directory of the aggregated tables")
+    tab.add_argument("--toy-tests", required=True, help="results/toy/unbiasedness.csv")
+    tab.add_argument("--out-dir", required=True)
+    tab.set_defaults(run=_tables)
     return parser
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -92,8 +93,14 @@ def _check_references(config: dict) -> None:
     for alias, model in config["models"].items():
         for dataset in model.get("warm_start_data", {}):
             _check_name(config, "data", dataset, f"models.{alias}.warm_start_data.{dataset}")
-    for i, study in enumerate(config["evaluation"]["studies"]):
-        _check_name(config, "studies", study, f"evaluation.studies[{i}]")
+    for study, kl_configs in config["evaluation"]["studies"].items():
+        _check_name(config, "studies", study, f"evaluation.studies.{study}")
+        for i, kl_config in enumerate(kl_configs):
+            if kl_config not in config["studies"][study]["kl"]:
+                raise ConfigError(
+                    f"config key 'evaluation.studies.{study}[{i}]': {kl_config!r} is not trained by study {study!r} "
+                    f"(its kl: {', '.join(config['studies'][study]['kl'])})"
+                )
     for i, task in enumerate(config["evaluation"]["tasks"]):
         _check_name(config, "data", task, f"evaluation.tasks[{i}]")
     for study, spec in config["studies"].items():
@@ -102,8 +109,125 @@ def _check_references(config: dict) -> None:
         for key in ("train_data", "heldout_data"):
             _check_name(config, "data", spec[key], f"studies.{study}.{key}")
         train = spec["train"]
+        accelerate_config = train.get("accelerate_config")
+        if accelerate_config is not None and not (REPO_ROOT / accelerate_config).is_file():
+            raise ConfigError(
+                f"config key 'studies.{study}.train.accelerate_config': no file {accelerate_config} "
+                f"(paths are relative to the repository root, e.g. config/accelerate/fsdp.yaml)"
+            )
         if train["batch_prompts"] % train["minibatch_prompts"]:
             raise ConfigError(
                 f"config key 'studies.{study}.train.minibatch_prompts': {train['minibatch_prompts']} does not divide "
                 f"batch_prompts {train['batch_prompts']} (their ratio is the number of updates per batch)"
             )
+    _check_divergence(config)
+    for name, figure in config["figures"].items():
+        for i, panel in enumerate(figure["panels"]):
+            _check_panel(config, panel, f"figures.{name}.panels[{i}]")
+
+
+def _check_subset(values, allowed, where: str, what: str) -> None:
+    for i, value in enumerate(values):
+        if value not in allowed:
+            raise ConfigError(
+                f"config key '{where}[{i}]': {value!r} is not among the {what} ({', '.join(map(str, allowed))})"
+            )
+
+
+def _check_cells_selection(config: dict, selection: dict, where: str) -> None:
+    """A selection of a study's cells (study, models/model, kl, betas, seeds) names only what the study trains."""
+    _check_name(config, "studies", selection["study"], f"{where}.study")
+    spec = config["studies"][selection["study"]]
+    if "model" in selection:
+        _check_subset([selection["model"]], spec["models"], f"{where}.model", f"models of study {selection['study']}")
+    _check_subset(selection.get("models", []), spec["models"], f"{where}.models", "study's models")
+    _check_subset(selection.get("kl", []), spec["kl"], f"{where}.kl", "study's kl configurations")
+    _check_subset(selection.get("betas", []), spec["betas"], f"{where}.betas", "study's betas")
+    _check_subset(selection.get("seeds", []), spec["seeds"], f"{where}.seeds", "study's seeds")
+
+
+def _check_divergence(config: dict) -> None:
+    section = config["divergence"]
+    _check_cells_selection(config, section, "divergence")
+    for i, task in enumerate(section["tasks"]):
+        _check_name(config, "data", task, f"divergence.tasks[{i}]")
+    last = config["studies"][section["study"]]["train"]["steps"]
+    _check_subset(section["steps"], range(last + 1), "divergence.steps", f"steps 0..{last} of the study")
+
+
+def _check_panel(config: dict, panel: dict, where: str) -> None:
+    _check_cells_selection(config, panel, where)
+    if panel["kind"] == "bars":
+        evaluated = config["evaluation"]["studies"].get(panel["study"])
+        if evaluated is None:
+            raise ConfigError(f"config key '{where}.study': study {panel['study']!r} is not under evaluation.studies")
+        _check_subset(
+            panel.get("kl", evaluated), evaluated, f"{where}.kl", f"evaluated kl configurations of {panel['study']}"
+        )
+    if panel["kind"] == "divergence":
+        for key in ("metric", "task"):
+            if key not in panel:
+                raise ConfigError(f"config key '{where}.{key}' is missing (divergence panels need it)")
+        _check_subset([panel["task"]], config["divergence"]["tasks"], f"{where}.task", "divergence.tasks")
+
+
+# The study grid, shared by the workflow (workflow/rules/common.smk) and the aggregation (klstudy.aggregate).
+# One directory per cell, readable by a person: onpolicy/tiny/k1-reward/beta~0.1/seed~0
+RUN_PATH = "{study}/{model}/{kl}/beta~{beta}/seed~{seed}"
+
+
+def study_cells(config: dict, study: str, kl_configs: list[str] | None = None) -> list[dict]:
+    """Every (model, kl, beta, seed) cell of a study, or of its ``kl_configs`` only.
+
+    "none" (no KL penalty) is trained once per model and seed, at β = 0.
+    """
+    spec = config["studies"][study]
+    return [
+        dict(study=study, model=model, kl=kl, beta=beta, seed=seed)
+        for model in spec["models"]
+        for kl in kl_configs or spec["kl"]
+        for beta in ([0] if kl == "none" else spec["betas"])
+        for seed in spec["seeds"]
+    ]
+
+
+def all_cells(config: dict) -> list[dict]:
+    return [cell for study in config["studies"] for cell in study_cells(config, study)]
+
+
+def evaluated_cells(config: dict) -> list[dict]:
+    """The cells that ``evaluation.studies`` names."""
+    return [
+        cell for study, kl_configs in config["evaluation"]["studies"].items()
+        for cell in study_cells(config, study, kl_configs)
+    ]  # fmt: skip
+
+
+def evaluated_base_models(config: dict) -> list[str]:
+    return sorted({model for study in config["evaluation"]["studies"] for model in config["studies"][study]["models"]})
+
+
+def base_templates(config: dict) -> list[str]:
+    """Chat template on, and off too when the config asks for the paper's "Baseline (No-CT)"."""
+    return ["on", "off"] if config["evaluation"]["base_without_chat_template"] else ["on"]
+
+
+def run_path(cell: dict) -> str:
+    return RUN_PATH.format(**cell)
+
+
+def divergence_cells(config: dict) -> list[dict]:
+    """The cells that save policy snapshots for Fig. 12 (the ``divergence`` section)."""
+    section = config["divergence"]
+    models = section.get("models") or config["studies"][section["study"]]["models"]
+    return [
+        cell for cell in study_cells(config, section["study"], section["kl"])
+        if cell["model"] in models and cell["beta"] in section["betas"] and cell["seed"] in section["seeds"]
+    ]  # fmt: skip
+
+
+def snapshot_steps(config: dict, cell: dict) -> list[int]:
+    """Training steps at which ``cell`` saves its policy (none unless the divergence section selects it)."""
+    selected = [dict(c, beta=float(c["beta"]), seed=int(c["seed"])) for c in divergence_cells(config)]
+    key = dict(cell, beta=float(cell["beta"]), seed=int(cell["seed"]))
+    return sorted(step for step in config["divergence"]["steps"] if step > 0) if key in selected else []

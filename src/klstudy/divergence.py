@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -73,3 +74,30 @@ def forward_kl_and_entropy(
     kl, kl_stderr = _mean_and_stderr(kls)
     entropy, entropy_stderr = _mean_and_stderr(entropies)
     return {"forward_kl": kl, "forward_kl_stderr": kl_stderr, "entropy": entropy, "entropy_stderr": entropy_stderr}
+
+
+def across_snapshots(
+    reference_dir: Path,
+    snapshots_dir: Path,
+    steps: list[int],
+    prompts: list[str],
+    samples: int,
+    max_tokens: int,
+    seed: int = 0,
+) -> list[dict]:
+    """One row per step: forward KL and entropy of the policy saved after that step (step 0: the reference).
+
+    Steps whose snapshot does not exist (a run that stopped early) are skipped. The same seed is used at
+    every step, so every checkpoint is scored on the same samples from π_ref.
+    """
+    reference, tokenizer = tiny.load(reference_dir)
+    rows = []
+    for step in sorted(steps):
+        path = reference_dir if step == 0 else Path(snapshots_dir) / f"step~{step}"
+        if not path.is_dir():
+            continue
+        policy = reference if step == 0 else tiny.load(path)[0]
+        rows.append(
+            {"step": step, **forward_kl_and_entropy(policy, reference, tokenizer, prompts, samples, max_tokens, seed)}
+        )
+    return rows

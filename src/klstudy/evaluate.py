@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import yaml
 
@@ -51,6 +52,12 @@ def model_arguments(backend: str, model_dir: Path, settings: dict) -> str:
     return ",".join(f"{key}={value}" for key, value in parts.items())
 
 
+def _add_versions(results: dict) -> None:
+    from importlib.metadata import version
+
+    results.update({f"{name}_version": version(name) for name in ("lm_eval", "transformers", "torch")})
+
+
 def run(
     model_dir: Path,
     task: str,
@@ -79,18 +86,21 @@ def run(
             include_defaults=False,
             metadata={"data_dir": str(data_dir), "limit": limit},
         )
-        output = lm_eval.simple_evaluate(
-            model=backend,
-            model_args=model_arguments(backend, model_dir, {**(backend_settings or {}), "seed": seed}),
-            tasks=[name],
-            task_manager=manager,
-            apply_chat_template=chat_template,
-            batch_size=batch_size,
-            log_samples=True,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-        )
+        # lm-eval's environment report runs `pip list` through torch's collect_env (~2 s per job); the
+        # environment is pinned by requirements.lock, so the results keep the versions that matter instead.
+        with mock.patch("lm_eval.evaluator.add_env_info", _add_versions):
+            output = lm_eval.simple_evaluate(
+                model=backend,
+                model_args=model_arguments(backend, model_dir, {**(backend_settings or {}), "seed": seed}),
+                tasks=[name],
+                task_manager=manager,
+                apply_chat_template=chat_template,
+                batch_size=batch_size,
+                log_samples=True,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+            )
     metrics = output["results"][name]
     return {
         "task": task,
@@ -99,5 +109,6 @@ def run(
         "stderr": metrics.get("mean_at_k_stderr,all_repeats"),
         "results": json.loads(json.dumps(output["results"], default=str)),
         "config": json.loads(json.dumps(output.get("configs", {}), default=str)),
+        "versions": {key: output.get(key) for key in ("lm_eval_version", "transformers_version", "torch_version")},
         "samples": json.loads(json.dumps(output["samples"][name], default=str)),
     }

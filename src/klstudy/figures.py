@@ -81,26 +81,6 @@ def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Pat
     save(fig, png)
 
 
-def table1(tests: pd.DataFrame) -> pd.DataFrame:
-    """Table 1: estimator, expression, placement, and the measured verdict on the gradient's bias.
-
-    "Behaviour" (§4.1) comes from training runs, which this table does not yet read.
-    """
-    rows = tests[tests.placement != "none"]
-    return pd.DataFrame(
-        {
-            "estimator": rows.estimator.str.upper(),
-            "expression": rows.estimator.map(kl.EXPRESSIONS),
-            "placement": rows.placement,
-            "unbiased_gradient": rows.unbiased.map({True: "yes", False: "no"}),
-            "max_abs_z": rows.max_abs_z.round(1),
-            "z_critical": rows.z_critical.round(2),
-            "worst_case": rows.worst_case,
-            "behaviour": "not yet measured (training study)",
-        }
-    ).sort_values(["estimator", "placement"], key=lambda c: c.map(_placement_order) if c.name == "placement" else c)
-
-
 def _placement_order(placement: str) -> int:
     return kl.PLACEMENTS.index(placement)
 
@@ -112,3 +92,345 @@ def write_table(table: pd.DataFrame, md: Path, csv: Path, caption: str) -> None:
     rule = "| " + " | ".join("---" for _ in table.columns) + " |"
     body = ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
     Path(md).write_text("\n".join([caption, "", header, rule, *body, ""]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# §4: figures 2-12 and the study's tables, from the aggregated tables (klstudy.aggregate).
+
+KL_COLOURS = {
+    "none": "black",
+    "k1-reward": "tab:blue",
+    "k1-loss": "tab:orange",
+    "k3-reward": "tab:red",
+    "k3-loss": "tab:green",
+    "k1-both": "tab:purple",
+    "k3-both": "tab:brown",
+    "k2-reward": "tab:pink",
+    "k2-loss": "tab:olive",
+    "k2-both": "tab:cyan",
+}
+NOT_OK = {"collapsed": "x", "diverged": "X", "missing": "."}
+TABLE_NAMES = ("cells", "training", "heldout", "evaluations", "divergence")
+
+
+def read_tables(directory: Path) -> dict[str, pd.DataFrame]:
+    return {name: pd.read_csv(Path(directory) / f"{name}.csv") for name in TABLE_NAMES}
+
+
+def kl_label(kl_config: str) -> str:
+    if kl_config == "none":
+        return "no KL (β = 0)"
+    if kl_config == "base":
+        return "base"
+    estimator, placement = kl_config.split("-")
+    return f"{estimator.upper()} in {'reward and loss' if placement == 'both' else placement}"
+
+
+def select(table: pd.DataFrame, panel: dict, config: dict) -> pd.DataFrame:
+    """The rows of a panel's cells: its study and model, its KL configurations and β (β = 0 for "none")."""
+    spec = config["studies"][panel["study"]]
+    kls, betas = panel.get("kl", spec["kl"]), [float(b) for b in panel.get("betas", spec["betas"])]
+    rows = table[(table.study == panel["study"]) & (table.model == panel["model"]) & table.kl.isin(kls)]
+    return rows[(rows.kl == "none") | rows.beta.isin(betas)]
+
+
+def _line_style(kl_config: str, beta: float, betas: list[float], by_beta: bool) -> dict:
+    """Colour by β when a panel shows one KL configuration (plus the β = 0 baseline), else by configuration."""
+    if kl_config == "none":
+        return {"color": "black", "linestyle": "--"}
+    if by_beta:
+        shade = (betas.index(beta) + 1) / (len(betas) + 1)
+        return {"color": plt.cm.viridis(1 - shade), "linestyle": "-"}
+    return {
+        "color": KL_COLOURS.get(kl_config, "grey"),
+        "linestyle": ["-", ":", "-.", (0, (5, 1))][betas.index(beta) % 4],
+    }
+
+
+def curves_panel(ax, panel: dict, config: dict, tables: dict) -> None:
+    """Held-out pass@1 against training step: the mean over seeds (thick) and every seed (thin); a run that
+    stopped early (collapsed or diverged) ends in a cross at its last evaluation."""
+    heldout, cells = select(tables["heldout"], panel, config), select(tables["cells"], panel, config)
+    betas = sorted({float(b) for b in cells.beta if b > 0})
+    by_beta = len(set(cells.kl) - {"none"}) == 1
+    for (kl_config, beta), group in cells.groupby(["kl", "beta"], sort=False):
+        style = _line_style(kl_config, float(beta), betas or [0.0], by_beta)
+        runs = heldout[(heldout.kl == kl_config) & (heldout.beta == beta)]
+        statuses = group.status.value_counts().to_dict()
+        label = kl_label(kl_config) + ("" if kl_config == "none" else f", β = {beta:g}")
+        bad = {s: n for s, n in statuses.items() if s != "ok"}
+        if bad:
+            label += " (" + ", ".join(f"{n}/{len(group)} {s}" for s, n in bad.items()) + ")"
+        if runs.empty:
+            ax.plot([], [], label=label + " - no data", **style)
+            continue
+        for seed, run in runs.groupby("seed"):
+            ax.plot(run.step, run.pass_at_1, alpha=0.3, linewidth=0.8, **style)
+            status = group[group.seed == seed].status.iloc[0]
+            if status in NOT_OK:
+                ax.scatter(
+                    run.step.iloc[-1],
+                    run.pass_at_1.iloc[-1],
+                    marker=NOT_OK[status],
+                    s=60,
+                    zorder=4,
+                    color=style["color"],
+                )
+        mean = runs.groupby("step").pass_at_1.mean()
+        ax.plot(mean.index, mean.values, linewidth=2, label=label, **style)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"pass@1 on {config['studies'][panel['study']]['heldout_data']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def seed_spread(rows: pd.DataFrame, value: str, stderr: str | None = None) -> pd.Series:
+    """Mean over seeds, the standard deviation over seeds, the number of seeds, and the error bar drawn: the
+    spread over seeds when there are several, else the estimate's own standard error."""
+    values = rows[value].dropna()
+    spread = values.std(ddof=1) if len(values) > 1 else float("nan")
+    own = rows[stderr].dropna().mean() if stderr and len(values) == 1 else float("nan")
+    return pd.Series(
+        {
+            "mean": values.mean() if len(values) else float("nan"),
+            "seed_std": spread,
+            "seeds": len(values),
+            "error": spread if len(values) > 1 else own,
+        }
+    )
+
+
+def bars_panel(ax, panel: dict, config: dict, tables: dict) -> None:
+    """lm-eval mean@k per task: the base model with (CT) and without (No-CT) its chat template, then each KL
+    configuration × β (mean over seeds; error bars: standard deviation over seeds, or lm-eval's standard
+    error with one seed). Hatched: some seed's run collapsed or diverged. "n/a": not evaluated."""
+    evaluations = tables["evaluations"]
+    tasks = config["evaluation"]["tasks"]
+    base = evaluations[(evaluations.study == "base") & (evaluations.model == panel["model"])]
+    groups = [
+        (
+            f"base ({'CT' if t == 'on' else 'No-CT'})",
+            base[base.chat_template == t],
+            "lightgrey" if t == "on" else "white",
+        )
+        for t in sorted(set(base.chat_template), reverse=True)
+    ]
+    cells = select(evaluations[evaluations.study != "base"], panel, config)
+    for (kl_config, beta), rows in cells.groupby(["kl", "beta"], sort=False):
+        groups.append((f"{kl_label(kl_config)}, β = {beta:g}", rows, KL_COLOURS.get(kl_config, "grey")))
+    width = 0.8 / max(len(groups), 1)
+    for g, (label, rows, colour) in enumerate(groups):
+        stats = [seed_spread(rows[rows.task == task], "mean_at_k", "stderr") for task in tasks]
+        x = [t + (g - (len(groups) - 1) / 2) * width for t in range(len(tasks))]
+        unhealthy = (~rows.cell_status.isin(["ok", "base"])).any()
+        ax.bar(
+            x,
+            [st["mean"] for st in stats],
+            width,
+            yerr=[st["error"] for st in stats],
+            color=colour,
+            edgecolor="black",
+            linewidth=0.5,
+            hatch="//" if unhealthy else None,
+            capsize=2,
+            label=label + (" (collapsed/diverged seeds)" if unhealthy else ""),
+        )
+        for xi, st in zip(x, stats, strict=True):
+            if pd.isna(st["mean"]):
+                ax.text(xi, 0.01, "n/a", rotation=90, ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(tasks)), [t.replace("mmlu_college_", "MMLU ") for t in tasks], rotation=20, fontsize=8)
+    ax.set_ylabel(f"mean@{config['evaluation']['k']} accuracy")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+
+
+def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> None:
+    """Forward KL(π_ref‖π_θ) (on samples from π_ref) or π_θ's token entropy against training step, with the
+    standard error over prompts; one line per cell."""
+    rows = select(tables["divergence"], panel, config)
+    rows = rows[rows.task == panel["task"]]
+    metric = panel["metric"]
+    for (kl_config, beta, seed), run in rows.groupby(["kl", "beta", "seed"], sort=False):
+        run = run.sort_values("step")
+        ax.errorbar(
+            run.step,
+            run[metric],
+            yerr=run[f"{metric}_stderr"],
+            marker="o",
+            capsize=2,
+            color=KL_COLOURS.get(kl_config, "grey"),
+            label=f"{kl_label(kl_config)}, β = {beta:g}, seed {seed}",
+        )
+    ax.set_xlabel("training step")
+    ax.set_ylabel("forward KL(π_ref‖π_θ) (nats)" if metric == "forward_kl" else "token entropy of π_θ (nats)")
+    ax.set_title(panel["task"], fontsize=9)
+    ax.grid(alpha=0.3)
+    if not rows.empty:
+        ax.legend(fontsize=7)
+
+
+PANELS = {"curves": curves_panel, "bars": bars_panel, "divergence": divergence_panel}
+
+
+def paper_figure(name: str, config: dict, tables: dict, png: Path) -> None:
+    """A figure of the config's ``figures`` section: its panels side by side."""
+    spec = config["figures"][name]
+    panels = spec["panels"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        PANELS[panel["kind"]](ax, panel, config, tables)
+        title = panel.get("title", f"{panel['study']} / {panel['model']}")
+        ax.set_title(f"{title}\n{ax.get_title()}" if ax.get_title() else title, fontsize=9)
+    fig.suptitle(f"{spec['title']} ({config['scale']} scale)")
+    fig.tight_layout()
+    save(fig, png)
+
+
+# Table 1's "behaviour" column, from the on-policy runs of each configuration.
+BEHAVIOUR_RULES = (
+    "collapse: some run ended 'collapsed' (running-mean reward fell below the health rule's fraction of its best); "
+    "instabilities: some run 'diverged', or its held-out pass@1 fell by more than {drop} (absolute) below its "
+    "best earlier value; stable: every run finished with neither; not trained: no on-policy run of it."
+)
+DROP = 0.15
+
+
+def onpolicy_studies(config: dict) -> list[str]:
+    """Studies trained on-policy: one update per generation batch, no asynchrony."""
+    return [
+        name
+        for name, spec in config["studies"].items()
+        if spec["train"]["batch_prompts"] == spec["train"]["minibatch_prompts"] and not spec["train"].get("async_level")
+    ]
+
+
+def behaviour(cells: pd.DataFrame, heldout: pd.DataFrame, studies: list[str], drop: float = DROP) -> dict[str, str]:
+    """kl config -> stable | instabilities | collapse (with counts of runs), over the given studies' cells."""
+    verdicts = {}
+    for kl_config, group in cells[cells.study.isin(studies) & (cells.kl != "none")].groupby("kl"):
+        done = group[group.status != "missing"]
+        if done.empty:
+            verdicts[kl_config] = "not trained"
+            continue
+        collapsed = (done.status == "collapsed").sum()
+        unstable = 0
+        for cell in done.itertuples():
+            run = heldout[
+                (heldout.study == cell.study)
+                & (heldout.model == cell.model)
+                & (heldout.kl == cell.kl)
+                & (heldout.beta == cell.beta)
+                & (heldout.seed == cell.seed)
+            ].sort_values("step")
+            fell = (run.pass_at_1.cummax() - run.pass_at_1).max() > drop if len(run) else False
+            unstable += cell.status == "diverged" or (cell.status == "ok" and fell)
+        word = "collapse" if collapsed else "instabilities" if unstable else "stable"
+        verdicts[kl_config] = f"{word} ({collapsed} collapsed, {unstable} unstable of {len(done)} runs)"
+    return verdicts
+
+
+def table1(tests: pd.DataFrame, behaviours: dict[str, str] | None = None) -> pd.DataFrame:
+    """Table 1: estimator, expression, placement, the measured verdict on the gradient's bias (toy model), and
+    the behaviour of the on-policy training runs of that configuration."""
+    rows = tests[tests.placement != "none"]
+    behaviours = behaviours or {}
+    return pd.DataFrame(
+        {
+            "estimator": rows.estimator.str.upper(),
+            "expression": rows.estimator.map(kl.EXPRESSIONS),
+            "placement": rows.placement,
+            "unbiased_gradient": rows.unbiased.map({True: "yes", False: "no"}),
+            "max_abs_z": rows.max_abs_z.round(1),
+            "z_critical": rows.z_critical.round(2),
+            "worst_case": rows.worst_case,
+            "behaviour": [
+                behaviours.get(f"{e}-{p}", "not trained") for e, p in zip(rows.estimator, rows.placement, strict=True)
+            ],
+        }
+    ).sort_values(["estimator", "placement"], key=lambda c: c.map(_placement_order) if c.name == "placement" else c)
+
+
+def relative_improvement(
+    evaluations: pd.DataFrame, in_domain: list[str], candidate: str = "k1-reward", baseline: str = "k3-loss"
+) -> pd.DataFrame:
+    """§4.1's numbers: per study, model and β, the mean over tasks of (candidate − baseline) / baseline, in %,
+    in-domain and out-of-domain, from seed-mean mean@k scores."""
+    cells = evaluations[evaluations.kl.isin([candidate, baseline])].dropna(subset=["mean_at_k"])
+    means = cells.groupby(["study", "model", "beta", "task", "kl"]).mean_at_k.mean().unstack("kl")
+    if candidate not in means or baseline not in means:
+        return pd.DataFrame(columns=["study", "model", "beta", "domain", "relative_improvement_pct", "tasks"])
+    means = means.dropna(subset=[candidate, baseline]).reset_index()
+    means["improvement"] = 100 * (means[candidate] - means[baseline]) / means[baseline].where(means[baseline] > 0)
+    means["domain"] = means.task.map(lambda t: "in-domain" if t in in_domain else "out-of-domain")
+    return (
+        means.groupby(["study", "model", "beta", "domain"])
+        .agg(relative_improvement_pct=("improvement", "mean"), tasks=("task", lambda t: " ".join(t)))
+        .round(2)
+        .reset_index()
+    )
+
+
+# Table 2 (§E): K1 in the reward in other libraries, as the paper lists it, next to this project's setting.
+TABLE2 = [
+    ("VeRL", 'algorithm.use_kl_in_reward=True, algorithm.kl_penalty="kl"'),
+    ("OpenRLHF", 'do not set --use_kl_loss; --kl_estimator="k1"'),
+    ("SkyRL", 'trainer.algorithm.kl_estimator_type="k1", trainer.algorithm.use_kl_in_reward=True'),
+    ("klstudy (config)", "studies.<study>.kl: [k1-reward] with betas: [...]"),
+    ("klstudy (Python)", 'KLTrainerConfig(kl_estimator="k1", kl_placement="reward", beta=...)'),
+]
+
+
+def evaluation_summary(evaluations: pd.DataFrame) -> pd.DataFrame:
+    """Per evaluated configuration and task: mean over seeds, standard deviation over seeds, number of seeds,
+    and lm-eval's mean standard error over questions."""
+    keys = ["study", "model", "kl", "beta", "chat_template", "task"]
+    rows = evaluations.dropna(subset=["mean_at_k"])
+    return (
+        rows.groupby(keys)
+        .agg(
+            mean_at_k=("mean_at_k", "mean"),
+            seed_std=("mean_at_k", "std"),
+            seeds=("seed", "nunique"),
+            lm_eval_stderr=("stderr", "mean"),
+        )
+        .round(4)
+        .reset_index()
+    )
+
+
+def write_study_tables(config: dict, tables: dict, toy_tests: Path, out_dir: Path) -> None:
+    """Table 1 (with the runs' behaviour), Table 2, the relative improvements and the evaluation summary."""
+    tests = pd.read_csv(toy_tests)
+    studies = onpolicy_studies(config)
+    caption = (
+        "Table 1. KL estimators and placements; whether their expected gradient equals the gradient of the "
+        "sequence-level reverse KL on-policy (the toy model's Monte Carlo estimates: biased when any "
+        f"|bias / standard error| exceeds the Bonferroni critical value at family-wise level {tests.alpha.iloc[0]}); "
+        f"and the behaviour of the on-policy training runs ({', '.join(studies)}; {config['scale']} scale): "
+        + BEHAVIOUR_RULES.format(drop=DROP)
+        + " r = π_ref / π_θ per token."
+    )
+    table = table1(tests, behaviour(tables["cells"], tables["heldout"], studies))
+    write_table(table, out_dir / "table1.md", out_dir / "table1.csv", caption)
+    write_table(
+        pd.DataFrame(TABLE2, columns=["library", "arguments for K1 in the reward"]),
+        out_dir / "table2.md",
+        out_dir / "table2.csv",
+        "Table 2. K1 in the reward in other libraries (the paper's §E) and here.",
+    )
+    improvement = relative_improvement(tables["evaluations"], config["evaluation"]["in_domain"])
+    write_table(
+        improvement,
+        out_dir / "relative_improvement.md",
+        out_dir / "relative_improvement.csv",
+        "Relative improvement (%) of K1 in the reward over K3 in the loss, mean over tasks of seed-mean "
+        f"mean@k, per study, model and β ({config['scale']} scale); §4.1 quotes these for the paper's runs.",
+    )
+    summary = evaluation_summary(tables["evaluations"])
+    write_table(
+        summary,
+        out_dir / "evaluations.md",
+        out_dir / "evaluations.csv",
+        "Evaluation: mean@k per configuration and task, mean and standard deviation over training seeds, "
+        "and lm-eval's standard error over questions.",
+    )

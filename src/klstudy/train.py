@@ -5,6 +5,7 @@ Outputs (the Snakemake rule declares them):
     heldout.jsonl   pass@1 on the held-out set every ``eval_every`` steps (and before the first step)
     summary.json    status: ok | collapsed | diverged, the reason, steps done, final numbers
     final/          the policy in Hugging Face format (vLLM and lm-eval load it)
+    snapshots/      step~N/: the policy after step N, for the steps in the cell's ``snapshot_steps`` (Fig. 12)
 
 Failures are data: a non-finite loss or an exploding KL ends the run as ``diverged``, a reward collapse
 as ``collapsed``, with every output written, so the rest of the grid and the figures go on.
@@ -15,6 +16,7 @@ metrics as an uninterrupted run.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -74,10 +76,10 @@ class HealthRules:
         if last.get("kl_k3", 0.0) > self.max_kl:
             return "diverged", f"KL {last['kl_k3']:.3g} > max_kl {self.max_kl} at step {last['step']}"
         window = self.collapse_window
-        if len(history) >= 2 * window:
-            means = [
-                sum(h["task_reward"] for h in history[i - window : i]) / window for i in range(window, len(history) + 1)
-            ]
+        # With several updates per generation batch, only the update that generated logs the batch's reward.
+        rewards = [h["task_reward"] for h in history if "task_reward" in h]
+        if len(rewards) >= 2 * window:
+            means = [sum(rewards[i - window : i]) / window for i in range(window, len(rewards) + 1)]
             best = max(means)
             if best > self.collapse_min_best and means[-1] < self.collapse_fraction * best:
                 return "collapsed", (
@@ -190,11 +192,14 @@ class RunRecorder(TrainerCallback):
         updates_per_batch: int,
         rules,
         seed: int,
+        snapshot_steps: list[int] = (),
+        snapshot_dir: Path | None = None,
     ):
         self.metrics_path = Path(out_dir) / "metrics.jsonl"
         self.heldout_path = Path(out_dir) / "heldout.jsonl"
         self.heldout, self.eval_every, self.samples, self.updates = heldout, eval_every, samples, updates_per_batch
         self.rules, self.seed = rules, seed
+        self.snapshot_steps, self.snapshot_dir = set(snapshot_steps), snapshot_dir
         self.trainer = None
         self.history: list[dict] = []
         self.verdict: tuple[str, str] | None = None
@@ -210,7 +215,8 @@ class RunRecorder(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
             return
-        row = {"step": state.global_step // self.updates, "optimizer_step": state.global_step}
+        # step = the generation batch this update trained on (the paper's training step), 1-based.
+        row = {"step": -(-state.global_step // self.updates), "optimizer_step": state.global_step}
         row.update({name: float(logs[key]) for name, key in METRIC_KEYS.items() if key in logs})
         row["time"] = round(time.perf_counter() - self.start, 3)
         self.history.append(row)
@@ -227,11 +233,14 @@ class RunRecorder(TrainerCallback):
         step = state.global_step // self.updates
         if state.global_step % self.updates == 0 and step % self.eval_every == 0:
             self._evaluate(step)
+        if state.global_step % self.updates == 0 and step in self.snapshot_steps:
+            save_final(self.trainer, self.snapshot_dir / f"step~{step}", keep_training=True)
 
     def _evaluate(self, step: int) -> None:
         if self.heldout:
             _append_jsonl(
-                self.heldout_path, {"step": step, **heldout_pass_at_1(self.trainer, self.heldout, self.seed + step)}
+                self.heldout_path,
+                {"step": step, **heldout_pass_at_1(self.trainer, self.heldout, self.seed + step, self.samples)},
             )
 
 
@@ -290,6 +299,9 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
         args.updates_per_batch,
         HealthRules(**cell.get("health", {})),
         cell["seed"],
+        # Snapshots wait beside the checkpoints (which survive a killed job) until the run ends.
+        cell.get("snapshot_steps", []),
+        checkpoint_dir / "snapshots",
     )
     last = get_last_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
     if last:
@@ -315,6 +327,11 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
     trainer.train(resume_from_checkpoint=last)
     status, reason = recorder.verdict or ("ok", "")
     save_final(trainer, out_dir / "final")
+    shutil.rmtree(out_dir / "snapshots", ignore_errors=True)
+    if recorder.snapshot_dir.is_dir():
+        shutil.copytree(recorder.snapshot_dir, out_dir / "snapshots")
+    else:
+        (out_dir / "snapshots").mkdir()
     summary = _summary(cell, status, reason, recorder, time.perf_counter() - start, resumed_from=last)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if status == "ok" and cell["train"].get("delete_checkpoints", True):
@@ -334,11 +351,14 @@ def lora_config(settings: dict | None):
     )  # fmt: skip
 
 
-def save_final(trainer: KLTrainer, path: Path) -> None:
-    """The policy as a plain Hugging Face model (LoRA adapters merged), loadable by vLLM and lm-eval."""
+def save_final(trainer: KLTrainer, path: Path, keep_training: bool = False) -> None:
+    """The policy as a plain Hugging Face model (LoRA adapters merged), loadable by vLLM and lm-eval.
+
+    ``keep_training``: merge a copy of a LoRA model, so that training can go on with its adapters.
+    """
     model = trainer.accelerator.unwrap_model(trainer.model)
     if hasattr(model, "merge_and_unload"):
-        model = model.merge_and_unload()
+        model = (copy.deepcopy(model) if keep_training else model).merge_and_unload()
         model.save_pretrained(str(path))
     else:
         trainer.save_model(str(path))

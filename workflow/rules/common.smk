@@ -1,9 +1,20 @@
 # Helpers shared by the rules: how a stage runs, wildcard constraints, target lists.
 
 import json
+import os
 import shlex
 
 from snakemake.settings.types import DeploymentMethod
+
+from klstudy.config import (
+    RUN_PATH,
+    all_cells,
+    base_templates,
+    divergence_cells,
+    evaluated_base_models,
+    evaluated_cells,
+    snapshot_steps,
+)
 
 # Every stage is `python -m klstudy <stage>`, with the klstudy source tree importable. Without
 # --software-deployment-method conda, `python` is the interpreter running Snakemake (the project's
@@ -29,17 +40,13 @@ wildcard_constraints:
     beta=r"[0-9][0-9.e-]*",
     seed=r"[0-9]+",
     task=r"[A-Za-z0-9_]+",
+    figure=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     template=r"on|off",
 
 
 def toy_outputs():
     """Everything the §3 analysis produces: Figure 1 and Table 1."""
-    return [
-        "figures/fig01_toy_bias_variance.png",
-        "figures/fig01_toy_bias_variance.pdf",
-        "figures/table1.md",
-        "figures/table1.csv",
-    ]
+    return ["figures/fig01_toy_bias_variance.png", "figures/fig01_toy_bias_variance.pdf"]
 
 
 def input_outputs():
@@ -49,8 +56,6 @@ def input_outputs():
     )
 
 
-# One directory per grid cell, readable by a person: results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/
-RUN_PATH = "{study}/{model}/{kl}/beta~{beta}/seed~{seed}"
 RUN_DIR = f"results/runs/{RUN_PATH}"
 
 
@@ -58,52 +63,82 @@ def data_file(name):
     return f"results/data/{name}.jsonl"
 
 
-def study_cells(study):
-    """Every (model, kl, beta, seed) of a study; the β = 0 baseline ("none") once per model and seed."""
-    spec = config["studies"][study]
-    cells = []
-    for model in spec["models"]:
-        for kl in spec["kl"]:
-            for beta in [0] if kl == "none" else spec["betas"]:
-                for seed in spec["seeds"]:
-                    cells.append(dict(study=study, model=model, kl=kl, beta=beta, seed=seed))
-    return cells
-
-
 def cell_config(wildcards):
     """What `klstudy train --cell` gets: the cell's KL, β and seed, and its study's trainer settings."""
     spec = config["studies"][wildcards.study]
-    return dict(kl=wildcards.kl, beta=float(wildcards.beta), seed=int(wildcards.seed), train=spec["train"],
-                health=spec.get("health", {}))
+    cell = dict(study=wildcards.study, model=wildcards.model, kl=wildcards.kl, beta=float(wildcards.beta),
+                seed=int(wildcards.seed))
+    return dict(cell, train=spec["train"], health=spec.get("health", {}), snapshot_steps=snapshot_steps(config, cell))
 
 
 def run_outputs():
     """summary.json of every cell of every study."""
-    return [f"{RUN_DIR}/summary.json".format(**cell) for study in config["studies"] for cell in study_cells(study)]
+    return [f"{RUN_DIR}/summary.json".format(**cell) for cell in all_cells(config)]
+
+
+def job_resources(stage):
+    """The scheduler resources of a kind of job (config `resources`); runtime grows with each retry."""
+    spec = config["resources"][stage]
+    resources = dict(
+        runtime=lambda wildcards, attempt: spec["runtime"] * attempt,
+        mem_mb=spec["mem_mb"],
+        cpus_per_task=spec["cpus"],
+    )
+    if spec["gpus"]:
+        resources.update(gpu=spec["gpus"], cpus_per_gpu=0, tasks_per_gpu=0)
+    if spec["nodes"] > 1:
+        # One task per node, each running `accelerate launch` for that node's GPUs.
+        resources.update(nodes=spec["nodes"], tasks=spec["nodes"], mpi="srun")
+    return resources
+
+
+def threads_of(stage):
+    return config["resources"][stage]["cpus"]
 
 
 def train_launcher(wildcards):
-    """`python`, or `accelerate launch` with the study's multi-GPU config (FSDP / ZeRO-3) when it names one."""
+    """`python`, or `accelerate launch` with the study's multi-GPU config (FSDP / ZeRO-3) when it names one;
+    on several nodes, one `accelerate launch` per node through srun, rendezvous at the first node."""
     accelerate_config = config["studies"][wildcards.study]["train"].get("accelerate_config")
     if accelerate_config is None:
         return "python"
-    return f"accelerate launch --config_file {shlex.quote(accelerate_config)}"
+    launch = f"accelerate launch --config_file {shlex.quote(accelerate_config)}"
+    nodes = config["resources"]["train"]["nodes"]
+    if nodes == 1:
+        return launch
+    # bash -c '... "$@"' launcher <the rest of the command>: each node's shell fills in its own rank.
+    return (
+        f"srun --nodes {nodes} --ntasks-per-node 1 bash -c '{launch} --num_machines $SLURM_NNODES"
+        " --machine_rank $SLURM_NODEID --main_process_port 29500"
+        ' --main_process_ip $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) "$@"\' launcher'
+    )
 
 
 def evaluation_outputs():
-    """Every evaluated study cell on every task, and every base model with (and, if asked, without) its template."""
+    """Every evaluated cell on every task, and every base model with (and, if asked, without) its template."""
     tasks = config["evaluation"]["tasks"]
-    cells = [
-        f"results/evals/{RUN_PATH}/{{task}}.json".format(task=task, **cell)
-        for study in config["evaluation"]["studies"]
-        for cell in study_cells(study)
-        for task in tasks
-    ]
-    templates = ["on", "off"] if config["evaluation"]["base_without_chat_template"] else ["on"]
+    cells = [f"results/evals/{RUN_PATH}/{{task}}.json".format(task=task, **cell) for cell in evaluated_cells(config) for task in tasks]
     bases = expand(
         "results/evals/base/{model}/template~{template}/{task}.json",
-        model=sorted({m for s in config["evaluation"]["studies"] for m in config["studies"][s]["models"]}),
-        template=templates,
+        model=evaluated_base_models(config),
+        template=base_templates(config),
         task=tasks,
     )
     return cells + bases
+
+
+def divergence_outputs():
+    """Fig. 12's forward KL and entropy: one table per selected cell and task."""
+    return [
+        f"results/divergence/{RUN_PATH}/{{task}}.csv".format(task=task, **cell)
+        for cell in divergence_cells(config)
+        for task in config["divergence"]["tasks"]
+    ]
+
+
+def figure_outputs():
+    """Figures 2-12 (PNG and PDF) and the tables of the study."""
+    tables = ["table1", "table2", "relative_improvement", "evaluations"]
+    return expand("figures/{figure}.{ext}", figure=config["figures"], ext=["png", "pdf"]) + expand(
+        "figures/{table}.{ext}", table=tables, ext=["md", "csv"]
+    )

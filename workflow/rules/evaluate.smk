@@ -19,7 +19,9 @@ rule evaluate_cell:
         f"logs/evaluate/{RUN_PATH}/{{task}}.log",
     benchmark:
         f"results/benchmarks/evaluate/{RUN_PATH}/{{task}}.tsv"
-    threads: 1
+    threads: threads_of("evaluate")
+    resources:
+        **job_resources("evaluate"),
     conda:
         "../../envs/klstudy.yaml"
     shell:
@@ -41,10 +43,41 @@ rule evaluate_base:
         data_dir="results/data",
     log:
         "logs/evaluate/base/{model}/template~{template}/{task}.log",
-    threads: 1
+    threads: threads_of("evaluate")
+    resources:
+        **job_resources("evaluate"),
     conda:
         "../../envs/klstudy.yaml"
     shell:
         "python -m klstudy evaluate --model {input.model} --task {wildcards.task} --data-dir {params.data_dir}"
         " --settings {params.settings:q} --chat-template {wildcards.template} --threads {threads}"
         " --out {output.json} --samples {output.samples} > {log} 2>&1"
+
+
+rule divergence:
+    """Fig. 12: forward KL(π_ref‖π_θ) and π_θ's entropy at each saved snapshot of a cell, on one task's prompts."""
+    input:
+        snapshots=f"{RUN_DIR}/snapshots",
+        summary=f"{RUN_DIR}/summary.json",
+        reference="results/models/{model}",
+        data=lambda wildcards: data_file(wildcards.task),
+    output:
+        f"results/divergence/{RUN_PATH}/{{task}}.csv",
+    params:
+        steps=config["divergence"]["steps"],
+        prompts=config["divergence"]["prompts"],
+        samples=config["divergence"]["samples"],
+        max_tokens=config["divergence"]["max_tokens"],
+    log:
+        f"logs/divergence/{RUN_PATH}/{{task}}.log",
+    benchmark:
+        f"results/benchmarks/divergence/{RUN_PATH}/{{task}}.tsv"
+    threads: threads_of("divergence")
+    resources:
+        **job_resources("divergence"),
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy divergence --reference {input.reference} --snapshots {input.snapshots}"
+        " --steps {params.steps} --data {input.data} --prompts {params.prompts} --samples {params.samples}"
+        " --max-tokens {params.max_tokens} --seed {wildcards.seed} --threads {threads} --out {output} > {log} 2>&1"

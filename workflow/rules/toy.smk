@@ -20,7 +20,9 @@ rule toy_bias_variance:
         "logs/toy/{setting}.log",
     benchmark:
         "results/benchmarks/toy/{setting}.tsv"
-    threads: 1
+    threads: threads_of("toy")
+    resources:
+        **job_resources("toy"),
     conda:
         "../../envs/klstudy.yaml"
     shell:
@@ -63,16 +65,3 @@ rule fig01:
     shell:
         "python -m klstudy fig01 --inputs {input.results} --tests {input.tests} --out {output.png} > {log} 2>&1"
 
-
-rule table1:
-    input:
-        "results/toy/unbiasedness.csv",
-    output:
-        md="figures/table1.md",
-        csv=report("figures/table1.csv", caption="../report/table1.rst", category="§3 Analysis"),
-    log:
-        "logs/figures/table1.log",
-    conda:
-        "../../envs/klstudy.yaml"
-    shell:
-        "python -m klstudy table1 --tests {input} --md {output.md} --csv {output.csv} > {log} 2>&1"

@@ -12,6 +12,7 @@ rule train_rl:
         heldout=f"{RUN_DIR}/heldout.jsonl",
         summary=f"{RUN_DIR}/summary.json",
         final=directory(f"{RUN_DIR}/final"),
+        snapshots=directory(f"{RUN_DIR}/snapshots"),
     params:
         cell=lambda wildcards: json.dumps(cell_config(wildcards)),
         launcher=train_launcher,
@@ -22,7 +23,9 @@ rule train_rl:
         f"logs/train/{RUN_PATH}.log",
     benchmark:
         f"results/benchmarks/train/{RUN_PATH}.tsv"
-    threads: 1
+    threads: threads_of("train")
+    resources:
+        **job_resources("train"),
     conda:
         "../../envs/klstudy.yaml"
     shell:

@@ -1,0 +1,148 @@
+"""Tidy tables of everything the grid produced (``results/tables/*.csv``), the input of every figure.
+
+Tables (one row per ...):
+    cells.csv        cell: its status (ok | collapsed | diverged | missing), reason and final numbers
+    training.csv     cell × optimiser step: the columns of metrics.jsonl
+    heldout.csv      cell × evaluation step: held-out pass@1 during training and its standard error
+    evaluations.csv  (cell or base model) × task: lm-eval mean@k and its standard error; base models have
+                     study "base", kl "base", and chat_template on/off
+    divergence.csv   cell × snapshot step × task: forward KL(π_ref‖π_θ) and entropy (Fig. 12)
+
+A cell is identified by (study, model, kl, beta, seed), with ``estimator`` and ``placement`` split out of
+``kl``. The grid comes from the config, not from whatever files happen to exist: a cell whose run is
+missing is a row with status "missing", so figures and tables show the gap instead of silently dropping it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from klstudy.config import (
+    all_cells,
+    base_templates,
+    divergence_cells,
+    evaluated_base_models,
+    evaluated_cells,
+    run_path,
+)
+
+CELL_COLUMNS = ["study", "model", "kl", "estimator", "placement", "beta", "seed"]
+
+
+def _cell_columns(cell: dict) -> dict:
+    estimator, placement = ("none", "none") if cell["kl"] == "none" else cell["kl"].split("-")
+    return dict(
+        study=cell["study"], model=cell["model"], kl=cell["kl"], estimator=estimator, placement=placement,
+        beta=float(cell["beta"]), seed=int(cell["seed"]),
+    )  # fmt: skip
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def cells_table(config: dict, results: Path) -> pd.DataFrame:
+    rows = []
+    for cell in all_cells(config):
+        summary_path = results / "runs" / run_path(cell) / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        rows.append(
+            {
+                **_cell_columns(cell),
+                "status": summary.get("status", "missing"),
+                "reason": summary.get("reason", "no summary.json" if not summary else ""),
+                "steps_done": summary.get("steps_done"),
+                "steps_planned": config["studies"][cell["study"]]["train"]["steps"],
+                "final_task_reward": summary.get("final_task_reward"),
+                "final_kl_k3": summary.get("final_kl_k3"),
+                "final_heldout_pass_at_1": summary.get("final_heldout_pass_at_1"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _per_cell_jsonl(config: dict, results: Path, name: str) -> pd.DataFrame:
+    frames = []
+    for cell in all_cells(config):
+        rows = _jsonl(results / "runs" / run_path(cell) / name)
+        if rows:
+            frames.append(pd.DataFrame(rows).assign(**_cell_columns(cell)))
+    if not frames:
+        return pd.DataFrame(columns=CELL_COLUMNS + ["step"])
+    table = pd.concat(frames, ignore_index=True)
+    return table[CELL_COLUMNS + [c for c in table.columns if c not in CELL_COLUMNS]]
+
+
+def training_table(config: dict, results: Path) -> pd.DataFrame:
+    return _per_cell_jsonl(config, results, "metrics.jsonl")
+
+
+def heldout_table(config: dict, results: Path) -> pd.DataFrame:
+    return _per_cell_jsonl(config, results, "heldout.jsonl")
+
+
+EVALUATION_COLUMNS = CELL_COLUMNS + ["chat_template", "task", "mean_at_k", "stderr", "k", "cell_status"]
+
+
+def _evaluation_row(path: Path, identity: dict) -> dict:
+    if not path.is_file():
+        return {**identity, "mean_at_k": None, "stderr": None, "k": None, "cell_status": "missing"}
+    result = json.loads(path.read_text())
+    return {**identity, **{key: result.get(key) for key in ("mean_at_k", "stderr", "k", "cell_status")}}
+
+
+def evaluations_table(config: dict, results: Path) -> pd.DataFrame:
+    tasks = config["evaluation"]["tasks"]
+    rows = [
+        _evaluation_row(
+            results / "evals" / run_path(cell) / f"{task}.json",
+            {**_cell_columns(cell), "chat_template": "on", "task": task},
+        )
+        for cell in evaluated_cells(config)
+        for task in tasks
+    ]
+    for model in evaluated_base_models(config):
+        for template in base_templates(config):
+            for task in tasks:
+                identity = dict(study="base", model=model, kl="base", estimator="none", placement="none", beta=0.0,
+                                seed=0, chat_template=template, task=task)  # fmt: skip
+                path = results / "evals" / "base" / model / f"template~{template}" / f"{task}.json"
+                rows.append(_evaluation_row(path, identity))
+    return pd.DataFrame(rows, columns=EVALUATION_COLUMNS)
+
+
+DIVERGENCE_COLUMNS = CELL_COLUMNS + [
+    "task", "step", "forward_kl", "forward_kl_stderr", "entropy", "entropy_stderr",
+]  # fmt: skip
+
+
+def divergence_table(config: dict, results: Path) -> pd.DataFrame:
+    frames = []
+    for cell in divergence_cells(config):
+        for task in config["divergence"]["tasks"]:
+            path = results / "divergence" / run_path(cell) / f"{task}.csv"
+            if path.is_file() and path.stat().st_size:
+                frames.append(pd.read_csv(path).assign(**_cell_columns(cell), task=task))
+    return (
+        pd.concat(frames, ignore_index=True)[DIVERGENCE_COLUMNS] if frames else pd.DataFrame(columns=DIVERGENCE_COLUMNS)
+    )
+
+
+def write_tables(config: dict, results: Path, out_dir: Path) -> dict[str, pd.DataFrame]:
+    """Every table, written as ``out_dir/<name>.csv``; returns them by name."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = {
+        "cells": cells_table(config, results),
+        "training": training_table(config, results),
+        "heldout": heldout_table(config, results),
+        "evaluations": evaluations_table(config, results),
+        "divergence": divergence_table(config, results),
+    }
+    for name, table in tables.items():
+        table.to_csv(out_dir / f"{name}.csv", index=False)
+    return tables

@@ -1,0 +1,168 @@
+"""Aggregation into tidy tables, every figure and table function, on small fixture results with gaps."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from klstudy import aggregate, figures
+from klstudy.config import all_cells, run_path, validate_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def config():
+    return validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+
+
+def write_cell(results: Path, cell: dict, status: str, pass_at_1: list[float], steps_per_eval: int = 5) -> None:
+    """A run's outputs as klstudy.train writes them: metrics, held-out pass@1 and summary."""
+    directory = results / "runs" / run_path(cell)
+    directory.mkdir(parents=True)
+    heldout = [{"step": i * steps_per_eval, "pass_at_1": p, "stderr": 0.05} for i, p in enumerate(pass_at_1)]
+    metrics = [{"step": s, "task_reward": 0.3, "kl_k1": 0.1, "kl_k3": 0.1, "loss": 0.0} for s in range(1, 3)]
+    for name, rows in (("heldout.jsonl", heldout), ("metrics.jsonl", metrics)):
+        (directory / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (directory / "summary.json").write_text(json.dumps({"status": status, "reason": "", "steps_done": 2}))
+
+
+def write_eval(results: Path, relative: str, score: float, status: str = "ok") -> None:
+    path = results / "evals" / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"mean_at_k": score, "stderr": 0.01, "k": 4, "cell_status": status}))
+
+
+def cell(config, **keys) -> dict:
+    return next(c for c in all_cells(config) if all(str(c[k]) == str(v) for k, v in keys.items()))
+
+
+@pytest.fixture
+def results(tmp_path, config):
+    """Three on-policy runs (one collapsed), evaluations of two seeds of one configuration and of the base model."""
+    results = tmp_path / "results"
+    write_cell(results, cell(config, study="onpolicy", kl="k1-reward", beta=0.1, seed=0), "ok", [0.3, 0.4, 0.5])
+    write_cell(results, cell(config, study="onpolicy", kl="k1-reward", beta=0.1, seed=1), "ok", [0.3, 0.5, 0.45])
+    write_cell(results, cell(config, study="onpolicy", kl="k3-reward", beta=1.0, seed=0), "collapsed", [0.3, 0.0])
+    for seed, score in ((0, 0.5), (1, 0.3)):
+        write_eval(results, f"onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}/math500.json", score)
+    write_eval(results, "base/tiny/template~on/math500.json", 0.2, "base")
+    return results
+
+
+def test_every_grid_cell_is_a_row_and_missing_ones_say_so(config, results):
+    cells = aggregate.cells_table(config, results)
+    assert len(cells) == len(all_cells(config)) == 36
+    statuses = cells.set_index(["study", "kl", "beta", "seed"]).status
+    assert statuses[("onpolicy", "k1-reward", 0.1, 0)] == "ok"
+    assert statuses[("onpolicy", "k3-reward", 1.0, 0)] == "collapsed"
+    assert (cells.status == "missing").sum() == 33
+    assert set(cells[cells.kl == "none"].beta) == {0.0}
+    assert {"estimator", "placement"} <= set(cells.columns)
+
+
+def test_evaluations_table_has_a_row_per_cell_task_and_base_model(config, results):
+    table = aggregate.evaluations_table(config, results)
+    tasks = config["evaluation"]["tasks"]
+    evaluated = 8 + 2 + 4  # onpolicy k1-reward/k3-loss × 2 β × 2 seeds, async_math 2, unbiased 4
+    assert len(table) == (evaluated + 2) * len(tasks)  # + the base model with and without its template
+    scored = table.dropna(subset=["mean_at_k"])
+    assert sorted(scored.mean_at_k) == [0.2, 0.3, 0.5]
+    assert (table[table.mean_at_k.isna()].cell_status == "missing").all()
+
+
+def test_write_tables_and_every_configured_figure_draws_with_gaps(config, results, tmp_path):
+    tables = aggregate.write_tables(config, results, tmp_path / "tables")
+    assert sorted(p.name for p in (tmp_path / "tables").iterdir()) == [
+        "cells.csv", "divergence.csv", "evaluations.csv", "heldout.csv", "training.csv",
+    ]  # fmt: skip
+    assert len(tables["heldout"]) == 8 and len(tables["training"]) == 6 and tables["divergence"].empty
+    read = figures.read_tables(tmp_path / "tables")
+    for name in config["figures"]:
+        figures.paper_figure(name, config, read, tmp_path / "figures" / f"{name}.png")
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
+        assert (tmp_path / "figures" / f"{name}.pdf").stat().st_size > 0
+
+
+def test_curves_mark_runs_that_stopped_early(config, results, tmp_path):
+    aggregate.write_tables(config, results, tmp_path / "tables")
+    tables = figures.read_tables(tmp_path / "tables")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    figures.curves_panel(
+        ax, {"kind": "curves", "study": "onpolicy", "model": "tiny", "kl": ["k3-reward"]}, config, tables
+    )
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "K3 in reward, β = 1 (1/2 collapsed, 1/2 missing)" in labels
+    assert "K3 in reward, β = 0.1 (2/2 missing) - no data" in labels
+    assert any(c.get_offsets().shape[0] == 1 for c in ax.collections)  # the cross at its last point
+    plt.close(fig)
+
+
+def test_bars_use_the_spread_over_seeds(config, results, tmp_path):
+    aggregate.write_tables(config, results, tmp_path / "tables")
+    rows = figures.read_tables(tmp_path / "tables")["evaluations"]
+    rows = rows[(rows.kl == "k1-reward") & (rows.beta == 0.1) & (rows.task == "math500") & (rows.study == "onpolicy")]
+    spread = figures.seed_spread(rows, "mean_at_k", "stderr")
+    assert spread["mean"] == pytest.approx(0.4) and spread["seeds"] == 2
+    assert spread["error"] == pytest.approx(pd.Series([0.5, 0.3]).std())
+    one = figures.seed_spread(rows.head(1), "mean_at_k", "stderr")
+    assert one["error"] == pytest.approx(0.01)  # one seed: lm-eval's own standard error
+
+
+def heldout_rows(kl_config, seed, values):
+    return [dict(study="onpolicy", model="tiny", kl=kl_config, beta=0.1, seed=seed, step=5 * i, pass_at_1=v)
+            for i, v in enumerate(values)]  # fmt: skip
+
+
+def test_behaviour_rules():
+    cells = pd.DataFrame(
+        [dict(study="onpolicy", model="tiny", kl=k, beta=0.1, seed=s, status=st)
+         for k, s, st in [("k1-reward", 0, "ok"), ("k1-reward", 1, "ok"), ("k3-reward", 0, "collapsed"),
+                          ("k1-loss", 0, "ok"), ("k3-loss", 0, "diverged"), ("k2-loss", 0, "missing"),
+                          ("none", 0, "ok")]]
+    )  # fmt: skip
+    heldout = pd.DataFrame(
+        heldout_rows("k1-reward", 0, [0.3, 0.35, 0.4])
+        + heldout_rows("k1-reward", 1, [0.3, 0.4, 0.3])  # a dip of 0.10 < 0.15: still stable
+        + heldout_rows("k1-loss", 0, [0.3, 0.5, 0.3])  # a fall of 0.20 from its best: unstable
+    )
+    verdicts = figures.behaviour(cells, heldout, ["onpolicy"])
+    assert verdicts["k1-reward"].startswith("stable (0 collapsed, 0 unstable of 2 runs)")
+    assert verdicts["k1-loss"].startswith("instabilities (0 collapsed, 1 unstable of 1 runs)")
+    assert verdicts["k3-reward"].startswith("collapse")
+    assert verdicts["k3-loss"].startswith("instabilities")
+    assert verdicts["k2-loss"] == "not trained" and "none" not in verdicts
+    assert figures.behaviour(cells, heldout, ["other"]) == {}
+
+
+def test_onpolicy_studies_are_those_with_one_update_and_no_asynchrony(config):
+    assert figures.onpolicy_studies(config) == ["onpolicy", "unbiased"]
+
+
+def test_relative_improvement_by_hand():
+    rows = [
+        ("k1-reward", "math500", 0, 0.6), ("k1-reward", "math500", 1, 0.4), ("k3-loss", "math500", 0, 0.4),
+        ("k1-reward", "mmlu_college_biology", 0, 0.3), ("k3-loss", "mmlu_college_biology", 0, 0.2),
+        ("k1-reward", "mmlu_college_physics", 0, 0.2), ("k3-loss", "mmlu_college_physics", 0, 0.4),
+    ]  # fmt: skip
+    evaluations = pd.DataFrame(
+        [dict(study="onpolicy", model="m", kl=k, beta=0.05, task=t, seed=s, mean_at_k=v) for k, t, s, v in rows]
+    )
+    table = figures.relative_improvement(evaluations, in_domain=["math500"]).set_index("domain")
+    assert table.loc["in-domain", "relative_improvement_pct"] == pytest.approx(25.0)  # (0.5 - 0.4) / 0.4
+    assert table.loc["out-of-domain", "relative_improvement_pct"] == pytest.approx((50.0 - 50.0) / 2)
+
+
+def test_table1_gets_the_behaviour_column(tmp_path):
+    tests = pd.DataFrame(
+        [dict(estimator=e, placement=p, unbiased=(e, p) == ("k1", "reward"), max_abs_z=1.0, z_critical=3.5,
+              worst_case="", alpha=0.01) for e in ("k1", "k3") for p in ("reward", "loss", "none")]
+    )  # fmt: skip
+    table = figures.table1(tests, {"k1-reward": "stable (0 collapsed, 0 unstable of 3 runs)"})
+    assert list(table.placement) == ["reward", "loss", "reward", "loss"]
+    assert table.set_index(["estimator", "placement"]).behaviour[("K1", "reward")].startswith("stable")
+    assert table.set_index(["estimator", "placement"]).behaviour[("K3", "loss")] == "not trained"

@@ -1,0 +1,74 @@
+# Aggregation into tidy tables, then every figure and table of §4 (the §3 ones are in toy.smk).
+
+
+rule aggregate:
+    """Tidy CSV tables of the whole grid; cells without results are rows with status "missing"."""
+    input:
+        run_outputs(),
+        evaluation_outputs(),
+        divergence_outputs(),
+    output:
+        expand("results/tables/{table}.csv", table=["cells", "training", "heldout", "evaluations", "divergence"]),
+        config=report("results/tables/config.yaml", caption="../report/config.rst", category="Configuration"),
+    params:
+        config=json.dumps(config),
+        out_dir=lambda wildcards, output: os.path.dirname(output.config),
+    log:
+        "logs/aggregate.log",
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy aggregate --config {params.config:q} --results results --out-dir {params.out_dir} > {log} 2>&1"
+
+
+rule figure:
+    """One of the paper's figures 2-12, as the config's `figures` section arranges it."""
+    input:
+        tables=rules.aggregate.output,
+        config=rules.aggregate.output.config,
+    output:
+        png=report(
+            "figures/{figure}.png",
+            caption="../report/figure.rst",
+            category="§4 Experiments",
+            labels={"figure": "{figure}"},
+        ),
+        pdf="figures/{figure}.pdf",
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.config),
+    log:
+        "logs/figures/{figure}.log",
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy figure --name {wildcards.figure} --config {input.config}"
+        " --tables {params.tables} --out {output.png} > {log} 2>&1"
+
+
+rule study_tables:
+    """Table 1 (bias from the toy model, behaviour from the runs), Table 2, §4.1's relative improvements."""
+    input:
+        tables=rules.aggregate.output,
+        config=rules.aggregate.output.config,
+        toy_tests="results/toy/unbiasedness.csv",
+    output:
+        table1_md="figures/table1.md",
+        table1=report("figures/table1.csv", caption="../report/table1.rst", category="Tables"),
+        table2_md="figures/table2.md",
+        table2=report("figures/table2.csv", caption="../report/table2.rst", category="Tables"),
+        improvement_md="figures/relative_improvement.md",
+        improvement=report(
+            "figures/relative_improvement.csv", caption="../report/relative_improvement.rst", category="Tables"
+        ),
+        evaluations_md="figures/evaluations.md",
+        evaluations=report("figures/evaluations.csv", caption="../report/evaluations.rst", category="Tables"),
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.config),
+        out_dir=lambda wildcards, output: os.path.dirname(output.table1),
+    log:
+        "logs/figures/tables.log",
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy tables --config {input.config} --tables {params.tables}"
+        " --toy-tests {input.toy_tests} --out-dir {params.out_dir} > {log} 2>&1"
