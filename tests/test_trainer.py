@@ -298,6 +298,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted
     model_dir, data_dir, tmp_path, async_level
 ):
     cell = _cell(async_level=async_level, delete_checkpoints=False)
+    cell["snapshot_steps"] = [2, 6]  # one before the kill, one after the resume
     reference = tmp_path / "reference"
     subprocess.run(_command(model_dir, data_dir, reference, tmp_path / "ref-ckpt", cell), check=True, env=_env())
 
@@ -320,6 +321,18 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted
     assert [row["step"] for row in resumed] == list(range(1, 7))
     assert resumed == expected
     assert data.read_jsonl(out / "heldout.jsonl") == data.read_jsonl(reference / "heldout.jsonl")
+    # Fig. 12's snapshots survive the kill (they wait beside the checkpoints) and equal the uninterrupted run's.
+    assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["step~2", "step~6"]
+    for step in (2, 6):
+        assert _weights(out / "snapshots" / f"step~{step}") == _weights(reference / "snapshots" / f"step~{step}")
+    assert _weights(out / "snapshots" / "step~6") == _weights(out / "final")
+    assert _weights(out / "snapshots" / "step~2") != _weights(out / "final")
+
+
+def _weights(model_dir):
+    from safetensors.torch import load_file
+
+    return {name: tensor.tolist() for name, tensor in load_file(str(model_dir / "model.safetensors")).items()}
 
 
 def test_a_diverging_run_is_recorded_not_raised(model_dir, data_dir, tmp_path):
