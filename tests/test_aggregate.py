@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def config():
-    return validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    """config.yaml with two seeds in the on-policy grid (the spread over seeds is part of what is tested)."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["studies"]["onpolicy"]["seeds"] = [0, 1]
+    return validate_config(config)
 
 
 def write_cell(results: Path, cell: dict, status: str, pass_at_1: list[float], steps_per_eval: int = 5) -> None:
