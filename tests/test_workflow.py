@@ -1,33 +1,11 @@
 """The Snakemake workflow: its DAG, a reduced end-to-end run of every stage, and the report."""
 
 import json
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-
-
-def snakemake(*args, cwd=ROOT, timeout=600):
-    run = subprocess.run(
-        [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(cwd), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return run.stdout + run.stderr
-
-
-def job_counts(output: str) -> dict:
-    table = output.split("Job stats:")[1].split("total")[0]
-    return {m[0]: int(m[1]) for m in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
+from workflow_helpers import ROOT, job_counts, snakemake
 
 
 def expected_jobs(config: dict) -> dict:
@@ -89,52 +67,8 @@ def test_lint_is_clean():
     assert "Lints for" not in out, out
 
 
-def reduced_config() -> dict:
-    """config.yaml with every stage kept but made small: few toy trials, a barely trained model, short cells of
-    an on-policy and an off-policy study, evaluation of one configuration, one figure of each kind."""
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    config["toy"].update(trials=30, sequences=100, lengths=[2, 6])
-    config["models"]["tiny"]["spec"] = dict(hidden_size=64, num_heads=2, num_layers=1, sft_steps=10, sft_batch=8)
-    config["studies"] = {name: config["studies"][name] for name in ("onpolicy", "offpolicy_k1_loss")}
-    config["studies"]["onpolicy"].update(kl=["none", "k1-reward"], betas=[0.1], seeds=[0])
-    config["studies"]["offpolicy_k1_loss"].update(betas=[0.1])
-    for study in config["studies"].values():
-        study["train"].update(steps=2, rollouts=2, max_response_tokens=8, eval_every=1, checkpoint_every=1)
-        study["train"].update(batch_prompts=4, minibatch_prompts=4 if study["train"]["minibatch_prompts"] == 8 else 2)
-    config["evaluation"].update(tasks=["math500", "mmlu_college_biology"], k=2, max_tokens=8, limit=3,
-                                studies={"onpolicy": ["none", "k1-reward"]})  # fmt: skip
-    config["divergence"].update(
-        kl=["k1-reward"], steps=[0, 1, 2], tasks=["math500"], prompts=3, samples=2, max_tokens=8
-    )
-    onpolicy, offpolicy = dict(study="onpolicy", model="tiny"), dict(study="offpolicy_k1_loss", model="tiny")
-    divergence = [
-        dict(kind="divergence", metric=m, task="math500", kl=["k1-reward"], **onpolicy)
-        for m in ("forward_kl", "entropy")
-    ]
-    config["figures"] = {
-        "fig_curves": {
-            "title": "curves",
-            "panels": [dict(kind="curves", **onpolicy), dict(kind="curves", **offpolicy)],
-        },
-        "fig_bars": {"title": "bars", "panels": [dict(kind="bars", **onpolicy)]},
-        "fig_divergence": {"title": "divergence", "panels": divergence},
-    }
-    return config
-
-
-@pytest.fixture(scope="module")
-def toy_run(tmp_path_factory):
-    """The reduced study run through Snakemake in a scratch directory, then its report."""
-    workdir = tmp_path_factory.mktemp("reduced_run")
-    config = reduced_config()
-    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-    snakemake("--cores", "2", "--configfile", str(workdir / "config.yaml"), cwd=workdir)
-    snakemake("--cores", "2", "--configfile", str(workdir / "config.yaml"), "--report", "report.html", cwd=workdir)
-    return workdir, config
-
-
-def test_end_to_end_outputs(toy_run):
-    workdir, config = toy_run
+def test_end_to_end_outputs(reduced_run):
+    workdir, config = reduced_run
     for name in ("fig01_toy_bias_variance", "fig_curves", "fig_bars", "fig_divergence"):
         for ext in ("png", "pdf"):
             assert (workdir / "figures" / f"{name}.{ext}").stat().st_size > 0, name
@@ -154,8 +88,8 @@ def test_end_to_end_outputs(toy_run):
         assert (workdir / "results" / "benchmarks" / "toy" / f"{setting}.tsv").exists()
 
 
-def test_every_cell_trained_and_recorded(toy_run):
-    workdir, config = toy_run
+def test_every_cell_trained_and_recorded(reduced_run):
+    workdir, config = reduced_run
     runs = sorted((workdir / "results" / "runs").glob("*/*/*/*/*/summary.json"))
     assert [str(p.relative_to(workdir / "results" / "runs").parent) for p in runs] == [
         "offpolicy_k1_loss/tiny/k1-loss/beta~0.1/seed~0",
@@ -178,8 +112,8 @@ def test_every_cell_trained_and_recorded(toy_run):
     assert (workdir / "results" / "models" / "tiny" / "klstudy_build.json").is_file()
 
 
-def test_every_cell_and_base_model_evaluated(toy_run):
-    workdir, _ = toy_run
+def test_every_cell_and_base_model_evaluated(reduced_run):
+    workdir, _ = reduced_run
     evals = sorted(
         str(p.relative_to(workdir / "results" / "evals")) for p in (workdir / "results" / "evals").rglob("*.json")
     )
@@ -206,8 +140,8 @@ def test_every_cell_and_base_model_evaluated(toy_run):
     assert len(samples.splitlines()) == 3
 
 
-def test_report_contains_figure_table_captions_and_config(toy_run):
-    workdir, _ = toy_run
+def test_report_contains_figure_table_captions_and_config(reduced_run):
+    workdir, _ = reduced_run
     html = (workdir / "report.html").read_text()
     assert "fig01_toy_bias_variance.png" in html and "table1.csv" in html
     assert "fig_curves.png" in html and "fig_divergence.png" in html and "config.yaml" in html

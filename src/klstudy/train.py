@@ -205,12 +205,22 @@ class RunRecorder(TrainerCallback):
         self.verdict: tuple[str, str] | None = None
         self.start = time.perf_counter()
 
-    def resume_from(self, step: int) -> None:
-        """Keep the lines of steps <= ``step`` (the checkpoint's) and reload them as history."""
+    def resume_from(self, checkpoint: Path, step: int) -> None:
+        """Restore metrics.jsonl and heldout.jsonl from the checkpoint's copies (the cell's own may be gone:
+        Snakemake deletes the outputs of a failed job), keeping the lines of steps <= ``step``."""
         for path in (self.metrics_path, self.heldout_path):
-            lines = data.read_jsonl(path) if path.exists() else []
+            source = next((p for p in (Path(checkpoint) / path.name, path) if p.exists()), None)
+            lines = data.read_jsonl(source) if source else []
             data.write_jsonl([line for line in lines if line["step"] <= step], path)
         self.history = data.read_jsonl(self.metrics_path)
+
+    def on_save(self, args, state, control, **kwargs):
+        """Copy the logs into the checkpoint just written, so that a resumed run finds them whatever happened
+        to the cell's directory."""
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        for path in (self.metrics_path, self.heldout_path):
+            if path.exists() and checkpoint.is_dir():
+                shutil.copy2(path, checkpoint / path.name)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
@@ -306,7 +316,8 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
     last = get_last_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
     if last:
         recorder.resume_from(
-            json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] // args.updates_per_batch
+            Path(last),
+            json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] // args.updates_per_batch,
         )
     else:
         for stale in (recorder.metrics_path, recorder.heldout_path):
