@@ -6,7 +6,10 @@
 #     slurmctld and slurmd without systemd, registers a cluster, an account and the current user with sacctmgr
 #     (so that `sacct`, which Snakemake's SLURM executor uses for job status, works as on a real cluster), and
 #     waits until the node is idle. Prints the environment to source: SLURM_CONF (and the munge socket).
-# down: stops only the daemons that `up` started, by the PIDs recorded in DIR/pids, and leaves the rest alone.
+#     /etc/slurm/slurm.conf is linked to DIR/slurm.conf if (and only if) no such file exists: the nested srun
+#     of Snakemake's job step drops SLURM_CONF and reads the default path.
+# down: stops only the daemons that `up` started, by the PIDs recorded in DIR/pids, removes the link it made,
+#     and leaves the rest alone.
 #
 # Needs root (apt-get, daemons). Bounded: every wait has a deadline and fails with the daemon's log.
 set -euo pipefail
@@ -51,6 +54,10 @@ down() {
     done
     while read -r name pid; do kill -9 "$pid" 2>/dev/null || true; done <"$pids"
     rm -f "$pids"
+    if [ -f "$base/links" ]; then
+        while read -r link; do [ "$(readlink "$link")" = "$base/slurm.conf" ] && rm -f "$link"; done <"$base/links"
+        rm -f "$base/links"
+    fi
 }
 
 install_packages() {
@@ -156,6 +163,13 @@ up() {
     # Every SLURM program finds its configuration through SLURM_CONF (slurmdbd.conf beside slurm.conf);
     # slurmdbd reaches MariaDB through libmariadb's default socket, which MYSQL_UNIX_PORT sets.
     export SLURM_CONF="$base/slurm.conf"
+    # Snakemake's job step strips SLURM_* variables before its nested srun, which then reads the default
+    # /etc/slurm/slurm.conf: point that at ours while the cluster is up (never over an existing file).
+    if [ ! -e /etc/slurm/slurm.conf ]; then
+        mkdir -p /etc/slurm && ln -s "$base/slurm.conf" /etc/slurm/slurm.conf && echo /etc/slurm/slurm.conf >"$base/links"
+    elif [ "$(readlink /etc/slurm/slurm.conf)" != "$base/slurm.conf" ]; then
+        die "/etc/slurm/slurm.conf exists (a real cluster's?): not touching it"
+    fi
     start slurmdbd env MYSQL_UNIX_PORT="$base/run/mysql.sock" slurmdbd -D
     wait_for 60 slurmdbd bash -c "exec 3<>/dev/tcp/127.0.0.1/16819"
 
