@@ -178,3 +178,28 @@ def test_fuzz_every_reward_on_10000_adversarial_completions():
         slowest = max(slowest, time.perf_counter() - start)
         assert 0.0 <= reward <= 1.0, (record, completion[:200])
     assert slowest < 1.0, f"slowest call took {slowest:.2f}s"
+
+
+def test_the_math_worker_ends_when_its_process_is_killed():
+    """A training job killed by SIGKILL (SLURM's time limit, the OOM killer) must not leave its worker behind."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal; from klstudy import rewards; assert rewards.math_reward('\\\\boxed{2}', '2') == 1.0; "
+        "print(rewards.MATH_VERIFIER._process.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    worker = int(run.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(worker):
+        time.sleep(0.1)
+    assert not _alive(worker), f"math-verify worker {worker} outlived its killed parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False

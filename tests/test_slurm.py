@@ -26,7 +26,8 @@ HARD_LIMIT = 900
 def cluster(tmp_path_factory):
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("a local SLURM needs root (apt-get, daemons); CI runs this as root")
-    base = tmp_path_factory.mktemp("slurm")
+    # .ci/run names the directory, so that its EXIT trap can stop the daemons even if pytest itself is killed.
+    base = Path(os.environ.get("KLSTUDY_SLURM_DIR") or tmp_path_factory.mktemp("slurm"))
     try:
         up = subprocess.run(
             ["timeout", "-s", "KILL", "600", str(SCRIPT), "up", str(base)], capture_output=True, text=True

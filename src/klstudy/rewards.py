@@ -75,11 +75,17 @@ def _prime_math_verify() -> None:
     _math_verify_once("\\frac{1}{2}", "\\boxed{0.5}")
 
 
-def _math_worker(connection) -> None:
-    """Child process: answer (gold, completion) requests with math-verify's verdict, forever."""
+def _math_worker(connection, parent_end) -> None:
+    """Child process: answer (gold, completion) requests with math-verify's verdict until the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The fork copied the parent's end of the pipe: close it, so that recv() sees end-of-file, and this worker
+    # exits, when the parent dies (even by SIGKILL, e.g. at a SLURM time limit) instead of lingering.
+    parent_end.close()
     while True:
-        gold, completion = connection.recv()
+        try:
+            gold, completion = connection.recv()
+        except EOFError:
+            return
         try:
             correct = _math_verify_once(gold, completion)
         except BaseException:  # noqa: BLE001 — any failure on untrusted text is a wrong answer
@@ -103,7 +109,9 @@ class IsolatedMathVerifier:
         _prime_math_verify()
         context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
         parent, child = context.Pipe()
-        self._process = context.Process(target=_math_worker, args=(child,), daemon=True, name="klstudy-math-verify")
+        self._process = context.Process(
+            target=_math_worker, args=(child, parent), daemon=True, name="klstudy-math-verify"
+        )
         self._process.start()
         child.close()
         self._connection, self._owner = parent, os.getpid()
