@@ -105,8 +105,8 @@ def test_every_cell_trained_and_recorded(reduced_run):
         assert metrics == ([1, 1, 2, 2] if off_policy else [1, 2])  # off-policy: 2 optimiser steps per batch
         assert [row["step"] for row in map(json.loads, (cell / "heldout.jsonl").read_text().splitlines())] == [0, 1, 2]
         assert (cell / "final" / "model.safetensors").is_file()
-        snapshots = sorted(p.name for p in (cell / "snapshots").iterdir())
-        assert snapshots == (["step~1", "step~2"] if "k1-reward" in str(cell) else [])
+        snapshots = sorted(p.name for p in (cell / "snapshots").iterdir() if p.name != ".snakemake_timestamp")
+        assert snapshots == (["step~1", "step~2"] if off_policy else [])
     for name in config["data"]:
         assert (workdir / "results" / "data" / f"{name}.jsonl").stat().st_size > 0
     assert (workdir / "results" / "models" / "tiny" / "klstudy_build.json").is_file()

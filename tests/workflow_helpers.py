@@ -42,12 +42,15 @@ def reduced_config() -> dict:
         study["train"].update(batch_prompts=4, minibatch_prompts=4 if study["train"]["minibatch_prompts"] == 8 else 2)
     config["evaluation"].update(tasks=["math500", "mmlu_college_biology"], k=2, max_tokens=8, limit=3,
                                 studies={"onpolicy": ["none", "k1-reward"]})  # fmt: skip
+    # Fig. 12 on the off-policy K1-in-loss cell: in two steps of this barely trained model every reward is 0, so
+    # on-policy cells start with a zero gradient (their policy equals the reference); K1's pathwise term does not.
     config["divergence"].update(
-        kl=["k1-reward"], steps=[0, 1, 2], tasks=["math500"], prompts=3, samples=2, max_tokens=8
-    )
+        study="offpolicy_k1_loss", kl=["k1-loss"], betas=[0.1], seeds=[0], steps=[0, 1, 2], tasks=["math500"],
+        prompts=3, samples=2, max_tokens=8,
+    )  # fmt: skip
     onpolicy, offpolicy = dict(study="onpolicy", model="tiny"), dict(study="offpolicy_k1_loss", model="tiny")
     divergence = [
-        dict(kind="divergence", metric=m, task="math500", kl=["k1-reward"], **onpolicy)
+        dict(kind="divergence", metric=m, task="math500", kl=["k1-loss"], **offpolicy)
         for m in ("forward_kl", "entropy")
     ]
     config["figures"] = {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A single-node SLURM on localhost for tests: `local-slurm.sh up DIR` / `local-slurm.sh down DIR`.
 #
-# up: installs Debian's slurm-wlm, slurmdbd, munge and mariadb-server if missing, writes every configuration,
+# up: (re)starts from nothing in DIR: stops what an earlier `up` there started and removes its state;
+#     installs Debian's slurm-wlm, slurmdbd, munge and mariadb-server if missing, writes every configuration,
 #     state, socket, pid and log file under DIR, starts munged, mariadbd (socket only, no networking), slurmdbd,
 #     slurmctld and slurmd without systemd, registers a cluster, an account and the current user with sacctmgr
 #     (so that `sacct`, which Snakemake's SLURM executor uses for job status, works as on a real cluster), and
@@ -135,6 +136,8 @@ EOF
 up() {
     [ "$(id -u)" = 0 ] || die "needs root (apt-get and the daemons)"
     [ -f "$pids" ] && down
+    # A fresh start: no database, job state or logs of an earlier cluster in DIR (only what `up` creates).
+    rm -rf "$base"/{log,run,spool,munge,mysql,slurm.conf,slurmdbd.conf,install-mariadb.out}
     install_packages
     mkdir -p "$base"/{log,run,spool/slurmd,spool/slurmctld,munge,mysql}
     : >"$pids"
