@@ -15,6 +15,8 @@ from unittest import mock
 
 import yaml
 
+from klstudy import vllm_cpu
+
 TASKS_DIR = Path(__file__).parent / "tasks"
 BACKENDS = ("hf", "vllm")
 
@@ -23,16 +25,18 @@ def task_names() -> list[str]:
     return sorted(path.stem.removeprefix("klstudy_") for path in TASKS_DIR.glob("klstudy_*.yaml"))
 
 
-def _override_task(task: str, k: int, min_p: float, max_tokens: int, directory: Path) -> str:
-    """A task file that includes the shipped one with k repeats (all kept), min_p and max_gen_toks."""
+def _override_task(task: str, k: int, min_p: float, max_tokens: int, temperature: float, directory: Path) -> str:
+    """A task file that includes the shipped one with k repeats (all kept), min_p and max_gen_toks; temperature 0
+    is greedy decoding (for checks that two backends generate the same text; the paper samples at 1)."""
     template = yaml.safe_load((TASKS_DIR / "_template_yaml").read_text().replace("!function", ""))
     name = f"klstudy_{task}_k{k}"
+    sampling = {"do_sample": temperature > 0, "temperature": temperature}
     override = {
         "include": str(TASKS_DIR / f"klstudy_{task}.yaml"),
         "task": name,
         "repeats": k,
         "filter_list": [{"name": "all_repeats", "filter": [{"function": "take_first_k", "k": k}]}],
-        "generation_kwargs": {**template["generation_kwargs"], "min_p": min_p, "max_gen_toks": max_tokens},
+        "generation_kwargs": {**template["generation_kwargs"], **sampling, "min_p": min_p, "max_gen_toks": max_tokens},
     }
     (directory / f"{name}.yaml").write_text(yaml.safe_dump(override))
     return name
@@ -43,12 +47,16 @@ def model_arguments(backend: str, model_dir: Path, settings: dict) -> str:
         return f"pretrained={model_dir},dtype=float32,device=cpu"
     parts = {
         "pretrained": model_dir,
+        "dtype": settings.get("dtype", "auto"),
         "tensor_parallel_size": settings.get("tensor_parallel_size", 1),
         "data_parallel_size": settings.get("data_parallel_size", 1),
         "gpu_memory_utilization": settings.get("gpu_memory_utilization", 0.9),
         "max_model_len": settings.get("max_model_len", 4096),
         "seed": settings.get("seed", 0),  # engine seed; never a per-request seed (all repeats would be identical)
     }
+    if vllm_cpu.on_cpu():  # vLLM's CPU backend (vllm_cpu.py); a GPU engine is configured by the settings alone
+        vllm_cpu.configure_environment()
+        parts.update(vllm_cpu.ENGINE_ARGUMENTS)
     return ",".join(f"{key}={value}" for key, value in parts.items())
 
 
@@ -65,6 +73,7 @@ def run(
     k: int = 32,
     min_p: float = 0.0,
     max_tokens: int = 1024,
+    temperature: float = 1.0,
     chat_template: bool = True,
     backend: str = "hf",
     seed: int = 0,
@@ -79,7 +88,7 @@ def run(
     if backend not in BACKENDS:
         raise ValueError(f"evaluation backend {backend!r} is not one of {BACKENDS}")
     with tempfile.TemporaryDirectory(prefix="klstudy-tasks-") as overrides:
-        name = _override_task(task, k, min_p, max_tokens, Path(overrides))
+        name = _override_task(task, k, min_p, max_tokens, temperature, Path(overrides))
         # include_defaults=False: indexing lm-eval's thousands of built-in tasks costs ~11 s per job here.
         manager = TaskManager(
             include_path=[str(TASKS_DIR), overrides],

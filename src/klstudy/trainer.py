@@ -1,7 +1,7 @@
 """The RL trainer: TRL's GRPOTrainer with every KL configuration of the paper, on- and off-policy.
 
 What changes with respect to stock TRL 1.16 (and only this; generation, vLLM, reward calls, logging,
-checkpointing and distributed training are TRL's own):
+checkpointing and distributed training are TRL's own; on a CPU, vllm_cpu.py adapts TRL's colocated vLLM):
 
 1. Advantages (``_generate_and_score_completions``). The task reward R of each response is shaped by the
    KL when the KL is placed in the reward, R − β·Σ_t sg[K_t], with K_t computed from the log-probs of the
@@ -23,6 +23,7 @@ K1 and K3 per sequence (a reference model is loaded even when β = 0, to measure
 from __future__ import annotations
 
 import collections
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, get_config_model_id, use_adapter
 
-from klstudy import kl
+from klstudy import kl, vllm_cpu
 
 # The paper's "normalisation by the total number of tokens in the sampled response batch" is what TRL
 # calls dapo; Dr. GRPO (the asynchronous study) divides by batch size × max completion length.
@@ -100,8 +101,12 @@ class KLTrainerConfig(GRPOConfig):
 class KLTrainer(GRPOTrainer):
     """GRPOTrainer whose KL estimator, placement, baseline and asynchrony follow ``KLTrainerConfig``."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, model, reward_funcs, args: KLTrainerConfig, **kwargs):
+        colocated_on_cpu = args.use_vllm and args.vllm_mode == "colocate" and vllm_cpu.on_cpu()
+        with vllm_cpu.colocated_engine() if colocated_on_cpu else contextlib.nullcontext():
+            super().__init__(model, reward_funcs, args, **kwargs)
+        if colocated_on_cpu:  # vLLM's CPU backend needs its own weight sync (vllm_cpu.py); GPUs keep TRL's
+            vllm_cpu.adapt_trl_generation(self.vllm_generation)
         self.kl_spec = kl.KLSpec(self.args.kl_estimator, self.args.kl_placement, float(self.args.beta))
         if self.ref_model is None and self.args.measure_reference_kl and not self._uses_peft():
             self.ref_model = self._load_reference_model()
