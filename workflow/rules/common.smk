@@ -96,13 +96,27 @@ def threads_of(stage):
     return config["resources"][stage]["cpus"]
 
 
-def train_launcher(wildcards):
-    """`python`, or `accelerate launch` with the study's multi-GPU config (FSDP / ZeRO-3) when it names one;
-    on several nodes, one `accelerate launch` per node through srun, rendezvous at the first node."""
-    accelerate_config = config["studies"][wildcards.study]["train"].get("accelerate_config")
-    if accelerate_config is None:
+def stage_python(uses_vllm):
+    """`python` (the environment that runs Snakemake, or the rule's conda env), or for a job that runs vLLM the
+    vLLM environment's interpreter (config `vllm_python`, from `make vllm-env`): vLLM pins its own torch."""
+    if not uses_vllm:
         return "python"
-    launch = f"accelerate launch --config_file {shlex.quote(accelerate_config)}"
+    return shlex.quote(str(Path(workflow.basedir) / config.get("vllm_python", ".venv-vllm/bin/python")))
+
+
+def evaluate_python(wildcards):
+    return stage_python(config["evaluation"].get("backend", "hf") == "vllm")
+
+
+def train_launcher(wildcards):
+    """The cell's interpreter (stage_python), or `accelerate launch` under it with the study's multi-GPU config
+    (FSDP / ZeRO-3) when it names one; on several nodes, one launch per node through srun, rendezvous at the
+    first node."""
+    train = config["studies"][wildcards.study]["train"]
+    python = stage_python(train.get("generation", "hf") == "vllm")
+    if train.get("accelerate_config") is None:
+        return python
+    launch = f"{python} -m accelerate.commands.launch --config_file {shlex.quote(train['accelerate_config'])}"
     nodes = config["resources"]["train"]["nodes"]
     if nodes == 1:
         return launch

@@ -15,6 +15,7 @@ rule evaluate_cell:
     params:
         settings=json.dumps(EVAL),
         data_dir="results/data",
+        python=evaluate_python,
     log:
         f"logs/evaluate/{RUN_PATH}/{{task}}.log",
     benchmark:
@@ -25,7 +26,7 @@ rule evaluate_cell:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy evaluate --model {input.model} --task {wildcards.task} --data-dir {params.data_dir}"
+        "{params.python} -m klstudy evaluate --model {input.model} --task {wildcards.task} --data-dir {params.data_dir}"
         " --settings {params.settings:q} --seed {wildcards.seed} --summary {input.summary} --threads {threads}"
         " --out {output.json} --samples {output.samples} > {log} 2>&1"
 
@@ -41,6 +42,7 @@ rule evaluate_base:
     params:
         settings=json.dumps(EVAL),
         data_dir="results/data",
+        python=evaluate_python,
     log:
         "logs/evaluate/base/{model}/template~{template}/{task}.log",
     threads: threads_of("evaluate")
@@ -49,7 +51,7 @@ rule evaluate_base:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy evaluate --model {input.model} --task {wildcards.task} --data-dir {params.data_dir}"
+        "{params.python} -m klstudy evaluate --model {input.model} --task {wildcards.task} --data-dir {params.data_dir}"
         " --settings {params.settings:q} --chat-template {wildcards.template} --threads {threads}"
         " --out {output.json} --samples {output.samples} > {log} 2>&1"
 
