@@ -235,6 +235,29 @@ def test_async_level_trains_on_batches_generated_k_steps_earlier(model_dir, tmp_
     assert [g["policy_step"] for g in log] == [max(0, t - 2) for t in range(6)]
 
 
+def test_the_lookahead_draws_the_training_loop_order_across_epochs_and_after_a_resume(model_dir, tmp_path):
+    """The asynchronous look-ahead draws prompt batches in the order the training loop would (epoch e's order set by
+    set_epoch(e), different from epoch to epoch), also when it restarts at a restored position."""
+
+    def prompts(batch):
+        return [row["prompt"][0]["content"] for row in batch]
+
+    trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="reward", async_level=2)
+    dataloader = trainer.get_train_dataloader()
+    epochs = []
+    for epoch in range(3):
+        dataloader.set_epoch(epoch)
+        epochs.append([prompts(batch) for batch in dataloader])
+    assert epochs[0] != epochs[1] != epochs[2]
+    expected = [batch for epoch in epochs for batch in epoch]
+    assert [prompts(trainer._next_lookahead_prompts()) for _ in expected] == expected
+    resumed = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="reward", async_level=2)
+    resumed._lookahead_drawn = len(epochs[0]) + 1  # as _load_optimizer_and_scheduler restores it
+    assert [prompts(resumed._next_lookahead_prompts()) for _ in expected[len(epochs[0]) + 1 :]] == expected[
+        len(epochs[0]) + 1 :
+    ]
+
+
 # ------------------------------------------------------------------------------ the `klstudy train` command
 
 
@@ -332,13 +355,13 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted
     assert _weights(out / "snapshots" / "step~2") != _weights(out / "final")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: TRL's RepeatSampler reseeds its own generator when the dataloader is rebuilt, so a run "
-    "resumed after an epoch boundary sees that epoch's prompts in another order (README, Known problems)",
-)
-def test_a_run_resumed_after_an_epoch_boundary_ends_like_an_uninterrupted_one(model_dir, data_dir, tmp_path):
-    cell = _cell(steps=12, delete_checkpoints=False)  # 16 prompts, 2 per step: epochs of 8 steps
+@pytest.mark.parametrize("async_level", [0, 2])
+def test_a_run_resumed_after_an_epoch_boundary_ends_like_an_uninterrupted_one(
+    model_dir, data_dir, tmp_path, async_level
+):
+    """Each epoch's prompt order depends on (seed, epoch) only (EpochSeededSampler), also in the asynchronous
+    look-ahead, which runs two batches ahead into the next epoch."""
+    cell = _cell(steps=12, delete_checkpoints=False, async_level=async_level)  # 16 prompts, 2 per step: 8 per epoch
     subprocess.run(_command(model_dir, data_dir, tmp_path / "ref", tmp_path / "ref-ckpt", cell), check=True, env=_env())
     out, checkpoints = tmp_path / "killed", tmp_path / "ckpt"
     subprocess.run(_command(model_dir, data_dir, out, checkpoints, cell), env={**_env(), "KLSTUDY_KILL_AT_STEP": "11"})

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import is_peft_model
+from torch.utils.data import Sampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
@@ -96,6 +97,29 @@ class KLTrainerConfig(GRPOConfig):
         self.scale_rewards = "none"  # advantages are ours; keep TRL from dividing by a std
         self.use_bias_correction_kl = False  # TRL 1.16's default True changes the gradient of K3-in-loss
         super().__post_init__()
+
+
+class EpochSeededSampler(Sampler):
+    """TRL's RepeatSampler with each epoch's order a function of (seed, epoch) alone.
+
+    RepeatSampler draws every epoch's permutation from one generator seeded once, so a run resumed from a checkpoint
+    (which builds a new sampler) would see epoch e ≥ 2 in epoch 1's order. The Trainer calls ``set_epoch(e)``
+    before every epoch, after a resume too, and the asynchronous look-ahead does the same; epoch 0 is RepeatSampler's
+    own first order.
+    """
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.sampler.shuffle:
+            self.sampler.generator.manual_seed((self.sampler.seed or 0) + epoch)
+
+    def __iter__(self):
+        return iter(self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
 
 
 class KLTrainer(GRPOTrainer):
@@ -216,18 +240,28 @@ class KLTrainer(GRPOTrainer):
         the sampling stream identical whether or not the run was resumed (when the iterator is re-created).
         """
         with torch.random.fork_rng(devices=[]):
-            if self._lookahead is None:  # first call, or first after a resume: skip what was already drawn
-                dataloader = self.get_train_dataloader()
-                self._lookahead = iter(dataloader)
-                for _ in range(self._lookahead_drawn % len(dataloader)):
-                    next(self._lookahead)
+            if self._lookahead is None:  # first call, or first after a resume
+                self._lookahead = self._lookahead_iterator()
             try:
                 prompts = next(self._lookahead)
-            except StopIteration:
-                self._lookahead = iter(self.get_train_dataloader())
+            except StopIteration:  # the next epoch
+                self._lookahead = self._lookahead_iterator()
                 prompts = next(self._lookahead)
         self._lookahead_drawn += 1
         return prompts
+
+    def _lookahead_iterator(self):
+        """A train dataloader iterator at the look-ahead's position: that epoch's order, past what was drawn."""
+        dataloader = self.get_train_dataloader()
+        epoch, drawn = divmod(self._lookahead_drawn, len(dataloader))
+        dataloader.set_epoch(epoch)
+        iterator = iter(dataloader)
+        for _ in range(drawn):
+            next(iterator)
+        return iterator
+
+    def _get_train_sampler(self, dataset=None):
+        return EpochSeededSampler(super()._get_train_sampler(dataset))
 
     # ------------------------------------------------------------------------------ checkpoints
 
