@@ -29,12 +29,14 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from klstudy import data, rewards
 from klstudy.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
 
 # Columns of metrics.jsonl: our name -> the key TRL / Trainer logs it under.
+# Written into a checkpoint when everything else is saved: resume only from checkpoints that have it.
+CHECKPOINT_COMPLETE = "klstudy_complete"
 METRIC_KEYS = {
     "task_reward": "task_reward",
     "reward_kl_penalty": "reward_kl_penalty",
@@ -216,11 +218,14 @@ class RunRecorder(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         """Copy the logs into the checkpoint just written, so that a resumed run finds them whatever happened
-        to the cell's directory."""
+        to the cell's directory; then mark the checkpoint complete (last_complete_checkpoint)."""
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if not checkpoint.is_dir():
+            return
         for path in (self.metrics_path, self.heldout_path):
-            if path.exists() and checkpoint.is_dir():
+            if path.exists():
                 shutil.copy2(path, checkpoint / path.name)
+        (checkpoint / CHECKPOINT_COMPLETE).touch()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
@@ -294,6 +299,24 @@ def _append_jsonl(path: Path, row: dict) -> None:
         handle.write(json.dumps(row) + "\n")
 
 
+def last_complete_checkpoint(checkpoint_dir: Path) -> str | None:
+    """The newest checkpoint whose saving finished (RunRecorder.on_save marks it, after everything else).
+
+    A job killed while saving (SLURM's time limit can fall there) leaves a partial checkpoint, which Trainer's
+    own get_last_checkpoint would pick; partial ones are removed, so that the resumed run can save there again.
+    """
+    steps = sorted(
+        (int(path.name.removeprefix(PREFIX_CHECKPOINT_DIR + "-")), path)
+        for path in Path(checkpoint_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+        if path.is_dir() and path.name.removeprefix(PREFIX_CHECKPOINT_DIR + "-").isdigit()
+    )
+    for _, path in reversed(steps):
+        if (path / CHECKPOINT_COMPLETE).exists():
+            return str(path)
+        shutil.rmtree(path)
+    return None
+
+
 def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_dir: Path, checkpoint_dir: Path) -> dict:
     """Train one cell (resuming from ``checkpoint_dir`` if it holds a checkpoint); returns summary.json."""
     from transformers import AutoTokenizer
@@ -313,7 +336,7 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
         cell.get("snapshot_steps", []),
         checkpoint_dir / "snapshots",
     )
-    last = get_last_checkpoint(checkpoint_dir) if checkpoint_dir.is_dir() else None
+    last = last_complete_checkpoint(checkpoint_dir)
     if last:
         recorder.resume_from(
             Path(last),
