@@ -90,3 +90,4 @@ def test_results_record_the_library_versions(harness_run):
         "transformers_version": version("transformers"),
         "torch_version": version("torch"),
     }
+    assert harness_run["backend"] == "hf"

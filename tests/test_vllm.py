@@ -192,3 +192,43 @@ def test_the_cpu_adaptation_is_active_only_without_cuda():
     assert vllm_cpu.on_cpu() is (not torch.cuda.is_available())
     arguments = evaluate.model_arguments("vllm", Path("m"), {})
     assert ("enforce_eager=True" in arguments) is vllm_cpu.on_cpu()
+
+
+def test_the_workflow_runs_its_vllm_jobs_with_the_vllm_interpreter(tmp_path):
+    """The Snakemake rules, not only the library: a cell trained with `generation: vllm` and evaluated with
+    `backend: vllm`, both jobs run by `vllm_python` (this environment) while Snakemake runs from the main one."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+    from workflow_helpers import ROOT, reduced_config
+
+    snakemake = ROOT / ".venv" / "bin" / "snakemake"
+    if not snakemake.exists():
+        pytest.skip("Snakemake runs from the main environment (make venv)")
+    config = reduced_config()
+    config["vllm_python"] = sys.executable
+    config["studies"]["onpolicy"]["train"]["generation"] = "vllm"
+    config["evaluation"].update(backend="vllm", vllm=SETTINGS, tasks=["math500"])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cell = "onpolicy/tiny/k1-reward/beta~0.1/seed~0"
+    # TRL's colocated engine, started in this process by the tests above, sets RANK / WORLD_SIZE / MASTER_PORT;
+    # a job inheriting them would rendezvous on this process's port. Jobs of a real run start without them.
+    distributed = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    environment = {name: value for name, value in os.environ.items() if name not in distributed}
+    targets = [f"results/runs/{cell}/summary.json", f"results/evals/{cell}/math500.json"]
+    run = subprocess.run(
+        [str(snakemake), *targets, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+         "--configfile", str(tmp_path / "config.yaml"), "--cores", "2", "-p"],
+        capture_output=True, text=True, timeout=1200, env=environment,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"{sys.executable} -m klstudy train" in run.stdout + run.stderr
+    assert f"{sys.executable} -m klstudy evaluate" in run.stdout + run.stderr
+    summary = json.loads((tmp_path / targets[0]).read_text())
+    assert summary["status"] == "ok" and summary["generator"].startswith("vllm 0.32.0")  # the engine made rollouts
+    evaluation = json.loads((tmp_path / targets[1]).read_text())
+    assert evaluation["backend"] == "vllm" and evaluation["versions"]["vllm_version"] == "0.32.0+cpu"
+    assert evaluation["k"] == config["evaluation"]["k"]

@@ -64,6 +64,8 @@ def _add_versions(results: dict) -> None:
     from importlib.metadata import version
 
     results.update({f"{name}_version": version(name) for name in ("lm_eval", "transformers", "torch")})
+    if "vllm" in str(results.get("config", {}).get("model")):
+        results["vllm_version"] = version("vllm")
 
 
 def run(
@@ -118,6 +120,11 @@ def run(
         "stderr": metrics.get("mean_at_k_stderr,all_repeats"),
         "results": json.loads(json.dumps(output["results"], default=str)),
         "config": json.loads(json.dumps(output.get("configs", {}), default=str)),
-        "versions": {key: output.get(key) for key in ("lm_eval_version", "transformers_version", "torch_version")},
+        "backend": output["config"]["model"],  # as lm-eval records it
+        "versions": {
+            key: output.get(key)
+            for key in ("lm_eval_version", "transformers_version", "torch_version", "vllm_version")
+            if key in output
+        },
         "samples": json.loads(json.dumps(output["samples"][name], default=str)),
     }

@@ -367,6 +367,7 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
     else:
         (out_dir / "snapshots").mkdir()
     summary = _summary(cell, status, reason, recorder, time.perf_counter() - start, resumed_from=last)
+    summary["generator"] = _generator(trainer)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if status == "ok" and cell["train"].get("delete_checkpoints", True):
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
@@ -397,6 +398,16 @@ def save_final(trainer: KLTrainer, path: Path, keep_training: bool = False) -> N
     else:
         trainer.save_model(str(path))
     trainer.processing_class.save_pretrained(str(path))
+
+
+def _generator(trainer: KLTrainer) -> str:
+    """What generated the rollouts: the colocated vLLM engine (with its version) or transformers' generate."""
+    engine = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    if engine is None:
+        return "transformers"
+    from importlib.metadata import version
+
+    return f"vllm {version('vllm')} ({type(engine).__module__}.{type(engine).__name__})"
 
 
 def _summary(cell, status, reason, recorder: RunRecorder, seconds, resumed_from) -> dict:
