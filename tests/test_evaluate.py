@@ -40,13 +40,17 @@ def harness_inputs(tmp_path_factory):
     (path / "data").mkdir()
     records = procedural.multiple_choice("mmlu_college_biology", "mc_next", 5, 0, "heldout")
     data.write_jsonl(records, path / "data" / "mmlu_college_biology.jsonl")
+    records = procedural.arithmetic("math500", 5, 0, ["add1w", "sub1w"], "heldout")
+    data.write_jsonl(records, path / "data" / "math500.jsonl")
     return path
 
 
 @pytest.fixture(scope="module")
 def harness_run(harness_inputs):
     path = harness_inputs
-    return evaluate.run(path / "model", "mmlu_college_biology", path / "data", k=4, max_tokens=16, limit=3)
+    return evaluate.run(path / "model", ["mmlu_college_biology"], path / "data", k=4, max_tokens=16, limit=3)[
+        "mmlu_college_biology"
+    ]
 
 
 def test_harness_keeps_all_k_repeats_and_averages_them(harness_run):
@@ -67,7 +71,8 @@ def test_harness_scores_every_repeat_with_the_reward(harness_inputs, monkeypatch
 
     monkeypatch.setattr(rewards, "score", lambda record, completion: float(len(completion) % 2))
     path = harness_inputs
-    result = evaluate.run(path / "model", "mmlu_college_biology", path / "data", k=4, max_tokens=16, limit=3)
+    result = evaluate.run(path / "model", ["mmlu_college_biology"], path / "data", k=4, max_tokens=16, limit=3)
+    result = result["mmlu_college_biology"]
     per_question = [sum(len(c) % 2 for c in s["filtered_resps"][0]) / 4 for s in result["samples"]]
     assert [s["mean_at_k"] for s in result["samples"]] == per_question
     assert 0 < result["mean_at_k"] == pytest.approx(sum(per_question) / 3)
@@ -91,3 +96,22 @@ def test_results_record_the_library_versions(harness_run):
         "torch_version": version("torch"),
     }
     assert harness_run["backend"] == "hf"
+
+
+def test_one_call_for_several_tasks_scores_each_as_its_own_call(harness_inputs):
+    """evaluation.jobs per_model evaluates every task in one lm-eval call: with greedy decoding each task's
+    completions and scores equal those of a call for that task alone, and no task's results land in another's."""
+    path = harness_inputs
+    settings = dict(k=2, max_tokens=12, limit=3, temperature=0)
+    tasks = ["mmlu_college_biology", "math500"]
+    together = evaluate.run(path / "model", tasks, path / "data", **settings)
+    assert list(together) == tasks
+    for task in tasks:
+        alone = evaluate.run(path / "model", [task], path / "data", **settings)[task]
+        assert together[task]["task"] == task and [s["doc"] for s in together[task]["samples"]] == [
+            s["doc"] for s in alone["samples"]
+        ]
+        assert [s["resps"] for s in together[task]["samples"]] == [s["resps"] for s in alone["samples"]]
+        assert together[task]["mean_at_k"] == alone["mean_at_k"]
+    questions = {task: {s["doc"]["prompt"] for s in together[task]["samples"]} for task in tasks}
+    assert not questions["math500"] & questions["mmlu_college_biology"]

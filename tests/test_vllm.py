@@ -144,7 +144,7 @@ def test_greedy_completions_are_identical_across_backends(workdir, trained_with_
     runs = {
         backend: evaluate.run(
             model,
-            task,
+            [task],
             workdir / "data",
             k=1,
             max_tokens=24,
@@ -152,7 +152,7 @@ def test_greedy_completions_are_identical_across_backends(workdir, trained_with_
             backend=backend,
             limit=20,
             backend_settings=SETTINGS,
-        )  # fmt: skip
+        )[task]  # fmt: skip
         for backend in ("hf", "vllm")
     }
     completions = {backend: [s["filtered_resps"][0] for s in run["samples"]] for backend, run in runs.items()}
@@ -165,14 +165,14 @@ def test_sampled_mean_at_k_agrees_within_its_standard_error(workdir):
     runs = {
         backend: evaluate.run(
             workdir / "base",
-            "math500",
+            ["math500"],
             workdir / "data",
             k=8,
             max_tokens=24,
             backend=backend,
             seed=0,
             backend_settings=SETTINGS,
-        )  # fmt: skip
+        )["math500"]  # fmt: skip
         for backend in ("hf", "vllm")
     }
     hf, engine = runs["hf"], runs["vllm"]

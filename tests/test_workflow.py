@@ -16,7 +16,8 @@ def expected_jobs(config: dict) -> dict:
         trained += len(spec["models"]) * sum(per_config.values())
         if study in config["evaluation"]["studies"]:
             evaluated += len(spec["models"]) * sum(per_config[kl] for kl in config["evaluation"]["studies"][study])
-    tasks = len(config["evaluation"]["tasks"])
+    per_model = config["evaluation"].get("jobs", "per_task") == "per_model"
+    tasks = 1 if per_model else len(config["evaluation"]["tasks"])  # evaluation jobs per model
     base_models = {m for s in config["evaluation"]["studies"] for m in config["studies"][s]["models"]}
     div = config["divergence"]
     div_models = div.get("models") or config["studies"][div["study"]]["models"]

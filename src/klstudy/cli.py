@@ -80,24 +80,29 @@ def _train(args):
 
 
 def _evaluate(args):
+    if not len(args.task) == len(args.out) == len(args.samples):
+        raise SystemExit(f"klstudy evaluate: --task, --out and --samples name {len(args.task)}, {len(args.out)} and "
+                         f"{len(args.samples)} files; give one --out and one --samples file per task")  # fmt: skip
     import torch
 
     from klstudy import data, evaluate
 
     torch.set_num_threads(args.threads)
     settings = json.loads(args.settings)
-    output = evaluate.run(
+    outputs = evaluate.run(
         Path(args.model), args.task, Path(args.data_dir), k=settings["k"], min_p=settings["min_p"],
         max_tokens=settings["max_tokens"], chat_template=args.chat_template == "on", backend=settings["backend"],
         seed=args.seed, limit=settings.get("limit"), batch_size=settings["batch_size"],
         backend_settings=settings.get("vllm", {}),
     )  # fmt: skip
     status = json.loads(Path(args.summary).read_text())["status"] if args.summary else "base"
-    row = {"task": args.task, "mean_at_k": output["mean_at_k"], "stderr": output["stderr"], "k": output["k"],
-           "chat_template": args.chat_template, "seed": args.seed, "cell_status": status}  # fmt: skip
-    data.write_jsonl(output.pop("samples"), Path(args.samples))
-    Path(args.out).write_text(json.dumps({**row, **output}, indent=1) + "\n")
-    print(json.dumps(row))
+    for task, out, samples in zip(args.task, args.out, args.samples, strict=True):
+        output = outputs[task]
+        row = {"task": task, "mean_at_k": output["mean_at_k"], "stderr": output["stderr"], "k": output["k"],
+               "chat_template": args.chat_template, "seed": args.seed, "cell_status": status}  # fmt: skip
+        data.write_jsonl(output.pop("samples"), Path(samples))
+        Path(out).write_text(json.dumps({**row, **output}, indent=1) + "\n")
+        print(json.dumps(row))
 
 
 def _divergence(args):
@@ -211,17 +216,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--threads", type=int, default=2)
     train.set_defaults(run=_train)
 
-    evaluate = commands.add_parser("evaluate", help="mean@k of one model on one task with lm-eval-harness")
+    evaluate = commands.add_parser("evaluate", help="mean@k of one model on some tasks with lm-eval-harness")
     evaluate.add_argument("--model", required=True, help="model directory (a cell's final/ or a base model)")
-    evaluate.add_argument("--task", required=True, help="a klstudy task (src/klstudy/tasks), e.g. math500")
+    evaluate.add_argument("--task", required=True, nargs="+", help="klstudy tasks (src/klstudy/tasks), e.g. math500")
     evaluate.add_argument("--data-dir", required=True, help="where the staged <task>.jsonl files are")
     evaluate.add_argument("--settings", required=True, help="the config's evaluation section, as JSON")
     evaluate.add_argument("--chat-template", choices=("on", "off"), default="on")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--summary", help="the cell's summary.json (its status is copied into the row)")
     evaluate.add_argument("--threads", type=int, default=2)
-    evaluate.add_argument("--out", required=True, help="results JSON (lm-eval's results plus the tidy row)")
-    evaluate.add_argument("--samples", required=True, help="per-sample JSONL (every repeat and its score)")
+    evaluate.add_argument("--out", required=True, nargs="+", help="per task: results JSON (lm-eval's + the tidy row)")
+    evaluate.add_argument("--samples", required=True, nargs="+", help="per task: JSONL of every repeat and its score")
     evaluate.set_defaults(run=_evaluate)
 
     div = commands.add_parser("divergence", help="Fig. 12: forward KL(π_ref‖π_θ) and entropy over a cell's snapshots")

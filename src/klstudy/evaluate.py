@@ -70,7 +70,7 @@ def _add_versions(results: dict) -> None:
 
 def run(
     model_dir: Path,
-    task: str,
+    tasks: list[str],
     data_dir: Path,
     k: int = 32,
     min_p: float = 0.0,
@@ -82,15 +82,18 @@ def run(
     limit: int | None = None,
     batch_size: int = 64,
     backend_settings: dict | None = None,
-) -> dict:
-    """lm-eval's results for one task: {'results': ..., 'samples': [...], 'mean_at_k': ..., 'stderr': ...}."""
+) -> dict[str, dict]:
+    """lm-eval's results for each task, in one lm-eval call (one model load; requests of all tasks batched together):
+    {task: {'results': ..., 'samples': [...], 'mean_at_k': ..., 'stderr': ...}}."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     if backend not in BACKENDS:
         raise ValueError(f"evaluation backend {backend!r} is not one of {BACKENDS}")
+    if len(set(tasks)) != len(tasks) or not tasks:
+        raise ValueError(f"evaluation tasks {tasks!r}: give each task once")
     with tempfile.TemporaryDirectory(prefix="klstudy-tasks-") as overrides:
-        name = _override_task(task, k, min_p, max_tokens, temperature, Path(overrides))
+        names = {task: _override_task(task, k, min_p, max_tokens, temperature, Path(overrides)) for task in tasks}
         # include_defaults=False: indexing lm-eval's thousands of built-in tasks costs ~11 s per job here.
         manager = TaskManager(
             include_path=[str(TASKS_DIR), overrides],
@@ -103,7 +106,7 @@ def run(
             output = lm_eval.simple_evaluate(
                 model=backend,
                 model_args=model_arguments(backend, model_dir, {**(backend_settings or {}), "seed": seed}),
-                tasks=[name],
+                tasks=list(names.values()),
                 task_manager=manager,
                 apply_chat_template=chat_template,
                 batch_size=batch_size,
@@ -112,14 +115,19 @@ def run(
                 numpy_random_seed=seed,
                 torch_random_seed=seed,
             )
+    return {task: _task_result(output, task, name, k) for task, name in names.items()}
+
+
+def _task_result(output: dict, task: str, name: str, k: int) -> dict:
+    """One task's part of lm-eval's output, JSON-safe."""
     metrics = output["results"][name]
     return {
         "task": task,
         "k": k,
         "mean_at_k": metrics["mean_at_k,all_repeats"],
         "stderr": metrics.get("mean_at_k_stderr,all_repeats"),
-        "results": json.loads(json.dumps(output["results"], default=str)),
-        "config": json.loads(json.dumps(output.get("configs", {}), default=str)),
+        "results": json.loads(json.dumps({name: metrics}, default=str)),
+        "config": json.loads(json.dumps({name: output.get("configs", {}).get(name)}, default=str)),
         "backend": output["config"]["model"],  # as lm-eval records it
         "versions": {
             key: output.get(key)

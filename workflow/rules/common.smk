@@ -108,6 +108,29 @@ def evaluate_python(wildcards):
     return stage_python(config["evaluation"].get("backend", "hf") == "vllm")
 
 
+# Evaluation jobs (config evaluation.jobs): one per (model, task), or with per_model one per model for every task.
+EVAL_PER_MODEL = config["evaluation"].get("jobs", "per_task") == "per_model"
+
+
+def evaluation_files(directory, suffix):
+    """An evaluation job's outputs in a model's `directory`: the {task} wildcard's file, or every task's file."""
+    pattern = f"{directory}/{{task}}{suffix}"
+    return expand(pattern, task=config["evaluation"]["tasks"], allow_missing=True) if EVAL_PER_MODEL else pattern
+
+
+def evaluation_job(path):
+    """The name of an evaluation job's log or benchmark: per model, `path`; per task, the task's name under it."""
+    return path if EVAL_PER_MODEL else f"{path}/{{task}}"
+
+
+def evaluated_tasks(wildcards):
+    return config["evaluation"]["tasks"] if EVAL_PER_MODEL else [wildcards.task]
+
+
+def evaluated_data(wildcards):
+    return [data_file(task) for task in evaluated_tasks(wildcards)]
+
+
 def train_launcher(wildcards):
     """The cell's interpreter (stage_python), or `accelerate launch` under it with the study's multi-GPU config
     (FSDP / ZeRO-3) when it names one; on several nodes, one launch per node through srun, rendezvous at the
