@@ -143,6 +143,13 @@ BAD = [
         "divergence.steps[2]",
     ),
     (
+        "gradient checkpointing twice under FSDP (transformers' Trainer would refuse it on the cluster)",
+        lambda c: c["studies"]["onpolicy"]["train"].update(
+            accelerate_config="config/accelerate/fsdp.yaml", gradient_checkpointing=True
+        ),
+        "studies.onpolicy.train.gradient_checkpointing",
+    ),
+    (
         "divergence on a dataset that is not staged",
         lambda c: set_key(c, ["divergence", "tasks"], ["gsm8k"]),
         "divergence.tasks[0]",

@@ -54,3 +54,35 @@ def test_same_model_has_zero_forward_kl_and_positive_entropy():
     result = divergence.forward_kl_and_entropy(model, model, tokenizer, [PROMPT, "Hi"], samples=4, max_tokens=4)
     assert result["forward_kl"] == pytest.approx(0.0, abs=1e-6)
     assert 0 < result["entropy"] <= math.log(model.config.vocab_size) + 1e-6
+
+
+def test_batches_of_prompts_of_different_lengths_score_as_one_prompt_at_a_time():
+    """Generation and scoring run on left-padded batches: padding must change neither the samples nor log π."""
+    model, tokenizer = _model(seed=1, sharpness=4.0)
+    prompts = [PROMPT, "Hi", "A much longer question that needs many more tokens than the others?"]
+    tokenizer.padding_side = "left"
+    batch = tokenizer([tiny.chat_prompt(tokenizer, p) for p in prompts], return_tensors="pt", padding=True)
+    greedy = model.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    responses, mask = divergence.sample_responses(model, tokenizer, prompts, max_tokens=6, seed=0)
+    batched, _ = divergence.response_logps(model, tokenizer, prompts, responses, mask)
+    for row, prompt in enumerate(prompts):
+        alone = tokenizer([tiny.chat_prompt(tokenizer, prompt)], return_tensors="pt")
+        own = model.generate(**alone, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        assert own[0, alone["input_ids"].shape[1] :].tolist() == greedy[row, batch["input_ids"].shape[1] :].tolist()
+        single, _ = divergence.response_logps(model, tokenizer, [prompt], responses[row : row + 1], mask[row : row + 1])
+        assert torch.allclose(batched[row] * mask[row], single[0] * mask[row], atol=1e-5)
+
+
+def test_reference_samples_drawn_once_give_the_scores_of_a_fresh_draw():
+    """Reusing π_ref's samples across checkpoints (chunks of batch_prompts) changes no score."""
+    reference, tokenizer = _model(seed=1, sharpness=4.0)
+    policy, _ = _model(seed=2, sharpness=4.0)
+    prompts = [PROMPT, "Hi", "What is 3 + 4?"]
+    shared = divergence.reference_samples(reference, tokenizer, prompts, samples=2, max_tokens=4, batch_prompts=2)
+    assert [len(batch.prompts) for batch in shared] == [4, 2]  # 2 prompts × 2 samples, then 1 × 2
+    reused = divergence.forward_kl_and_entropy(
+        policy, reference, tokenizer, prompts, samples=2, max_tokens=4, batch_prompts=2, from_reference=shared
+    )
+    redrawn = divergence.forward_kl_and_entropy(policy, reference, tokenizer, prompts, 2, 4, batch_prompts=2)
+    assert reused == pytest.approx(redrawn)  # the same seeds draw the same samples
+    assert reused["forward_kl"] > 0

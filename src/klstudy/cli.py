@@ -1,6 +1,7 @@
 """`klstudy` command line: one subcommand per pipeline stage, each called by one Snakemake rule.
 
-Every stage can be run (and debugged) without Snakemake; the rules only wire paths together.
+Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. Each stage imports
+what it needs inside its function: every job is a process of its own, and start-up is a large part of a small one.
 """
 
 from __future__ import annotations
@@ -11,19 +12,18 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
-
 
 def _toy(args):
     import torch
 
-    from klstudy import toy
+    from klstudy import kl, toy
 
     torch.set_num_threads(args.threads)
     setting = toy.ToySetting(args.name, args.a, args.b, args.a_ref, args.b_ref)
+    estimators, placements = args.estimators or kl.ESTIMATORS, args.placements or kl.PLACEMENTS
     start = time.perf_counter()
     results = toy.bias_variance(
-        setting, args.lengths, args.estimators, args.placements, args.trials, args.sequences, args.seed, args.baseline
+        setting, args.lengths, estimators, placements, args.trials, args.sequences, args.seed, args.baseline
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out, index=False)
@@ -31,6 +31,8 @@ def _toy(args):
 
 
 def _toy_tests(args):
+    import pandas as pd
+
     from klstudy import toy
 
     results = pd.concat([pd.read_csv(path) for path in args.inputs], ignore_index=True)
@@ -40,6 +42,8 @@ def _toy_tests(args):
 
 
 def _fig01(args):
+    import pandas as pd
+
     from klstudy import figures
 
     results = pd.concat([pd.read_csv(path) for path in args.inputs], ignore_index=True)
@@ -106,6 +110,7 @@ def _evaluate(args):
 
 
 def _divergence(args):
+    import pandas as pd
     import torch
 
     from klstudy import data, divergence
@@ -113,7 +118,14 @@ def _divergence(args):
     torch.set_num_threads(args.threads)
     prompts = [record["prompt"] for record in data.read_jsonl(Path(args.data))[: args.prompts]]
     rows = divergence.across_snapshots(
-        Path(args.reference), Path(args.snapshots), args.steps, prompts, args.samples, args.max_tokens, args.seed
+        Path(args.reference),
+        Path(args.snapshots),
+        args.steps,
+        prompts,
+        args.samples,
+        args.max_tokens,
+        args.seed,
+        args.batch_prompts,
     )
     table = pd.DataFrame(rows)
     table.to_csv(args.out, index=False)
@@ -158,8 +170,6 @@ def _tables(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from klstudy import kl
-
     parser = argparse.ArgumentParser(prog="klstudy", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -168,8 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("a", "b", "a-ref", "b-ref"):
         toy.add_argument(f"--{name}", type=float, required=True)
     toy.add_argument("--lengths", type=int, nargs="+", required=True)
-    toy.add_argument("--estimators", nargs="+", choices=kl.ESTIMATORS, default=list(kl.ESTIMATORS))
-    toy.add_argument("--placements", nargs="+", choices=kl.PLACEMENTS, default=list(kl.PLACEMENTS))
+    # Checked by klstudy.kl (an unknown name is a ValueError naming the allowed ones); importing it here would
+    # import torch in every job, the data and figure jobs included.
+    toy.add_argument("--estimators", nargs="+", help="default: every estimator of klstudy.kl (k1 k2 k3)")
+    toy.add_argument("--placements", nargs="+", help="default: every placement (reward loss both none)")
     toy.add_argument("--trials", type=int, default=200)
     toy.add_argument("--sequences", type=int, default=1000)
     toy.add_argument("--seed", type=int, default=0)
@@ -238,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     div.add_argument("--samples", type=int, default=4, help="responses per question")
     div.add_argument("--max-tokens", type=int, default=1024)
     div.add_argument("--seed", type=int, default=0)
+    div.add_argument("--batch-prompts", type=int, default=16, help="questions per generation batch (× samples rows)")
     div.add_argument("--threads", type=int, default=2)
     div.add_argument("--out", required=True, help="CSV: step, forward_kl, entropy and their standard errors")
     div.set_defaults(run=_divergence)

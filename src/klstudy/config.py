@@ -115,6 +115,12 @@ def _check_references(config: dict) -> None:
                 f"config key 'studies.{study}.train.accelerate_config': no file {accelerate_config} "
                 f"(paths are relative to the repository root, e.g. config/accelerate/fsdp.yaml)"
             )
+        if train["gradient_checkpointing"] and _fsdp_checkpoints_activations(accelerate_config):
+            # transformers' Trainer refuses both at start-up, on the cluster, after the queue: say it now.
+            raise ConfigError(
+                f"config key 'studies.{study}.train.gradient_checkpointing': must be false with "
+                f"{accelerate_config}, whose fsdp_activation_checkpointing already recomputes activations"
+            )
         if train["batch_prompts"] % train["minibatch_prompts"]:
             raise ConfigError(
                 f"config key 'studies.{study}.train.minibatch_prompts': {train['minibatch_prompts']} does not divide "
@@ -124,6 +130,13 @@ def _check_references(config: dict) -> None:
     for name, figure in config["figures"].items():
         for i, panel in enumerate(figure["panels"]):
             _check_panel(config, panel, f"figures.{name}.panels[{i}]")
+
+
+def _fsdp_checkpoints_activations(accelerate_config: str | None) -> bool:
+    if accelerate_config is None:
+        return False
+    launch = yaml.safe_load((REPO_ROOT / accelerate_config).read_text()) or {}
+    return bool((launch.get("fsdp_config") or {}).get("fsdp_activation_checkpointing"))
 
 
 def _check_subset(values, allowed, where: str, what: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -57,20 +58,58 @@ def _mean_and_stderr(values: list[float]) -> tuple[float, float]:
     return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0)
 
 
+def _chunks(prompts: list[str], batch_prompts: int):
+    """(index of the chunk, its prompts): generation in batches, with a fixed seed per chunk."""
+    for index, first in enumerate(range(0, len(prompts), batch_prompts)):
+        yield index, prompts[first : first + batch_prompts]
+
+
+@dataclass
+class ReferenceSamples:
+    """Responses sampled from π_ref, ``samples`` per prompt (consecutive rows), with their log π_ref."""
+
+    prompts: list[str]  # one per row
+    responses: torch.Tensor
+    mask: torch.Tensor
+    logps: torch.Tensor
+
+
+def reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed=0, batch_prompts=16) -> list:
+    """π_ref's samples, drawn once and reused for every snapshot: each checkpoint is scored on the same ones."""
+    batches = []
+    for index, chunk in _chunks(prompts, batch_prompts):
+        repeated = [prompt for prompt in chunk for _ in range(samples)]
+        responses, mask = sample_responses(reference, tokenizer, repeated, max_tokens, seed + index)
+        logps, _ = response_logps(reference, tokenizer, repeated, responses, mask)
+        batches.append(ReferenceSamples(repeated, responses, mask, logps))
+    return batches
+
+
+def _per_prompt(values: torch.Tensor, samples: int) -> list[float]:
+    """Mean over each prompt's ``samples`` consecutive rows."""
+    return values.view(-1, samples).mean(-1).tolist()
+
+
 def forward_kl_and_entropy(
-    policy, reference, tokenizer, prompts: list[str], samples: int = 8, max_tokens: int = 64, seed: int = 0
-) -> dict:
-    """Sequence-level forward KL(π_ref ‖ π_θ) on samples from π_ref, and π_θ's mean token entropy."""
+    policy, reference, tokenizer, prompts: list[str], samples: int = 8, max_tokens: int = 64, seed: int = 0,
+    batch_prompts: int = 16, from_reference: list[ReferenceSamples] | None = None,
+) -> dict:  # fmt: skip
+    """Sequence-level forward KL(π_ref ‖ π_θ) on samples from π_ref, and π_θ's mean token entropy.
+
+    Both are per-prompt means (the entropy: over the tokens of that prompt's own samples), then averaged over
+    prompts with a standard error over prompts. ``from_reference`` (``reference_samples``) avoids redrawing
+    π_ref's samples for every checkpoint.
+    """
+    if from_reference is None:
+        from_reference = reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts)
     kls, entropies = [], []
-    for i, prompt in enumerate(prompts):
-        repeated = [prompt] * samples
-        responses, mask = sample_responses(reference, tokenizer, repeated, max_tokens, seed + i)
-        ref_logps, _ = response_logps(reference, tokenizer, repeated, responses, mask)
-        pol_logps, _ = response_logps(policy, tokenizer, repeated, responses, mask)
-        kls.append(((ref_logps - pol_logps) * mask).sum(-1).mean().item())
-        own, own_mask = sample_responses(policy, tokenizer, repeated, max_tokens, seed + i)
-        _, entropy = response_logps(policy, tokenizer, repeated, own, own_mask)
-        entropies.append(((entropy * own_mask).sum() / own_mask.sum()).item())
+    for (index, chunk), ref in zip(_chunks(prompts, batch_prompts), from_reference, strict=True):
+        policy_logps, _ = response_logps(policy, tokenizer, ref.prompts, ref.responses, ref.mask)
+        kls += _per_prompt(((ref.logps - policy_logps) * ref.mask).sum(-1), samples)
+        own, own_mask = sample_responses(policy, tokenizer, ref.prompts, max_tokens, seed + index)
+        _, entropy = response_logps(policy, tokenizer, ref.prompts, own, own_mask)
+        token_entropy = (entropy * own_mask).view(len(chunk), -1).sum(-1)
+        entropies += (token_entropy / own_mask.view(len(chunk), -1).sum(-1)).tolist()
     kl, kl_stderr = _mean_and_stderr(kls)
     entropy, entropy_stderr = _mean_and_stderr(entropies)
     return {"forward_kl": kl, "forward_kl_stderr": kl_stderr, "entropy": entropy, "entropy_stderr": entropy_stderr}
@@ -84,20 +123,23 @@ def across_snapshots(
     samples: int,
     max_tokens: int,
     seed: int = 0,
+    batch_prompts: int = 16,
 ) -> list[dict]:
     """One row per step: forward KL and entropy of the policy saved after that step (step 0: the reference).
 
-    Steps whose snapshot does not exist (a run that stopped early) are skipped. The same seed is used at
-    every step, so every checkpoint is scored on the same samples from π_ref.
+    Steps whose snapshot does not exist (a run that stopped early) are skipped. π_ref's samples are drawn
+    once, so every checkpoint is scored on the same samples; each policy's own samples use the same seeds.
     """
     reference, tokenizer = tiny.load(reference_dir)
+    shared = reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts)
     rows = []
     for step in sorted(steps):
         path = reference_dir if step == 0 else Path(snapshots_dir) / f"step~{step}"
         if not path.is_dir():
             continue
         policy = reference if step == 0 else tiny.load(path)[0]
-        rows.append(
-            {"step": step, **forward_kl_and_entropy(policy, reference, tokenizer, prompts, samples, max_tokens, seed)}
+        scores = forward_kl_and_entropy(
+            policy, reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts, from_reference=shared
         )
+        rows.append({"step": step, **scores})
     return rows

@@ -154,6 +154,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         warmup_steps=0,
         weight_decay=0.0,
         max_grad_norm=train.get("max_grad_norm", 1.0),
+        gradient_checkpointing=train.get("gradient_checkpointing", True),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation,
         updates_per_batch=updates,

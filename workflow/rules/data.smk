@@ -10,6 +10,8 @@ rule prepare_data:
         spec=lambda wildcards: json.dumps(config["data"][wildcards.dataset]),
     log:
         "logs/data/{dataset}.log",
+    # Data and base models first: every training cell waits for them, the toy analysis waits for nothing.
+    priority: 10
     conda:
         "../../envs/klstudy.yaml"
     shell:
@@ -31,6 +33,7 @@ rule base_model:
     benchmark:
         "results/benchmarks/models/{model}.tsv"
     threads: 2
+    priority: 10
     conda:
         "../../envs/klstudy.yaml"
     shell:

@@ -77,6 +77,7 @@ rule divergence:
         prompts=config["divergence"]["prompts"],
         samples=config["divergence"]["samples"],
         max_tokens=config["divergence"]["max_tokens"],
+        batch_prompts=config["divergence"]["batch_prompts"],
     log:
         f"logs/divergence/{RUN_PATH}/{{task}}.log",
     benchmark:
@@ -89,4 +90,5 @@ rule divergence:
     shell:
         "python -m klstudy divergence --reference {input.reference} --snapshots {input.snapshots}"
         " --steps {params.steps} --data {input.data} --prompts {params.prompts} --samples {params.samples}"
-        " --max-tokens {params.max_tokens} --seed {wildcards.seed} --threads {threads} --out {output} > {log} 2>&1"
+        " --max-tokens {params.max_tokens} --batch-prompts {params.batch_prompts} --seed {wildcards.seed}"
+        " --threads {threads} --out {output} > {log} 2>&1"
