@@ -35,18 +35,28 @@ def _exact_two_token_forward_kl(policy, reference, tokenizer):
     return (first_term + (p_first * second).sum()).item()
 
 
-def test_monte_carlo_forward_kl_matches_enumeration():
+def _within_4_stderr(per_sample: torch.Tensor, exact: float) -> bool:
+    stderr = per_sample.std().item() / math.sqrt(len(per_sample))
+    return abs(per_sample.mean().item() - exact) < 4 * stderr
+
+
+def test_both_forms_of_the_forward_kl_match_enumeration_and_the_exact_one_varies_less():
+    """Σ_t log-ratio of the sampled token and Σ_t exact next-token KL: same mean, the latter never negative."""
     reference, tokenizer = _model(seed=1, sharpness=8.0)
     policy, _ = _model(seed=2, sharpness=8.0)
     exact = _exact_two_token_forward_kl(policy, reference, tokenizer)
     prompts = [PROMPT] * 4000
-    responses, mask = divergence.sample_responses(reference, tokenizer, prompts, max_tokens=2, seed=0)
-    ref_logps, _ = divergence.response_logps(reference, tokenizer, prompts, responses, mask)
-    pol_logps, _ = divergence.response_logps(policy, tokenizer, prompts, responses, mask)
-    per_sample = ((ref_logps - pol_logps) * mask).sum(-1)
-    stderr = per_sample.std().item() / math.sqrt(len(per_sample))
+    samples = divergence.ReferenceSamples(
+        prompts, *divergence.sample_responses(reference, tokenizer, prompts, max_tokens=2, seed=0)
+    )
+    ref_logps, _ = divergence.response_logps(reference, tokenizer, prompts, samples.responses, samples.mask)
+    pol_logps, _ = divergence.response_logps(policy, tokenizer, prompts, samples.responses, samples.mask)
+    log_ratio = ((ref_logps - pol_logps) * samples.mask).sum(-1)
+    chain_rule = divergence.sequence_forward_kl(policy, reference, tokenizer, samples)
     assert exact > 0.1  # the two models differ: the test can tell a wrong estimator from a right one
-    assert abs(per_sample.mean().item() - exact) < 4 * stderr
+    assert _within_4_stderr(log_ratio, exact) and _within_4_stderr(chain_rule, exact)
+    assert (log_ratio < 0).any() and (chain_rule >= 0).all()
+    assert chain_rule.var() < log_ratio.var()
 
 
 def test_same_model_has_zero_forward_kl_and_positive_entropy():

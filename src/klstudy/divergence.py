@@ -1,10 +1,14 @@
 """Forward KL(π_ref ‖ π_θ) and policy entropy of a trained checkpoint (the paper's Fig. 12).
 
     forward KL = E_{y ~ π_ref(·|x)} [ Σ_t log π_ref(y_t | x, y_<t) − log π_θ(y_t | x, y_<t) ]
+               = E_{y ~ π_ref(·|x)} [ Σ_t KL(π_ref(· | x, y_<t) ‖ π_θ(· | x, y_<t)) ]      (chain rule)
 
-estimated by sampling responses from the *reference* model (temperature 1, the distributions themselves)
-and scoring them under both models; entropy is the mean per-token entropy of π_θ on its own samples.
-Both are averaged over prompts with a standard error over prompts.
+estimated by sampling responses from the *reference* model (temperature 1, the distributions themselves).
+The second form is the one computed: each sampled prefix contributes the exact KL of the next-token
+distributions, a sum over the vocabulary. It has the same expectation as the first (the sampled token's
+log-ratio), but it is never negative and has lower variance: the first form's estimate of a small KL is
+often below zero after a few training steps. Entropy is the mean per-token entropy of π_θ on its own
+samples. Both are averaged over prompts with a standard error over prompts.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from klstudy import tiny
 
 
 @torch.no_grad()
-def response_logps(model, tokenizer, prompts: list[str], responses: torch.Tensor, response_mask: torch.Tensor):
-    """Per-token log π(y_t | x, y_<t) and entropy of π at each response position; shapes (B, T)."""
+def response_log_probs(model, tokenizer, prompts: list[str], responses: torch.Tensor, response_mask: torch.Tensor):
+    """log π(· | x, y_<t) over the vocabulary at each response position; shape (B, T, V)."""
     tokenizer.padding_side = "left"
     texts = [tiny.chat_prompt(tokenizer, p) for p in prompts]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -29,8 +33,12 @@ def response_logps(model, tokenizer, prompts: list[str], responses: torch.Tensor
     attention = torch.cat([batch["attention_mask"], response_mask], dim=1)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # as generation numbers left-padded prompts
     logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits.float()
-    logits = logits[:, batch["input_ids"].shape[1] - 1 : -1]
-    log_probs = torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits[:, batch["input_ids"].shape[1] - 1 : -1], dim=-1)
+
+
+def response_logps(model, tokenizer, prompts: list[str], responses: torch.Tensor, response_mask: torch.Tensor):
+    """Per-token log π(y_t | x, y_<t) and entropy of π at each response position; shapes (B, T)."""
+    log_probs = response_log_probs(model, tokenizer, prompts, responses, response_mask)
     token_logps = log_probs.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
     return token_logps, entropy
@@ -66,12 +74,11 @@ def _chunks(prompts: list[str], batch_prompts: int):
 
 @dataclass
 class ReferenceSamples:
-    """Responses sampled from π_ref, ``samples`` per prompt (consecutive rows), with their log π_ref."""
+    """Responses sampled from π_ref, ``samples`` per prompt (consecutive rows)."""
 
     prompts: list[str]  # one per row
     responses: torch.Tensor
     mask: torch.Tensor
-    logps: torch.Tensor
 
 
 def reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed=0, batch_prompts=16) -> list:
@@ -79,10 +86,22 @@ def reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed=0
     batches = []
     for index, chunk in _chunks(prompts, batch_prompts):
         repeated = [prompt for prompt in chunk for _ in range(samples)]
-        responses, mask = sample_responses(reference, tokenizer, repeated, max_tokens, seed + index)
-        logps, _ = response_logps(reference, tokenizer, repeated, responses, mask)
-        batches.append(ReferenceSamples(repeated, responses, mask, logps))
+        batches.append(
+            ReferenceSamples(repeated, *sample_responses(reference, tokenizer, repeated, max_tokens, seed + index))
+        )
     return batches
+
+
+def sequence_forward_kl(policy, reference, tokenizer, samples: ReferenceSamples) -> torch.Tensor:
+    """Σ_t KL(π_ref(· | x, y_<t) ‖ π_θ(· | x, y_<t)) along each of π_ref's sampled responses; shape (B,).
+
+    π_ref's distributions are recomputed here rather than kept from sampling: at paper scale a (B, T, V)
+    tensor per chunk and snapshot would not fit in memory, one forward pass costs little beside generation.
+    """
+    args = (tokenizer, samples.prompts, samples.responses, samples.mask)
+    ref, pol = response_log_probs(reference, *args), response_log_probs(policy, *args)
+    token_kl = (ref.exp() * (ref - pol)).sum(-1).clamp(min=0)  # ≥ 0 exactly; clamp removes float rounding
+    return (token_kl * samples.mask).sum(-1)
 
 
 def _per_prompt(values: torch.Tensor, samples: int) -> list[float]:
@@ -104,8 +123,7 @@ def forward_kl_and_entropy(
         from_reference = reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts)
     kls, entropies = [], []
     for (index, chunk), ref in zip(_chunks(prompts, batch_prompts), from_reference, strict=True):
-        policy_logps, _ = response_logps(policy, tokenizer, ref.prompts, ref.responses, ref.mask)
-        kls += _per_prompt(((ref.logps - policy_logps) * ref.mask).sum(-1), samples)
+        kls += _per_prompt(sequence_forward_kl(policy, reference, tokenizer, ref), samples)
         own, own_mask = sample_responses(policy, tokenizer, ref.prompts, max_tokens, seed + index)
         _, entropy = response_logps(policy, tokenizer, ref.prompts, own, own_mask)
         token_entropy = (entropy * own_mask).view(len(chunk), -1).sum(-1)
