@@ -172,3 +172,4 @@ def test_report_contains_figure_table_captions_and_config(reduced_run):
     assert "fig_curves.png" in html and "fig_divergence.png" in html and "config.yaml" in html
     assert "Figure 1" in html and "Table 1" in html
     assert "embedded" in html
+    assert "Docutils System Messages" not in html  # every caption is valid reStructuredText
