@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from klstudy import data, rewards, tiny
+from klstudy import data, models, rewards, tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=5, sft_batch=4)
@@ -101,3 +101,9 @@ def test_configured_base_model_starts_rl_inside_the_pass_at_1_window(tmp_path):
     pass_at_1 = sum(scores) / len(scores)
     print(f"held-out pass@1 at T=1: {pass_at_1:.3f}; build: {build}")
     assert 0.15 <= pass_at_1 <= 0.6
+
+
+def test_warm_start_file_missing_from_the_spec_is_a_clear_error(tmp_path):
+    spec = {"source": "embedded", "warm_start_data": {"warm_math": 1}, "spec": {}}
+    with pytest.raises(ValueError, match=r"warm_countdown.jsonl.*not named in its warm_start_data \['warm_math'\]"):
+        models.build_base_model("tiny", spec, [tmp_path / "warm_countdown.jsonl"], tmp_path / "out")

@@ -63,6 +63,11 @@ def build_base_model(name: str, spec: dict, warm_start_paths: list[Path], out: P
         log(f"model {name}: {spec['hub_id']} staged in {out}")
         return
     copies = spec["warm_start_data"]  # dataset name -> copies in the mixture
+    unnamed = [str(path) for path in warm_start_paths if Path(path).stem not in copies]
+    if unnamed:
+        raise ValueError(
+            f"model {name}: warm-start file(s) {unnamed} not named in its warm_start_data {sorted(copies)}"
+        )
     records = [record for path in warm_start_paths for record in data.read_jsonl(path) * copies[Path(path).stem]]
     metadata = build_embedded(spec, records, out, log=log)
     log(f"model {name}: {json.dumps(metadata)}")
