@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from klstudy import divergence, tiny
+from klstudy import divergence, kl, tiny
 
 PROMPT = "What is 2 + 2?"
 
@@ -51,7 +51,7 @@ def test_both_forms_of_the_forward_kl_match_enumeration_and_the_exact_one_varies
     )
     ref_logps, _ = divergence.response_logps(reference, tokenizer, prompts, samples.responses, samples.mask)
     pol_logps, _ = divergence.response_logps(policy, tokenizer, prompts, samples.responses, samples.mask)
-    log_ratio = ((ref_logps - pol_logps) * samples.mask).sum(-1)
+    log_ratio = kl.sequence_kl(ref_logps, pol_logps, samples.mask, "k1")  # K1 of KL(π_ref ‖ π_θ), y ~ π_ref
     chain_rule = divergence.sequence_forward_kl(policy, reference, tokenizer, samples)
     assert exact > 0.1  # the two models differ: the test can tell a wrong estimator from a right one
     assert _within_4_stderr(log_ratio, exact) and _within_4_stderr(chain_rule, exact)
