@@ -1,13 +1,15 @@
 """Aggregation into tidy tables, every figure and table function, on small fixture results with gaps."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from klstudy import aggregate, figures
+from klstudy import aggregate, figures, kl
 from klstudy.config import all_cells, run_path, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,11 +163,25 @@ def test_relative_improvement_by_hand():
 
 
 def test_table1_gets_the_behaviour_column(tmp_path):
-    tests = pd.DataFrame(
-        [dict(estimator=e, placement=p, unbiased=(e, p) == ("k1", "reward"), max_abs_z=1.0, z_critical=3.5,
-              worst_case="", alpha=0.01) for e in ("k1", "k3") for p in ("reward", "loss", "none")]
+    tests = pd.DataFrame(  # in the toy's order: placement-major, as toy.unbiasedness_tests writes it
+        [dict(estimator=e, expression=kl.EXPRESSIONS[e], placement=p, unbiased=(e, p) == ("k1", "reward"),
+              max_abs_z=1.0, z_critical=3.5, worst_case="", alpha=0.01)
+         for p in ("reward", "loss", "none") for e in ("k3", "k1")]
     )  # fmt: skip
     table = figures.table1(tests, {"k1-reward": "stable (0 collapsed, 0 unstable of 3 runs)"})
+    assert list(table.estimator) == ["K1", "K1", "K3", "K3"]
     assert list(table.placement) == ["reward", "loss", "reward", "loss"]
+    assert list(table.expression) == ["-log r", "-log r", "r - 1 - log r", "r - 1 - log r"]
     assert table.set_index(["estimator", "placement"]).behaviour[("K1", "reward")].startswith("stable")
     assert table.set_index(["estimator", "placement"]).behaviour[("K3", "loss")] == "not trained"
+
+
+def test_aggregation_and_figure_jobs_do_not_import_torch():
+    """Eleven figure jobs and the aggregation run per study, light and local on SLURM: importing torch would add
+    about 1.5 s to each and put them on the two cores' critical path at the end of the run."""
+    code = (
+        "import sys, klstudy.cli, klstudy.aggregate, klstudy.figures;"
+        "print([m for m in ('torch', 'transformers') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -287,6 +287,7 @@ def unbiasedness_tests(results: pd.DataFrame, alpha: float) -> pd.DataFrame:
         rows.append(
             dict(
                 estimator=estimator,
+                expression=kl.EXPRESSIONS[estimator],
                 placement=placement,
                 tests=tests,
                 alpha=alpha,
