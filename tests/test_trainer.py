@@ -233,6 +233,15 @@ def test_async_level_trains_on_batches_generated_k_steps_earlier(model_dir, tmp_
     log = trainer.generation_log
     assert [g["trained_step"] for g in log] == list(range(6))
     assert [g["policy_step"] for g in log] == [max(0, t - 2) for t in range(6)]
+    # Nothing is generated for steps after the last: the last two steps train on batches made earlier.
+    assert trainer._lookahead_drawn == 6 and not trainer._fifo
+
+
+def test_async_level_beyond_the_run_generates_only_the_batches_it_trains_on(model_dir, tmp_path):
+    trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="reward", async_level=4, max_steps=2)
+    trainer.train()
+    assert [(g["trained_step"], g["policy_step"]) for g in trainer.generation_log] == [(0, 0), (1, 0)]
+    assert trainer._lookahead_drawn == 2 and not trainer._fifo
 
 
 def test_the_lookahead_draws_the_training_loop_order_across_epochs_and_after_a_resume(model_dir, tmp_path):

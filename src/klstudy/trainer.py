@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -223,8 +224,9 @@ class KLTrainer(GRPOTrainer):
         if self.args.async_level == 0:
             batch = self._score_batch(inputs)
         else:
-            # Keep async_level batches generated ahead; at the start all come from the initial policy.
-            while len(self._fifo) <= self.args.async_level:
+            # Keep async_level batches generated ahead; at the start all come from the initial policy. The last
+            # async_level steps generate nothing: those batches would be trained after the run's last step.
+            while len(self._fifo) <= self.args.async_level and self._lookahead_drawn < self._generation_batches():
                 self._fifo.append(self._score_batch(self._next_lookahead_prompts()))
             batch = self._fifo.popleft()
         generated_at = int(batch["policy_step"][0].item())
@@ -232,6 +234,11 @@ class KLTrainer(GRPOTrainer):
         self.generation_log.append({"trained_step": trained_at, "policy_step": generated_at})
         self._metrics["train"]["staleness"].append(trained_at - generated_at)
         return batch
+
+    def _generation_batches(self) -> int:
+        """Generation batches the whole run trains on: one per updates_per_batch optimiser steps (state.max_steps is
+        set when training starts, also when it is given in epochs)."""
+        return math.ceil(self.state.max_steps / self.args.updates_per_batch)
 
     def _next_lookahead_prompts(self):
         """The next generation batch of prompts, from a dataloader that runs async_level batches ahead.
