@@ -235,6 +235,9 @@ def test_async_level_trains_on_batches_generated_k_steps_earlier(model_dir, tmp_
     assert [g["policy_step"] for g in log] == [max(0, t - 2) for t in range(6)]
     # Nothing is generated for steps after the last: the last two steps train on batches made earlier.
     assert trainer._lookahead_drawn == 6 and not trainer._fifo
+    # Every step logs the reward and KL of the batch it trained on, also the last two.
+    logged = [entry for entry in trainer.state.log_history if "staleness" in entry]
+    assert len(logged) == 6 and all("task_reward" in entry and "kl_k3" in entry for entry in logged)
 
 
 def test_async_level_beyond_the_run_generates_only_the_batches_it_trains_on(model_dir, tmp_path):

@@ -14,7 +14,9 @@ checkpointing and distributed training are TRL's own; on a CPU, vllm_cpu.py adap
    token-sum normalisation) or ``dr_grpo``. TRL's ``use_bias_correction_kl`` is never used.
 3. Asynchrony (``async_level = k``). A FIFO of generation batches: the batch trained at step t was
    generated and scored (old log-probs, reward KL, advantages) at step max(0, t − k) by the policy of that
-   time. Prompts are drawn k batches ahead, so every batch still sees each prompt once per epoch.
+   time. Prompts are drawn k batches ahead, so every batch still sees each prompt once per epoch. A step
+   logs the reward, KL and length of the batch it trains on (with its staleness); the last k steps
+   generate nothing, since their batches would be trained after the run.
 
 Per-step metrics always include the KL between the sampling policy and the reference, estimated with
 K1 and K3 per sequence (a reference model is loaded even when β = 0, to measure it).
@@ -227,13 +229,26 @@ class KLTrainer(GRPOTrainer):
             # Keep async_level batches generated ahead; at the start all come from the initial policy. The last
             # async_level steps generate nothing: those batches would be trained after the run's last step.
             while len(self._fifo) <= self.args.async_level and self._lookahead_drawn < self._generation_batches():
-                self._fifo.append(self._score_batch(self._next_lookahead_prompts()))
-            batch = self._fifo.popleft()
+                self._fifo.append(self._score_batch_ahead(self._next_lookahead_prompts()))
+            batch, batch_metrics = self._fifo.popleft()
+            for key, values in batch_metrics.items():  # a step logs the reward and KL of the batch it trains on
+                self._metrics["train"][key].extend(values)
         generated_at = int(batch["policy_step"][0].item())
         trained_at = self.state.global_step // self.args.updates_per_batch
         self.generation_log.append({"trained_step": trained_at, "policy_step": generated_at})
         self._metrics["train"]["staleness"].append(trained_at - generated_at)
         return batch
+
+    def _score_batch_ahead(self, inputs) -> tuple[dict, dict]:
+        """_score_batch for a later step: the batch, and the metrics it logged (reward, KL, length), held back."""
+        metrics = self._metrics["train"]
+        logged_before = {key: len(values) for key, values in metrics.items()}
+        batch = self._score_batch(inputs)
+        held_back = {}
+        for key, values in metrics.items():
+            held_back[key] = values[logged_before.get(key, 0) :]
+            del values[logged_before.get(key, 0) :]
+        return batch, held_back
 
     def _generation_batches(self) -> int:
         """Generation batches the whole run trains on: one per updates_per_batch optimiser steps (state.max_steps is
