@@ -57,7 +57,7 @@ class TinyModelSpec:
     intermediate_size: int = 512
     max_positions: int = 512
     rope_theta: float = 10000.0
-    sft_steps: int = 600
+    sft_steps: int = 500
     sft_batch: int = 32
     learning_rate: float = 3e-3
     seed: int = 0
