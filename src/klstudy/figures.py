@@ -341,7 +341,7 @@ def table1(tests: pd.DataFrame, behaviours: dict[str, str] | None = None) -> pd.
                 behaviours.get(f"{e}-{p}", "not trained") for e, p in zip(rows.estimator, rows.placement, strict=True)
             ],
         }
-    ).sort_values("estimator", kind="stable")  # placements stay in the toy's order (kl.PLACEMENTS)
+    ).sort_values("estimator", kind="stable")  # placements keep the toy's order (config toy.placements)
 
 
 def relative_improvement(
