@@ -54,11 +54,11 @@ def profile_run(env, workdir: Path, config_path: Path, *targets: str) -> str:
 
 def sacct(env) -> pd.DataFrame:
     out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "--format=JobID,JobName,State,Comment", "--starttime=now-1days"],
+        ["sacct", "-n", "-X", "-P", "--format=JobID,JobName,State,Elapsed,Comment", "--starttime=now-1days"],
         env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     rows = [line.split("|") for line in out.splitlines() if line.strip()]
-    return pd.DataFrame(rows, columns=["job_id", "name", "state", "comment"])
+    return pd.DataFrame(rows, columns=["job_id", "name", "state", "elapsed", "comment"])
 
 
 def without_times(table: pd.DataFrame) -> pd.DataFrame:
@@ -93,47 +93,70 @@ def test_the_reduced_study_runs_through_sbatch_and_equals_a_local_run(cluster, r
         )
 
 
-def time_limit_config() -> dict:
-    """One long cell, trained twice: by SLURM with a 1-minute limit (study `slurm`) and locally (`local`)."""
+def time_limit_config(steps: int) -> dict:
+    """One cell of ``steps`` steps, trained twice: by SLURM with a 1-minute limit (study `slurm`) and locally
+    (`local`); and a short copy (`probe`) that measures how fast this machine trains it."""
     config = reduced_config()
     study = config["studies"]["onpolicy"]
     study.update(kl=["k1-reward"], betas=[0.1], seeds=[0])
-    study["train"].update(steps=TIME_LIMIT_STEPS, checkpoint_every=25, eval_every=TIME_LIMIT_STEPS)
-    config["studies"] = {"slurm": study, "local": json.loads(json.dumps(study))}
+    study["train"].update(steps=steps, checkpoint_every=CHECKPOINT_EVERY, eval_every=steps)
+    probe = json.loads(json.dumps(study))
+    probe["train"].update(steps=PROBE_STEPS, eval_every=PROBE_STEPS)
+    config["studies"] = {"slurm": study, "local": json.loads(json.dumps(study)), "probe": probe}
     config["evaluation"]["studies"] = {}
     config["divergence"].update(study="slurm", kl=["k1-reward"], steps=[0])
     config["figures"] = {}
     config["resources"]["train"]["runtime"] = 1  # minutes: SLURM kills the first attempt
-    # One epoch of prompts: a resume is exact within an epoch, not yet across one (README, "Known problems").
-    config["data"]["math_train"].update(levels=["add2", "sub2"], size=4 * TIME_LIMIT_STEPS)
+    # Several epochs of prompts, so that the resume also crosses an epoch boundary.
+    config["data"]["math_train"].update(levels=["add2", "sub2"], size=400)
     return config
 
 
-# About 2 minutes of training here (≈ 7 steps/s): the first attempt is killed at its 1-minute limit (SLURM
-# enforced it within 6 s here) around step 400, and the second (2 minutes) finishes the rest after resuming
-# (≈ 80 s with start-up; 1000 steps left it only 7 s of margin).
-TIME_LIMIT_STEPS = 800
+# SLURM checks time limits every 30 seconds (slurmctld's PERIODIC_TIMEOUT) and then waits KillWait (5 s here), so the
+# first attempt is killed 60 to 95 s after it starts; the second, with twice the runtime, must finish what is left.
+# The cell's length is not a fixed number of steps (this test once ran 7 steps/s, later 11, and the faster run
+# finished before SLURM's check came round): it is TRAIN_SECONDS of training at the speed measured by the probe.
+# Start-up is about 10 s, so the first attempt would need ≈ 125 s and is killed after 45–85 s of training; the
+# second then has at most ≈ 70 s of training left, inside its 120 s with a margin of ±25 % in speed both ways.
+TRAIN_SECONDS = 115
+PROBE_STEPS, CHECKPOINT_EVERY = 100, 25
 CELL = "results/runs/{study}/tiny/k1-reward/beta~0.1/seed~0"
 
 
-def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp_path):
-    config = time_limit_config()
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    local_cell, slurm_cell = (tmp_path / CELL.format(study=s) for s in ("local", "slurm"))
-    # The uninterrupted run, locally (it also stages the data and builds the model both runs share).
-    snakemake(f"{CELL.format(study='local')}/summary.json", "--cores", "2", "--configfile",
-              str(tmp_path / "config.yaml"), cwd=tmp_path, timeout=HARD_LIMIT)  # fmt: skip
+def steps_per_second(metrics_path: Path) -> float:
+    """Training speed from a run's metrics.jsonl (`time`: seconds since training began), past the first steps."""
+    metrics = pd.read_json(metrics_path, lines=True).iloc[10:]
+    return (metrics.step.iloc[-1] - metrics.step.iloc[0]) / (metrics.time.iloc[-1] - metrics.time.iloc[0])
 
+
+def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp_path):
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(time_limit_config(PROBE_STEPS)))
+
+    def train_locally(study: str) -> None:
+        target = f"{CELL.format(study=study)}/summary.json"
+        snakemake(target, "--cores", "2", "--configfile", str(config_path), cwd=tmp_path, timeout=HARD_LIMIT)
+
+    train_locally("probe")  # it also stages the data and builds the model every run here shares
+    speed = steps_per_second(tmp_path / CELL.format(study="probe") / "metrics.jsonl")
+    steps = max(4, round(TRAIN_SECONDS * speed / CHECKPOINT_EVERY)) * CHECKPOINT_EVERY
+    config_path.write_text(yaml.safe_dump(time_limit_config(steps)))
+
+    local_cell, slurm_cell = (tmp_path / CELL.format(study=s) for s in ("local", "slurm"))
+    train_locally("local")  # the uninterrupted run
     before = set(sacct(cluster).job_id)
-    profile_run(cluster, tmp_path, tmp_path / "config.yaml", f"{CELL.format(study='slurm')}/summary.json")
+    profile_run(cluster, tmp_path, config_path, f"{CELL.format(study='slurm')}/summary.json")
     jobs = sacct(cluster)
     jobs = jobs[~jobs.job_id.isin(before)]
-    assert list(jobs.state) == ["TIMEOUT", "COMPLETED"], jobs  # killed at its limit, then retried
+    context = f"{steps} steps at {speed:.1f} steps/s measured\n{jobs}"
+    assert list(jobs.state) == ["TIMEOUT", "COMPLETED"], context  # killed at its limit, then retried
 
     summary = json.loads((slurm_cell / "summary.json").read_text())
-    assert summary["status"] == "ok" and summary["steps_done"] == TIME_LIMIT_STEPS
-    resumed_at = int(summary["resumed_from"].rsplit("-", 1)[1])  # not from step 0
-    assert 0 < resumed_at < TIME_LIMIT_STEPS
+    assert summary["status"] == "ok" and summary["steps_done"] == steps, context
+    # Not from step 0: the first attempt was killed mid-run (a run that ends after its limit but before SLURM's
+    # check is also TIMEOUT; its retry starts again, since a finished run deletes its checkpoints).
+    assert summary["resumed_from"], context
+    assert 0 < int(summary["resumed_from"].rsplit("-", 1)[1]) < steps, context
     for name in ("metrics.jsonl", "heldout.jsonl"):
         runs = [without_times(pd.read_json(cell / name, lines=True)) for cell in (local_cell, slurm_cell)]
         pd.testing.assert_frame_equal(*runs, obj=name, check_like=True)  # resumed files are rewritten
