@@ -98,6 +98,7 @@ class IsolatedMathVerifier:
 
     def __init__(self, timeout: float = MATH_TIMEOUT_SECONDS):
         self.timeout = timeout
+        self.timeouts = 0  # calls cut off at the timeout (each one killed the worker and scored 0)
         self._lock = threading.Lock()
         self._process = None
         self._connection = None
@@ -131,6 +132,7 @@ class IsolatedMathVerifier:
                 self._connection.send((gold, completion))
                 if self._connection.poll(self.timeout):
                     return bool(self._connection.recv())
+                self.timeouts += 1
             except (EOFError, OSError, BrokenPipeError):
                 pass
             self._stop()  # too slow or dead: kill it; the next call forks a fresh one
