@@ -150,6 +150,13 @@ BAD = [
         "studies.onpolicy.train.gradient_checkpointing",
     ),
     (
+        "LoRA under FSDP (adapters are merged into a whole model, which FSDP shards)",
+        lambda c: c["studies"]["onpolicy"]["train"].update(
+            accelerate_config="config/accelerate/fsdp.yaml", gradient_checkpointing=False, lora={"r": 4, "alpha": 8}
+        ),
+        "studies.onpolicy.train.lora",
+    ),
+    (
         "divergence on a dataset that is not staged",
         lambda c: set_key(c, ["divergence", "tasks"], ["gsm8k"]),
         "divergence.tasks[0]",

@@ -37,3 +37,64 @@ def test_a_local_copy_without_weights_is_refused(tmp_path):
             [],
             tmp_path / "m",
         )
+
+
+# ------------------------------------------------------------------ the guard a training job runs on what it saved
+
+
+def _saved_tiny(path, dtype="float32", **spec):
+    import torch
+
+    tokenizer = tiny.build_tokenizer()
+    spec = tiny.TinyModelSpec(**{"hidden_size": 64, "num_heads": 2, "num_layers": 1, "intermediate_size": 64, **spec})
+    model = tiny.build_model(spec, tokenizer).to(getattr(torch, dtype))
+    model.config.dtype = dtype
+    tiny.save(model, tokenizer, path, spec, {})
+    return path
+
+
+def test_a_whole_saved_model_passes_and_counts_its_parameters(tmp_path):
+    path = _saved_tiny(tmp_path / "m")
+    model, _ = tiny.load(path)
+    assert models.check_saved_model(path, "float32") == sum(p.numel() for p in model.parameters())
+    bf16 = _saved_tiny(tmp_path / "b", dtype="bfloat16")
+    assert models.config_dtype(bf16) == "bfloat16"
+    assert models.check_saved_model(bf16, "bfloat16") == models.check_saved_model(path, "float32")
+
+
+def test_the_guard_names_what_a_broken_save_lacks(tmp_path):
+    import shutil
+
+    whole = _saved_tiny(tmp_path / "whole")
+    parameters = models.check_saved_model(whole, "float32")
+
+    tokenizer_only = tmp_path / "tokenizer_only"  # what Trainer.save_model wrote under FSDP's SHARDED_STATE_DICT
+    tiny.build_tokenizer().save_pretrained(tokenizer_only)
+    with pytest.raises(models.SavedModelError, match="no config.json"):
+        models.check_saved_model(tokenizer_only, "float32")
+    shutil.copy(whole / "config.json", tokenizer_only)
+    with pytest.raises(models.SavedModelError, match="no weights"):
+        models.check_saved_model(tokenizer_only, "float32")
+
+    with pytest.raises(models.SavedModelError, match="dtype float32, expected bfloat16"):
+        models.check_saved_model(whole, "bfloat16")
+    with pytest.raises(models.SavedModelError, match="expected 999"):
+        models.check_saved_model(whole, "float32", parameters=999)
+    bigger = _saved_tiny(tmp_path / "bigger", num_layers=2)
+    with pytest.raises(models.SavedModelError, match=f"expected {parameters}"):
+        models.check_saved_model(bigger, "float32", parameters=parameters)
+
+    truncated = tmp_path / "truncated"  # a weight missing from the file
+    shutil.copytree(whole, truncated)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(truncated / "model.safetensors")
+    del weights[next(name for name in weights if "mlp" in name)]
+    save_file(weights, truncated / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(models.SavedModelError, match="mlp.*is missing"):
+        models.check_saved_model(truncated, "float32")
+    reshaped = _saved_tiny(tmp_path / "reshaped", hidden_size=64)
+    config = (reshaped / "config.json").read_text().replace('"intermediate_size": 64', '"intermediate_size": 128')
+    (reshaped / "config.json").write_text(config)
+    with pytest.raises(models.SavedModelError, match="has shape"):
+        models.check_saved_model(reshaped, "float32")

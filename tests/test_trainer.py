@@ -455,3 +455,49 @@ def test_a_minibatch_is_split_over_processes_then_micro_batches(processes, micro
     assert per_device * accumulation * processes == 40  # one optimiser step = the whole minibatch
     with pytest.raises(ValueError, match="cannot be split over 3 processes"):
         batch_layout(train, 3)
+
+
+@pytest.mark.parametrize("requests,processes", [(7, 2), (14, 2), (3, 4), (64, 8), (5, 1)])
+def test_each_heldout_request_is_generated_by_one_process_in_calls_of_one_size(requests, processes):
+    shares = [train.process_share(requests, index, processes) for index in range(processes)]
+    owned = [i for mine, _ in shares for i in mine]
+    assert owned == list(range(requests))  # each request once, in order when gathered process by process
+    assert len({len(padded) for _, padded in shares}) == 1  # the same generate calls on every process
+    assert all(padded[: len(mine)] == mine for mine, padded in shares)
+
+
+def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(data_dir, tmp_path):
+    """The policy trains in float32 weights (TRL's default); what it hands on has the base model's dtype."""
+    from transformers import AutoModelForCausalLM
+
+    from klstudy import models
+
+    spec = tiny.TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=0)
+    tokenizer = tiny.build_tokenizer()
+    base = tiny.build_model(spec, tokenizer).to(torch.bfloat16)
+    base.config.dtype = "bfloat16"
+    tiny.save(base, tokenizer, tmp_path / "base", spec, {})
+    cell = _cell(steps=2)
+    cell["snapshot_steps"] = [1]
+    command = _command(tmp_path / "base", data_dir, tmp_path / "cell", tmp_path / "ckpt", cell)
+    subprocess.run(command, check=True, env=_env())
+    for saved in (tmp_path / "cell" / "final", tmp_path / "cell" / "snapshots" / "step~1"):
+        assert json.loads((saved / "config.json").read_text())["dtype"] == "bfloat16"
+        assert {t["dtype"] for t in models.saved_tensors(saved).values()} == {"BF16"}
+        loaded = AutoModelForCausalLM.from_pretrained(saved, dtype="auto")
+        assert loaded.dtype == torch.bfloat16
+        assert not torch.equal(loaded.model.embed_tokens.weight, base.model.embed_tokens.weight)  # it trained
+
+
+def test_a_save_that_wrote_no_weights_fails_the_job_instead_of_recording_ok(model_dir, data_dir, tmp_path, monkeypatch):
+    """Under FSDP's SHARDED_STATE_DICT, Trainer.save_model writes the tokenizer and no weights; the job must fail."""
+    from klstudy import models
+
+    def tokenizer_only(trainer, path, dtype, keep_training=False):
+        trainer.processing_class.save_pretrained(str(path))
+
+    monkeypatch.setattr(train, "save_policy", tokenizer_only)
+    out = tmp_path / "cell"
+    with pytest.raises(models.SavedModelError, match="final: no config.json"):
+        train.run(_cell(steps=1), model_dir, data_dir / "train.jsonl", data_dir / "heldout.jsonl", out, tmp_path / "c")
+    assert not (out / "summary.json").exists()

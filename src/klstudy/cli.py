@@ -68,6 +68,7 @@ def _base_model(args):
 
 def _train(args):
     import torch
+    from accelerate import PartialState
 
     from klstudy import train
 
@@ -80,7 +81,8 @@ def _train(args):
         Path(args.out),
         Path(args.checkpoints),
     )
-    print(f"cell {args.out}: {summary['status']} after {summary['steps_done']} steps {summary['reason']}")
+    status = f"{summary['status']} after {summary['steps_done']} steps {summary['reason']}"
+    PartialState().print(f"cell {args.out}: {status}")  # once, from the main process
 
 
 def _evaluate(args):

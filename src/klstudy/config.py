@@ -115,7 +115,14 @@ def _check_references(config: dict) -> None:
                 f"config key 'studies.{study}.train.accelerate_config': no file {accelerate_config} "
                 f"(paths are relative to the repository root, e.g. config/accelerate/fsdp.yaml)"
             )
-        if train["gradient_checkpointing"] and _fsdp_checkpoints_activations(accelerate_config):
+        launch = _launch_config(accelerate_config)
+        if train.get("lora") and launch.get("distributed_type") == "FSDP":
+            # save_policy merges the adapters of a whole model; under FSDP each process holds a shard of it.
+            raise ConfigError(
+                f"config key 'studies.{study}.train.lora': LoRA is not supported with {accelerate_config} (FSDP); "
+                "train all weights, or launch without FSDP"
+            )
+        if train["gradient_checkpointing"] and (launch.get("fsdp_config") or {}).get("fsdp_activation_checkpointing"):
             # transformers' Trainer refuses both at start-up, on the cluster, after the queue: say it now.
             raise ConfigError(
                 f"config key 'studies.{study}.train.gradient_checkpointing': must be false with "
@@ -132,11 +139,9 @@ def _check_references(config: dict) -> None:
             _check_panel(config, panel, f"figures.{name}.panels[{i}]")
 
 
-def _fsdp_checkpoints_activations(accelerate_config: str | None) -> bool:
-    if accelerate_config is None:
-        return False
-    launch = yaml.safe_load((REPO_ROOT / accelerate_config).read_text()) or {}
-    return bool((launch.get("fsdp_config") or {}).get("fsdp_activation_checkpointing"))
+def _launch_config(accelerate_config: str | None) -> dict:
+    """A study's accelerate launch config (empty when it runs in one process without one)."""
+    return yaml.safe_load((REPO_ROOT / accelerate_config).read_text()) or {} if accelerate_config else {}
 
 
 def _check_subset(values, allowed, where: str, what: str) -> None:

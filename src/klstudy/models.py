@@ -71,3 +71,82 @@ def build_base_model(name: str, spec: dict, warm_start_paths: list[Path], out: P
     records = [record for path in warm_start_paths for record in data.read_jsonl(path) * copies[Path(path).stem]]
     metadata = build_embedded(spec, records, out, log=log)
     log(f"model {name}: {json.dumps(metadata)}")
+
+
+# ---------------------------------------------------------------------------------------------------- saved models
+# What a training job saves (final/, snapshots) is read back by every later job (lm-eval, vLLM, Fig. 12). A save that
+# wrote a tokenizer and no weights (Trainer.save_model under FSDP's SHARDED_STATE_DICT does exactly that) would be
+# found only there, after the GPU-days of training: so a training job checks its own outputs before it says `ok`.
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+class SavedModelError(RuntimeError):
+    """A saved model is incomplete: no config, no weights, a missing or misshapen weight, or the wrong dtype."""
+
+
+def config_dtype(model_dir: Path) -> str:
+    """The dtype a model directory's config.json declares (``dtype``, or ``torch_dtype`` before transformers 5)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+
+
+def safetensors_header(path: Path) -> dict:
+    """{tensor name: {"dtype", "shape"}} of one .safetensors file, read from its header (no weights loaded)."""
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(length))
+    header.pop("__metadata__", None)
+    return header
+
+
+def saved_tensors(model_dir: Path) -> dict:
+    """Every tensor of a saved model (single file or sharded with an index), from the headers."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (model_dir / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise SavedModelError(
+            f"{model_dir}: no weights (neither model.safetensors nor model.safetensors.index.json); found "
+            f"{sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir() else 'no directory'}"
+        )
+    tensors = {}
+    for name in files:
+        if not (model_dir / name).is_file():
+            raise SavedModelError(f"{model_dir}: the index names weight file {name}, which is missing")
+        tensors.update(safetensors_header(model_dir / name))
+    return tensors
+
+
+def check_saved_model(model_dir: Path, dtype: str, parameters: int | None = None) -> int:
+    """Raise SavedModelError unless ``model_dir`` is a model that ``AutoModelForCausalLM.from_pretrained`` loads
+    whole: config.json, and a weight of the right shape for every parameter of the architecture it declares, in
+    ``dtype``, ``parameters`` in all (when given). Returns the parameter count. Reads headers only (cheap at 7B)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise SavedModelError(f"{model_dir}: no config.json")
+    if config_dtype(model_dir) != dtype:
+        raise SavedModelError(f"{model_dir}: config.json says dtype {config_dtype(model_dir)}, expected {dtype}")
+    tensors = saved_tensors(model_dir)
+    with torch.device("meta"):
+        architecture = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    count = 0
+    for name, parameter in architecture.named_parameters():  # tied weights appear once
+        saved = tensors.get(name)
+        if saved is None:
+            raise SavedModelError(f"{model_dir}: weight {name} is missing ({len(tensors)} tensors saved)")
+        if list(saved["shape"]) != list(parameter.shape):
+            expected = list(parameter.shape)
+            raise SavedModelError(f"{model_dir}: weight {name} has shape {saved['shape']}, expected {expected}")
+        if _SAFETENSORS_DTYPES.get(saved["dtype"], saved["dtype"]) != dtype:
+            raise SavedModelError(f"{model_dir}: weight {name} is {saved['dtype']}, expected {dtype}")
+        count += parameter.numel()
+    if parameters is not None and count != parameters:
+        raise SavedModelError(f"{model_dir}: {count} parameters, expected {parameters} (the base model's)")
+    return count

@@ -28,10 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list, gather_object
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from klstudy import data, rewards
+from klstudy import data, models, rewards
 from klstudy.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
 
 # Columns of metrics.jsonl: our name -> the key TRL / Trainer logs it under.
@@ -197,31 +199,37 @@ class RunRecorder(TrainerCallback):
         seed: int,
         snapshot_steps: list[int] = (),
         snapshot_dir: Path | None = None,
+        dtype: str = "float32",
     ):
         self.metrics_path = Path(out_dir) / "metrics.jsonl"
         self.heldout_path = Path(out_dir) / "heldout.jsonl"
         self.heldout, self.eval_every, self.samples, self.updates = heldout, eval_every, samples, updates_per_batch
         self.rules, self.seed = rules, seed
         self.snapshot_steps, self.snapshot_dir = set(snapshot_steps), snapshot_dir
+        self.dtype = dtype  # of the models it saves: the base model's
         self.trainer = None
         self.history: list[dict] = []
         self.verdict: tuple[str, str] | None = None
         self.start = time.perf_counter()
 
-    def resume_from(self, checkpoint: Path, step: int) -> None:
+    def resume_from(self, checkpoint: Path, step: int, write: bool = True) -> None:
         """Restore metrics.jsonl and heldout.jsonl from the checkpoint's copies (the cell's own may be gone:
-        Snakemake deletes the outputs of a failed job), keeping the lines of steps <= ``step``."""
+        Snakemake deletes the outputs of a failed job), keeping the lines of steps <= ``step``; ``write``: the main
+        process writes them, the others only read the history (every process's health verdict starts from it)."""
         for path in (self.metrics_path, self.heldout_path):
             source = next((p for p in (Path(checkpoint) / path.name, path) if p.exists()), None)
-            lines = data.read_jsonl(source) if source else []
-            data.write_jsonl([line for line in lines if line["step"] <= step], path)
-        self.history = data.read_jsonl(self.metrics_path)
+            lines = [line for line in (data.read_jsonl(source) if source else []) if line["step"] <= step]
+            if path == self.metrics_path:
+                self.history = lines
+            if write:
+                data.write_jsonl(lines, path)
 
     def on_save(self, args, state, control, **kwargs):
         """Copy the logs into the checkpoint just written, so that a resumed run finds them whatever happened
         to the cell's directory; then mark the checkpoint complete (last_complete_checkpoint)."""
+        self.trainer.accelerator.wait_for_everyone()  # every process has written its part (shards, RNG state)
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if not checkpoint.is_dir():
+        if not state.is_world_process_zero or not checkpoint.is_dir():
             return
         for path in (self.metrics_path, self.heldout_path):
             if path.exists():
@@ -236,13 +244,16 @@ class RunRecorder(TrainerCallback):
         row.update({name: float(logs[key]) for name, key in METRIC_KEYS.items() if key in logs})
         row["time"] = round(time.perf_counter() - self.start, 3)
         self.history.append(row)
-        _append_jsonl(self.metrics_path, row)
-        self.verdict = self.rules.verdict(self.history)
+        if state.is_world_process_zero:
+            _append_jsonl(self.metrics_path, row)
+        # The logged values are gathered over processes, so every process would reach the same verdict; taking the
+        # main process's makes sure of it: a process that stopped alone would leave the others in a collective.
+        self.verdict = broadcast_object_list([self.rules.verdict(self.history)])[0]
         if self.verdict:
             control.should_training_stop = True
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if state.global_step == 0 and not self.heldout_path.exists():
+        if state.global_step == 0:  # a fresh run (run() removed any stale heldout.jsonl); a resumed one has it
             self._evaluate(0)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -250,14 +261,13 @@ class RunRecorder(TrainerCallback):
         if state.global_step % self.updates == 0 and step % self.eval_every == 0:
             self._evaluate(step)
         if state.global_step % self.updates == 0 and step in self.snapshot_steps:
-            save_final(self.trainer, self.snapshot_dir / f"step~{step}", keep_training=True)
+            save_policy(self.trainer, self.snapshot_dir / f"step~{step}", self.dtype, keep_training=True)
 
     def _evaluate(self, step: int) -> None:
-        if self.heldout:
-            _append_jsonl(
-                self.heldout_path,
-                {"step": step, **heldout_pass_at_1(self.trainer, self.heldout, self.seed + step, self.samples)},
-            )
+        if self.heldout:  # every process generates for its share of the prompts; the main process writes
+            result = heldout_pass_at_1(self.trainer, self.heldout, self.seed + step, self.samples)
+            if self.trainer.accelerator.is_main_process:
+                _append_jsonl(self.heldout_path, {"step": step, **result})
 
 
 class KillAtStep(TrainerCallback):
@@ -275,24 +285,41 @@ class KillAtStep(TrainerCallback):
 
 
 def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, samples: int = 1, chunk: int = 64) -> dict:
-    """Pass@1 from ``samples`` samples per held-out prompt (TRL's generation path: HF or vLLM)."""
-    records = records * samples
+    """Pass@1 from ``samples`` samples per held-out prompt (TRL's generation path: HF or vLLM).
+
+    With several processes each generates for its own share of the requests (process_share) and the scores are
+    gathered, so the held-out set is evaluated once per evaluation step, not once per process.
+    """
+    accelerator = trainer.accelerator
+    requests = records * samples
+    mine, padded = process_share(len(requests), accelerator.process_index, accelerator.num_processes)
     was_training = trainer.model.training
     trainer.model.eval()
     scores = []
     with torch.random.fork_rng(devices=[]):  # the training run's random stream is left untouched
         torch.manual_seed(seed)
-        for start in range(0, len(records), chunk):
-            part = records[start : start + chunk]
+        for start in range(0, len(padded), chunk):
+            part = [requests[i] for i in padded[start : start + chunk]]
             prompts = [[{"role": "user", "content": r["prompt"]}] for r in part]
             completions = trainer._generate(prompts)[3]
             texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
             scores += [rewards.score(r, t) for r, t in zip(part, texts, strict=True)]
     trainer.model.train(was_training)
+    gathered = dict(gather_object(list(zip(mine, scores[: len(mine)], strict=True))))
+    scores = [gathered[i] for i in range(len(requests))]
     mean = sum(scores) / len(scores)
-    per_prompt = [sum(scores[i :: len(records) // samples]) / samples for i in range(len(records) // samples)]
+    per_prompt = [sum(scores[i :: len(records)]) / samples for i in range(len(records))]
     stderr = statistics.stdev(per_prompt) / math.sqrt(len(per_prompt)) if len(per_prompt) > 1 else 0.0
     return {"pass_at_1": mean, "stderr": stderr, "prompts": len(per_prompt), "samples": samples}
+
+
+def process_share(requests: int, index: int, processes: int) -> tuple[list[int], list[int]]:
+    """(the request indices that process ``index`` of ``processes`` owns: a contiguous block, the same indices padded
+    with repeats to the length of every process's block). TRL's ``_generate`` gathers across processes, so every
+    process must make the same number of generation calls of the same size; the repeats' scores are dropped."""
+    share = math.ceil(requests / processes)
+    mine = list(range(index * share, min((index + 1) * share, requests)))
+    return mine, mine + [mine[-1] if mine else 0] * (share - len(mine))
 
 
 def _append_jsonl(path: Path, row: dict) -> None:
@@ -300,11 +327,12 @@ def _append_jsonl(path: Path, row: dict) -> None:
         handle.write(json.dumps(row) + "\n")
 
 
-def last_complete_checkpoint(checkpoint_dir: Path) -> str | None:
+def last_complete_checkpoint(checkpoint_dir: Path, remove_partial: bool = True) -> str | None:
     """The newest checkpoint whose saving finished (RunRecorder.on_save marks it, after everything else).
 
     A job killed while saving (SLURM's time limit can fall there) leaves a partial checkpoint, which Trainer's
-    own get_last_checkpoint would pick; partial ones are removed, so that the resumed run can save there again.
+    own get_last_checkpoint would pick; partial ones are removed (``remove_partial``: by the main process alone), so
+    that the resumed run can save there again.
     """
     steps = sorted(
         (int(path.name.removeprefix(PREFIX_CHECKPOINT_DIR + "-")), path)
@@ -314,17 +342,25 @@ def last_complete_checkpoint(checkpoint_dir: Path) -> str | None:
     for _, path in reversed(steps):
         if (path / CHECKPOINT_COMPLETE).exists():
             return str(path)
-        shutil.rmtree(path)
+        if remove_partial:
+            shutil.rmtree(path)
     return None
 
 
 def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_dir: Path, checkpoint_dir: Path) -> dict:
-    """Train one cell (resuming from ``checkpoint_dir`` if it holds a checkpoint); returns summary.json."""
+    """Train one cell (resuming from ``checkpoint_dir`` if it holds a checkpoint); returns summary.json.
+
+    Under ``accelerate launch`` every process runs this; the main process alone writes files, the others take part in
+    the collectives (training, held-out generation, gathering a sharded model to save it).
+    """
     from transformers import AutoTokenizer
 
     out_dir, checkpoint_dir = Path(out_dir), Path(checkpoint_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     args = trainer_config(cell, checkpoint_dir)
+    processes = args.distributed_state or PartialState()  # set up with the args' device; the one of a plain run
+    main = processes.is_main_process
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     recorder = RunRecorder(
         out_dir,
         data.read_jsonl(heldout_path),
@@ -336,16 +372,19 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
         # Snapshots wait beside the checkpoints (which survive a killed job) until the run ends.
         cell.get("snapshot_steps", []),
         checkpoint_dir / "snapshots",
+        dtype=models.config_dtype(model_dir),
     )
-    last = last_complete_checkpoint(checkpoint_dir)
+    if main:
+        last_complete_checkpoint(checkpoint_dir)  # removes partial checkpoints, before any process picks one
+    processes.wait_for_everyone()
+    last = last_complete_checkpoint(checkpoint_dir, remove_partial=False)
     if last:
-        recorder.resume_from(
-            Path(last),
-            json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] // args.updates_per_batch,
-        )
-    else:
+        step = json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] // args.updates_per_batch
+        recorder.resume_from(Path(last), step, write=main)
+    elif main:
         for stale in (recorder.metrics_path, recorder.heldout_path):
             stale.unlink(missing_ok=True)
+    processes.wait_for_everyone()
     trainer = KLTrainer(
         model=str(model_dir),
         reward_funcs=reward_function,
@@ -361,14 +400,21 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     status, reason = recorder.verdict or ("ok", "")
-    save_final(trainer, out_dir / "final")
+    save_policy(trainer, out_dir / "final", recorder.dtype)
+    summary = _summary(cell, status, reason, recorder, time.perf_counter() - start, resumed_from=last)
+    summary.update(generator=_generator(trainer), processes=processes.num_processes)
+    if not main:
+        return summary
+    # Never a silent `ok`: every model this job hands on must load whole, in the base model's dtype.
+    snapshots = sorted(recorder.snapshot_dir.glob("step~*")) if recorder.snapshot_dir.is_dir() else []
+    base = models.check_saved_model(model_dir, recorder.dtype)
+    for saved in (out_dir / "final", *snapshots):
+        models.check_saved_model(saved, recorder.dtype, parameters=base)
     shutil.rmtree(out_dir / "snapshots", ignore_errors=True)
-    if recorder.snapshot_dir.is_dir():
+    if snapshots:
         shutil.copytree(recorder.snapshot_dir, out_dir / "snapshots")
     else:
         (out_dir / "snapshots").mkdir()
-    summary = _summary(cell, status, reason, recorder, time.perf_counter() - start, resumed_from=last)
-    summary["generator"] = _generator(trainer)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if status == "ok" and cell["train"].get("delete_checkpoints", True):
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
@@ -387,18 +433,42 @@ def lora_config(settings: dict | None):
     )  # fmt: skip
 
 
-def save_final(trainer: KLTrainer, path: Path, keep_training: bool = False) -> None:
-    """The policy as a plain Hugging Face model (LoRA adapters merged), loadable by vLLM and lm-eval.
+def save_policy(trainer: KLTrainer, path: Path, dtype: str, keep_training: bool = False) -> None:
+    """The policy as a plain Hugging Face model in ``dtype`` (the base model's) (LoRA adapters merged), loadable by vLLM
+    and lm-eval. Every process calls it: under FSDP the full weights are gathered from the shards (a collective;
+    ``Trainer.save_model`` writes no weights with FSDP's SHARDED_STATE_DICT), then the main process writes them.
 
     ``keep_training``: merge a copy of a LoRA model, so that training can go on with its adapters.
     """
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    if hasattr(model, "merge_and_unload"):
-        model = (copy.deepcopy(model) if keep_training else model).merge_and_unload()
-        model.save_pretrained(str(path))
+    accelerator = trainer.accelerator
+    model = accelerator.unwrap_model(trainer.model)
+    if hasattr(model, "merge_and_unload"):  # LoRA: the model is whole on every process (no FSDP: config.py)
+        if accelerator.is_main_process:
+            model = (copy.deepcopy(model) if keep_training else model).merge_and_unload()
+            state_dict = model.state_dict()
     else:
-        trainer.save_model(str(path))
-    trainer.processing_class.save_pretrained(str(path))
+        state_dict = accelerator.get_state_dict(trainer.model)
+    if accelerator.is_main_process:
+        # The policy trains in float32 weights (TRL's default; bf16 only in autocast); what is handed on has the
+        # base model's dtype, in the weights and in config.json (which from_pretrained(dtype="auto") reads).
+        state_dict = _cast(state_dict, getattr(torch, dtype))
+        model.save_pretrained(str(path), state_dict=state_dict)
+        config = copy.deepcopy(model.config)  # save_pretrained writes the dtype of the model's own (float32) weights
+        config.dtype = dtype
+        config.save_pretrained(str(path))
+        trainer.processing_class.save_pretrained(str(path))
+    accelerator.wait_for_everyone()
+
+
+def _cast(state_dict: dict, dtype: torch.dtype) -> dict:
+    """Floating-point tensors in ``dtype``; tensors that share memory (tied weights) still share it afterwards."""
+    cast = {}
+    for name, tensor in state_dict.items():
+        key = (tensor.data_ptr(), tensor.shape)
+        if key not in cast:
+            cast[key] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        state_dict[name] = cast[key]
+    return state_dict
 
 
 def _generator(trainer: KLTrainer) -> str:

@@ -287,19 +287,22 @@ class KLTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------ checkpoints
 
-    ASYNC_STATE = "klstudy_async_state.pt"
+    def _async_state_file(self, checkpoint) -> Path:
+        """Each process's FIFO holds its own share of the batches generated ahead: one file per process."""
+        return Path(checkpoint) / f"klstudy_async_state_{self.accelerator.process_index}.pt"
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self.args.async_level and self.args.should_save:
+        if self.args.async_level:
             folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            torch.save({"fifo": list(self._fifo), "lookahead_drawn": self._lookahead_drawn}, folder / self.ASYNC_STATE)
+            folder.mkdir(parents=True, exist_ok=True)
+            state = {"fifo": list(self._fifo), "lookahead_drawn": self._lookahead_drawn}
+            torch.save(state, self._async_state_file(folder))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        path = Path(checkpoint or "") / self.ASYNC_STATE
-        if checkpoint and path.is_file():  # the batches generated ahead survive a kill with the checkpoint
-            state = torch.load(path, weights_only=False)
+        if checkpoint and self._async_state_file(checkpoint).is_file():  # batches generated ahead survive a kill
+            state = torch.load(self._async_state_file(checkpoint), weights_only=False)
             self._fifo = collections.deque(state["fifo"])
             self._lookahead_drawn = state["lookahead_drawn"]
 

@@ -139,7 +139,8 @@ def train_launcher(wildcards):
     python = stage_python(train.get("generation", "hf") == "vllm")
     if train.get("accelerate_config") is None:
         return python
-    launch = f"{python} -m accelerate.commands.launch --config_file {shlex.quote(train['accelerate_config'])}"
+    launch_config = Path(workflow.basedir) / train["accelerate_config"]  # relative to the repository, as validated
+    launch = f"{python} -m accelerate.commands.launch --config_file {shlex.quote(str(launch_config))}"
     nodes = config["resources"]["train"]["nodes"]
     if nodes == 1:
         return launch

@@ -1,0 +1,95 @@
+"""Several processes (what `accelerate launch` starts on a node of GPUs), here two CPU processes over gloo (DDP).
+
+A cell goes through the train_rl rule with config/accelerate/cpu-2proc.yaml: one process writes, held-out pass@1 is
+evaluated once per evaluation step, the final model loads, and a run killed mid-way resumes to exactly the metrics
+of an uninterrupted two-process run.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+from workflow_helpers import ROOT, SNAKEMAKE, reduced_config, snakemake
+
+from klstudy import data, models
+
+STEPS, KILL_AT = 4, 3
+TWO_PROCESSES = "config/accelerate/cpu-2proc.yaml"
+
+
+def _config() -> dict:
+    """One on-policy K1-in-loss cell (it moves from the first step), twice: as `whole` and as `killed`."""
+    config = reduced_config()
+    study = config["studies"]["offpolicy_k1_loss"]
+    study["train"].update(steps=STEPS, batch_prompts=2, minibatch_prompts=2, rollouts=4, eval_every=2,
+                          checkpoint_every=2, accelerate_config=TWO_PROCESSES)  # fmt: skip
+    config["studies"] = {"whole": study, "killed": json.loads(json.dumps(study))}
+    config["evaluation"]["studies"] = {}
+    config["divergence"].update(study="killed", steps=[0, 2, 4])  # the killed cell saves snapshots across the kill
+    config["figures"] = {}
+    return config
+
+
+def _cell(study: str) -> str:
+    return f"results/runs/{study}/tiny/k1-loss/beta~0.1/seed~0"
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("two_processes")
+    (workdir / "config.yaml").write_text(yaml.safe_dump(_config()))
+    args = ["--cores", "2", "--configfile", str(workdir / "config.yaml")]
+    snakemake(f"{_cell('whole')}/summary.json", *args, cwd=workdir)  # targets first: --configfile takes several
+    killed = subprocess.run(
+        [SNAKEMAKE, f"{_cell('killed')}/summary.json", "--snakefile", str(ROOT / "Snakefile"),
+         "--directory", str(workdir), *args],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "KLSTUDY_KILL_AT_STEP": str(KILL_AT)},
+    )  # fmt: skip
+    assert killed.returncode != 0, "the job killed at step 3 should have failed"
+    log = (workdir / "logs" / "train" / "killed/tiny/k1-loss/beta~0.1/seed~0.log").read_text()
+    snakemake(f"{_cell('killed')}/summary.json", *args, cwd=workdir)
+    return workdir, log
+
+
+def _metrics(cell_dir):
+    return [{k: v for k, v in row.items() if k not in ("time", "step_time")}
+            for row in data.read_jsonl(cell_dir / "metrics.jsonl")]  # fmt: skip
+
+
+def test_one_process_writes_one_line_per_step_and_per_evaluation(two_process_runs):
+    workdir, _ = two_process_runs
+    cell = workdir / _cell("whole")
+    assert [row["step"] for row in data.read_jsonl(cell / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    heldout = data.read_jsonl(cell / "heldout.jsonl")
+    assert [row["step"] for row in heldout] == [0, 2, 4]
+    assert {row["prompts"] for row in heldout} == {len(data.read_jsonl(workdir / "results/data/math_test.jsonl"))}
+    log = (workdir / "logs" / "train" / "whole/tiny/k1-loss/beta~0.1/seed~0.log").read_text()
+    assert log.count(f"cell {_cell('whole')}: ok") == 1  # the summary line comes from the main process only
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["processes"] == 2
+
+
+def test_the_final_model_loads_whole(two_process_runs):
+    from transformers import AutoModelForCausalLM
+
+    workdir, _ = two_process_runs
+    final = workdir / _cell("whole") / "final"
+    base = models.check_saved_model(workdir / "results/models/tiny", "float32")
+    assert models.check_saved_model(final, "float32", parameters=base) == base
+    model = AutoModelForCausalLM.from_pretrained(final, dtype="auto")
+    assert sum(p.numel() for p in model.parameters()) == base
+
+
+def test_a_killed_two_process_run_resumes_to_the_metrics_of_an_uninterrupted_one(two_process_runs):
+    workdir, killed_log = two_process_runs
+    assert "SIGKILL" in killed_log  # the first attempt really was killed (both processes: torchrun ends the other)
+    whole, resumed = workdir / _cell("whole"), workdir / _cell("killed")
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("checkpoint-2")
+    assert _metrics(resumed) == _metrics(whole)
+    assert data.read_jsonl(resumed / "heldout.jsonl") == data.read_jsonl(whole / "heldout.jsonl")
+    assert sorted(p.name for p in (resumed / "snapshots").glob("step~*")) == ["step~2", "step~4"]
+    for snapshot in (resumed / "snapshots").glob("step~*"):
+        models.check_saved_model(snapshot, "float32")
