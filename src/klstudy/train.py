@@ -176,6 +176,8 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         logging_steps=1,
         save_strategy="steps",
         save_steps=train.get("checkpoint_every", 10) * updates,
+        # Two: Trainer deletes the older checkpoint before RunRecorder.on_save marks the newer one complete, so with
+        # one, a job killed in between would restart from step 0. README, "Disk".
         save_total_limit=2,
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
