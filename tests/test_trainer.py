@@ -15,21 +15,11 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from klstudy import data, kl, procedural, tiny, train
+from klstudy import data, kl, tiny, train
 from klstudy.trainer import KLTrainer, KLTrainerConfig
 
 GROUP = 4
 BETA = 0.1
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """An untrained tiny model: cheap, and far from deterministic, so completions differ within a group."""
-    spec = tiny.TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=0)
-    tokenizer = tiny.build_tokenizer()
-    path = tmp_path_factory.mktemp("model")
-    tiny.save(tiny.build_model(spec, tokenizer), tokenizer, path, spec, {})
-    return path
 
 
 def length_reward(completions, **kwargs):
@@ -312,17 +302,11 @@ def _command(model_dir, data_dir, out, checkpoints, cell):
         str(out),
         "--checkpoints",
         str(checkpoints),
+        "--tracking-dir",
+        str(Path(checkpoints).parent / "tracking"),
         "--threads",
         "1",
     ]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data")
-    data.write_jsonl(procedural.arithmetic("t", 16, 0, ["add1"], "train"), path / "train.jsonl")
-    data.write_jsonl(procedural.arithmetic("h", 6, 0, ["add1"], "heldout"), path / "heldout.jsonl")
-    return path
 
 
 def _env():
@@ -499,5 +483,6 @@ def test_a_save_that_wrote_no_weights_fails_the_job_instead_of_recording_ok(mode
     monkeypatch.setattr(train, "save_policy", tokenizer_only)
     out = tmp_path / "cell"
     with pytest.raises(models.SavedModelError, match="final: no config.json"):
-        train.run(_cell(steps=1), model_dir, data_dir / "train.jsonl", data_dir / "heldout.jsonl", out, tmp_path / "c")
+        paths = (data_dir / "train.jsonl", data_dir / "heldout.jsonl", out, tmp_path / "checkpoints", tmp_path)
+        train.run(_cell(steps=1), model_dir, *paths)
     assert not (out / "summary.json").exists()

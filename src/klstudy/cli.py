@@ -80,6 +80,7 @@ def _train(args):
         Path(args.heldout_data),
         Path(args.out),
         Path(args.checkpoints),
+        Path(args.tracking_dir),
     )
     status = f"{summary['status']} after {summary['steps_done']} steps {summary['reason']}"
     PartialState().print(f"cell {args.out}: {status}")  # once, from the main process
@@ -227,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="cell directory: metrics.jsonl, heldout.jsonl, summary.json, final/"
     )
     train.add_argument("--checkpoints", required=True, help="checkpoint directory, outside Snakemake's outputs")
+    train.add_argument("--tracking-dir", default="results", help="tensorboard/<cell> and wandb/ go here (report_to)")
     train.add_argument("--threads", type=int, default=2)
     train.set_defaults(run=_train)
 

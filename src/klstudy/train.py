@@ -30,10 +30,12 @@ from pathlib import Path
 import torch
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list, gather_object
-from transformers import TrainerCallback
+from transformers import PrinterCallback, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from klstudy import data, models, rewards
+from klstudy.progress import Progress
+from klstudy.tracking import Tracking, step_values
 from klstudy.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
 
 # Columns of metrics.jsonl: our name -> the key TRL / Trainer logs it under.
@@ -210,6 +212,9 @@ class RunRecorder(TrainerCallback):
         self.snapshot_steps, self.snapshot_dir = set(snapshot_steps), snapshot_dir
         self.dtype = dtype  # of the models it saves: the base model's
         self.trainer = None
+        self.tracking = None  # tracking.Tracking on the main process when train.report_to names trackers
+        self.progress = None  # progress.Progress: a line per step in the job's log (main process)
+        self.heldout_to_track: dict | None = None  # this step's held-out pass@1, sent to the trackers with its metrics
         self.history: list[dict] = []
         self.verdict: tuple[str, str] | None = None
         self.start = time.perf_counter()
@@ -237,6 +242,8 @@ class RunRecorder(TrainerCallback):
             if path.exists():
                 shutil.copy2(path, checkpoint / path.name)
         (checkpoint / CHECKPOINT_COMPLETE).touch()
+        if self.tracking:
+            self.tracking.checkpoint(state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
@@ -248,6 +255,7 @@ class RunRecorder(TrainerCallback):
         self.history.append(row)
         if state.is_world_process_zero:
             _append_jsonl(self.metrics_path, row)
+            self._report(row)
         # The logged values are gathered over processes, so every process would reach the same verdict; taking the
         # main process's makes sure of it: a process that stopped alone would leave the others in a collective.
         self.verdict = broadcast_object_list([self.rules.verdict(self.history)])[0]
@@ -270,6 +278,19 @@ class RunRecorder(TrainerCallback):
             result = heldout_pass_at_1(self.trainer, self.heldout, self.seed + step, self.samples)
             if self.trainer.accelerator.is_main_process:
                 _append_jsonl(self.heldout_path, {"step": step, **result})
+                self.heldout_to_track = result
+                if step == 0 and self.tracking:  # before any metrics row; later ones go with their step's row
+                    self.tracking.log(step_values(None, result), step=0)
+                    self.heldout_to_track = None
+
+    def _report(self, row: dict) -> None:
+        """The step's row to the trackers (with the held-out score evaluated at its end) and a line to the log."""
+        if self.tracking:
+            self.tracking.log(step_values(row, self.heldout_to_track), step=row["optimizer_step"])
+        self.heldout_to_track = None
+        if self.progress:
+            shown = {key: row[key] for key in ("task_reward", "kl_k3") if key in row}
+            self.progress.update(row["step"], **shown)
 
 
 class KillAtStep(TrainerCallback):
@@ -349,8 +370,12 @@ def last_complete_checkpoint(checkpoint_dir: Path, remove_partial: bool = True) 
     return None
 
 
-def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_dir: Path, checkpoint_dir: Path) -> dict:
+def run(
+    cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_dir: Path, checkpoint_dir: Path,
+    tracking_dir: Path,
+) -> dict:  # fmt: skip
     """Train one cell (resuming from ``checkpoint_dir`` if it holds a checkpoint); returns summary.json.
+    ``tracking_dir``: where TensorBoard's (tensorboard/<cell>) and W&B's (wandb/) files go (tracking.py).
 
     Under ``accelerate launch`` every process runs this; the main process alone writes files, the others take part in
     the collectives (training, held-out generation, gathering a sharded model to save it).
@@ -380,9 +405,9 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
         last_complete_checkpoint(checkpoint_dir)  # removes partial checkpoints, before any process picks one
     processes.wait_for_everyone()
     last = last_complete_checkpoint(checkpoint_dir, remove_partial=False)
+    done = json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] if last else 0  # optimiser steps
     if last:
-        step = json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] // args.updates_per_batch
-        recorder.resume_from(Path(last), step, write=main)
+        recorder.resume_from(Path(last), done // args.updates_per_batch, write=main)
     elif main:
         for stale in (recorder.metrics_path, recorder.heldout_path):
             stale.unlink(missing_ok=True)
@@ -399,8 +424,19 @@ def run(cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_d
     recorder.trainer = trainer
     if os.environ.get("KLSTUDY_KILL_AT_STEP"):
         trainer.add_callback(KillAtStep(int(os.environ["KLSTUDY_KILL_AT_STEP"]), args.updates_per_batch))
+    if main:  # trackers start before training, so that one that cannot (no login, no network) fails the job now
+        name = cell.get("run", str(out_dir))  # the workflow names a cell by its path, RUN_PATH
+        recorder.tracking = Tracking(cell["train"].get("report_to", []), name, cell, tracking_dir, checkpoint_dir, done)
+        heldout = data.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
+        recorder.tracking.replay(recorder.history, heldout, args.updates_per_batch, upto=done)
+        recorder.progress = Progress(name, cell["train"]["steps"], start=done // args.updates_per_batch)
+        trainer.remove_callback(PrinterCallback)  # Trainer's dict per step; the progress line replaces it
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=last)
+    try:
+        trainer.train(resume_from_checkpoint=last)
+    finally:
+        if recorder.tracking:
+            recorder.tracking.finish(trainer.state.global_step)
     status, reason = recorder.verdict or ("ok", "")
     save_policy(trainer, out_dir / "final", recorder.dtype)
     summary = _summary(cell, status, reason, recorder, time.perf_counter() - start, resumed_from=last)

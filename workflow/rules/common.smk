@@ -64,11 +64,13 @@ def data_file(name):
 
 
 def cell_config(wildcards):
-    """What `klstudy train --cell` gets: the cell's KL, β and seed, and its study's trainer settings."""
+    """What `klstudy train --cell` gets: the cell's KL, β and seed, its name (run: its path, which names its runs in
+    the trackers) and its study's trainer settings."""
     spec = config["studies"][wildcards.study]
     cell = dict(study=wildcards.study, model=wildcards.model, kl=wildcards.kl, beta=float(wildcards.beta),
                 seed=int(wildcards.seed))
-    return dict(cell, train=spec["train"], health=spec.get("health", {}), snapshot_steps=snapshot_steps(config, cell))
+    return dict(cell, run=RUN_PATH.format(**wildcards), train=spec["train"], health=spec.get("health", {}),
+                snapshot_steps=snapshot_steps(config, cell))
 
 
 def run_outputs():
