@@ -8,7 +8,7 @@ CORES ?= all
 VLLM_VENV ?= .venv-vllm
 VLLM_FLAVOUR ?= auto
 
-.PHONY: venv study test test-all test-vllm vllm-env lint clean
+.PHONY: venv study status test test-all test-vllm vllm-env lint clean
 
 venv: $(INSTALLED)
 
@@ -24,6 +24,12 @@ $(INSTALLED): pyproject.toml requirements.lock
 study: $(INSTALLED)
 	$(BIN)/snakemake --cores $(CORES) --keep-going
 	$(BIN)/snakemake --cores $(CORES) --report report.html
+
+## Every cell of the grid: ok, collapsed, diverged, running (step, age), failed or missing; then evaluations and
+## figures done. Reads files only: safe on a login node while SLURM runs. CONFIG=config/paper.yaml for the paper's.
+CONFIG ?= config.yaml
+status: $(INSTALLED)
+	$(BIN)/python -m klstudy status --config $(CONFIG)
 
 ## The test suite without the slow end-to-end tests (what CI runs).
 test: $(INSTALLED)

@@ -172,6 +172,14 @@ def _tables(args):
     figures.write_study_tables(config, figures.read_tables(Path(args.tables)), Path(args.toy_tests), Path(args.out_dir))
 
 
+def _status(args):
+    from klstudy import status
+
+    rows = status.grid_status(_read_config(args.config), Path(args.root))
+    print(status.format_csv(rows) if args.format == "csv" else status.format_table(rows), end="")
+    print("" if args.format == "csv" else "\n", end="")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="klstudy", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -278,6 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("--toy-tests", required=True, help="results/toy/unbiasedness.csv")
     tab.add_argument("--out-dir", required=True)
     tab.set_defaults(run=_tables)
+
+    stat = commands.add_parser("status", help="every cell's state (ok, collapsed, diverged, running, failed, missing)")
+    stat.add_argument("--config", default="config.yaml", help="the study's config (e.g. config/paper.yaml)")
+    stat.add_argument("--root", default=".", help="the workflow's working directory (results/ and logs/ inside)")
+    stat.add_argument("--format", choices=("table", "csv"), default="table")
+    stat.set_defaults(run=_status)
     return parser
 
 

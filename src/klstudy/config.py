@@ -249,3 +249,32 @@ def snapshot_steps(config: dict, cell: dict) -> list[int]:
     selected = [dict(c, beta=float(c["beta"]), seed=int(c["seed"])) for c in divergence_cells(config)]
     key = dict(cell, beta=float(cell["beta"]), seed=int(cell["seed"]))
     return sorted(step for step in config["divergence"]["steps"] if step > 0) if key in selected else []
+
+
+# What the workflow produces, shared by its rules (workflow/rules/common.smk) and `klstudy status`.
+RUN_DIR = f"results/runs/{RUN_PATH}"
+CHECKPOINT_COMPLETE = "klstudy_complete"  # a checkpoint's last file: it is complete (train.RunRecorder.on_save)
+STUDY_TABLES = ("table1", "table2", "relative_improvement", "evaluations")  # figures.write_study_tables writes them
+
+
+def evaluation_targets(config: dict) -> list[str]:
+    """Every evaluated cell on every task, and every base model with (and, if asked, without) its template."""
+    tasks = config["evaluation"]["tasks"]
+    cells = [f"results/evals/{RUN_PATH}/{{task}}.json".format(task=task, **cell)
+             for cell in evaluated_cells(config) for task in tasks]  # fmt: skip
+    bases = [f"results/evals/base/{model}/template~{template}/{task}.json" for model in evaluated_base_models(config)
+             for template in base_templates(config) for task in tasks]  # fmt: skip
+    return cells + bases
+
+
+def divergence_targets(config: dict) -> list[str]:
+    """Fig. 12's forward KL and entropy: one table per selected cell and task."""
+    return [f"results/divergence/{RUN_PATH}/{{task}}.csv".format(task=task, **cell)
+            for cell in divergence_cells(config) for task in config["divergence"]["tasks"]]  # fmt: skip
+
+
+def figure_targets(config: dict) -> list[str]:
+    """Figures 2-12 (PNG and PDF) and the tables of the study (Markdown and CSV)."""
+    return [f"figures/{name}.{ext}" for name in config["figures"] for ext in ("png", "pdf")] + [
+        f"figures/{table}.{ext}" for table in STUDY_TABLES for ext in ("md", "csv")
+    ]

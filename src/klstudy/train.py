@@ -34,13 +34,12 @@ from transformers import PrinterCallback, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from klstudy import data, models, rewards
+from klstudy.config import CHECKPOINT_COMPLETE
 from klstudy.progress import Progress
 from klstudy.tracking import Tracking, step_values
 from klstudy.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
 
 # Columns of metrics.jsonl: our name -> the key TRL / Trainer logs it under.
-# Written into a checkpoint when everything else is saved: resume only from checkpoints that have it.
-CHECKPOINT_COMPLETE = "klstudy_complete"
 METRIC_KEYS = {
     "task_reward": "task_reward",
     "reward_kl_penalty": "reward_kl_penalty",

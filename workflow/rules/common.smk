@@ -7,12 +7,12 @@ import shlex
 from snakemake.settings.types import DeploymentMethod
 
 from klstudy.config import (
+    RUN_DIR,
     RUN_PATH,
     all_cells,
-    base_templates,
-    divergence_cells,
-    evaluated_base_models,
-    evaluated_cells,
+    divergence_targets,
+    evaluation_targets,
+    figure_targets,
     snapshot_steps,
 )
 
@@ -54,9 +54,6 @@ def input_outputs():
     return expand("results/data/{dataset}.jsonl", dataset=config["data"]) + expand(
         "results/models/{model}", model=config["models"]
     )
-
-
-RUN_DIR = f"results/runs/{RUN_PATH}"
 
 
 def data_file(name):
@@ -155,30 +152,12 @@ def train_launcher(wildcards):
 
 
 def evaluation_outputs():
-    """Every evaluated cell on every task, and every base model with (and, if asked, without) its template."""
-    tasks = config["evaluation"]["tasks"]
-    cells = [f"results/evals/{RUN_PATH}/{{task}}.json".format(task=task, **cell) for cell in evaluated_cells(config) for task in tasks]
-    bases = expand(
-        "results/evals/base/{model}/template~{template}/{task}.json",
-        model=evaluated_base_models(config),
-        template=base_templates(config),
-        task=tasks,
-    )
-    return cells + bases
+    return evaluation_targets(config)
 
 
 def divergence_outputs():
-    """Fig. 12's forward KL and entropy: one table per selected cell and task."""
-    return [
-        f"results/divergence/{RUN_PATH}/{{task}}.csv".format(task=task, **cell)
-        for cell in divergence_cells(config)
-        for task in config["divergence"]["tasks"]
-    ]
+    return divergence_targets(config)
 
 
 def figure_outputs():
-    """Figures 2-12 (PNG and PDF) and the tables of the study."""
-    tables = ["table1", "table2", "relative_improvement", "evaluations"]
-    return expand("figures/{figure}.{ext}", figure=config["figures"], ext=["png", "pdf"]) + expand(
-        "figures/{table}.{ext}", table=tables, ext=["md", "csv"]
-    )
+    return figure_targets(config)
