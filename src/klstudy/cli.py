@@ -96,12 +96,16 @@ def _evaluate(args):
 
     torch.set_num_threads(args.threads)
     settings = json.loads(args.settings)
+    # lm-eval's own progress bar (requests done, rate, time left) follows in the log.
+    print(f"lm-eval: {', '.join(args.task)} on {args.model}, k = {settings['k']}", flush=True)
+    start = time.perf_counter()
     outputs = evaluate.run(
         Path(args.model), args.task, Path(args.data_dir), k=settings["k"], min_p=settings["min_p"],
         max_tokens=settings["max_tokens"], chat_template=args.chat_template == "on", backend=settings["backend"],
         seed=args.seed, limit=settings.get("limit"), batch_size=settings["batch_size"],
         backend_settings=settings.get("vllm", {}),
     )  # fmt: skip
+    print(f"lm-eval: done in {time.perf_counter() - start:.0f} s", flush=True)
     status = json.loads(Path(args.summary).read_text())["status"] if args.summary else "base"
     for task, out, samples in zip(args.task, args.out, args.samples, strict=True):
         output = outputs[task]

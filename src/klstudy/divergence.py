@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from klstudy import tiny
+from klstudy.progress import Progress
 
 
 @torch.no_grad()
@@ -111,7 +112,7 @@ def _per_prompt(values: torch.Tensor, samples: int) -> list[float]:
 
 def forward_kl_and_entropy(
     policy, reference, tokenizer, prompts: list[str], samples: int = 8, max_tokens: int = 64, seed: int = 0,
-    batch_prompts: int = 16, from_reference: list[ReferenceSamples] | None = None,
+    batch_prompts: int = 16, from_reference: list[ReferenceSamples] | None = None, progress: Progress | None = None,
 ) -> dict:  # fmt: skip
     """Sequence-level forward KL(π_ref ‖ π_θ) on samples from π_ref, and π_θ's mean token entropy.
 
@@ -128,6 +129,8 @@ def forward_kl_and_entropy(
         _, entropy = response_logps(policy, tokenizer, ref.prompts, own, own_mask)
         token_entropy = (entropy * own_mask).view(len(chunk), -1).sum(-1)
         entropies += (token_entropy / own_mask.view(len(chunk), -1).sum(-1)).tolist()
+        if progress:
+            progress.advance()
     kl, kl_stderr = _mean_and_stderr(kls)
     entropy, entropy_stderr = _mean_and_stderr(entropies)
     return {"forward_kl": kl, "forward_kl_stderr": kl_stderr, "entropy": entropy, "entropy_stderr": entropy_stderr}
@@ -150,14 +153,16 @@ def across_snapshots(
     """
     reference, tokenizer = tiny.load(reference_dir)
     shared = reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts)
+    paths = {step: reference_dir if step == 0 else Path(snapshots_dir) / f"step~{step}" for step in sorted(steps)}
+    paths = {step: path for step, path in paths.items() if path.is_dir()}
+    progress = Progress(f"Fig. 12 {snapshots_dir}", len(paths) * len(shared), unit="batch", every=30.0)
     rows = []
-    for step in sorted(steps):
-        path = reference_dir if step == 0 else Path(snapshots_dir) / f"step~{step}"
-        if not path.is_dir():
-            continue
+    for step, path in paths.items():
         policy = reference if step == 0 else tiny.load(path)[0]
         scores = forward_kl_and_entropy(
-            policy, reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts, from_reference=shared
+            policy, reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts, shared, progress
         )
         rows.append({"step": step, **scores})
+        values = ", ".join(f"{key} {value:.4g}" for key, value in scores.items())
+        print(f"Fig. 12 {snapshots_dir}: step {step}: {values}", flush=True)
     return rows

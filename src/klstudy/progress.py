@@ -18,11 +18,15 @@ class Progress:
     def __init__(self, label: str, total: int, unit: str = "step", start: int = 0, every: float = 0.0, stream=None):
         self.label, self.total, self.unit, self.every = label, total, unit, every
         self.start_done, self.start_time, self.last_line = start, time.monotonic(), -float("inf")
-        self.stream = stream or sys.stdout
+        self.done, self.stream = start, stream or sys.stdout
+
+    def advance(self, **fields) -> str | None:
+        """One more unit done."""
+        return self.update(self.done + 1, **fields)
 
     def update(self, done: int, **fields) -> str | None:
         """Report ``done`` of ``total``; returns the line written, or None when it is too soon for another."""
-        now = time.monotonic()
+        now, self.done = time.monotonic(), done
         if now - self.last_line < self.every and done < self.total:
             return None
         self.last_line = now
