@@ -19,12 +19,12 @@ STEPS, KILL_AT = 4, 3
 TWO_PROCESSES = "config/accelerate/cpu-2proc.yaml"
 
 
-def _config() -> dict:
-    """One on-policy K1-in-loss cell (it moves from the first step), twice: as `whole` and as `killed`."""
+def _config(async_level: int) -> dict:
+    """One K1-in-loss cell (it moves from the first step), twice: as `whole` and as `killed`."""
     config = reduced_config()
     study = config["studies"]["offpolicy_k1_loss"]
     study["train"].update(steps=STEPS, batch_prompts=2, minibatch_prompts=2, rollouts=4, eval_every=2,
-                          checkpoint_every=2, accelerate_config=TWO_PROCESSES)  # fmt: skip
+                          checkpoint_every=2, accelerate_config=TWO_PROCESSES, async_level=async_level)  # fmt: skip
     config["studies"] = {"whole": study, "killed": json.loads(json.dumps(study))}
     config["evaluation"]["studies"] = {}
     config["divergence"].update(study="killed", steps=[0, 2, 4])  # the killed cell saves snapshots across the kill
@@ -36,10 +36,11 @@ def _cell(study: str) -> str:
     return f"results/runs/{study}/tiny/k1-loss/beta~0.1/seed~0"
 
 
-@pytest.fixture(scope="module")
-def two_process_runs(tmp_path_factory):
+@pytest.fixture(scope="module", params=[0, 2], ids=["on-policy", "async_level=2"])
+def two_process_runs(request, tmp_path_factory):
+    """Asynchronous runs too: each process keeps its own share of the batches generated ahead, in the checkpoint."""
     workdir = tmp_path_factory.mktemp("two_processes")
-    (workdir / "config.yaml").write_text(yaml.safe_dump(_config()))
+    (workdir / "config.yaml").write_text(yaml.safe_dump(_config(request.param)))
     args = ["--cores", "2", "--configfile", str(workdir / "config.yaml")]
     snakemake(f"{_cell('whole')}/summary.json", *args, cwd=workdir)  # targets first: --configfile takes several
     killed = subprocess.run(
