@@ -8,6 +8,8 @@ of an uninterrupted two-process run.
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -94,3 +96,29 @@ def test_a_killed_two_process_run_resumes_to_the_metrics_of_an_uninterrupted_one
     assert sorted(p.name for p in (resumed / "snapshots").glob("step~*")) == ["step~2", "step~4"]
     for snapshot in (resumed / "snapshots").glob("step~*"):
         models.check_saved_model(snapshot, "float32")
+
+
+def test_fsdp2_shards_are_gathered_into_a_whole_model_in_the_base_dtype(tmp_path):
+    """save_policy on a model that FSDP2 shards over two CPU processes, through accelerate's FSDP2 state-dict branch
+    (what config/accelerate/fsdp.yaml runs on GPUs, where Trainer.save_model wrote no weights): a whole bf16 model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from klstudy import tiny
+
+    spec = tiny.TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, sft_steps=0)
+    tokenizer = tiny.build_tokenizer()
+    model = tiny.build_model(spec, tokenizer).to(torch.bfloat16)
+    model.config.dtype = "bfloat16"
+    tiny.save(model, tokenizer, tmp_path / "base", spec, {})
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", str(ROOT / "tests/fsdp_cpu_save.py"),
+         str(tmp_path / "base"), str(tmp_path / "final")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "saved" in run.stdout and "in bfloat16 from shards" in run.stdout
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "final", dtype="auto")
+    assert saved.dtype == torch.bfloat16
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(saved.state_dict()[name], tensor, rtol=0, atol=0)  # bf16 -> fp32 -> bf16 exact
