@@ -1,6 +1,7 @@
 """kl.py: estimator values, placements, advantages. Exact checks on small categorical distributions."""
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,3 +148,27 @@ def test_reinforce_loss_gradient_is_the_papers_estimate():
     # d/dlogp of the score term: -A_i mask / G ; of the path term: β (1 - r) mask / G
     expected = (-advantage.unsqueeze(-1) + beta * (1 - torch.exp(ref_logp - logp).detach())) * mask / group_size
     assert torch.allclose(grad, expected)
+
+
+def test_a_configuration_name_is_read_in_one_place():
+    assert kl.KLSpec.from_name("k3-loss", 0.1) == kl.KLSpec("k3", "loss", 0.1)
+    none = kl.KLSpec.from_name("none", 0.5)  # no KL: β is 0 whatever the grid says
+    assert (none.estimator, none.placement, none.beta) == (None, "none", 0.0)
+    assert not none.in_reward and not none.in_loss
+    assert none.name == "none" and kl.KLSpec.from_name("k1-both", 1).name == "k1-both"
+    for bad in ("k4-loss", "k1-none", "k1", "none-loss", "K1-loss", "k1-loss "):
+        with pytest.raises(ValueError, match="is not 'none' or"):
+            kl.KLSpec.from_name(bad, 0.1)
+    with pytest.raises(ValueError, match="estimator None"):
+        kl.KLSpec(None, "loss", 0.1)
+
+
+def test_the_schema_and_the_workflow_take_the_grammar_from_kl():
+    from klstudy.config import load_schema
+
+    definitions = load_schema()["$defs"]
+    assert definitions["kl_config"]["pattern"] == f"^({kl.NAME_PATTERN})$"
+    assert definitions["estimator"]["enum"] == list(kl.ESTIMATORS)
+    assert definitions["placement"]["enum"] == list(kl.PLACEMENTS)
+    common = (Path(__file__).resolve().parents[1] / "workflow/rules/common.smk").read_text()
+    assert "kl=NAME_PATTERN" in common

@@ -486,3 +486,14 @@ def test_a_save_that_wrote_no_weights_fails_the_job_instead_of_recording_ok(mode
         paths = (data_dir / "train.jsonl", data_dir / "heldout.jsonl", out, tmp_path / "checkpoints", tmp_path)
         train.run(_cell(steps=1), model_dir, *paths)
     assert not (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    "setting", [{"scale_rewards": "group"}, {"num_iterations": 2}, {"use_bias_correction_kl": True},
+                {"steps_per_generation": 3}],  # fmt: skip
+)
+def test_a_setting_the_trainer_fixes_is_refused_not_overwritten(tmp_path, setting):
+    with pytest.raises(ValueError, match=f"{next(iter(setting))}="):
+        KLTrainerConfig(**common(tmp_path, **setting))
+    fixed = KLTrainerConfig(**common(tmp_path))
+    assert (fixed.scale_rewards, fixed.num_iterations, fixed.use_bias_correction_kl) == ("none", 1, False)

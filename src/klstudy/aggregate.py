@@ -28,14 +28,16 @@ from klstudy.config import (
     evaluated_cells,
     run_path,
 )
+from klstudy.kl import NO_KL, KLSpec
 
 CELL_COLUMNS = ["study", "model", "kl", "estimator", "placement", "beta", "seed"]
 
 
 def _cell_columns(cell: dict) -> dict:
-    estimator, placement = ("none", "none") if cell["kl"] == "none" else cell["kl"].split("-")
+    spec = KLSpec.from_name(cell["kl"], cell["beta"])
     return dict(
-        study=cell["study"], model=cell["model"], kl=cell["kl"], estimator=estimator, placement=placement,
+        study=cell["study"], model=cell["model"], kl=cell["kl"], estimator=spec.estimator or NO_KL,
+        placement=spec.placement,
         beta=float(cell["beta"]), seed=int(cell["seed"]),
     )  # fmt: skip
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from klstudy import kl
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -23,8 +25,14 @@ class ConfigError(ValueError):
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
+    """The schema, with the KL grammar of klstudy.kl filled in (estimators, placements, configuration names)."""
     with open(path) as handle:
-        return yaml.safe_load(handle)
+        schema = yaml.safe_load(handle)
+    definitions = schema["$defs"]
+    definitions["estimator"]["enum"] = list(kl.ESTIMATORS)
+    definitions["placement"]["enum"] = list(kl.PLACEMENTS)
+    definitions["kl_config"]["pattern"] = f"^({kl.NAME_PATTERN})$"
+    return schema
 
 
 def _with_defaults(validator_class):

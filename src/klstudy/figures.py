@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from klstudy.kl import KLSpec  # noqa: E402
+
 ESTIMATOR_COLOURS = {"k1": "tab:blue", "k2": "tab:green", "k3": "tab:red"}
 PLACEMENT_STYLES = {"reward": "-", "loss": "--", "both": ":"}
 PLACEMENT_MARKERS = {"reward": "o", "loss": "s", "both": "^"}
@@ -112,12 +114,12 @@ def read_tables(directory: Path) -> dict[str, pd.DataFrame]:
 
 
 def kl_label(kl_config: str) -> str:
-    if kl_config == "none":
-        return "no KL (β = 0)"
     if kl_config == "base":
         return "base"
-    estimator, placement = kl_config.split("-")
-    return f"{estimator.upper()} in {'reward and loss' if placement == 'both' else placement}"
+    spec = KLSpec.from_name(kl_config)
+    if spec.placement == "none":
+        return "no KL (β = 0)"
+    return f"{spec.estimator.upper()} in {'reward and loss' if spec.placement == 'both' else spec.placement}"
 
 
 def select(table: pd.DataFrame, panel: dict, config: dict) -> pd.DataFrame:

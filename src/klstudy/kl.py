@@ -20,16 +20,27 @@ Placement (eqs. 7–9). With sequence estimate K = Σ_t K_t (masked), task rewar
 
 Only K1-in-reward, and "both" with an estimator unbiased in value, give unbiased gradients of the
 sequence-level reverse KL (§3.2; checked exactly in tests/test_toy.py).
+
+A grid names a configuration ``<estimator>-<placement>`` (``k1-reward``) or ``none`` (the β = 0 baseline);
+``KLSpec.from_name`` is the one reader of that grammar, and the config schema and the workflow's wildcard are
+built from ``NAME_PATTERN``. torch is imported by the functions that compute, so that jobs which only read
+names (aggregation, figures) never load it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 ESTIMATORS = ("k1", "k2", "k3")
 PLACEMENTS = ("reward", "loss", "both", "none")
+NO_KL = "none"  # a grid's β = 0 baseline: no penalty anywhere
+# The names a grid may use (a regular expression, unanchored): none, or an estimator and a placement that is not none.
+NAME_PATTERN = f"{NO_KL}|({'|'.join(ESTIMATORS)})-({'|'.join(p for p in PLACEMENTS if p != 'none')})"
 
 EXPRESSIONS = {  # as Table 1 writes them, with r = π_ref / π_θ
     "k1": "-log r",
@@ -43,17 +54,28 @@ class KLSpec:
     """One KL configuration of the study.
 
     Attributes:
-        estimator: token-level estimator, one of ``ESTIMATORS``.
+        estimator: token-level estimator, one of ``ESTIMATORS`` (None only with placement ``none``).
         placement: where the penalty enters the objective, one of ``PLACEMENTS``.
         beta: penalty coefficient β ≥ 0.
     """
 
-    estimator: str
+    estimator: str | None
     placement: str
     beta: float
 
+    @classmethod
+    def from_name(cls, name: str, beta: float = 0.0) -> KLSpec:
+        """The configuration a grid names: ``<estimator>-<placement>`` with ``beta``, or ``none``, which has no
+        estimator and β = 0 whatever ``beta`` says."""
+        if not re.fullmatch(NAME_PATTERN, str(name)):
+            raise ValueError(f"kl configuration {name!r} is not 'none' or '<estimator>-<placement>' ({NAME_PATTERN})")
+        if name == NO_KL:
+            return cls(None, "none", 0.0)
+        estimator, placement = name.split("-")
+        return cls(estimator, placement, float(beta))
+
     def __post_init__(self):
-        if self.estimator not in ESTIMATORS:
+        if self.estimator not in ESTIMATORS and not (self.estimator is None and self.placement == "none"):
             raise ValueError(f"kl estimator {self.estimator!r} is not one of {ESTIMATORS}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"kl placement {self.placement!r} is not one of {PLACEMENTS}")
@@ -70,7 +92,8 @@ class KLSpec:
 
     @property
     def name(self) -> str:
-        return f"{self.estimator}-{self.placement}"
+        """The grid's name of the configuration (``none`` when nothing is penalised, whatever the estimator)."""
+        return NO_KL if self.placement == "none" else f"{self.estimator}-{self.placement}"
 
 
 def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -78,6 +101,8 @@ def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torc
 
     Differentiable in ``logp``; the caller detaches where the placement needs a stop-gradient.
     """
+    import torch
+
     log_ratio = logp - ref_logp
     if estimator == "k1":
         return log_ratio
@@ -100,6 +125,8 @@ def reward_penalty(logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
     ``logp`` must be the log-probs of the policy that *sampled* the tokens (eq. 7): in an off-policy
     update that is π_old, not the policy being trained.
     """
+    import torch
+
     if not spec.in_reward:
         return torch.zeros(logp.shape[:-1], dtype=logp.dtype, device=logp.device)
     return spec.beta * sequence_kl(logp.detach(), ref_logp.detach(), mask, spec.estimator)
@@ -117,6 +144,8 @@ def loss_penalty(logp, ref_logp, mask, spec: KLSpec, importance_weights=None) ->
     token, differentiable) multiplies the term, as Zhang et al. (2025) propose for off-policy
     updates; the paper does not. Returns zeros when the KL is not in the loss.
     """
+    import torch
+
     if not spec.in_loss:
         return torch.zeros_like(logp)
     per_token = token_kl(logp, ref_logp.detach(), spec.estimator)

@@ -247,7 +247,7 @@ def bias_variance(
                         T=length,
                         estimator=spec.estimator,
                         placement=spec.placement,
-                        config=spec.name if spec.placement != "none" else "none",
+                        config=spec.name,
                         param=param,
                         true_grad=true_grad[i],
                         mean_estimate=mean[i],

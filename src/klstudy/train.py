@@ -33,7 +33,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from transformers import PrinterCallback, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from klstudy import data, models, rewards
+from klstudy import data, kl, models, rewards
 from klstudy.config import CHECKPOINT_COMPLETE
 from klstudy.progress import Progress
 from klstudy.tracking import Tracking, step_values
@@ -146,7 +146,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
     rollouts = train["rollouts"]
     micro, accumulation = batch_layout(train, int(os.environ.get("WORLD_SIZE", "1")))
     updates = train["batch_prompts"] // train["minibatch_prompts"]
-    estimator, placement = ("k1", "none") if cell["kl"] == "none" else cell["kl"].split("-")
+    spec = kl.KLSpec.from_name(cell["kl"], cell["beta"])
     return KLTrainerConfig(
         output_dir=str(checkpoint_dir),
         seed=cell["seed"],
@@ -165,9 +165,9 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         max_completion_length=train["max_response_tokens"],
         temperature=train["temperature"],
         top_p=1.0,
-        kl_estimator=estimator,
-        kl_placement=placement,
-        beta=0.0 if cell["kl"] == "none" else float(cell["beta"]),
+        kl_estimator=spec.estimator,
+        kl_placement=spec.placement,
+        beta=spec.beta,
         advantage=train["advantage"],
         loss_type=LOSS_TYPES[train["loss_type"]],
         async_level=train["async_level"],

@@ -54,7 +54,9 @@ class KLTrainerConfig(GRPOConfig):
     ``per_device_train_batch_size`` counts completions, as in TRL.
     """
 
-    kl_estimator: str = field(default="k3", metadata={"help": "Token-level KL estimator: k1, k2 or k3 (kl.py)."})
+    kl_estimator: str | None = field(
+        default="k3", metadata={"help": "Token-level KL estimator: k1, k2 or k3 (kl.py); None with placement none."}
+    )
     kl_placement: str = field(
         default="loss",
         metadata={"help": "Where the KL goes: reward (R − β·Σ sg[K_t]), loss (+β·K_t), both, or none."},
@@ -82,23 +84,39 @@ class KLTrainerConfig(GRPOConfig):
         default=True,
         metadata={"help": "Load the reference model even when β = 0, to log the K1 and K3 KL estimates."},
     )
+    # GRPOConfig's settings that this trainer fixes: their defaults here are the only values it accepts.
+    num_iterations: int = field(default=1, metadata={"help": "Fixed at 1: updates_per_batch sets off-policy updates."})
+    scale_rewards: str = field(default="none", metadata={"help": "Fixed at none: the advantages are kl.ADVANTAGES'."})
+    use_bias_correction_kl: bool = field(
+        default=False, metadata={"help": "Fixed at False: TRL 1.16's True changes the gradient of K3 in the loss."}
+    )
+    steps_per_generation: int | None = field(
+        default=None, metadata={"help": "Set from updates_per_batch × gradient_accumulation_steps (None: so set)."}
+    )
+
+    FIXED = ("num_iterations", "scale_rewards", "use_bias_correction_kl")  # their defaults above are required
 
     def __post_init__(self):
-        if self.kl_estimator not in kl.ESTIMATORS:
-            raise ValueError(f"kl_estimator {self.kl_estimator!r} is not one of {kl.ESTIMATORS}")
-        if self.kl_placement not in kl.PLACEMENTS:
-            raise ValueError(f"kl_placement {self.kl_placement!r} is not one of {kl.PLACEMENTS}")
+        kl.KLSpec(self.kl_estimator, self.kl_placement, float(self.beta))  # the one check of a KL configuration
         if self.advantage not in ("rloo", "grpo"):
             raise ValueError(f"advantage {self.advantage!r} is not one of ('rloo', 'grpo')")
         if self.loss_type not in LOSS_TYPES.values():
             raise ValueError(f"loss_type {self.loss_type!r}: this trainer supports {sorted(LOSS_TYPES.values())}")
         if self.updates_per_batch < 1 or self.async_level < 0:
             raise ValueError("updates_per_batch must be >= 1 and async_level >= 0")
+        for name in self.FIXED:  # as TRL's own config does with conflicting settings: say so, overwrite nothing
+            value, required = getattr(self, name), self.__dataclass_fields__[name]
+            if value != required.default:
+                why = required.metadata["help"]
+                raise ValueError(f"{name}={value!r}: KLTrainerConfig needs {required.default!r} ({why})")
         # One generation batch = updates_per_batch minibatches, each of gradient_accumulation_steps micro-batches.
-        self.steps_per_generation = self.updates_per_batch * self.gradient_accumulation_steps
-        self.num_iterations = 1
-        self.scale_rewards = "none"  # advantages are ours; keep TRL from dividing by a std
-        self.use_bias_correction_kl = False  # TRL 1.16's default True changes the gradient of K3-in-loss
+        steps = self.updates_per_batch * self.gradient_accumulation_steps
+        if self.steps_per_generation not in (None, steps):
+            raise ValueError(
+                f"steps_per_generation={self.steps_per_generation}: KLTrainerConfig sets it to updates_per_batch × "
+                f"gradient_accumulation_steps = {steps}; set updates_per_batch instead"
+            )
+        self.steps_per_generation = steps
         super().__post_init__()
 
 

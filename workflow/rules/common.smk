@@ -6,6 +6,7 @@ import shlex
 
 from snakemake.settings.types import DeploymentMethod
 
+from klstudy.kl import NAME_PATTERN
 from klstudy.config import (
     RUN_DIR,
     RUN_PATH,
@@ -36,7 +37,7 @@ wildcard_constraints:
     dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     model=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     study=r"[A-Za-z0-9][A-Za-z0-9._-]*",
-    kl=r"none|k[123]-(reward|loss|both)",
+    kl=NAME_PATTERN,
     beta=r"[0-9][0-9.e-]*",
     seed=r"[0-9]+",
     task=r"[A-Za-z0-9_]+",
