@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from klstudy import aggregate, figures, kl
+from klstudy import aggregate, figures, kl, tables
 from klstudy.config import all_cells, run_path, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ def test_write_tables_and_every_configured_figure_draws_with_gaps(config, result
         "cells.csv", "divergence.csv", "evaluations.csv", "heldout.csv", "training.csv",
     ]  # fmt: skip
     assert len(tables["heldout"]) == 8 and len(tables["training"]) == 6 and tables["divergence"].empty
-    read = figures.read_tables(tmp_path / "tables")
+    read = aggregate.read_tables(tmp_path / "tables")
     for name in config["figures"]:
         figures.paper_figure(name, config, read, tmp_path / "figures" / f"{name}.png")
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
@@ -93,7 +93,7 @@ def test_write_tables_and_every_configured_figure_draws_with_gaps(config, result
 
 def test_curves_mark_runs_that_stopped_early(config, results, tmp_path):
     aggregate.write_tables(config, results, tmp_path / "tables")
-    tables = figures.read_tables(tmp_path / "tables")
+    tables = aggregate.read_tables(tmp_path / "tables")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
@@ -109,7 +109,7 @@ def test_curves_mark_runs_that_stopped_early(config, results, tmp_path):
 
 def test_bars_use_the_spread_over_seeds(config, results, tmp_path):
     aggregate.write_tables(config, results, tmp_path / "tables")
-    rows = figures.read_tables(tmp_path / "tables")["evaluations"]
+    rows = aggregate.read_tables(tmp_path / "tables")["evaluations"]
     rows = rows[(rows.kl == "k1-reward") & (rows.beta == 0.1) & (rows.task == "math500") & (rows.study == "onpolicy")]
     spread = figures.seed_spread(rows, "mean_at_k", "stderr")
     assert spread["mean"] == pytest.approx(0.4) and spread["seeds"] == 2
@@ -135,17 +135,17 @@ def test_behaviour_rules():
         + heldout_rows("k1-reward", 1, [0.3, 0.4, 0.3])  # a dip of 0.10 < 0.15: still stable
         + heldout_rows("k1-loss", 0, [0.3, 0.5, 0.3])  # a fall of 0.20 from its best: unstable
     )
-    verdicts = figures.behaviour(cells, heldout, ["onpolicy"])
+    verdicts = tables.behaviour(cells, heldout, ["onpolicy"])
     assert verdicts["k1-reward"].startswith("stable (0 collapsed, 0 unstable of 2 runs)")
     assert verdicts["k1-loss"].startswith("instabilities (0 collapsed, 1 unstable of 1 runs)")
     assert verdicts["k3-reward"].startswith("collapse")
     assert verdicts["k3-loss"].startswith("instabilities")
     assert verdicts["k2-loss"] == "not trained" and "none" not in verdicts
-    assert figures.behaviour(cells, heldout, ["other"]) == {}
+    assert tables.behaviour(cells, heldout, ["other"]) == {}
 
 
 def test_onpolicy_studies_are_those_with_one_update_and_no_asynchrony(config):
-    assert figures.onpolicy_studies(config) == ["onpolicy", "unbiased"]
+    assert tables.onpolicy_studies(config) == ["onpolicy", "unbiased"]
 
 
 def test_relative_improvement_by_hand():
@@ -157,7 +157,7 @@ def test_relative_improvement_by_hand():
     evaluations = pd.DataFrame(
         [dict(study="onpolicy", model="m", kl=k, beta=0.05, task=t, seed=s, mean_at_k=v) for k, t, s, v in rows]
     )
-    table = figures.relative_improvement(evaluations, in_domain=["math500"]).set_index("domain")
+    table = tables.relative_improvement(evaluations, in_domain=["math500"]).set_index("domain")
     assert table.loc["in-domain", "relative_improvement_pct"] == pytest.approx(25.0)  # (0.5 - 0.4) / 0.4
     assert table.loc["out-of-domain", "relative_improvement_pct"] == pytest.approx((50.0 - 50.0) / 2)
 
@@ -168,7 +168,7 @@ def test_table1_gets_the_behaviour_column(tmp_path):
               max_abs_z=1.0, z_critical=3.5, worst_case="", alpha=0.01)
          for p in ("reward", "loss", "none") for e in ("k3", "k1")]
     )  # fmt: skip
-    table = figures.table1(tests, {"k1-reward": "stable (0 collapsed, 0 unstable of 3 runs)"})
+    table = tables.table1(tests, {"k1-reward": "stable (0 collapsed, 0 unstable of 3 runs)"})
     assert list(table.estimator) == ["K1", "K1", "K3", "K3"]
     assert list(table.placement) == ["reward", "loss", "reward", "loss"]
     assert list(table.expression) == ["-log r", "-log r", "r - 1 - log r", "r - 1 - log r"]
@@ -185,3 +185,14 @@ def test_aggregation_and_figure_jobs_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_study_tables_are_the_ones_the_workflow_names(tmp_path):
+    """tables.study_tables builds exactly config.STUDY_TABLES (the rule's outputs and report entries)."""
+    from klstudy.config import STUDY_TABLES
+
+    config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    aggregated = aggregate.write_tables(config, tmp_path / "results", tmp_path / "tables")  # nothing run yet
+    toy = pd.DataFrame([{"estimator": "k1", "expression": "-log r", "placement": "reward", "unbiased": True,
+                         "max_abs_z": 1.0, "z_critical": 3.0, "worst_case": "", "alpha": 0.01}])  # fmt: skip
+    assert tuple(tables.study_tables(config, aggregated, toy)) == STUDY_TABLES

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from klstudy.config import (
+    AGGREGATED_TABLES,
     all_cells,
     base_templates,
     divergence_cells,
@@ -136,15 +137,16 @@ def divergence_table(config: dict, results: Path) -> pd.DataFrame:
 
 
 def write_tables(config: dict, results: Path, out_dir: Path) -> dict[str, pd.DataFrame]:
-    """Every table, written as ``out_dir/<name>.csv``; returns them by name."""
+    """Every table of config.AGGREGATED_TABLES, written as ``out_dir/<name>.csv``; returns them by name."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables = {
-        "cells": cells_table(config, results),
-        "training": training_table(config, results),
-        "heldout": heldout_table(config, results),
-        "evaluations": evaluations_table(config, results),
-        "divergence": divergence_table(config, results),
-    }
+    builders = {"cells": cells_table, "training": training_table, "heldout": heldout_table,
+                "evaluations": evaluations_table, "divergence": divergence_table}  # fmt: skip
+    tables = {name: builders[name](config, results) for name in AGGREGATED_TABLES}
     for name, table in tables.items():
         table.to_csv(out_dir / f"{name}.csv", index=False)
     return tables
+
+
+def read_tables(directory: Path) -> dict[str, pd.DataFrame]:
+    """The tables write_tables wrote, by name."""
+    return {name: pd.read_csv(Path(directory) / f"{name}.csv") for name in AGGREGATED_TABLES}

@@ -162,18 +162,19 @@ def _aggregate(args):
 
 
 def _figure(args):
-    from klstudy import figures
+    from klstudy import aggregate, figures
 
     config = _read_config(args.config)
-    tables = figures.read_tables(Path(args.tables))
+    tables = aggregate.read_tables(Path(args.tables))
     figures.paper_figure(args.name, config, tables, Path(args.out))
 
 
 def _tables(args):
-    from klstudy import figures
+    from klstudy import aggregate, tables
 
     config = _read_config(args.config)
-    figures.write_study_tables(config, figures.read_tables(Path(args.tables)), Path(args.toy_tests), Path(args.out_dir))
+    aggregated = aggregate.read_tables(Path(args.tables))
+    tables.write_study_tables(config, aggregated, Path(args.toy_tests), Path(args.out_dir))
 
 
 def _status(args):

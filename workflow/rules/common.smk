@@ -8,8 +8,10 @@ from snakemake.settings.types import DeploymentMethod
 
 from klstudy.kl import NAME_PATTERN
 from klstudy.config import (
+    AGGREGATED_TABLES,
     RUN_DIR,
     RUN_PATH,
+    STUDY_TABLES,
     all_cells,
     divergence_targets,
     evaluation_targets,

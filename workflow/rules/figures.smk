@@ -8,7 +8,7 @@ rule aggregate:
         evaluation_outputs(),
         divergence_outputs(),
     output:
-        expand("results/tables/{table}.csv", table=["cells", "training", "heldout", "evaluations", "divergence"]),
+        expand("results/tables/{table}.csv", table=AGGREGATED_TABLES),
         config=report("results/tables/config.yaml", caption="../report/config.rst", category="Configuration"),
     params:
         config=json.dumps(config),
@@ -52,16 +52,9 @@ rule study_tables:
         config=rules.aggregate.output.config,
         toy_tests="results/toy/unbiasedness.csv",
     output:
-        table1_md="figures/table1.md",
-        table1=report("figures/table1.csv", caption="../report/table1.rst", category="Tables"),
-        table2_md="figures/table2.md",
-        table2=report("figures/table2.csv", caption="../report/table2.rst", category="Tables"),
-        improvement_md="figures/relative_improvement.md",
-        improvement=report(
-            "figures/relative_improvement.csv", caption="../report/relative_improvement.rst", category="Tables"
-        ),
-        evaluations_md="figures/evaluations.md",
-        evaluations=report("figures/evaluations.csv", caption="../report/evaluations.rst", category="Tables"),
+        # Each table as Markdown and as CSV; the CSV goes into the report with the caption named after it.
+        **{f"{name}_md": f"figures/{name}.md" for name in STUDY_TABLES},
+        **{name: report(f"figures/{name}.csv", caption=f"../report/{name}.rst", category="Tables") for name in STUDY_TABLES},
     params:
         tables=lambda wildcards, input: os.path.dirname(input.config),
         out_dir=lambda wildcards, output: os.path.dirname(output.table1),

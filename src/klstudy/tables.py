@@ -1,0 +1,169 @@
+"""The study's tables, from the aggregated tables and the toy model's tests: Table 1 (the bias of each estimator and
+placement, and how its on-policy runs behaved), Table 2 (K1 in the reward in other libraries), §4.1's relative
+improvements, and the evaluation summary. Each is written as CSV and as Markdown with its caption."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from klstudy.config import STUDY_TABLES
+
+
+def write_table(table: pd.DataFrame, md: Path, csv: Path, caption: str) -> None:
+    Path(md).parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(csv, index=False)
+    header = "| " + " | ".join(table.columns) + " |"
+    rule = "| " + " | ".join("---" for _ in table.columns) + " |"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    Path(md).write_text("\n".join([caption, "", header, rule, *body, ""]))
+
+
+# Table 1's "behaviour" column, from the on-policy runs of each configuration.
+BEHAVIOUR_RULES = (
+    "collapse: some run ended 'collapsed' (running-mean reward fell below the health rule's fraction of its best); "
+    "instabilities: some run 'diverged', or its held-out pass@1 fell by more than {drop} (absolute) below its "
+    "best earlier value; stable: every run finished with neither; not trained: no on-policy run of it."
+)
+DROP = 0.15
+
+
+def onpolicy_studies(config: dict) -> list[str]:
+    """Studies trained on-policy: one update per generation batch, no asynchrony."""
+    return [
+        name
+        for name, spec in config["studies"].items()
+        if spec["train"]["batch_prompts"] == spec["train"]["minibatch_prompts"] and not spec["train"].get("async_level")
+    ]
+
+
+def behaviour(cells: pd.DataFrame, heldout: pd.DataFrame, studies: list[str], drop: float = DROP) -> dict[str, str]:
+    """kl config -> stable | instabilities | collapse (with counts of runs), over the given studies' cells."""
+    verdicts = {}
+    for kl_config, group in cells[cells.study.isin(studies) & (cells.kl != "none")].groupby("kl"):
+        done = group[group.status != "missing"]
+        if done.empty:
+            verdicts[kl_config] = "not trained"
+            continue
+        collapsed = (done.status == "collapsed").sum()
+        unstable = 0
+        for cell in done.itertuples():
+            run = heldout[
+                (heldout.study == cell.study)
+                & (heldout.model == cell.model)
+                & (heldout.kl == cell.kl)
+                & (heldout.beta == cell.beta)
+                & (heldout.seed == cell.seed)
+            ].sort_values("step")
+            fell = (run.pass_at_1.cummax() - run.pass_at_1).max() > drop if len(run) else False
+            unstable += cell.status == "diverged" or (cell.status == "ok" and fell)
+        word = "collapse" if collapsed else "instabilities" if unstable else "stable"
+        verdicts[kl_config] = f"{word} ({collapsed} collapsed, {unstable} unstable of {len(done)} runs)"
+    return verdicts
+
+
+def table1(tests: pd.DataFrame, behaviours: dict[str, str] | None = None) -> pd.DataFrame:
+    """Table 1: estimator, expression, placement, the measured verdict on the gradient's bias (toy model), and
+    the behaviour of the on-policy training runs of that configuration."""
+    rows = tests[tests.placement != "none"]
+    behaviours = behaviours or {}
+    return pd.DataFrame(
+        {
+            "estimator": rows.estimator.str.upper(),
+            "expression": rows.expression,
+            "placement": rows.placement,
+            "unbiased_gradient": rows.unbiased.map({True: "yes", False: "no"}),
+            "max_abs_z": rows.max_abs_z.round(1),
+            "z_critical": rows.z_critical.round(2),
+            "worst_case": rows.worst_case,
+            "behaviour": [
+                behaviours.get(f"{e}-{p}", "not trained") for e, p in zip(rows.estimator, rows.placement, strict=True)
+            ],
+        }
+    ).sort_values("estimator", kind="stable")  # placements keep the toy's order (config toy.placements)
+
+
+def relative_improvement(
+    evaluations: pd.DataFrame, in_domain: list[str], candidate: str = "k1-reward", baseline: str = "k3-loss"
+) -> pd.DataFrame:
+    """§4.1's numbers: per study, model and β, the mean over tasks of (candidate − baseline) / baseline, in %,
+    in-domain and out-of-domain, from seed-mean mean@k scores."""
+    cells = evaluations[evaluations.kl.isin([candidate, baseline])].dropna(subset=["mean_at_k"])
+    means = cells.groupby(["study", "model", "beta", "task", "kl"]).mean_at_k.mean().unstack("kl")
+    if candidate not in means or baseline not in means:
+        return pd.DataFrame(columns=["study", "model", "beta", "domain", "relative_improvement_pct", "tasks"])
+    means = means.dropna(subset=[candidate, baseline]).reset_index()
+    means["improvement"] = 100 * (means[candidate] - means[baseline]) / means[baseline].where(means[baseline] > 0)
+    means["domain"] = means.task.map(lambda t: "in-domain" if t in in_domain else "out-of-domain")
+    return (
+        means.groupby(["study", "model", "beta", "domain"])
+        .agg(relative_improvement_pct=("improvement", "mean"), tasks=("task", lambda t: " ".join(t)))
+        .round(2)
+        .reset_index()
+    )
+
+
+# Table 2 (§E): K1 in the reward in other libraries, as the paper lists it, next to this project's setting.
+TABLE2 = [
+    ("VeRL", 'algorithm.use_kl_in_reward=True, algorithm.kl_penalty="kl"'),
+    ("OpenRLHF", 'do not set --use_kl_loss; --kl_estimator="k1"'),
+    ("SkyRL", 'trainer.algorithm.kl_estimator_type="k1", trainer.algorithm.use_kl_in_reward=True'),
+    ("klstudy (config)", "studies.<study>.kl: [k1-reward] with betas: [...]"),
+    ("klstudy (Python)", 'KLTrainerConfig(kl_estimator="k1", kl_placement="reward", beta=...)'),
+]
+
+
+def evaluation_summary(evaluations: pd.DataFrame) -> pd.DataFrame:
+    """Per evaluated configuration and task: mean over seeds, standard deviation over seeds, number of seeds,
+    and lm-eval's mean standard error over questions."""
+    keys = ["study", "model", "kl", "beta", "chat_template", "task"]
+    rows = evaluations.dropna(subset=["mean_at_k"])
+    return (
+        rows.groupby(keys)
+        .agg(
+            mean_at_k=("mean_at_k", "mean"),
+            seed_std=("mean_at_k", "std"),
+            seeds=("seed", "nunique"),
+            lm_eval_stderr=("stderr", "mean"),
+        )
+        .round(4)
+        .reset_index()
+    )
+
+
+def study_tables(config: dict, tables: dict, tests: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, str]]:
+    """name -> (table, caption) for each of config.STUDY_TABLES (the names the workflow's outputs use)."""
+    studies = onpolicy_studies(config)
+    table1_caption = (
+        "Table 1. KL estimators and placements; whether their expected gradient equals the gradient of the "
+        "sequence-level reverse KL on-policy (the toy model's Monte Carlo estimates: biased when any "
+        f"|bias / standard error| exceeds the Bonferroni critical value at family-wise level {tests.alpha.iloc[0]}); "
+        f"and the behaviour of the on-policy training runs ({', '.join(studies)}; {config['scale']} scale): "
+        + BEHAVIOUR_RULES.format(drop=DROP)
+        + " r = π_ref / π_θ per token."
+    )
+    built = {
+        "table1": (table1(tests, behaviour(tables["cells"], tables["heldout"], studies)), table1_caption),
+        "table2": (
+            pd.DataFrame(TABLE2, columns=["library", "arguments for K1 in the reward"]),
+            "Table 2. K1 in the reward in other libraries (the paper's §E) and here.",
+        ),
+        "relative_improvement": (
+            relative_improvement(tables["evaluations"], config["evaluation"]["in_domain"]),
+            "Relative improvement (%) of K1 in the reward over K3 in the loss, mean over tasks of seed-mean "
+            f"mean@k, per study, model and β ({config['scale']} scale); §4.1 quotes these for the paper's runs.",
+        ),
+        "evaluations": (
+            evaluation_summary(tables["evaluations"]),
+            "Evaluation: mean@k per configuration and task, mean and standard deviation over training seeds, "
+            "and lm-eval's standard error over questions.",
+        ),
+    }
+    return {name: built[name] for name in STUDY_TABLES}
+
+
+def write_study_tables(config: dict, tables: dict, toy_tests: Path, out_dir: Path) -> None:
+    """Every study table as out_dir/<name>.csv and out_dir/<name>.md."""
+    for name, (table, caption) in study_tables(config, tables, pd.read_csv(toy_tests)).items():
+        write_table(table, Path(out_dir) / f"{name}.md", Path(out_dir) / f"{name}.csv", caption)
