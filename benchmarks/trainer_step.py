@@ -21,7 +21,7 @@ from datasets import Dataset
 from transformers import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from klstudy import tiny
+from klstudy import models, tiny
 from klstudy.trainer import KLTrainer, KLTrainerConfig
 
 
@@ -36,7 +36,7 @@ def seconds_per_step(trainer_class, config_class, model_dir, settings, extra, st
         reward_funcs=length_reward,
         args=config_class(**settings, **extra, max_steps=steps),
         train_dataset=prompts,
-        processing_class=tiny.load(model_dir)[1],
+        processing_class=models.load(model_dir)[1],
     )
     trainer.remove_callback(PrinterCallback)
     result = trainer.train()

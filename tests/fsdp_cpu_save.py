@@ -1,4 +1,4 @@
-"""Run by tests/test_multiprocess.py under `torchrun --nproc_per_node 2`: train.save_policy on a model that FSDP2
+"""Run by tests/test_multiprocess.py under `torchrun --nproc_per_node 2`: cell.save_policy on a model that FSDP2
 really shards over two CPU processes (gloo), through accelerate's own FSDP2 branch of get_state_dict.
 
 accelerate turns FSDP on only for GPU back ends (on a CPU, `fsdp.yaml` runs DDP), so the Accelerator here is told it
@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from klstudy import models, train
+from klstudy import cell, models
 
 base, out = Path(sys.argv[1]), Path(sys.argv[2])
 accelerator = Accelerator(cpu=True)
@@ -35,7 +35,7 @@ assert local < model.config.vocab_size, "the embedding must really be split over
 tokenizer = AutoTokenizer.from_pretrained(base)
 trainer = types.SimpleNamespace(accelerator=accelerator, model=model, processing_class=tokenizer)
 dtype = models.config_dtype(base)
-train.save_policy(trainer, out, dtype)  # every process: the gather is a collective
+cell.save_policy(trainer, out, dtype)  # every process: the gather is a collective
 if accelerator.is_main_process:
     parameters = models.check_saved_model(out, dtype, parameters=models.check_saved_model(base, dtype))
     print(f"saved {parameters} parameters in {dtype} from shards of {local} embedding rows per process")

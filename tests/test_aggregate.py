@@ -24,7 +24,7 @@ def config():
 
 
 def write_cell(results: Path, cell: dict, status: str, pass_at_1: list[float], steps_per_eval: int = 5) -> None:
-    """A run's outputs as klstudy.train writes them: metrics, held-out pass@1 and summary."""
+    """A run's outputs as klstudy.cell writes them: metrics, held-out pass@1 and summary."""
     directory = results / "runs" / run_path(cell)
     directory.mkdir(parents=True)
     heldout = [{"step": i * steps_per_eval, "pass_at_1": p, "stderr": 0.05} for i, p in enumerate(pass_at_1)]

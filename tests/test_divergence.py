@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from klstudy import divergence, kl, tiny
+from klstudy.prompts import chat_prompt
 
 PROMPT = "What is 2 + 2?"
 
@@ -22,7 +23,7 @@ def _model(seed: int, sharpness: float):
 @torch.no_grad()
 def _exact_two_token_forward_kl(policy, reference, tokenizer):
     """KL over responses of at most 2 tokens (stopping at EOS), by enumerating the first token."""
-    prefix = tokenizer(tiny.chat_prompt(tokenizer, PROMPT), return_tensors="pt", add_special_tokens=False)["input_ids"]
+    prefix = tokenizer(chat_prompt(tokenizer, PROMPT), return_tensors="pt", add_special_tokens=False)["input_ids"]
     vocab = policy.config.vocab_size
     first = torch.arange(vocab).unsqueeze(1)
     ids = torch.cat([prefix.expand(vocab, -1), first], dim=1)
@@ -49,8 +50,8 @@ def test_both_forms_of_the_forward_kl_match_enumeration_and_the_exact_one_varies
     samples = divergence.ReferenceSamples(
         prompts, *divergence.sample_responses(reference, tokenizer, prompts, max_tokens=2, seed=0)
     )
-    ref_logps, _ = divergence.response_logps(reference, tokenizer, prompts, samples.responses, samples.mask)
-    pol_logps, _ = divergence.response_logps(policy, tokenizer, prompts, samples.responses, samples.mask)
+    ref_logps, _ = divergence.token_logps_and_entropy(reference, tokenizer, prompts, samples.responses, samples.mask)
+    pol_logps, _ = divergence.token_logps_and_entropy(policy, tokenizer, prompts, samples.responses, samples.mask)
     log_ratio = kl.sequence_kl(ref_logps, pol_logps, samples.mask, "k1")  # K1 of KL(π_ref ‖ π_θ), y ~ π_ref
     chain_rule = divergence.sequence_forward_kl(policy, reference, tokenizer, samples)
     assert exact > 0.1  # the two models differ: the test can tell a wrong estimator from a right one
@@ -71,15 +72,16 @@ def test_batches_of_prompts_of_different_lengths_score_as_one_prompt_at_a_time()
     model, tokenizer = _model(seed=1, sharpness=4.0)
     prompts = [PROMPT, "Hi", "A much longer question that needs many more tokens than the others?"]
     tokenizer.padding_side = "left"
-    batch = tokenizer([tiny.chat_prompt(tokenizer, p) for p in prompts], return_tensors="pt", padding=True)
+    batch = tokenizer([chat_prompt(tokenizer, p) for p in prompts], return_tensors="pt", padding=True)
     greedy = model.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     responses, mask = divergence.sample_responses(model, tokenizer, prompts, max_tokens=6, seed=0)
-    batched, _ = divergence.response_logps(model, tokenizer, prompts, responses, mask)
+    batched, _ = divergence.token_logps_and_entropy(model, tokenizer, prompts, responses, mask)
     for row, prompt in enumerate(prompts):
-        alone = tokenizer([tiny.chat_prompt(tokenizer, prompt)], return_tensors="pt")
+        alone = tokenizer([chat_prompt(tokenizer, prompt)], return_tensors="pt")
         own = model.generate(**alone, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         assert own[0, alone["input_ids"].shape[1] :].tolist() == greedy[row, batch["input_ids"].shape[1] :].tolist()
-        single, _ = divergence.response_logps(model, tokenizer, [prompt], responses[row : row + 1], mask[row : row + 1])
+        one_row = (responses[row : row + 1], mask[row : row + 1])
+        single, _ = divergence.token_logps_and_entropy(model, tokenizer, [prompt], *one_row)
         assert torch.allclose(batched[row] * mask[row], single[0] * mask[row], atol=1e-5)
 
 

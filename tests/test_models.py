@@ -24,7 +24,7 @@ def test_a_local_copy_is_used_without_the_network(tmp_path, monkeypatch):
     models.build_base_model(
         "qwen", {"source": "hub", "hub_id": "Qwen/Qwen2.5-7B", "local_dir": str(tmp_path / "copy")}, [], tmp_path / "m"
     )
-    model, _ = tiny.load(tmp_path / "m")
+    model, _ = models.load(tmp_path / "m")
     assert model.config.hidden_size == 64
 
 
@@ -55,7 +55,7 @@ def _saved_tiny(path, dtype="float32", **spec):
 
 def test_a_whole_saved_model_passes_and_counts_its_parameters(tmp_path):
     path = _saved_tiny(tmp_path / "m")
-    model, _ = tiny.load(path)
+    model, _ = models.load(path)
     assert models.check_saved_model(path, "float32") == sum(p.numel() for p in model.parameters())
     bf16 = _saved_tiny(tmp_path / "b", dtype="bfloat16")
     assert models.config_dtype(bf16) == "bfloat16"

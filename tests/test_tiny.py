@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from klstudy import data, models, rewards, tiny
+from klstudy.prompts import chat_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=5, sft_batch=4)
@@ -34,7 +35,7 @@ def test_tokenizer_round_trips_every_byte(text):
 
 def test_chat_template_and_special_tokens():
     tokenizer = tiny.build_tokenizer()
-    rendered = tiny.chat_prompt(tokenizer, "Hi")
+    rendered = chat_prompt(tokenizer, "Hi")
     assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     for token in tiny.SPECIAL_TOKENS:
         assert len(tokenizer(token, add_special_tokens=False)["input_ids"]) == 1
@@ -58,7 +59,7 @@ def _records():
 
 def test_saved_model_loads_with_auto_classes_and_chat_template(tmp_path):
     model = _build(tmp_path / "m", _records())
-    loaded, tokenizer = tiny.load(tmp_path / "m")
+    loaded, tokenizer = models.load(tmp_path / "m")
     assert type(loaded).__name__ == "Qwen2ForCausalLM"
     assert tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
     ids = torch.tensor([[5, 6, 7, 8]])
@@ -93,7 +94,7 @@ def test_configured_base_model_starts_rl_inside_the_pass_at_1_window(tmp_path):
         check=True, env={"PYTHONPATH": str(ROOT / "src"), "PATH": str(Path(sys.executable).parent)}, timeout=900,
     )  # fmt: skip
     build = json.loads((tmp_path / "tiny" / "klstudy_build.json").read_text())
-    model, tokenizer = tiny.load(tmp_path / "tiny")
+    model, tokenizer = models.load(tmp_path / "tiny")
     samples, max_tokens = 4, config["studies"]["onpolicy"]["train"]["max_response_tokens"]
     prompts = [r["prompt"] for r in heldout] * samples
     completions = tiny.sample(model, tokenizer, prompts, max_tokens, temperature=1.0, seed=0)

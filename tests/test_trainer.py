@@ -15,7 +15,8 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from klstudy import data, kl, tiny, train
+import klstudy.cell as grid_cell
+from klstudy import data, kl, models, tiny
 from klstudy.trainer import KLTrainer, KLTrainerConfig
 
 GROUP = 4
@@ -57,7 +58,7 @@ def ours(model_dir, tmp_path, **overrides):
         reward_funcs=length_reward,
         args=KLTrainerConfig(**common(tmp_path, **overrides)),
         train_dataset=PROMPTS,
-        processing_class=tiny.load(model_dir)[1],
+        processing_class=models.load(model_dir)[1],
     )
 
 
@@ -77,7 +78,7 @@ def stock_trl(model_dir, tmp_path, use_bias_correction_kl):
         reward_funcs=length_reward,
         args=GRPOConfig(**common(tmp_path), scale_rewards="none", use_bias_correction_kl=use_bias_correction_kl),
         train_dataset=PROMPTS,
-        processing_class=tiny.load(model_dir)[1],
+        processing_class=models.load(model_dir)[1],
     )
 
 
@@ -333,7 +334,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted
     shutil.rmtree(out)
     # A job killed while saving leaves a partial checkpoint, as one killed at its time limit did in CI: weights,
     # optimiser and RNG state but no trainer_state.json. Never resume from it.
-    partial = shutil.ignore_patterns("trainer_state.json", "*.jsonl", train.CHECKPOINT_COMPLETE)
+    partial = shutil.ignore_patterns("trainer_state.json", "*.jsonl", grid_cell.CHECKPOINT_COMPLETE)
     shutil.copytree(checkpoints / "checkpoint-4", checkpoints / "checkpoint-6", ignore=partial)
     subprocess.run(_command(model_dir, data_dir, out, checkpoints, cell), check=True, env=_env())
 
@@ -393,8 +394,8 @@ def test_lora_cell_trains_and_saves_a_merged_model(model_dir, data_dir, tmp_path
     cell = _cell(steps=2, lora={"r": 4, "alpha": 8})
     subprocess.run(_command(model_dir, data_dir, tmp_path / "cell", tmp_path / "ckpt", cell), check=True, env=_env())
     assert json.loads((tmp_path / "cell" / "summary.json").read_text())["status"] == "ok"
-    final, _ = tiny.load(tmp_path / "cell" / "final")
-    base, _ = tiny.load(model_dir)
+    final, _ = models.load(tmp_path / "cell" / "final")
+    base, _ = models.load(model_dir)
     assert not (tmp_path / "cell" / "final" / "adapter_config.json").exists()
     changed = [name for name, p in final.state_dict().items() if not torch.equal(p, base.state_dict()[name])]
     assert changed and all("embed" not in name for name in changed)  # LoRA touched the linear layers only
@@ -406,7 +407,7 @@ def _history(rewards, **extra):
 
 
 def test_health_rules_name_collapse_divergence_and_leave_healthy_runs_alone():
-    from klstudy.train import HealthRules
+    from klstudy.cell import HealthRules
 
     rules = HealthRules(max_kl=50, collapse_window=3, collapse_fraction=0.2, collapse_min_best=0.05)
     assert rules.verdict(_history([0.3, 0.4, 0.5, 0.45, 0.5, 0.4, 0.35])) is None
@@ -431,7 +432,7 @@ def _without_reward(row):
     [(1, None, (40, 1)), (1, 8, (8, 5)), (4, None, (10, 1)), (4, 5, (5, 2)), (8, 5, (5, 1))],
 )
 def test_a_minibatch_is_split_over_processes_then_micro_batches(processes, micro, expected):
-    from klstudy.train import batch_layout
+    from klstudy.cell import batch_layout
 
     train = dict(batch_prompts=8, minibatch_prompts=8, rollouts=5, **({"micro_batch": micro} if micro else {}))
     assert batch_layout(train, processes) == expected
@@ -443,7 +444,7 @@ def test_a_minibatch_is_split_over_processes_then_micro_batches(processes, micro
 
 @pytest.mark.parametrize("requests,processes", [(7, 2), (14, 2), (3, 4), (64, 8), (5, 1)])
 def test_each_heldout_request_is_generated_by_one_process_in_calls_of_one_size(requests, processes):
-    shares = [train.process_share(requests, index, processes) for index in range(processes)]
+    shares = [grid_cell.process_share(requests, index, processes) for index in range(processes)]
     owned = [i for mine, _ in shares for i in mine]
     assert owned == list(range(requests))  # each request once, in order when gathered process by process
     assert len({len(padded) for _, padded in shares}) == 1  # the same generate calls on every process
@@ -454,7 +455,6 @@ def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(data_dir, tmp
     """The policy trains in float32 weights (TRL's default); what it hands on has the base model's dtype."""
     from transformers import AutoModelForCausalLM
 
-    from klstudy import models
 
     spec = tiny.TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=0)
     tokenizer = tiny.build_tokenizer()
@@ -475,16 +475,15 @@ def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(data_dir, tmp
 
 def test_a_save_that_wrote_no_weights_fails_the_job_instead_of_recording_ok(model_dir, data_dir, tmp_path, monkeypatch):
     """Under FSDP's SHARDED_STATE_DICT, Trainer.save_model writes the tokenizer and no weights; the job must fail."""
-    from klstudy import models
 
     def tokenizer_only(trainer, path, dtype, keep_training=False):
         trainer.processing_class.save_pretrained(str(path))
 
-    monkeypatch.setattr(train, "save_policy", tokenizer_only)
+    monkeypatch.setattr(grid_cell, "save_policy", tokenizer_only)
     out = tmp_path / "cell"
     with pytest.raises(models.SavedModelError, match="final: no config.json"):
         paths = (data_dir / "train.jsonl", data_dir / "heldout.jsonl", out, tmp_path / "checkpoints", tmp_path)
-        train.run(_cell(steps=1), model_dir, *paths)
+        grid_cell.run(_cell(steps=1), model_dir, *paths)
     assert not (out / "summary.json").exists()
 
 

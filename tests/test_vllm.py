@@ -17,7 +17,9 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
-from klstudy import data, evaluate, models, procedural, tiny, train, vllm_cpu  # noqa: E402
+from klstudy import cell as grid_cell  # noqa: E402
+from klstudy import data, evaluate, models, procedural, vllm_cpu  # noqa: E402
+from klstudy.prompts import chat_prompt  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 SETTINGS = {"dtype": "float32", "max_model_len": 512}  # the HF backend evaluates in float32 too
@@ -62,8 +64,8 @@ def trained_with_vllm(workdir):
     the engine's log-probs of a fixed completion are compared with the training model's, now and one sync ago."""
     from trl.generation.vllm_generation import VLLMGeneration
 
-    tokenizer = tiny.load(workdir / "base")[1]
-    fixed = tokenizer(tiny.chat_prompt(tokenizer, "What is 3 + 4?") + "\\boxed{7}<|im_end|>")["input_ids"]
+    tokenizer = models.load(workdir / "base")[1]
+    fixed = tokenizer(chat_prompt(tokenizer, "What is 3 + 4?") + "\\boxed{7}<|im_end|>")["input_ids"]
     checks, previous = [], {}
     original = VLLMGeneration.generate
 
@@ -98,9 +100,9 @@ def trained_with_vllm(workdir):
     }
     VLLMGeneration.generate = checked_generate
     try:
-        summary = train.run(
+        summary = grid_cell.run(
             cell, workdir / "base", workdir / "data/train.jsonl", workdir / "data/math500.jsonl",
-            workdir / "cell", workdir / "checkpoints",
+            workdir / "cell", workdir / "checkpoints", workdir / "tracking",
         )  # fmt: skip
     finally:
         VLLMGeneration.generate = original
@@ -129,7 +131,7 @@ def test_stock_trl_weight_sync_fails_on_the_cpu_backend(workdir):
     vllm_cpu.configure_environment()
     llm = LLM(model=str(workdir / "base"), dtype="float32", max_model_len=512, **vllm_cpu.ENGINE_ARGUMENTS)
     model = llm.llm_engine.model_executor.driver_worker.model_runner.model
-    policy = tiny.load(workdir / "base")[0]
+    policy = models.load(workdir / "base")[0]
     name, weight = next((n, p) for n, p in policy.named_parameters() if n.endswith("mlp.down_proj.weight"))
     # TRL's colocate branch does exactly this, tensor by tensor; the repacked parameter is empty (or, for fused
     # projections in some releases, has lost its weight_loader).

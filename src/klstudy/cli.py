@@ -70,10 +70,10 @@ def _train(args):
     import torch
     from accelerate import PartialState
 
-    from klstudy import train
+    from klstudy import cell
 
     torch.set_num_threads(args.threads)
-    summary = train.run(
+    summary = cell.run(
         json.loads(args.cell),
         Path(args.model),
         Path(args.train_data),

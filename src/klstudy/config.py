@@ -261,7 +261,7 @@ def snapshot_steps(config: dict, cell: dict) -> list[int]:
 
 # What the workflow produces, shared by its rules (workflow/rules/common.smk) and `klstudy status`.
 RUN_DIR = f"results/runs/{RUN_PATH}"
-CHECKPOINT_COMPLETE = "klstudy_complete"  # a checkpoint's last file: it is complete (train.RunRecorder.on_save)
+CHECKPOINT_COMPLETE = "klstudy_complete"  # a checkpoint's last file: it is complete (cell.RunRecorder.on_save)
 AGGREGATED_TABLES = ("cells", "training", "heldout", "evaluations", "divergence")  # results/tables/<name>.csv
 STUDY_TABLES = ("table1", "table2", "relative_improvement", "evaluations")  # figures/<name>.csv and .md (tables.py)
 

@@ -20,15 +20,16 @@ from pathlib import Path
 
 import torch
 
-from klstudy import tiny
+from klstudy.models import load
 from klstudy.progress import Progress
+from klstudy.prompts import chat_prompt
 
 
 @torch.no_grad()
-def response_log_probs(model, tokenizer, prompts: list[str], responses: torch.Tensor, response_mask: torch.Tensor):
+def next_token_log_probs(model, tokenizer, prompts: list[str], responses: torch.Tensor, response_mask: torch.Tensor):
     """log π(· | x, y_<t) over the vocabulary at each response position; shape (B, T, V)."""
     tokenizer.padding_side = "left"
-    texts = [tiny.chat_prompt(tokenizer, p) for p in prompts]
+    texts = [chat_prompt(tokenizer, p) for p in prompts]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     input_ids = torch.cat([batch["input_ids"], responses], dim=1)
     attention = torch.cat([batch["attention_mask"], response_mask], dim=1)
@@ -37,9 +38,9 @@ def response_log_probs(model, tokenizer, prompts: list[str], responses: torch.Te
     return torch.log_softmax(logits[:, batch["input_ids"].shape[1] - 1 : -1], dim=-1)
 
 
-def response_logps(model, tokenizer, prompts: list[str], responses: torch.Tensor, response_mask: torch.Tensor):
+def token_logps_and_entropy(model, tokenizer, prompts: list[str], responses: torch.Tensor, response_mask: torch.Tensor):
     """Per-token log π(y_t | x, y_<t) and entropy of π at each response position; shapes (B, T)."""
-    log_probs = response_log_probs(model, tokenizer, prompts, responses, response_mask)
+    log_probs = next_token_log_probs(model, tokenizer, prompts, responses, response_mask)
     token_logps = log_probs.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
     return token_logps, entropy
@@ -50,7 +51,7 @@ def sample_responses(model, tokenizer, prompts: list[str], max_tokens: int, seed
     """Responses sampled at temperature 1: token ids (B, T) right-padded, and their mask (EOS included)."""
     tokenizer.padding_side = "left"
     torch.manual_seed(seed)
-    texts = [tiny.chat_prompt(tokenizer, p) for p in prompts]
+    texts = [chat_prompt(tokenizer, p) for p in prompts]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     out = model.generate(
         **batch, max_new_tokens=max_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
@@ -100,7 +101,7 @@ def sequence_forward_kl(policy, reference, tokenizer, samples: ReferenceSamples)
     tensor per chunk and snapshot would not fit in memory, one forward pass costs little beside generation.
     """
     args = (tokenizer, samples.prompts, samples.responses, samples.mask)
-    ref, pol = response_log_probs(reference, *args), response_log_probs(policy, *args)
+    ref, pol = next_token_log_probs(reference, *args), next_token_log_probs(policy, *args)
     token_kl = (ref.exp() * (ref - pol)).sum(-1).clamp(min=0)  # ≥ 0 exactly; clamp removes float rounding
     return (token_kl * samples.mask).sum(-1)
 
@@ -126,7 +127,7 @@ def forward_kl_and_entropy(
     for (index, chunk), ref in zip(_chunks(prompts, batch_prompts), from_reference, strict=True):
         kls += _per_prompt(sequence_forward_kl(policy, reference, tokenizer, ref), samples)
         own, own_mask = sample_responses(policy, tokenizer, ref.prompts, max_tokens, seed + index)
-        _, entropy = response_logps(policy, tokenizer, ref.prompts, own, own_mask)
+        _, entropy = token_logps_and_entropy(policy, tokenizer, ref.prompts, own, own_mask)
         token_entropy = (entropy * own_mask).view(len(chunk), -1).sum(-1)
         entropies += (token_entropy / own_mask.view(len(chunk), -1).sum(-1)).tolist()
         if progress:
@@ -151,14 +152,14 @@ def across_snapshots(
     Steps whose snapshot does not exist (a run that stopped early) are skipped. π_ref's samples are drawn
     once, so every checkpoint is scored on the same samples; each policy's own samples use the same seeds.
     """
-    reference, tokenizer = tiny.load(reference_dir)
+    reference, tokenizer = load(reference_dir)
     shared = reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts)
     paths = {step: reference_dir if step == 0 else Path(snapshots_dir) / f"step~{step}" for step in sorted(steps)}
     paths = {step: path for step, path in paths.items() if path.is_dir()}
     progress = Progress(f"Fig. 12 {snapshots_dir}", len(paths) * len(shared), unit="batch", every=30.0)
     rows = []
     for step, path in paths.items():
-        policy = reference if step == 0 else tiny.load(path)[0]
+        policy = reference if step == 0 else load(path)[0]
         scores = forward_kl_and_entropy(
             policy, reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts, shared, progress
         )

@@ -15,6 +15,13 @@ from pathlib import Path
 from klstudy import data, tiny
 
 
+def load(path):
+    """A saved model and its tokenizer, as every downstream stage loads them: the Auto classes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
 def build_embedded(spec: dict, warm_start_records: list[dict], out: Path, log=print) -> dict:
     """Build, warm-start and save the tiny model; returns its build metadata."""
     model_spec = tiny.TinyModelSpec(**spec.get("spec", {}))

@@ -28,3 +28,10 @@ def multiple_choice_prompt(question: str, choices) -> str:
 
 def countdown_prompt(question: str) -> str:
     return COUNTDOWN.format(question=question.strip())
+
+
+def chat_prompt(tokenizer, prompt: str) -> str:
+    """A user message in the model's own chat template, ready for the assistant's answer."""
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )

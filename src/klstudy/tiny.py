@@ -20,9 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+from klstudy.prompts import chat_prompt
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -97,12 +99,6 @@ def build_model(spec: TinyModelSpec, tokenizer) -> Qwen2ForCausalLM:
     )
     torch.manual_seed(spec.seed)
     return Qwen2ForCausalLM(config)
-
-
-def chat_prompt(tokenizer, prompt: str) -> str:
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
 
 
 def _encode_example(tokenizer, record) -> tuple[list[int], list[int]]:
@@ -212,8 +208,3 @@ def save(model, tokenizer, out_dir: Path, spec: TinyModelSpec, metadata: dict) -
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     (out_dir / "klstudy_build.json").write_text(json.dumps({"spec": asdict(spec), **metadata}, indent=2) + "\n")
-
-
-def load(path):
-    """The model and tokenizer as every downstream stage loads them: the Auto classes."""
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -323,7 +323,10 @@ def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, sample
         for start in range(0, len(padded), chunk):
             part = [requests[i] for i in padded[start : start + chunk]]
             prompts = [[{"role": "user", "content": r["prompt"]}] for r in part]
-            completions = trainer._generate(prompts)[3]
+            # TRL 1.16's _generate, unpacked whole by name: a change of what it returns fails here, not silently.
+            _prompt_ids, _completion_ids, _tool_mask, completions, _logprobs, _extra, _images, _tool_images = (
+                trainer._generate(prompts)
+            )
             texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
             scores += [rewards.score(r, t) for r, t in zip(part, texts, strict=True)]
     trainer.model.train(was_training)
