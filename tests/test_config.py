@@ -150,6 +150,11 @@ BAD = [
         "studies.onpolicy.train.gradient_checkpointing",
     ),
     (
+        "a collapse window that could never fire within the study's steps",
+        lambda c: c["studies"]["unbiased"].update(health={"collapse_window": 6}),
+        "studies.unbiased.health.collapse_window",
+    ),
+    (
         "LoRA under FSDP (adapters are merged into a whole model, which FSDP shards)",
         lambda c: c["studies"]["onpolicy"]["train"].update(
             accelerate_config="config/accelerate/fsdp.yaml", gradient_checkpointing=False, lora={"r": 4, "alpha": 8}

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 from test_trainer import _cell, _command, _env
+from workflow_helpers import validated_cell
 
 from klstudy import data
 from klstudy.progress import Progress
@@ -18,8 +19,8 @@ STEPS, KILL_AT = 6, 5  # checkpoints every 2 steps: the resumed job starts at st
 
 
 def _run(model_dir, data_dir, tmp_path, name, report_to, kill_at=None, extra_env=None):
-    cell = _cell(steps=STEPS, report_to=report_to, delete_checkpoints=False)
-    cell.update(study="study", model="tiny", run=f"study/tiny/k1-loss/{name}")
+    """The cell of study ``name`` (its run: name/tiny/k1-loss/beta~0.1/seed~0); the same training whatever the name."""
+    cell = validated_cell(dict(_cell(steps=STEPS)["train"], report_to=report_to, delete_checkpoints=False), study=name)
     env = {**_env(), "WANDB_MODE": "offline", **(extra_env or {})}
     if kill_at:
         env["KLSTUDY_KILL_AT_STEP"] = str(kill_at)
@@ -44,20 +45,20 @@ def test_tensorboard_holds_every_step_and_tracking_changes_nothing_trained(model
     assert _run(model_dir, data_dir, tmp_path, "untracked", "none").returncode == 0
     assert _run(model_dir, data_dir, tmp_path, "tracked", ["tensorboard"]).returncode == 0
     assert _rows(tmp_path / "tracked" / "metrics.jsonl") == _rows(tmp_path / "untracked" / "metrics.jsonl")
-    scalars = _scalars(tmp_path / "tracking" / "tensorboard" / "study/tiny/k1-loss/tracked")
+    scalars = _scalars(tmp_path / "tracking" / "tensorboard" / "tracked/tiny/k1-loss/beta~0.1/seed~0")
     metrics = data.read_jsonl(tmp_path / "tracked" / "metrics.jsonl")
     for column in ("task_reward", "kl_k1", "kl_k3", "loss", "entropy"):
         assert [step for step, _ in scalars[f"train/{column}"]] == list(range(1, STEPS + 1))
         assert [value for _, value in scalars[f"train/{column}"]] == pytest.approx([row[column] for row in metrics])
     heldout = data.read_jsonl(tmp_path / "tracked" / "heldout.jsonl")
     assert scalars["heldout/pass_at_1"] == [(row["step"], pytest.approx(row["pass_at_1"])) for row in heldout]
-    assert not (tmp_path / "tracking" / "tensorboard" / "study/tiny/k1-loss/untracked").exists()
+    assert not (tmp_path / "tracking" / "tensorboard" / "untracked/tiny/k1-loss/beta~0.1/seed~0").exists()
 
 
 def test_a_resumed_job_continues_its_tensorboard_run_each_step_once(model_dir, data_dir, tmp_path):
     assert _run(model_dir, data_dir, tmp_path, "cell", "tensorboard", kill_at=KILL_AT).returncode == -signal.SIGKILL
     assert _run(model_dir, data_dir, tmp_path, "cell", "tensorboard").returncode == 0
-    scalars = _scalars(tmp_path / "tracking" / "tensorboard" / "study/tiny/k1-loss/cell")
+    scalars = _scalars(tmp_path / "tracking" / "tensorboard" / "cell/tiny/k1-loss/beta~0.1/seed~0")
     metrics = data.read_jsonl(tmp_path / "cell" / "metrics.jsonl")
     assert [step for step, _ in scalars["train/kl_k3"]] == list(range(1, STEPS + 1))
     assert [value for _, value in scalars["train/kl_k3"]] == pytest.approx([row["kl_k3"] for row in metrics])
@@ -131,7 +132,7 @@ def test_a_tracker_that_cannot_start_fails_the_job_at_start_saying_how_to_fix_it
     failed = _run(model_dir, data_dir, tmp_path, "cell", ["wandb"], extra_env=env)
     assert failed.returncode == 1
     assert "TrackingError" in failed.stderr and "WANDB_MODE=offline" in failed.stderr
-    assert "studies.study.train.report_to" in failed.stderr
+    assert "studies.cell.train.report_to" in failed.stderr
     assert not (tmp_path / "cell" / "metrics.jsonl").exists()  # before the first step
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
+from workflow_helpers import validated_cell
 
 import klstudy.cell as grid_cell
 from klstudy import data, kl, models, tiny
@@ -264,7 +265,7 @@ def test_the_lookahead_draws_the_training_loop_order_across_epochs_and_after_a_r
 # ------------------------------------------------------------------------------ the `klstudy train` command
 
 
-def _cell(steps=6, **train):
+def _cell(steps=6, health=None, snapshot_steps=(), **train):
     settings = dict(
         steps=steps,
         batch_prompts=2,
@@ -282,7 +283,7 @@ def _cell(steps=6, **train):
     settings.update(train)
     # K1 in the loss moves an untrained policy from the first step (β·∇log π ≠ 0 even at π = π_ref), so the
     # trajectories compared below are not trivially constant.
-    return {"kl": "k1-loss", "beta": BETA, "seed": 0, "train": settings}
+    return validated_cell(settings, kl="k1-loss", beta=BETA, health=health, snapshot_steps=snapshot_steps)
 
 
 def _command(model_dir, data_dir, out, checkpoints, cell):
@@ -291,7 +292,7 @@ def _command(model_dir, data_dir, out, checkpoints, cell):
         "-m",
         "klstudy",
         "train",
-        "--cell",
+        "--settings",
         json.dumps(cell),
         "--model",
         str(model_dir),
@@ -318,8 +319,7 @@ def _env():
 def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_one(
     model_dir, data_dir, tmp_path, async_level
 ):
-    cell = _cell(async_level=async_level, delete_checkpoints=False)
-    cell["snapshot_steps"] = [2, 6]  # one before the kill, one after the resume
+    cell = _cell(async_level=async_level, delete_checkpoints=False, snapshot_steps=[2, 6])  # before the kill, after
     reference = tmp_path / "reference"
     subprocess.run(_command(model_dir, data_dir, reference, tmp_path / "ref-ckpt", cell), check=True, env=_env())
 
@@ -381,8 +381,7 @@ def _weights(model_dir):
 
 
 def test_a_diverging_run_is_recorded_not_raised(model_dir, data_dir, tmp_path):
-    cell = _cell(steps=4, learning_rate=1.0)
-    cell["health"] = {"max_kl": 1e-6}
+    cell = _cell(steps=4, learning_rate=1.0, health={"max_kl": 1e-6})
     subprocess.run(_command(model_dir, data_dir, tmp_path / "cell", tmp_path / "ckpt", cell), check=True, env=_env())
     summary = json.loads((tmp_path / "cell" / "summary.json").read_text())
     assert summary["status"] == "diverged" and "max_kl" in summary["reason"]
@@ -461,8 +460,7 @@ def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(data_dir, tmp
     base = tiny.build_model(spec, tokenizer).to(torch.bfloat16)
     base.config.dtype = "bfloat16"
     tiny.save(base, tokenizer, tmp_path / "base", spec, {})
-    cell = _cell(steps=2)
-    cell["snapshot_steps"] = [1]
+    cell = _cell(steps=2, snapshot_steps=[1])
     command = _command(tmp_path / "base", data_dir, tmp_path / "cell", tmp_path / "ckpt", cell)
     subprocess.run(command, check=True, env=_env())
     for saved in (tmp_path / "cell" / "final", tmp_path / "cell" / "snapshots" / "step~1"):
@@ -496,3 +494,11 @@ def test_a_setting_the_trainer_fixes_is_refused_not_overwritten(tmp_path, settin
         KLTrainerConfig(**common(tmp_path, **setting))
     fixed = KLTrainerConfig(**common(tmp_path))
     assert (fixed.scale_rewards, fixed.num_iterations, fixed.use_bias_correction_kl) == ("none", 1, False)
+
+
+def test_a_collapse_window_of_zero_turns_the_collapse_rule_off():
+    from klstudy.cell import HealthRules
+
+    off = HealthRules(max_kl=50, collapse_window=0, collapse_fraction=0.2, collapse_min_best=0.05)
+    assert off.verdict(_history([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])) is None
+    assert off.verdict(_history([0.5, 0.5], kl_k3=60.0))[0] == "diverged"  # the other rules still hold

@@ -17,6 +17,8 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
+from workflow_helpers import validated_cell  # noqa: E402
+
 from klstudy import cell as grid_cell  # noqa: E402
 from klstudy import data, evaluate, models, procedural, vllm_cpu  # noqa: E402
 from klstudy.prompts import chat_prompt  # noqa: E402
@@ -77,27 +79,12 @@ def trained_with_vllm(workdir):
         previous["policy"] = policy
         return original(self, *args, **kwargs)
 
-    cell = {
-        "kl": "k1-loss",  # β·∇log π ≠ 0 from the first step, so the weights move at every step
-        "beta": 0.1,
-        "seed": 0,
-        "train": dict(
-            steps=3,
-            batch_prompts=2,
-            minibatch_prompts=2,
-            rollouts=4,
-            learning_rate=1e-2,
-            max_response_tokens=12,
-            temperature=1.0,
-            advantage="rloo",
-            loss_type="token_sum",
-            async_level=0,
-            eval_every=3,
-            checkpoint_every=3,
-            heldout_samples=1,
-            generation="vllm",
-        ),  # fmt: skip
-    }
+    train = dict(
+        steps=3, batch_prompts=2, minibatch_prompts=2, rollouts=4, learning_rate=1e-2, max_response_tokens=12,
+        temperature=1.0, advantage="rloo", loss_type="token_sum", async_level=0, eval_every=3, checkpoint_every=3,
+        heldout_samples=1, generation="vllm", report_to="none",
+    )  # fmt: skip
+    cell = validated_cell(train, kl="k1-loss", beta=0.1)  # β·∇log π ≠ 0 from the first step: weights move every step
     VLLMGeneration.generate = checked_generate
     try:
         summary = grid_cell.run(

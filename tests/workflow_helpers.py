@@ -28,6 +28,22 @@ def job_counts(output: str) -> dict:
     return {m[0]: int(m[1]) for m in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
 
 
+def validated_cell(train: dict, study="test", kl="k1-loss", beta=0.1, seed=0, health=None, snapshot_steps=()) -> dict:
+    """A cell's settings exactly as the workflow hands them to `klstudy train` (config.cell_settings): one study of
+    config.yaml's tiny model with these train settings, validated, so that every default comes from the schema.
+    ``health``: its rules (the collapse rule off unless given, as it could not fire in a short test run)."""
+    from klstudy.config import cell_settings, validate_config
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["studies"] = {study: dict(models=["tiny"], train_data="math_train", heldout_data="math_test", kl=[kl],
+                                     betas=[beta], seeds=[seed], train=train,
+                                     health={"collapse_window": 0, **(health or {})})}  # fmt: skip
+    config["evaluation"]["studies"] = {}
+    config["divergence"].update(study=study, kl=[kl], betas=[beta], seeds=[seed], steps=[0, *snapshot_steps])
+    config["figures"] = {}
+    return cell_settings(validate_config(config), study, "tiny", kl, beta, seed)
+
+
 def reduced_config() -> dict:
     """config.yaml with every stage kept but made small: few toy trials, a barely trained model, short cells of
     an on-policy and an off-policy study, evaluation of one configuration, one figure of each kind."""
@@ -39,6 +55,7 @@ def reduced_config() -> dict:
     config["studies"]["offpolicy_k1_loss"].update(betas=[0.1])
     for study in config["studies"].values():
         study["train"].update(steps=2, rollouts=2, max_response_tokens=8, eval_every=1, checkpoint_every=1)
+        study["health"] = {"collapse_window": 1}  # two steps: the longest window that can still decide a collapse
         study["train"].update(batch_prompts=4, minibatch_prompts=4 if study["train"]["minibatch_prompts"] == 8 else 2)
     config["evaluation"].update(tasks=["math500", "mmlu_college_biology"], k=2, max_tokens=8, limit=3,
                                 studies={"onpolicy": ["none", "k1-reward"]})  # fmt: skip

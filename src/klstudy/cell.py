@@ -58,20 +58,20 @@ METRIC_KEYS = {
 
 @dataclass
 class HealthRules:
-    """When a run stops early, and with which status.
+    """When a run stops early, and with which status (config: a study's ``health``, its defaults in the schema).
 
     Attributes:
         max_kl: ``diverged`` when the per-sequence K3 estimate of KL(π‖π_ref) exceeds this (nats).
-        collapse_window: steps in the running mean of the task reward.
+        collapse_window: steps in the running mean of the task reward (0: no collapse rule).
         collapse_fraction: ``collapsed`` when that running mean falls below this fraction of its best value
-            (after at least one full window, and only if the best was above ``collapse_min_best``).
+            (once there are two windows of rewards, and only if the best was above ``collapse_min_best``).
         collapse_min_best: a best running reward below this is too small to call a fall from it a collapse.
     """
 
-    max_kl: float = 1000.0
-    collapse_window: int = 10
-    collapse_fraction: float = 0.2
-    collapse_min_best: float = 0.05
+    max_kl: float
+    collapse_window: int
+    collapse_fraction: float
+    collapse_min_best: float
 
     def verdict(self, history: list[dict]) -> tuple[str, str] | None:
         """(status, reason) if the run must stop after the last logged step, else None."""
@@ -83,7 +83,7 @@ class HealthRules:
         window = self.collapse_window
         # With several updates per generation batch, only the update that generated logs the batch's reward.
         rewards = [h["task_reward"] for h in history if "task_reward" in h]
-        if len(rewards) >= 2 * window:
+        if window and len(rewards) >= 2 * window:
             means = [sum(rewards[i - window : i]) / window for i in range(window, len(rewards) + 1)]
             best = max(means)
             if best > self.collapse_min_best and means[-1] < self.collapse_fraction * best:
@@ -131,7 +131,7 @@ def batch_layout(train: dict, processes: int) -> tuple[int, int]:
     if minibatch % processes:
         raise ValueError(f"a minibatch of {minibatch} completions cannot be split over {processes} processes")
     per_process = minibatch // processes
-    micro = min(train.get("micro_batch", per_process), per_process)
+    micro = min(train.get("micro_batch") or per_process, per_process)  # unset: the whole share at once
     if train["batch_prompts"] % train["minibatch_prompts"] or per_process % micro:
         raise ValueError(
             "batch_prompts must be a multiple of minibatch_prompts, and each process's share of the minibatch "
@@ -156,8 +156,8 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
-        max_grad_norm=train.get("max_grad_norm", 1.0),
-        gradient_checkpointing=train.get("gradient_checkpointing", True),
+        max_grad_norm=train["max_grad_norm"],
+        gradient_checkpointing=train["gradient_checkpointing"],
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation,
         updates_per_batch=updates,
@@ -171,12 +171,12 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         advantage=train["advantage"],
         loss_type=LOSS_TYPES[train["loss_type"]],
         async_level=train["async_level"],
-        kl_loss_importance_weighting=train.get("kl_loss_importance_weighting", False),
-        use_vllm=train.get("generation", "hf") == "vllm",
+        kl_loss_importance_weighting=train["kl_loss_importance_weighting"],
+        use_vllm=train["generation"] == "vllm",
         vllm_mode="colocate",
         logging_steps=1,
         save_strategy="steps",
-        save_steps=train.get("checkpoint_every", 10) * updates,
+        save_steps=train["checkpoint_every"] * updates,
         # Two: Trainer deletes the older checkpoint before RunRecorder.on_save marks the newer one complete, so with
         # one, a job killed in between would restart from step 0. README, "Disk".
         save_total_limit=2,
@@ -393,13 +393,13 @@ def run(
     recorder = RunRecorder(
         out_dir,
         data.read_jsonl(heldout_path),
-        cell["train"].get("eval_every", 10),
-        cell["train"].get("heldout_samples", 1),
+        cell["train"]["eval_every"],
+        cell["train"]["heldout_samples"],
         args.updates_per_batch,
-        HealthRules(**cell.get("health", {})),
+        HealthRules(**cell["health"]),
         cell["seed"],
         # Snapshots wait beside the checkpoints (which survive a killed job) until the run ends.
-        cell.get("snapshot_steps", []),
+        cell["snapshot_steps"],
         checkpoint_dir / "snapshots",
         dtype=models.config_dtype(model_dir),
     )
@@ -427,11 +427,11 @@ def run(
     if os.environ.get("KLSTUDY_KILL_AT_STEP"):
         trainer.add_callback(KillAtStep(int(os.environ["KLSTUDY_KILL_AT_STEP"]), args.updates_per_batch))
     if main:  # trackers start before training, so that one that cannot (no login, no network) fails the job now
-        name = cell.get("run", str(out_dir))  # the workflow names a cell by its path, RUN_PATH
-        recorder.tracking = Tracking(cell["train"].get("report_to", []), name, cell, tracking_dir, checkpoint_dir, done)
+        tracking = Tracking(cell["train"]["report_to"], cell["run"], cell, tracking_dir, checkpoint_dir, done)
         heldout = data.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
-        recorder.tracking.replay(recorder.history, heldout, args.updates_per_batch, upto=done)
-        recorder.progress = Progress(name, cell["train"]["steps"], start=done // args.updates_per_batch)
+        tracking.replay(recorder.history, heldout, args.updates_per_batch, upto=done)
+        recorder.tracking = tracking
+        recorder.progress = Progress(cell["run"], cell["train"]["steps"], start=done // args.updates_per_batch)
         trainer.remove_callback(PrinterCallback)  # Trainer's dict per step; the progress line replaces it
     start = time.perf_counter()
     try:
@@ -456,7 +456,7 @@ def run(
     else:
         (out_dir / "snapshots").mkdir()
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if status == "ok" and cell["train"].get("delete_checkpoints", True):
+    if status == "ok" and cell["train"]["delete_checkpoints"]:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return summary
 
@@ -468,7 +468,7 @@ def lora_config(settings: dict | None):
     from peft import LoraConfig
 
     return LoraConfig(
-        r=settings["r"], lora_alpha=settings["alpha"], lora_dropout=settings.get("dropout", 0.0),
+        r=settings["r"], lora_alpha=settings["alpha"], lora_dropout=settings["dropout"],
         target_modules="all-linear", task_type="CAUSAL_LM",
     )  # fmt: skip
 

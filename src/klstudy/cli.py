@@ -1,6 +1,9 @@
 """`klstudy` command line: one subcommand per pipeline stage, each called by one Snakemake rule.
 
-Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. Each stage imports
+Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. One convention hands
+settings to a stage: ``--settings`` is the part of the validated config the stage reads, as JSON (a dataset's entry,
+the toy section, a cell's settings from ``config.cell_settings``, the evaluation or divergence section); stages that
+read the whole config take it as a file path (``--config``). Defaults live in the schema alone. Each stage imports
 what it needs inside its function: every job is a process of its own, and start-up is a large part of a small one.
 """
 
@@ -13,21 +16,27 @@ import time
 from pathlib import Path
 
 
-def _toy(args):
+def _threads(count: int | None) -> None:
     import torch
 
-    from klstudy import kl, toy
+    if count:
+        torch.set_num_threads(count)
 
-    torch.set_num_threads(args.threads)
-    setting = toy.ToySetting(args.name, args.a, args.b, args.a_ref, args.b_ref)
-    estimators, placements = args.estimators or kl.ESTIMATORS, args.placements or kl.PLACEMENTS
+
+def _toy(args):
+    from klstudy import toy
+
+    _threads(args.threads)
+    section = json.loads(args.settings)
+    setting = toy.ToySetting(args.setting, **section["settings"][args.setting])
     start = time.perf_counter()
     results = toy.bias_variance(
-        setting, args.lengths, estimators, placements, args.trials, args.sequences, args.seed, args.baseline
-    )
+        setting, section["lengths"], section["estimators"], section["placements"], section["trials"],
+        section["sequences"], section["seed"], section["baseline"],
+    )  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out, index=False)
-    print(f"toy setting {args.name}: {len(results)} rows in {time.perf_counter() - start:.2f}s -> {args.out}")
+    print(f"toy setting {args.setting}: {len(results)} rows in {time.perf_counter() - start:.2f}s -> {args.out}")
 
 
 def _toy_tests(args):
@@ -36,7 +45,7 @@ def _toy_tests(args):
     from klstudy import toy
 
     results = pd.concat([pd.read_csv(path) for path in args.inputs], ignore_index=True)
-    tests = toy.unbiasedness_tests(results, args.alpha)
+    tests = toy.unbiasedness_tests(results, json.loads(args.settings)["alpha"])
     tests.to_csv(args.out, index=False)
     print(tests.to_string(index=False))
 
@@ -53,28 +62,25 @@ def _fig01(args):
 def _prepare_data(args):
     from klstudy import data
 
-    records = data.prepare(args.name, json.loads(args.spec), Path(args.out))
+    records = data.prepare(args.name, json.loads(args.settings), Path(args.out))
     print(f"dataset {args.name}: {len(records)} records -> {args.out}")
 
 
 def _base_model(args):
-    import torch
-
     from klstudy import models
 
-    torch.set_num_threads(args.threads)
-    models.build_base_model(args.name, json.loads(args.spec), args.warm_start_data, Path(args.out))
+    _threads(args.threads)
+    models.build_base_model(args.name, json.loads(args.settings), args.warm_start_data, Path(args.out))
 
 
 def _train(args):
-    import torch
     from accelerate import PartialState
 
     from klstudy import cell
 
-    torch.set_num_threads(args.threads)
+    _threads(args.threads)
     summary = cell.run(
-        json.loads(args.cell),
+        json.loads(args.settings),
         Path(args.model),
         Path(args.train_data),
         Path(args.heldout_data),
@@ -90,11 +96,9 @@ def _evaluate(args):
     if not len(args.task) == len(args.out) == len(args.samples):
         raise SystemExit(f"klstudy evaluate: --task, --out and --samples name {len(args.task)}, {len(args.out)} and "
                          f"{len(args.samples)} files; give one --out and one --samples file per task")  # fmt: skip
-    import torch
-
     from klstudy import data, evaluate
 
-    torch.set_num_threads(args.threads)
+    _threads(args.threads)
     settings = json.loads(args.settings)
     # lm-eval's own progress bar (requests done, rate, time left) follows in the log.
     print(f"lm-eval: {', '.join(args.task)} on {args.model}, k = {settings['k']}", flush=True)
@@ -102,8 +106,7 @@ def _evaluate(args):
     outputs = evaluate.run(
         Path(args.model), args.task, Path(args.data_dir), k=settings["k"], min_p=settings["min_p"],
         max_tokens=settings["max_tokens"], chat_template=args.chat_template == "on", backend=settings["backend"],
-        seed=args.seed, limit=settings.get("limit"), batch_size=settings["batch_size"],
-        backend_settings=settings.get("vllm", {}),
+        seed=args.seed, limit=settings["limit"], batch_size=settings["batch_size"], backend_settings=settings["vllm"],
     )  # fmt: skip
     print(f"lm-eval: done in {time.perf_counter() - start:.0f} s", flush=True)
     status = json.loads(Path(args.summary).read_text())["status"] if args.summary else "base"
@@ -118,43 +121,37 @@ def _evaluate(args):
 
 def _divergence(args):
     import pandas as pd
-    import torch
 
     from klstudy import data, divergence
 
-    torch.set_num_threads(args.threads)
-    prompts = [record["prompt"] for record in data.read_jsonl(Path(args.data))[: args.prompts]]
+    _threads(args.threads)
+    section = json.loads(args.settings)
+    prompts = [record["prompt"] for record in data.read_jsonl(Path(args.data))[: section["prompts"]]]
     rows = divergence.across_snapshots(
-        Path(args.reference),
-        Path(args.snapshots),
-        args.steps,
-        prompts,
-        args.samples,
-        args.max_tokens,
-        args.seed,
-        args.batch_prompts,
-    )
+        Path(args.reference), Path(args.snapshots), section["steps"], prompts, section["samples"],
+        section["max_tokens"], args.seed, section["batch_prompts"],
+    )  # fmt: skip
     table = pd.DataFrame(rows)
     table.to_csv(args.out, index=False)
     print(table.to_string(index=False))
 
 
-def _read_config(text_or_path: str) -> dict:
-    """A config file's path, or the config itself as YAML/JSON text (what the Snakemake rules pass); validated."""
+def _read_config(path: str) -> dict:
+    """A config file (the user's, or the validated one aggregate writes beside the tables), validated."""
     import yaml
 
     from klstudy.config import validate_config
 
-    is_file = len(text_or_path) < 4096 and Path(text_or_path).is_file()
-    return validate_config(yaml.safe_load(Path(text_or_path).read_text() if is_file else text_or_path))
+    return validate_config(yaml.safe_load(Path(path).read_text()))
 
 
 def _aggregate(args):
     import yaml
 
     from klstudy import aggregate
+    from klstudy.config import validate_config
 
-    config = _read_config(args.config)
+    config = validate_config(json.loads(args.settings))
     tables = aggregate.write_tables(config, Path(args.results), Path(args.out_dir))
     (Path(args.out_dir) / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     for name, table in tables.items():
@@ -190,25 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     toy = commands.add_parser("toy", help="§3.3 Monte Carlo bias and variance for one (a, b, a_ref, b_ref) setting")
-    toy.add_argument("--name", required=True)
-    for name in ("a", "b", "a-ref", "b-ref"):
-        toy.add_argument(f"--{name}", type=float, required=True)
-    toy.add_argument("--lengths", type=int, nargs="+", required=True)
-    # Checked by klstudy.kl (an unknown name is a ValueError naming the allowed ones); importing it here would
-    # import torch in every job, the data and figure jobs included.
-    toy.add_argument("--estimators", nargs="+", help="default: every estimator of klstudy.kl (k1 k2 k3)")
-    toy.add_argument("--placements", nargs="+", help="default: every placement (reward loss both none)")
-    toy.add_argument("--trials", type=int, default=200)
-    toy.add_argument("--sequences", type=int, default=1000)
-    toy.add_argument("--seed", type=int, default=0)
-    toy.add_argument("--baseline", choices=("none", "rloo"), default="none")
-    toy.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    toy.add_argument("--setting", required=True, help="a name under the toy section's settings")
+    toy.add_argument("--settings", required=True, help="the config's toy section, as JSON")
+    toy.add_argument("--threads", type=int, help="torch CPU threads")
     toy.add_argument("--out", required=True)
     toy.set_defaults(run=_toy)
 
     tests = commands.add_parser("toy-tests", help="per-configuration test of 'the gradient is unbiased'")
     tests.add_argument("--inputs", nargs="+", required=True)
-    tests.add_argument("--alpha", type=float, required=True)
+    tests.add_argument("--settings", required=True, help="the config's toy section, as JSON (its alpha)")
     tests.add_argument("--out", required=True)
     tests.set_defaults(run=_toy_tests)
 
@@ -220,20 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     prepare = commands.add_parser("prepare-data", help="stage one dataset as JSONL in the common schema")
     prepare.add_argument("--name", required=True)
-    prepare.add_argument("--spec", required=True, help="the dataset's config entry, as JSON")
+    prepare.add_argument("--settings", required=True, help="the dataset's config entry, as JSON")
     prepare.add_argument("--out", required=True)
     prepare.set_defaults(run=_prepare_data)
 
     base = commands.add_parser("base-model", help="build the tiny model, or stage a hub model, in HF format")
     base.add_argument("--name", required=True)
-    base.add_argument("--spec", required=True, help="the model's config entry, as JSON")
+    base.add_argument("--settings", required=True, help="the model's config entry, as JSON")
     base.add_argument("--warm-start-data", nargs="*", default=[], help="staged JSONL files (embedded models)")
-    base.add_argument("--threads", type=int, default=2)
+    base.add_argument("--threads", type=int)
     base.add_argument("--out", required=True)
     base.set_defaults(run=_base_model)
 
     train = commands.add_parser("train", help="RL-train one grid cell (resumes from its last checkpoint)")
-    train.add_argument("--cell", required=True, help="the cell: kl, beta, seed and the study's train settings, as JSON")
+    train.add_argument("--settings", required=True, help="the cell's settings (config.cell_settings), as JSON")
     train.add_argument("--model", required=True, help="base model directory (Hugging Face format)")
     train.add_argument("--train-data", required=True)
     train.add_argument("--heldout-data", required=True)
@@ -242,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--checkpoints", required=True, help="checkpoint directory, outside Snakemake's outputs")
     train.add_argument("--tracking-dir", default="results", help="tensorboard/<cell> and wandb/ go here (report_to)")
-    train.add_argument("--threads", type=int, default=2)
+    train.add_argument("--threads", type=int)
     train.set_defaults(run=_train)
 
     evaluate = commands.add_parser("evaluate", help="mean@k of one model on some tasks with lm-eval-harness")
@@ -253,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--chat-template", choices=("on", "off"), default="on")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--summary", help="the cell's summary.json (its status is copied into the row)")
-    evaluate.add_argument("--threads", type=int, default=2)
+    evaluate.add_argument("--threads", type=int)
     evaluate.add_argument("--out", required=True, nargs="+", help="per task: results JSON (lm-eval's + the tidy row)")
     evaluate.add_argument("--samples", required=True, nargs="+", help="per task: JSONL of every repeat and its score")
     evaluate.set_defaults(run=_evaluate)
@@ -261,32 +248,28 @@ def build_parser() -> argparse.ArgumentParser:
     div = commands.add_parser("divergence", help="Fig. 12: forward KL(π_ref‖π_θ) and entropy over a cell's snapshots")
     div.add_argument("--reference", required=True, help="the base model directory (π_ref)")
     div.add_argument("--snapshots", required=True, help="the cell's snapshots/ directory (step~N/ inside)")
-    div.add_argument("--steps", type=int, nargs="+", required=True, help="steps to score (0: the base model)")
     div.add_argument("--data", required=True, help="staged JSONL whose prompts are used")
-    div.add_argument("--prompts", type=int, default=200, help="the first N questions")
-    div.add_argument("--samples", type=int, default=4, help="responses per question")
-    div.add_argument("--max-tokens", type=int, default=1024)
-    div.add_argument("--seed", type=int, default=0)
-    div.add_argument("--batch-prompts", type=int, default=16, help="questions per generation batch (× samples rows)")
-    div.add_argument("--threads", type=int, default=2)
+    div.add_argument("--settings", required=True, help="the config's divergence section, as JSON")
+    div.add_argument("--seed", type=int, required=True, help="the cell's seed (sampling seeds follow from it)")
+    div.add_argument("--threads", type=int)
     div.add_argument("--out", required=True, help="CSV: step, forward_kl, entropy and their standard errors")
     div.set_defaults(run=_divergence)
 
     agg = commands.add_parser("aggregate", help="tidy tables of the whole grid (results/tables/*.csv)")
-    agg.add_argument("--config", required=True, help="the validated config: a YAML file, or YAML/JSON text")
+    agg.add_argument("--settings", required=True, help="the whole config, as JSON (saved, validated, with the tables)")
     agg.add_argument("--results", default="results", help="the results directory")
     agg.add_argument("--out-dir", required=True)
     agg.set_defaults(run=_aggregate)
 
     fig = commands.add_parser("figure", help="one of the paper's figures 2-12, as configured under 'figures'")
     fig.add_argument("--name", required=True, help="a key of the config's figures section, e.g. fig02_k1_in_loss")
-    fig.add_argument("--config", required=True)
+    fig.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
     fig.add_argument("--tables", required=True, help="the directory of the aggregated tables")
     fig.add_argument("--out", required=True, help="PNG path (a PDF is written beside it)")
     fig.set_defaults(run=_figure)
 
     tab = commands.add_parser("tables", help="Table 1 (with the runs' behaviour), Table 2, relative improvements")
-    tab.add_argument("--config", required=True)
+    tab.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
     tab.add_argument("--tables", required=True, help="the directory of the aggregated tables")
     tab.add_argument("--toy-tests", required=True, help="results/toy/unbiasedness.csv")
     tab.add_argument("--out-dir", required=True)

@@ -136,6 +136,13 @@ def _check_references(config: dict) -> None:
                 f"config key 'studies.{study}.train.gradient_checkpointing': must be false with "
                 f"{accelerate_config}, whose fsdp_activation_checkpointing already recomputes activations"
             )
+        window = spec["health"]["collapse_window"]
+        if 2 * window > train["steps"]:
+            # HealthRules.verdict needs two windows of rewards: such a rule could never call a run collapsed.
+            raise ConfigError(
+                f"config key 'studies.{study}.health.collapse_window': {window} needs {2 * window} steps to decide a "
+                f"collapse, and the study has {train['steps']}: at most {train['steps'] // 2} (0 turns the rule off)"
+            )
         if train["batch_prompts"] % train["minibatch_prompts"]:
             raise ConfigError(
                 f"config key 'studies.{study}.train.minibatch_prompts': {train['minibatch_prompts']} does not divide "
@@ -250,6 +257,16 @@ def divergence_cells(config: dict) -> list[dict]:
         cell for cell in study_cells(config, section["study"], section["kl"])
         if cell["model"] in models and cell["beta"] in section["betas"] and cell["seed"] in section["seeds"]
     ]  # fmt: skip
+
+
+def cell_settings(config: dict, study: str, model: str, kl: str, beta, seed) -> dict:
+    """What `klstudy train --settings` gets for one cell of a validated config: who it is (study, model, KL
+    configuration, β, seed), its name (``run``: its path, which also names it in the trackers), its study's trainer
+    settings and health rules, and the steps at which it saves its policy for Fig. 12."""
+    spec = config["studies"][study]
+    run = RUN_PATH.format(study=study, model=model, kl=kl, beta=beta, seed=seed)  # β as the path writes it
+    cell = dict(study=study, model=model, kl=kl, beta=float(beta), seed=int(seed))
+    return dict(cell, run=run, train=spec["train"], health=spec["health"], snapshot_steps=snapshot_steps(config, cell))
 
 
 def snapshot_steps(config: dict, cell: dict) -> list[int]:

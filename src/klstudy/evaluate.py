@@ -45,15 +45,9 @@ def _override_task(task: str, k: int, min_p: float, max_tokens: int, temperature
 def model_arguments(backend: str, model_dir: Path, settings: dict) -> str:
     if backend == "hf":
         return f"pretrained={model_dir},dtype=float32,device=cpu"
-    parts = {
-        "pretrained": model_dir,
-        "dtype": settings.get("dtype", "auto"),
-        "tensor_parallel_size": settings.get("tensor_parallel_size", 1),
-        "data_parallel_size": settings.get("data_parallel_size", 1),
-        "gpu_memory_utilization": settings.get("gpu_memory_utilization", 0.9),
-        "max_model_len": settings.get("max_model_len", 4096),
-        "seed": settings.get("seed", 0),  # engine seed; never a per-request seed (all repeats would be identical)
-    }
+    # config evaluation.vllm (its defaults in the schema) and the job's engine seed: never a per-request seed in
+    # gen_kwargs, with which every repeat of a question would be identical.
+    parts = {"pretrained": model_dir, **settings}
     if vllm_cpu.on_cpu():  # vLLM's CPU backend (vllm_cpu.py); a GPU engine is configured by the settings alone
         vllm_cpu.configure_environment()
         parts.update(vllm_cpu.ENGINE_ARGUMENTS)

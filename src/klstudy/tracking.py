@@ -37,7 +37,7 @@ class TrackingError(RuntimeError):
     """A tracker could not start; the message says how to fix it or turn it off."""
 
 
-def _fix(name: str, study: str | None) -> str:
+def _fix(name: str, study: str) -> str:
     return f"or remove {name!r} from studies.{study}.train.report_to (e.g. report_to: [tensorboard], or none)"
 
 
@@ -65,7 +65,7 @@ class Tracking:
                 raise
             except Exception as error:  # noqa: BLE001 (each library fails in its own way; all mean "cannot track")
                 raise TrackingError(
-                    f"train.report_to {name}: the tracker did not start ({error!r}); {_fix(name, cell.get('study'))}"
+                    f"train.report_to {name}: the tracker did not start ({error!r}); {_fix(name, cell['study'])}"
                 ) from error
         self._save_state()
 
@@ -83,20 +83,20 @@ class Tracking:
     def _start_wandb(self, resume_step):
         import wandb
 
-        settings = self.cell["train"].get("wandb", {})
+        settings = self.cell["train"].get("wandb") or {}  # optional: W&B's own environment variables otherwise
         run_id = self.state.get("wandb", {}).get("id") or secrets.token_hex(4)  # W&B's form: 8 lowercase alphanumerics
         try:
             run = wandb.init(
                 project=settings.get("project") or os.environ.get("WANDB_PROJECT") or "klstudy",
                 entity=settings.get("entity") or os.environ.get("WANDB_ENTITY"),
-                name=self.run_name, group=self.cell.get("study"), tags=[self.cell.get("model", ""), self.cell["kl"]],
+                name=self.run_name, group=self.cell["study"], tags=[self.cell["model"], self.cell["kl"]],
                 config=self.cell, id=run_id, resume="allow", dir=str(self.out_dir), reinit="create_new",
             )  # fmt: skip
         except Exception as error:
             raise TrackingError(
                 f"train.report_to wandb: W&B did not start ({error!r}). Log in (`wandb login`, or WANDB_API_KEY); "
                 "on compute nodes without network set WANDB_MODE=offline, and later "
-                f"`wandb sync {self.out_dir}/wandb/offline-run-*`; " + _fix("wandb", self.cell.get("study"))
+                f"`wandb sync {self.out_dir}/wandb/offline-run-*`; " + _fix("wandb", self.cell["study"])
             ) from error
         self.state.setdefault("wandb", {"last_step": -1})["id"] = run.id
         return run
@@ -107,9 +107,9 @@ class Tracking:
         except ImportError as error:
             raise TrackingError(
                 "train.report_to trackio: the trackio package is not installed (pip install trackio); "
-                + _fix("trackio", self.cell.get("study"))
+                + _fix("trackio", self.cell["study"])
             ) from error
-        project = self.cell["train"].get("trackio", {}).get("project") or "klstudy"
+        project = (self.cell["train"].get("trackio") or {}).get("project") or "klstudy"
         run = trackio.init(project=project, name=self.run_name, config=self.cell, resume="allow")
         self.state.setdefault("trackio", {"last_step": -1})["id"] = self.run_name
         return run

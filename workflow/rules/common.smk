@@ -13,10 +13,10 @@ from klstudy.config import (
     RUN_PATH,
     STUDY_TABLES,
     all_cells,
+    cell_settings,
     divergence_targets,
     evaluation_targets,
     figure_targets,
-    snapshot_steps,
 )
 
 # Every stage is `python -m klstudy <stage>`, with the klstudy source tree importable. Without
@@ -64,13 +64,8 @@ def data_file(name):
 
 
 def cell_config(wildcards):
-    """What `klstudy train --cell` gets: the cell's KL, β and seed, its name (run: its path, which names its runs in
-    the trackers) and its study's trainer settings."""
-    spec = config["studies"][wildcards.study]
-    cell = dict(study=wildcards.study, model=wildcards.model, kl=wildcards.kl, beta=float(wildcards.beta),
-                seed=int(wildcards.seed))
-    return dict(cell, run=RUN_PATH.format(**wildcards), train=spec["train"], health=spec.get("health", {}),
-                snapshot_steps=snapshot_steps(config, cell))
+    """What `klstudy train --settings` gets (config.cell_settings)."""
+    return cell_settings(config, **{key: wildcards[key] for key in ("study", "model", "kl", "beta", "seed")})
 
 
 def run_outputs():
@@ -103,15 +98,15 @@ def stage_python(uses_vllm):
     vLLM environment's interpreter (config `vllm_python`, from `make vllm-env`): vLLM pins its own torch."""
     if not uses_vllm:
         return "python"
-    return shlex.quote(str(Path(workflow.basedir) / config.get("vllm_python", ".venv-vllm/bin/python")))
+    return shlex.quote(str(Path(workflow.basedir) / config["vllm_python"]))
 
 
 def evaluate_python(wildcards):
-    return stage_python(config["evaluation"].get("backend", "hf") == "vllm")
+    return stage_python(config["evaluation"]["backend"] == "vllm")
 
 
 # Evaluation jobs (config evaluation.jobs): one per (model, task), or with per_model one per model for every task.
-EVAL_PER_MODEL = config["evaluation"].get("jobs", "per_task") == "per_model"
+EVAL_PER_MODEL = config["evaluation"]["jobs"] == "per_model"
 
 
 def evaluation_files(directory, suffix):
@@ -138,7 +133,7 @@ def train_launcher(wildcards):
     (FSDP / ZeRO-3) when it names one; on several nodes, one launch per node through srun, rendezvous at the
     first node."""
     train = config["studies"][wildcards.study]["train"]
-    python = stage_python(train.get("generation", "hf") == "vllm")
+    python = stage_python(train["generation"] == "vllm")
     if train.get("accelerate_config") is None:
         return python
     launch_config = Path(workflow.basedir) / train["accelerate_config"]  # relative to the repository, as validated

@@ -7,7 +7,7 @@ rule prepare_data:
     output:
         "results/data/{dataset}.jsonl",
     params:
-        spec=lambda wildcards: json.dumps(config["data"][wildcards.dataset]),
+        settings=lambda wildcards: json.dumps(config["data"][wildcards.dataset]),
     log:
         "logs/data/{dataset}.log",
     # Data and base models first: every training cell waits for them, the toy analysis waits for nothing.
@@ -15,7 +15,7 @@ rule prepare_data:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy prepare-data --name {wildcards.dataset} --spec {params.spec:q} --out {output} > {log} 2>&1"
+        "python -m klstudy prepare-data --name {wildcards.dataset} --settings {params.settings:q} --out {output} > {log} 2>&1"
 
 
 rule base_model:
@@ -27,7 +27,7 @@ rule base_model:
     output:
         directory("results/models/{model}"),
     params:
-        spec=lambda wildcards: json.dumps(config["models"][wildcards.model]),
+        settings=lambda wildcards: json.dumps(config["models"][wildcards.model]),
     log:
         "logs/models/{model}.log",
     benchmark:
@@ -37,5 +37,5 @@ rule base_model:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy base-model --name {wildcards.model} --spec {params.spec:q}"
+        "python -m klstudy base-model --name {wildcards.model} --settings {params.settings:q}"
         " --warm-start-data {input.warm_start} --threads {threads} --out {output} > {log} 2>&1"

@@ -73,11 +73,7 @@ rule divergence:
     output:
         f"results/divergence/{RUN_PATH}/{{task}}.csv",
     params:
-        steps=config["divergence"]["steps"],
-        prompts=config["divergence"]["prompts"],
-        samples=config["divergence"]["samples"],
-        max_tokens=config["divergence"]["max_tokens"],
-        batch_prompts=config["divergence"]["batch_prompts"],
+        settings=json.dumps(config["divergence"]),
     log:
         f"logs/divergence/{RUN_PATH}/{{task}}.log",
     benchmark:
@@ -89,6 +85,5 @@ rule divergence:
         "../../envs/klstudy.yaml"
     shell:
         "python -m klstudy divergence --reference {input.reference} --snapshots {input.snapshots}"
-        " --steps {params.steps} --data {input.data} --prompts {params.prompts} --samples {params.samples}"
-        " --max-tokens {params.max_tokens} --batch-prompts {params.batch_prompts} --seed {wildcards.seed}"
+        " --data {input.data} --settings {params.settings:q} --seed {wildcards.seed}"
         " --threads {threads} --out {output} > {log} 2>&1"

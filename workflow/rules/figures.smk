@@ -11,14 +11,15 @@ rule aggregate:
         expand("results/tables/{table}.csv", table=AGGREGATED_TABLES),
         config=report("results/tables/config.yaml", caption="../report/config.rst", category="Configuration"),
     params:
-        config=json.dumps(config),
+        settings=json.dumps(config),
         out_dir=lambda wildcards, output: os.path.dirname(output.config),
     log:
         "logs/aggregate.log",
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy aggregate --config {params.config:q} --results results --out-dir {params.out_dir} > {log} 2>&1"
+        "python -m klstudy aggregate --settings {params.settings:q} --results results --out-dir {params.out_dir}"
+        " > {log} 2>&1"
 
 
 rule figure:

@@ -8,14 +8,7 @@ rule toy_bias_variance:
     output:
         "results/toy/{setting}.csv",
     params:
-        setting=lambda wildcards: TOY["settings"][wildcards.setting],
-        lengths=TOY["lengths"],
-        estimators=TOY["estimators"],
-        placements=TOY["placements"],
-        trials=TOY["trials"],
-        sequences=TOY["sequences"],
-        seed=TOY["seed"],
-        baseline=TOY["baseline"],
+        settings=json.dumps(TOY),
     log:
         "logs/toy/{setting}.log",
     benchmark:
@@ -26,12 +19,7 @@ rule toy_bias_variance:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy toy --name {wildcards.setting}"
-        " --a {params.setting[a]} --b {params.setting[b]}"
-        " --a-ref {params.setting[a_ref]} --b-ref {params.setting[b_ref]}"
-        " --lengths {params.lengths} --estimators {params.estimators} --placements {params.placements}"
-        " --trials {params.trials} --sequences {params.sequences} --seed {params.seed} --baseline {params.baseline}"
-        " --threads {threads}"
+        "python -m klstudy toy --setting {wildcards.setting} --settings {params.settings:q} --threads {threads}"
         " --out {output} > {log} 2>&1"
 
 
@@ -42,13 +30,13 @@ rule toy_unbiasedness:
     output:
         "results/toy/unbiasedness.csv",
     params:
-        alpha=TOY["alpha"],
+        settings=json.dumps(TOY),
     log:
         "logs/toy/unbiasedness.log",
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy toy-tests --inputs {input} --alpha {params.alpha} --out {output} > {log} 2>&1"
+        "python -m klstudy toy-tests --inputs {input} --settings {params.settings:q} --out {output} > {log} 2>&1"
 
 
 rule fig01:

@@ -14,7 +14,7 @@ rule train_rl:
         final=directory(f"{RUN_DIR}/final"),
         snapshots=directory(f"{RUN_DIR}/snapshots"),
     params:
-        cell=lambda wildcards: json.dumps(cell_config(wildcards)),
+        settings=lambda wildcards: json.dumps(cell_config(wildcards)),
         launcher=train_launcher,
         out=RUN_DIR,
         # Outside the declared outputs: Snakemake deletes those when a job fails, checkpoints must survive.
@@ -29,6 +29,7 @@ rule train_rl:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "{params.launcher} -m klstudy train --cell {params.cell:q} --model {input.model} --train-data {input.train_data}"
+        "{params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}"
+        " --train-data {input.train_data}"
         " --heldout-data {input.heldout_data} --out {params.out} --checkpoints {params.checkpoints}"
         " --threads {threads} > {log} 2>&1"
