@@ -57,7 +57,7 @@ def stage_hub_model(spec: dict, out: Path) -> None:
         return
     huggingface_hub.snapshot_download(
         hub_id,
-        revision=spec.get("revision", "main"),
+        revision=spec["revision"],
         local_dir=out,
         allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"],
     )
