@@ -89,7 +89,7 @@ def test_configured_base_model_starts_rl_inside_the_pass_at_1_window(tmp_path):
     heldout_name = config["studies"]["onpolicy"]["heldout_data"]
     heldout = data.prepare(heldout_name, config["data"][heldout_name], tmp_path / "heldout.jsonl")
     subprocess.run(
-        [sys.executable, "-m", "klstudy", "base-model", "--name", "tiny", "--spec", json.dumps(model_spec),
+        [sys.executable, "-m", "klstudy", "base-model", "--name", "tiny", "--settings", json.dumps(model_spec),
          "--warm-start-data", *map(str, paths), "--out", str(tmp_path / "tiny")],
         check=True, env={"PYTHONPATH": str(ROOT / "src"), "PATH": str(Path(sys.executable).parent)}, timeout=900,
     )  # fmt: skip
