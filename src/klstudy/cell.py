@@ -31,10 +31,9 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers import PrinterCallback, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from klstudy import data, kl, models, rewards
-from klstudy.config import CHECKPOINT_COMPLETE
+from klstudy.config import CHECKPOINT_COMPLETE, checkpoints
 from klstudy.progress import Progress
 from klstudy.tracking import Tracking, step_values
 from klstudy.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
@@ -359,12 +358,7 @@ def last_complete_checkpoint(checkpoint_dir: Path, remove_partial: bool = True) 
     own get_last_checkpoint would pick; partial ones are removed (``remove_partial``: by the main process alone), so
     that the resumed run can save there again.
     """
-    steps = sorted(
-        (int(path.name.removeprefix(PREFIX_CHECKPOINT_DIR + "-")), path)
-        for path in Path(checkpoint_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*")
-        if path.is_dir() and path.name.removeprefix(PREFIX_CHECKPOINT_DIR + "-").isdigit()
-    )
-    for _, path in reversed(steps):
+    for _, path in reversed(checkpoints(checkpoint_dir)):
         if (path / CHECKPOINT_COMPLETE).exists():
             return str(path)
         if remove_partial:

@@ -279,6 +279,12 @@ def snapshot_steps(config: dict, cell: dict) -> list[int]:
 # What the workflow produces, shared by its rules (workflow/rules/common.smk) and `klstudy status`.
 RUN_DIR = f"results/runs/{RUN_PATH}"
 CHECKPOINT_COMPLETE = "klstudy_complete"  # a checkpoint's last file: it is complete (cell.RunRecorder.on_save)
+
+
+def checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
+    """(optimiser step, directory) of every ``checkpoint-<step>`` Trainer wrote there, oldest first, complete or not."""
+    found = [(path.name.removeprefix("checkpoint-"), path) for path in Path(checkpoint_dir).glob("checkpoint-*")]
+    return sorted((int(step), path) for step, path in found if step.isdigit() and path.is_dir())
 AGGREGATED_TABLES = ("cells", "training", "heldout", "evaluations", "divergence")  # results/tables/<name>.csv
 STUDY_TABLES = ("table1", "table2", "relative_improvement", "evaluations")  # figures/<name>.csv and .md (tables.py)
 

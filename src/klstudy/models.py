@@ -138,8 +138,9 @@ def check_saved_model(model_dir: Path, dtype: str, parameters: int | None = None
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise SavedModelError(f"{model_dir}: no config.json")
-    if config_dtype(model_dir) != dtype:
-        raise SavedModelError(f"{model_dir}: config.json says dtype {config_dtype(model_dir)}, expected {dtype}")
+    declared = config_dtype(model_dir)
+    if declared != dtype:
+        raise SavedModelError(f"{model_dir}: config.json says dtype {declared}, expected {dtype}")
     tensors = saved_tensors(model_dir)
     with torch.device("meta"):
         architecture = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))

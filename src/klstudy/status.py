@@ -24,6 +24,7 @@ from klstudy.config import (
     RUN_DIR,
     RUN_PATH,
     all_cells,
+    checkpoints,
     divergence_targets,
     evaluation_targets,
     figure_targets,
@@ -52,10 +53,9 @@ def _last_metrics_step(path: Path) -> int | None:
     return None
 
 
-def _last_checkpoint_step(checkpoints: Path, updates_per_batch: int) -> int | None:
+def _last_checkpoint_step(checkpoint_dir: Path, updates_per_batch: int) -> int | None:
     """The training step of the newest complete checkpoint (CHECKPOINT_COMPLETE marks it)."""
-    steps = [int(path.name.split("-")[1]) for path in checkpoints.glob("checkpoint-*")
-             if path.name.split("-")[1].isdigit() and (path / CHECKPOINT_COMPLETE).exists()]  # fmt: skip
+    steps = [step for step, path in checkpoints(checkpoint_dir) if (path / CHECKPOINT_COMPLETE).exists()]
     return max(steps) // updates_per_batch if steps else None
 
 
@@ -81,10 +81,9 @@ def cell_row(config: dict, cell: dict, root: Path, now: float) -> dict:
         return row | dict(state=recorded["status"], step=recorded["steps_done"], detail=recorded.get("reason", ""),
                           age_s=round(now - summary.stat().st_mtime))  # fmt: skip
     metrics = run_dir / "metrics.jsonl"
-    checkpoints = root / "results" / "checkpoints" / name
-    done = [step for step in (_last_metrics_step(metrics),
-                              _last_checkpoint_step(checkpoints, train["batch_prompts"] // train["minibatch_prompts"]))
-            if step is not None]  # fmt: skip
+    updates_per_batch = train["batch_prompts"] // train["minibatch_prompts"]
+    last_checkpoint = _last_checkpoint_step(root / "results" / "checkpoints" / name, updates_per_batch)
+    done = [step for step in (_last_metrics_step(metrics), last_checkpoint) if step is not None]
     written = [path.stat().st_mtime for path in (metrics, log) if path.is_file()]
     if not written and not done:
         return row
