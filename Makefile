@@ -8,7 +8,7 @@ CORES ?= all
 VLLM_VENV ?= .venv-vllm
 VLLM_FLAVOUR ?= auto
 
-.PHONY: venv study status test test-all test-vllm vllm-env lint clean
+.PHONY: venv study status test test-all test-gpu test-vllm vllm-env lint clean
 
 venv: $(INSTALLED)
 
@@ -31,9 +31,15 @@ CONFIG ?= config.yaml
 status: $(INSTALLED)
 	$(BIN)/python -m klstudy status --config $(CONFIG)
 
-## The test suite without the slow end-to-end tests (what CI runs).
+## The test suite without the slow end-to-end tests and the GPU suite (what CI runs).
 test: $(INSTALLED)
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow and not gpu"
+
+## The GPU suite (tests/test_gpu.py) on a machine with a CUDA device; skipped, saying so, without one.
+## KLSTUDY_GPU_SUITE_ON_CPU=1 rehearses it on a CPU (CI does); on a GPU node without a registry, see the README.
+GPU_PYTHON ?= $(BIN)/python
+test-gpu: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(INSTALLED))  # the venv, unless GPU_PYTHON names another
+	$(GPU_PYTHON) -m pytest -m gpu -s tests/test_gpu.py
 
 ## Every test, the slow end-to-end ones included.
 test-all: $(INSTALLED)

@@ -114,6 +114,18 @@ BAD = [
         "studies.onpolicy.train.accelerate_config",
     ),
     (
+        "a micro-batch that does not divide a process's share of the minibatch (8 prompts x 4 rollouts)",
+        lambda c: set_key(c, ["studies", "onpolicy", "train", "micro_batch"], 5),
+        "'studies.onpolicy.train': in one process, batch_prompts must be a multiple",
+    ),
+    (
+        "a minibatch that eight processes cannot share (fsdp.yaml; 2 prompts x 3 rollouts)",
+        lambda c: c["studies"]["offpolicy_k1_loss"]["train"].update(
+            accelerate_config="config/accelerate/fsdp.yaml", rollouts=3
+        ),
+        "'studies.offpolicy_k1_loss.train': with 8 processes (config/accelerate/fsdp.yaml), a minibatch of 6",
+    ),
+    (
         "figure panel with a β the study lacks",
         lambda c: set_key(c, ["figures", "fig05_eval_qwen", "panels", 0, "betas"], [0.3]),
         "figures.fig05_eval_qwen.panels[0].betas[0]",

@@ -1,6 +1,10 @@
 """Evaluation through the real lm-eval-harness (HF backend, CPU) on a tiny model, and the mean@k metric."""
 
+import json
+
 import pytest
+import yaml
+from workflow_helpers import ROOT
 
 from klstudy import data, evaluate, procedural, tiny
 from klstudy.tasks import utils
@@ -115,3 +119,37 @@ def test_one_call_for_several_tasks_scores_each_as_its_own_call(harness_inputs):
         assert together[task]["mean_at_k"] == alone["mean_at_k"]
     questions = {task: {s["doc"]["prompt"] for s in together[task]["samples"]} for task in tasks}
     assert not questions["math500"] & questions["mmlu_college_biology"]
+
+
+def test_hf_backend_runs_on_the_gpu_when_there_is_one(monkeypatch):
+    """evaluation.hf: auto puts the model on the GPU in its saved dtype; on a CPU, float32; explicit values are kept."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    auto = {"device": "auto", "dtype": "auto"}
+    assert evaluate.model_arguments("hf", "m", auto) == "pretrained=m,device=cuda,dtype=auto"
+    explicit = {"device": "cuda:1", "dtype": "float16"}
+    assert evaluate.model_arguments("hf", "m", explicit) == "pretrained=m,device=cuda:1,dtype=float16"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert evaluate.model_arguments("hf", "m", auto) == "pretrained=m,device=cpu,dtype=float32"
+    assert evaluate.model_arguments("hf", "m", {"device": "cpu", "dtype": "bfloat16"}).endswith("cpu,dtype=bfloat16")
+
+
+def test_evaluation_job_hands_the_backends_own_section_to_lm_eval(monkeypatch, tmp_path):
+    """`klstudy evaluate` passes evaluation.hf (not evaluation.vllm) to the hf backend: its device reaches lm-eval."""
+    from klstudy import cli
+    from klstudy.config import validate_config
+
+    seen = {}
+
+    def fake_run(model, tasks, data_dir, **kwargs):
+        seen.update(kwargs)
+        return {task: {"mean_at_k": 0.5, "stderr": 0.1, "k": 1, "samples": []} for task in tasks}
+
+    monkeypatch.setattr(evaluate, "run", fake_run)
+    config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    section = {**config["evaluation"], "hf": {"device": "cuda:3", "dtype": "bfloat16"}}
+    cli.main(["evaluate", "--model", "m", "--task", "math500", "--data-dir", "d", "--settings", json.dumps(section),
+              "--out", str(tmp_path / "o.json"), "--samples", str(tmp_path / "s.jsonl")])  # fmt: skip
+    assert seen["backend"] == "hf" and seen["backend_settings"] == {"device": "cuda:3", "dtype": "bfloat16"}
+    assert config["evaluation"]["hf"] == {"device": "auto", "dtype": "auto"}  # the schema's defaults

@@ -16,6 +16,7 @@ import yaml
 from workflow_helpers import ROOT, SNAKEMAKE, reduced_config, snakemake
 
 from klstudy import data, models
+from klstudy.cell import MEASURED_COLUMNS
 
 STEPS, KILL_AT = 4, 3
 TWO_PROCESSES = "config/accelerate/cpu-2proc.yaml"
@@ -57,7 +58,7 @@ def two_process_runs(request, tmp_path_factory):
 
 
 def _metrics(cell_dir):
-    return [{k: v for k, v in row.items() if k not in ("time", "step_time")}
+    return [{k: v for k, v in row.items() if k not in MEASURED_COLUMNS}
             for row in data.read_jsonl(cell_dir / "metrics.jsonl")]  # fmt: skip
 
 

@@ -17,6 +17,8 @@ import pytest
 import yaml
 from workflow_helpers import ROOT, SNAKEMAKE, reduced_config, snakemake
 
+from klstudy.cell import MEASURED_COLUMNS
+
 SCRIPT = ROOT / "tests" / "slurm" / "local-slurm.sh"
 # Run times of whole Snakemake invocations are bounded, so that a hung scheduler fails the test.
 HARD_LIMIT = 900
@@ -62,7 +64,7 @@ def sacct(env) -> pd.DataFrame:
 
 
 def without_times(table: pd.DataFrame) -> pd.DataFrame:
-    return table.drop(columns=[c for c in ("time", "step_time") if c in table.columns])
+    return table.drop(columns=[c for c in MEASURED_COLUMNS if c in table.columns])
 
 
 SUBMITTED_RULES = ("toy_bias_variance", "train_rl", "evaluate_cell", "evaluate_base", "divergence")

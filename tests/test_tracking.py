@@ -13,6 +13,7 @@ from test_trainer import _cell, _command, _env
 from workflow_helpers import validated_cell
 
 from klstudy import data
+from klstudy.cell import MEASURED_COLUMNS
 from klstudy.progress import Progress
 
 STEPS, KILL_AT = 6, 5  # checkpoints every 2 steps: the resumed job starts at step 4 and redoes step 5
@@ -29,7 +30,7 @@ def _run(model_dir, data_dir, tmp_path, name, report_to, kill_at=None, extra_env
 
 
 def _rows(path):
-    return [{k: v for k, v in row.items() if k not in ("time", "step_time")} for row in data.read_jsonl(path)]
+    return [{k: v for k, v in row.items() if k not in MEASURED_COLUMNS} for row in data.read_jsonl(path)]
 
 
 def _scalars(event_dir):

@@ -18,6 +18,7 @@ from workflow_helpers import validated_cell
 
 import klstudy.cell as grid_cell
 from klstudy import data, kl, models, tiny
+from klstudy.cell import MEASURED_COLUMNS
 from klstudy.trainer import KLTrainer, KLTrainerConfig
 
 GROUP = 4
@@ -340,7 +341,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"].endswith("checkpoint-4")
-    ignore = {"time", "step_time"}
+    ignore = set(MEASURED_COLUMNS)
     resumed = [{k: v for k, v in row.items() if k not in ignore} for row in data.read_jsonl(out / "metrics.jsonl")]
     expected = [
         {k: v for k, v in row.items() if k not in ignore} for row in data.read_jsonl(reference / "metrics.jsonl")
@@ -368,7 +369,7 @@ def test_a_run_resumed_after_an_epoch_boundary_ends_like_an_uninterrupted_one(
     subprocess.run(_command(model_dir, data_dir, out, checkpoints, cell), env={**_env(), "KLSTUDY_KILL_AT_STEP": "11"})
     subprocess.run(_command(model_dir, data_dir, out, checkpoints, cell), check=True, env=_env())
     assert json.loads((out / "summary.json").read_text())["resumed_from"].endswith("checkpoint-10")
-    ignore = {"time", "step_time"}
+    ignore = set(MEASURED_COLUMNS)
     runs = [[{k: v for k, v in row.items() if k not in ignore} for row in data.read_jsonl(d / "metrics.jsonl")]
             for d in (tmp_path / "ref", out)]  # fmt: skip
     assert runs[0] == runs[1]
@@ -431,7 +432,7 @@ def _without_reward(row):
     [(1, None, (40, 1)), (1, 8, (8, 5)), (4, None, (10, 1)), (4, 5, (5, 2)), (8, 5, (5, 1))],
 )
 def test_a_minibatch_is_split_over_processes_then_micro_batches(processes, micro, expected):
-    from klstudy.cell import batch_layout
+    from klstudy.config import batch_layout
 
     train = dict(batch_prompts=8, minibatch_prompts=8, rollouts=5, **({"micro_batch": micro} if micro else {}))
     assert batch_layout(train, processes) == expected

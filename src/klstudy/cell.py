@@ -33,7 +33,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from transformers import PrinterCallback, TrainerCallback
 
 from klstudy import data, kl, models, rewards
-from klstudy.config import CHECKPOINT_COMPLETE, checkpoints
+from klstudy.config import CHECKPOINT_COMPLETE, batch_layout, checkpoints
 from klstudy.progress import Progress
 from klstudy.tracking import Tracking, step_values
 from klstudy.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
@@ -51,8 +51,12 @@ METRIC_KEYS = {
     "clip_ratio": "clip_ratio/region_mean",
     "staleness": "staleness",
     "learning_rate": "learning_rate",
-    "step_time": "step_time",
+    "step_time": "step_time",  # TRL's: the whole optimiser step, generating its batch included where it does
+    "generation_time": "generation_time",  # generating and scoring a batch (logged by the step that trains on it)
 }
+# Columns that differ between two runs of the same cell (wall-clock time, memory): every other column of metrics.jsonl
+# is a function of the cell's settings and seed (on a CPU; GPU kernels add their own noise).
+MEASURED_COLUMNS = ("time", "step_time", "generation_time", "peak_memory_gib")
 
 
 @dataclass
@@ -118,25 +122,6 @@ def to_dataset(records: list[dict]):
         for r in records
     ]
     return datasets.Dataset.from_list(rows)
-
-
-def batch_layout(train: dict, processes: int) -> tuple[int, int]:
-    """(completions per micro-batch per process, gradient-accumulation steps) for one optimiser step.
-
-    One optimiser step sees minibatch_prompts × rollouts completions in total, split over the processes
-    (GPUs) that `accelerate launch` started, then into micro-batches of at most ``micro_batch``.
-    """
-    minibatch = train["minibatch_prompts"] * train["rollouts"]
-    if minibatch % processes:
-        raise ValueError(f"a minibatch of {minibatch} completions cannot be split over {processes} processes")
-    per_process = minibatch // processes
-    micro = min(train.get("micro_batch") or per_process, per_process)  # unset: the whole share at once
-    if train["batch_prompts"] % train["minibatch_prompts"] or per_process % micro:
-        raise ValueError(
-            "batch_prompts must be a multiple of minibatch_prompts, and each process's share of the minibatch "
-            f"({per_process} completions) a multiple of micro_batch ({micro})"
-        )
-    return micro, per_process // micro
 
 
 def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
@@ -250,6 +235,9 @@ class RunRecorder(TrainerCallback):
         row = {"step": -(-state.global_step // self.updates), "optimizer_step": state.global_step}
         row.update({name: float(logs[key]) for name, key in METRIC_KEYS.items() if key in logs})
         row["time"] = round(time.perf_counter() - self.start, 3)
+        if torch.cuda.is_available():  # this process's peak since the last step: generation and update
+            row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+            torch.cuda.reset_peak_memory_stats()
         self.history.append(row)
         if state.is_world_process_zero:
             _append_jsonl(self.metrics_path, row)
@@ -317,7 +305,9 @@ def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, sample
     was_training = trainer.model.training
     trainer.model.eval()
     scores = []
-    with torch.random.fork_rng(devices=[]):  # the training run's random stream is left untouched
+    # The training run's random streams are left untouched: the CPU's and, where it samples, this process's GPU's (only
+    # that one: touching the others would open a CUDA context on every GPU of the node from every process).
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(seed)
         for start in range(0, len(padded), chunk):
             part = [requests[i] for i in padded[start : start + chunk]]

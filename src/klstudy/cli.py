@@ -106,7 +106,8 @@ def _evaluate(args):
     outputs = evaluate.run(
         Path(args.model), args.task, Path(args.data_dir), k=settings["k"], min_p=settings["min_p"],
         max_tokens=settings["max_tokens"], chat_template=args.chat_template == "on", backend=settings["backend"],
-        seed=args.seed, limit=settings["limit"], batch_size=settings["batch_size"], backend_settings=settings["vllm"],
+        seed=args.seed, limit=settings["limit"], batch_size=settings["batch_size"],
+        backend_settings=settings[settings["backend"]],  # evaluation.hf or evaluation.vllm
     )  # fmt: skip
     print(f"lm-eval: done in {time.perf_counter() - start:.0f} s", flush=True)
     status = json.loads(Path(args.summary).read_text())["status"] if args.summary else "base"
@@ -127,10 +128,7 @@ def _divergence(args):
     _threads(args.threads)
     section = json.loads(args.settings)
     prompts = [record["prompt"] for record in data.read_jsonl(Path(args.data))[: section["prompts"]]]
-    rows = divergence.across_snapshots(
-        Path(args.reference), Path(args.snapshots), section["steps"], prompts, section["samples"],
-        section["max_tokens"], args.seed, section["batch_prompts"],
-    )  # fmt: skip
+    rows = divergence.across_snapshots(Path(args.reference), Path(args.snapshots), prompts, section, args.seed)
     table = pd.DataFrame(rows)
     table.to_csv(args.out, index=False)
     print(table.to_string(index=False))

@@ -148,10 +148,35 @@ def _check_references(config: dict) -> None:
                 f"config key 'studies.{study}.train.minibatch_prompts': {train['minibatch_prompts']} does not divide "
                 f"batch_prompts {train['batch_prompts']} (their ratio is the number of updates per batch)"
             )
+        processes = launch.get("num_processes", 1)  # what `accelerate launch` starts with the study's config
+        try:
+            batch_layout(train, processes)
+        except ValueError as error:  # every training job would fail at start-up, on the cluster, after the queue
+            where = f"with {processes} processes ({accelerate_config})" if accelerate_config else "in one process"
+            raise ConfigError(f"config key 'studies.{study}.train': {where}, {error}") from None
     _check_divergence(config)
     for name, figure in config["figures"].items():
         for i, panel in enumerate(figure["panels"]):
             _check_panel(config, panel, f"figures.{name}.panels[{i}]")
+
+
+def batch_layout(train: dict, processes: int) -> tuple[int, int]:
+    """(completions per micro-batch per process, gradient-accumulation steps) for one optimiser step.
+
+    One optimiser step sees minibatch_prompts × rollouts completions in total, split over the processes
+    (GPUs) that `accelerate launch` started, then into micro-batches of at most ``micro_batch``.
+    """
+    minibatch = train["minibatch_prompts"] * train["rollouts"]
+    if minibatch % processes:
+        raise ValueError(f"a minibatch of {minibatch} completions cannot be split over {processes} processes")
+    per_process = minibatch // processes
+    micro = min(train.get("micro_batch") or per_process, per_process)  # unset: the whole share at once
+    if train["batch_prompts"] % train["minibatch_prompts"] or per_process % micro:
+        raise ValueError(
+            "batch_prompts must be a multiple of minibatch_prompts, and each process's share of the minibatch "
+            f"({per_process} completions) a multiple of micro_batch ({micro})"
+        )
+    return micro, per_process // micro
 
 
 def _launch_config(accelerate_config: str | None) -> dict:

@@ -9,6 +9,12 @@ distributions, a sum over the vocabulary. It has the same expectation as the fir
 log-ratio), but it is never negative and has lower variance: the first form's estimate of a small KL is
 often below zero after a few training steps. Entropy is the mean per-token entropy of π_θ on its own
 samples. Both are averaged over prompts with a standard error over prompts.
+
+Memory: a batch's next-token distributions are never held whole. At the paper's settings (64 responses of 1024
+tokens, a vocabulary of 152k) a (B, T, V) float32 tensor is 40 GB per model. The backbone's last hidden states
+(B, T, D) are computed once per model, and the LM head turns only ``chunk_positions`` response positions at a time into
+float32 log-probabilities (``positions_per_chunk``: from the config's ``logits_memory_mb``). Both models run on the
+GPU when there is one, in the dtype they were saved in (``models.load``).
 """
 
 from __future__ import annotations
@@ -20,44 +26,85 @@ from pathlib import Path
 
 import torch
 
-from klstudy.models import load
+from klstudy.models import available_device, load
 from klstudy.progress import Progress
 from klstudy.prompts import chat_prompt
 
+# Float32 copies of one position's vocabulary distribution alive at once while a chunk is scored (the KL's peak:
+# both models' log-probabilities, exp(ref), ref - pol and their product); the chunk size divides the budget by it.
+COPIES_PER_POSITION = 5
 
-@torch.no_grad()
-def next_token_log_probs(model, tokenizer, prompts: list[str], responses: torch.Tensor, response_mask: torch.Tensor):
-    """log π(· | x, y_<t) over the vocabulary at each response position; shape (B, T, V)."""
+
+def positions_per_chunk(logits_memory_mb: float, vocab_size: int) -> int:
+    """Response positions whose vocabulary distributions are scored at once within ``logits_memory_mb``."""
+    return max(1, int(logits_memory_mb * 2**20) // (COPIES_PER_POSITION * 4 * vocab_size))
+
+
+def _encode_prompts(tokenizer, prompts: list[str], device) -> dict:
+    """Chat-formatted prompts, left-padded (as generation pads them), on ``device``."""
     tokenizer.padding_side = "left"
     texts = [chat_prompt(tokenizer, p) for p in prompts]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+
+
+@torch.no_grad()
+def response_hidden_states(model, tokenizer, prompts: list[str], responses, response_mask) -> torch.Tensor:
+    """The backbone's last hidden state at every position that predicts a response token under ``response_mask``,
+    in row-major order: shape (response_mask.sum(), hidden size). The LM head is left to ``_log_probs``, chunk by
+    chunk: the model's own forward would return (B, T, V) logits."""
+    if getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logit_scale", None):
+        raise NotImplementedError(f"{model.config.model_type}: logits with softcapping or scaling are not supported")
+    batch = _encode_prompts(tokenizer, prompts, model.device)
+    responses, response_mask = responses.to(model.device), response_mask.to(model.device)
     input_ids = torch.cat([batch["input_ids"], responses], dim=1)
     attention = torch.cat([batch["attention_mask"], response_mask], dim=1)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # as generation numbers left-padded prompts
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits.float()
-    return torch.log_softmax(logits[:, batch["input_ids"].shape[1] - 1 : -1], dim=-1)
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids)
+    predicting = hidden.last_hidden_state[:, batch["input_ids"].shape[1] - 1 : -1]  # position t predicts token t
+    return predicting[response_mask.bool()]
 
 
-def token_logps_and_entropy(model, tokenizer, prompts: list[str], responses: torch.Tensor, response_mask: torch.Tensor):
-    """Per-token log π(y_t | x, y_<t) and entropy of π at each response position; shapes (B, T)."""
-    log_probs = next_token_log_probs(model, tokenizer, prompts, responses, response_mask)
-    token_logps = log_probs.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return token_logps, entropy
+def _log_probs(model, hidden: torch.Tensor) -> torch.Tensor:
+    """log π(· | prefix) in float32 for a chunk of hidden states; shape (positions, V)."""
+    return torch.log_softmax(model.get_output_embeddings()(hidden).float(), dim=-1)
+
+
+def _chunks_of(count: int, size: int):
+    for start in range(0, count, size):
+        yield slice(start, min(start + size, count))
+
+
+def _unflatten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-position values of the masked positions back into (B, T), zero elsewhere, on the CPU."""
+    return torch.zeros(mask.shape, dtype=values.dtype).masked_scatter(mask.bool(), values.cpu())
+
+
+@torch.no_grad()
+def token_logps_and_entropy(
+    model, tokenizer, prompts: list[str], responses, response_mask, chunk_positions: int = 1024
+):  # fmt: skip
+    """Per-token log π(y_t | x, y_<t) and entropy of π at each response position; shapes (B, T), 0 where masked."""
+    hidden = response_hidden_states(model, tokenizer, prompts, responses, response_mask)
+    tokens = responses.to(hidden.device)[response_mask.to(hidden.device).bool()]
+    token_logps = torch.empty(len(tokens), device=hidden.device)
+    entropy = torch.empty(len(tokens), device=hidden.device)
+    for part in _chunks_of(len(tokens), chunk_positions):
+        log_probs = _log_probs(model, hidden[part])
+        token_logps[part] = log_probs.gather(-1, tokens[part, None])[:, 0]
+        entropy[part] = -(log_probs.exp() * log_probs).sum(-1)
+    return _unflatten(token_logps, response_mask), _unflatten(entropy, response_mask)
 
 
 @torch.no_grad()
 def sample_responses(model, tokenizer, prompts: list[str], max_tokens: int, seed: int):
-    """Responses sampled at temperature 1: token ids (B, T) right-padded, and their mask (EOS included)."""
-    tokenizer.padding_side = "left"
-    torch.manual_seed(seed)
-    texts = [chat_prompt(tokenizer, p) for p in prompts]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    """Responses sampled at temperature 1: token ids (B, T) right-padded, and their mask (EOS included); on the CPU."""
+    torch.manual_seed(seed)  # the CPU's and every GPU's generator
+    batch = _encode_prompts(tokenizer, prompts, model.device)
     out = model.generate(
         **batch, max_new_tokens=max_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
         pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
-    responses = out[:, batch["input_ids"].shape[1] :]
+    responses = out[:, batch["input_ids"].shape[1] :].cpu()
     eos = responses == model.config.eos_token_id
     after_eos = (eos.cumsum(-1) - eos.long()) > 0  # tokens after the first EOS are padding
     return responses.masked_fill(after_eos, tokenizer.pad_token_id), (~after_eos).long()
@@ -94,16 +141,23 @@ def reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed=0
     return batches
 
 
-def sequence_forward_kl(policy, reference, tokenizer, samples: ReferenceSamples) -> torch.Tensor:
+@torch.no_grad()
+def sequence_forward_kl(
+    policy, reference, tokenizer, samples: ReferenceSamples, chunk_positions: int = 1024
+) -> torch.Tensor:  # fmt: skip
     """Σ_t KL(π_ref(· | x, y_<t) ‖ π_θ(· | x, y_<t)) along each of π_ref's sampled responses; shape (B,).
 
-    π_ref's distributions are recomputed here rather than kept from sampling: at paper scale a (B, T, V)
-    tensor per chunk and snapshot would not fit in memory, one forward pass costs little beside generation.
+    π_ref's distributions are recomputed here rather than kept from sampling, and both models' are formed
+    ``chunk_positions`` positions at a time from their hidden states: never a (B, T, V) tensor.
     """
     args = (tokenizer, samples.prompts, samples.responses, samples.mask)
-    ref, pol = next_token_log_probs(reference, *args), next_token_log_probs(policy, *args)
-    token_kl = (ref.exp() * (ref - pol)).sum(-1).clamp(min=0)  # ≥ 0 exactly; clamp removes float rounding
-    return (token_kl * samples.mask).sum(-1)
+    ref_hidden, pol_hidden = response_hidden_states(reference, *args), response_hidden_states(policy, *args)
+    token_kl = torch.empty(len(ref_hidden), device=ref_hidden.device)
+    for part in _chunks_of(len(ref_hidden), chunk_positions):
+        ref = _log_probs(reference, ref_hidden[part])
+        pol = _log_probs(policy, pol_hidden[part].to(ref.device))
+        token_kl[part] = (ref.exp() * (ref - pol)).sum(-1).clamp(min=0)  # ≥ 0 exactly; clamp removes float rounding
+    return _unflatten(token_kl, samples.mask).sum(-1)
 
 
 def _per_prompt(values: torch.Tensor, samples: int) -> list[float]:
@@ -114,6 +168,7 @@ def _per_prompt(values: torch.Tensor, samples: int) -> list[float]:
 def forward_kl_and_entropy(
     policy, reference, tokenizer, prompts: list[str], samples: int = 8, max_tokens: int = 64, seed: int = 0,
     batch_prompts: int = 16, from_reference: list[ReferenceSamples] | None = None, progress: Progress | None = None,
+    chunk_positions: int = 1024,
 ) -> dict:  # fmt: skip
     """Sequence-level forward KL(π_ref ‖ π_θ) on samples from π_ref, and π_θ's mean token entropy.
 
@@ -125,9 +180,13 @@ def forward_kl_and_entropy(
         from_reference = reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts)
     kls, entropies = [], []
     for (index, chunk), ref in zip(_chunks(prompts, batch_prompts), from_reference, strict=True):
-        kls += _per_prompt(sequence_forward_kl(policy, reference, tokenizer, ref), samples)
-        own, own_mask = sample_responses(policy, tokenizer, ref.prompts, max_tokens, seed + index)
-        _, entropy = token_logps_and_entropy(policy, tokenizer, ref.prompts, own, own_mask)
+        if policy is reference:  # step 0: KL 0, and π_θ's own samples are π_ref's (same model, same seeds)
+            kls += [0.0] * len(chunk)
+            own, own_mask = ref.responses, ref.mask
+        else:
+            kls += _per_prompt(sequence_forward_kl(policy, reference, tokenizer, ref, chunk_positions), samples)
+            own, own_mask = sample_responses(policy, tokenizer, ref.prompts, max_tokens, seed + index)
+        _, entropy = token_logps_and_entropy(policy, tokenizer, ref.prompts, own, own_mask, chunk_positions)
         token_entropy = (entropy * own_mask).view(len(chunk), -1).sum(-1)
         entropies += (token_entropy / own_mask.view(len(chunk), -1).sum(-1)).tolist()
         if progress:
@@ -138,31 +197,32 @@ def forward_kl_and_entropy(
 
 
 def across_snapshots(
-    reference_dir: Path,
-    snapshots_dir: Path,
-    steps: list[int],
-    prompts: list[str],
-    samples: int,
-    max_tokens: int,
-    seed: int = 0,
-    batch_prompts: int = 16,
-) -> list[dict]:
+    reference_dir: Path, snapshots_dir: Path, prompts: list[str], settings: dict, seed: int = 0, device: str = ""
+) -> list[dict]:  # fmt: skip
     """One row per step: forward KL and entropy of the policy saved after that step (step 0: the reference).
 
+    ``settings``: the config's divergence section (steps, samples, max_tokens, batch_prompts, logits_memory_mb).
     Steps whose snapshot does not exist (a run that stopped early) are skipped. π_ref's samples are drawn
     once, so every checkpoint is scored on the same samples; each policy's own samples use the same seeds.
+    Both models sit on ``device`` (default: the GPU when there is one) in their saved dtype.
     """
-    reference, tokenizer = load(reference_dir)
-    shared = reference_samples(reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts)
-    paths = {step: reference_dir if step == 0 else Path(snapshots_dir) / f"step~{step}" for step in sorted(steps)}
+    device = device or available_device()
+    reference, tokenizer = load(reference_dir, device)
+    chunk = positions_per_chunk(settings["logits_memory_mb"], reference.config.vocab_size)
+    sampling = (settings["samples"], settings["max_tokens"], seed, settings["batch_prompts"])
+    shared = reference_samples(reference, tokenizer, prompts, *sampling)
+    steps = sorted(settings["steps"])
+    paths = {step: reference_dir if step == 0 else Path(snapshots_dir) / f"step~{step}" for step in steps}
     paths = {step: path for step, path in paths.items() if path.is_dir()}
     progress = Progress(f"Fig. 12 {snapshots_dir}", len(paths) * len(shared), unit="batch", every=30.0)
     rows = []
     for step, path in paths.items():
-        policy = reference if step == 0 else load(path)[0]
+        policy = reference if step == 0 else load(path, device)[0]
         scores = forward_kl_and_entropy(
-            policy, reference, tokenizer, prompts, samples, max_tokens, seed, batch_prompts, shared, progress
-        )
+            policy, reference, tokenizer, prompts, *sampling, from_reference=shared, progress=progress,
+            chunk_positions=chunk,
+        )  # fmt: skip
+        del policy  # before the next snapshot loads: two policies beside the reference would not fit at 7B
         rows.append({"step": step, **scores})
         values = ", ".join(f"{key} {value:.4g}" for key, value in scores.items())
         print(f"Fig. 12 {snapshots_dir}: step {step}: {values}", flush=True)

@@ -1,4 +1,5 @@
-"""Evaluation with lm-eval-harness: mean@k on klstudy's tasks (src/klstudy/tasks), HF on CPU, vLLM on GPUs.
+"""Evaluation with lm-eval-harness: mean@k on klstudy's tasks (src/klstudy/tasks), with lm-eval's hf backend (on the GPU
+when there is one, else the CPU) or its vllm backend.
 
 The task files are shipped in the package and loaded with ``include_path``; they read the staged
 ``results/data/*.jsonl`` (passed as lm-eval metadata), never the hub. The number of samples k, min_p and the
@@ -42,9 +43,23 @@ def _override_task(task: str, k: int, min_p: float, max_tokens: int, temperature
     return name
 
 
+def hf_placement(device: str = "auto", dtype: str = "auto") -> dict:
+    """Device and dtype of lm-eval's hf backend (config evaluation.hf). ``auto``: the GPU when one is visible, in the
+    dtype the model was saved in (bf16 for the paper's models); on a CPU, float32 (what the vLLM comparison of
+    tests/test_vllm.py uses, and faster than bf16 on most CPUs)."""
+    from klstudy.models import available_device
+
+    device = available_device() if device == "auto" else device
+    if dtype == "auto" and device == "cpu":
+        dtype = "float32"
+    return {"device": device, "dtype": dtype}
+
+
 def model_arguments(backend: str, model_dir: Path, settings: dict) -> str:
+    """lm-eval's model_args for ``backend`` from its config section (evaluation.hf or evaluation.vllm)."""
     if backend == "hf":
-        return f"pretrained={model_dir},dtype=float32,device=cpu"
+        placement = hf_placement(**{key: settings[key] for key in ("device", "dtype") if key in settings})
+        return ",".join(f"{key}={value}" for key, value in {"pretrained": model_dir, **placement}.items())
     # config evaluation.vllm (its defaults in the schema) and the job's engine seed: never a per-request seed in
     # gen_kwargs, with which every repeat of a question would be identical.
     parts = {"pretrained": model_dir, **settings}
@@ -78,7 +93,8 @@ def run(
     backend_settings: dict | None = None,
 ) -> dict[str, dict]:
     """lm-eval's results for each task, in one lm-eval call (one model load; requests of all tasks batched together):
-    {task: {'results': ..., 'samples': [...], 'mean_at_k': ..., 'stderr': ...}}."""
+    {task: {'results': ..., 'samples': [...], 'mean_at_k': ..., 'stderr': ...}}. ``backend_settings``: the backend's
+    config section (evaluation.hf: device, dtype; evaluation.vllm: the engine's arguments)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -123,6 +139,7 @@ def _task_result(output: dict, task: str, name: str, k: int) -> dict:
         "results": json.loads(json.dumps({name: metrics}, default=str)),
         "config": json.loads(json.dumps({name: output.get("configs", {}).get(name)}, default=str)),
         "backend": output["config"]["model"],  # as lm-eval records it
+        "model_args": output["config"].get("model_args"),  # where and in which dtype it ran (device=cuda, dtype=...)
         "versions": {
             key: output.get(key)
             for key in ("lm_eval_version", "transformers_version", "torch_version", "vllm_version")

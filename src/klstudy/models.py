@@ -15,11 +15,20 @@ from pathlib import Path
 from klstudy import data, tiny
 
 
-def load(path):
-    """A saved model and its tokenizer, as every downstream stage loads them: the Auto classes."""
+def available_device() -> str:
+    """Where a job that runs a model computes: the GPU when one is visible, else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load(path, device: str = "cpu"):
+    """A saved model, in the dtype it was saved in, on ``device``, and its tokenizer: the Auto classes, as every
+    downstream stage loads them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", device_map=device)
+    return model.eval(), AutoTokenizer.from_pretrained(path)
 
 
 def build_embedded(spec: dict, warm_start_records: list[dict], out: Path, log=print) -> dict:

@@ -65,9 +65,16 @@ class TinyModelSpec:
     seed: int = 0
 
 
-def build_tokenizer() -> Qwen2Tokenizer:
-    """Qwen2 byte-level BPE with one token per byte and no merges, plus the chat special tokens."""
+def build_tokenizer(vocab_size: int | None = None) -> Qwen2Tokenizer:
+    """Qwen2 byte-level BPE with one token per byte and no merges, plus the chat special tokens.
+
+    ``vocab_size``: pad the vocabulary with filler tokens (ASCII strings such as ``zq123x``, which encoding never
+    produces and decoding maps back to their bytes) to this many tokens, special tokens included, so that a stand-in
+    of a real model (standins.py) has its embedding and LM head at full size.
+    """
     vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())}
+    fillers = (vocab_size or 0) - len(vocab) - len(SPECIAL_TOKENS)
+    vocab.update({f"zq{i}x": len(vocab) + i for i in range(max(0, fillers))})
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
         merges=[],

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,7 +204,10 @@ class KLTrainer(GRPOTrainer):
 
     def _score_batch(self, inputs) -> dict:
         """Generate, score and compute advantages for one generation batch, with the current policy."""
+        start = time.perf_counter()
         batch = super()._generate_and_score_completions(inputs)
+        # Generation and scoring apart (TRL's step_time holds both and the update), so that each can be timed.
+        self._metrics["train"]["generation_time"].append(time.perf_counter() - start)
         mask = batch["completion_mask"].float()
         if "old_per_token_logps" not in batch and self._needs_sampling_logps():
             # The sampling policy's log-probs, for the reward KL and for later (off-policy) updates. On-policy

@@ -1,0 +1,66 @@
+"""Stand-ins for the paper's models: random weights in a real model's shape, built locally (no hub).
+
+The GPU suite (tests/test_gpu.py) and the GPU benchmarks (benchmarks/) run them, so that memory and time are those
+of the real architecture: the byte-level tokenizer of tiny.py is padded to the real vocabulary (the LM head and the
+(B, T, V) tensors cost what they really cost), and the layers, widths and attention heads are the real ones. Random
+weights never emit EOS: every rollout runs to its length limit, the worst case for time and memory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+from klstudy import tiny
+
+# Qwen2.5's published configs (hidden size, MLP width, layers, query and key-value heads, vocabulary, tied LM head);
+# "tiny" is the embedded model's shape with the unpadded byte vocabulary, for rehearsing GPU code on a CPU.
+SHAPES = {
+    "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=None, tie_word_embeddings=True),
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151_936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151_936, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152_064, tie_word_embeddings=False),
+}  # fmt: skip
+
+
+def config_of(shape: str, tokenizer) -> Qwen2Config:
+    if shape not in SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}; known: {sorted(SHAPES)}")
+    dims = {**SHAPES[shape], "vocab_size": len(tokenizer)}
+    return Qwen2Config(
+        **dims,
+        max_position_embeddings=32_768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+
+
+def build(shape: str, out: Path, dtype: str = "bfloat16", device: str = "cpu", seed: int = 0) -> int:
+    """Save a random-weight model of ``shape`` in ``dtype`` (the paper's models are bf16) with its tokenizer in
+    ``out``, Hugging Face format; returns its parameter count. ``device``: where the weights are initialised."""
+    tokenizer = tiny.build_tokenizer(SHAPES.get(shape, {}).get("vocab_size"))
+    tokenizer.model_max_length = 32_768
+    config = config_of(shape, tokenizer)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config)
+    model.to(getattr(torch, dtype)).config.dtype = dtype
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0
+    )
+    out = Path(out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    parameters = sum(p.numel() for p in model.parameters())
+    (out / "klstudy_build.json").write_text(json.dumps({"standin": shape, "parameters": parameters}) + "\n")
+    return parameters
