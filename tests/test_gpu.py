@@ -4,8 +4,8 @@ vocabulary, random bf16 weights built here, no hub). Snakemake's part is tested 
 package's own Python dependencies.
 
 - Three cells under `accelerate launch --config_file config/accelerate/fsdp.yaml --num_processes 1` (FSDP2, bf16,
-  transformers' generation): on-policy K1 in the reward, K1 in the loss with 4 updates per batch, and K3 in the loss
-  asynchronous (level 2), each with micro-batches (gradient accumulation).
+  transformers' generation): on-policy K1 in the reward and the loss, K1 in the loss with 4 updates per batch, and K3
+  in the loss asynchronous (level 2), each with micro-batches (gradient accumulation).
 - A cell killed (SIGKILL) after step 3 and run again: it resumes from its FSDP checkpoint of step 2.
 - lm-eval's hf backend on the GPU (`klstudy evaluate`), Fig. 12 on the GPU (`klstudy divergence`).
 
@@ -17,6 +17,7 @@ those of the GPU itself (accelerate runs the FSDP launch config without FSDP on 
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -53,12 +54,14 @@ DATASETS = {
 TRAIN = dict(steps=4, batch_prompts=8, minibatch_prompts=8, micro_batch=16, rollouts=4, learning_rate=1e-4,
              max_response_tokens=128, eval_every=2, heldout_samples=1, checkpoint_every=2, delete_checkpoints=False,
              gradient_checkpointing=False, accelerate_config=FSDP)  # fmt: skip
+# Random weights earn no task reward: K1 in the loss (gradient β·∇log π whatever the rewards) is what moves the cells
+# whose policy must change (Fig. 12 needs a KL > 0); the reward placement is exercised by k1-both.
 CELLS = {
-    "onpolicy": dict(kl="k1-reward", train=TRAIN),
+    "onpolicy": dict(kl="k1-both", train=TRAIN),
     "four_updates": dict(kl="k1-loss", train={**TRAIN, "steps": 3, "minibatch_prompts": 2, "micro_batch": 8}),
     "async": dict(kl="k3-loss", train={**TRAIN, "async_level": 2, "advantage": "grpo", "loss_type": "dr_grpo"}),
 }
-KILLED = dict(kl="k3-loss", train=TRAIN, snapshot_steps=[2, 4])  # killed after step 3; Fig. 12 reads its snapshots
+KILLED = dict(kl="k1-loss", train=TRAIN, snapshot_steps=[2, 4])  # killed after step 3; Fig. 12 reads its snapshots
 KILL_AT = 3
 
 
@@ -153,7 +156,10 @@ def test_cells_train_under_fsdp_with_one_metrics_line_per_step(trained, name):
     updates = CELLS[name]["train"]["batch_prompts"] // CELLS[name]["train"]["minibatch_prompts"]
     assert [row["optimizer_step"] for row in rows] == list(range(1, steps * updates + 1))
     assert sorted({row["step"] for row in rows}) == list(range(1, steps + 1))
-    assert all(row["response_length"] > 0 and row["grad_norm"] > 0 for row in rows if "response_length" in row)
+    assert all(row["response_length"] > 0 for row in rows if "response_length" in row)
+    assert all(math.isfinite(row["grad_norm"]) and math.isfinite(row["loss"]) for row in rows)
+    if CELLS[name]["kl"] in ("k1-loss", "k1-both"):
+        assert all(row["grad_norm"] > 0 for row in rows)
     if CUDA:
         assert all(row["peak_memory_gib"] > 0 for row in rows)
         checkpoint = trained / "checkpoints" / name / f"checkpoint-{2 * updates}"
