@@ -37,8 +37,13 @@ MATH_CASES = [
 
 
 @pytest.mark.parametrize("completion,gold,expected", MATH_CASES)
-def test_math_reward(completion, gold, expected):
+def test_math_reward(completion, gold, expected, monkeypatch):
+    """math-verify's verdicts. The worker's time limit (0.5 s) is lifted here: on a loaded 2-core machine a symbolic
+    check such as (x+1)^2 = x^2+2x+1 has taken longer and been scored 0. The limit has its own test below."""
+    monkeypatch.setattr(rewards.MATH_VERIFIER, "timeout", 30.0)
+    timeouts = rewards.MATH_VERIFIER.timeouts
     assert rewards.math_reward(completion, gold) == expected
+    assert rewards.MATH_VERIFIER.timeouts == timeouts
 
 
 def test_math_reward_works_outside_the_main_thread():

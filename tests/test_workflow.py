@@ -80,10 +80,22 @@ def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
     if "paper" in name:
         # The launch config is the repository's (as validated), whatever directory the workflow runs in.
         launch_config = ROOT / "config/accelerate/fsdp.yaml"
-        assert f"{vllm_python} -m accelerate.commands.launch --config_file {launch_config} -m klstudy train" in out
+        launch = f"{vllm_python} -m accelerate.commands.launch --config_file {launch_config} --num_processes 8"
+        assert f"{launch} -m klstudy train" in out
         assert f"{vllm_python} -m klstudy evaluate" in out
     else:
         assert vllm_python not in out and "python -m klstudy train" in out and "python -m klstudy evaluate" in out
+
+
+def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(tmp_path):
+    """resources.train.nodes = 2: one `accelerate launch` per node through srun, 16 processes in all (accelerate's
+    --num_processes is the total over the nodes; the launch config's 8 would leave half the GPUs idle)."""
+    config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    config["resources"]["train"]["nodes"] = 2
+    (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
+    cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
+    out = snakemake(cell, "-n", "-p", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
+    assert "srun --nodes 2 --ntasks-per-node 1" in out and "--num_processes 16 --num_machines $SLURM_NNODES" in out
 
 
 def test_lint_is_clean():

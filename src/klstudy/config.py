@@ -148,7 +148,7 @@ def _check_references(config: dict) -> None:
                 f"config key 'studies.{study}.train.minibatch_prompts': {train['minibatch_prompts']} does not divide "
                 f"batch_prompts {train['batch_prompts']} (their ratio is the number of updates per batch)"
             )
-        processes = launch.get("num_processes", 1)  # what `accelerate launch` starts with the study's config
+        processes = training_processes(config, study)
         try:
             batch_layout(train, processes)
         except ValueError as error:  # every training job would fail at start-up, on the cluster, after the queue
@@ -177,6 +177,17 @@ def batch_layout(train: dict, processes: int) -> tuple[int, int]:
             f"({per_process} completions) a multiple of micro_batch ({micro})"
         )
     return micro, per_process // micro
+
+
+def training_processes(config: dict, study: str) -> int:
+    """Processes that train each cell of ``study``: one without an accelerate config; with one, a process per GPU the
+    job asks SLURM for (resources.train: gpus × nodes; the rule passes it as --num_processes, which accelerate reads as
+    the total over all nodes), or the launch config's own num_processes for jobs that ask for no GPU (CPU tests)."""
+    accelerate_config = config["studies"][study]["train"].get("accelerate_config")
+    if accelerate_config is None:
+        return 1
+    resources = config["resources"]["train"]
+    return resources["gpus"] * resources["nodes"] or _launch_config(accelerate_config).get("num_processes", 1)
 
 
 def _launch_config(accelerate_config: str | None) -> dict:

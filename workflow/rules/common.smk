@@ -17,6 +17,7 @@ from klstudy.config import (
     divergence_targets,
     evaluation_targets,
     figure_targets,
+    training_processes,
 )
 
 # Every stage is `python -m klstudy <stage>`, with the klstudy source tree importable. Without
@@ -137,7 +138,13 @@ def train_launcher(wildcards):
     if train.get("accelerate_config") is None:
         return python
     launch_config = Path(workflow.basedir) / train["accelerate_config"]  # relative to the repository, as validated
-    launch = f"{python} -m accelerate.commands.launch --config_file {shlex.quote(str(launch_config))}"
+    # --num_processes: every GPU of every node the job asks for (accelerate reads it as the total over the nodes; the
+    # launch config's own 8 would leave half the GPUs of two nodes idle); the number config validation checked.
+    processes = training_processes(config, wildcards.study)
+    launch = (
+        f"{python} -m accelerate.commands.launch --config_file {shlex.quote(str(launch_config))}"
+        f" --num_processes {processes}"
+    )
     nodes = config["resources"]["train"]["nodes"]
     if nodes == 1:
         return launch
