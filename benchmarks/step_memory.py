@@ -33,18 +33,12 @@ from klstudy.trainer import KLTrainer, KLTrainerConfig
 GIB = 2**30
 
 
-def _resident_peak() -> int:
+def _resident(field: str) -> int:
+    """Bytes of one of /proc/self/status's memory fields: VmRSS (resident now) or VmHWM (its peak)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def _resident_now() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 class Meter:
@@ -60,13 +54,13 @@ class Meter:
             torch.cuda.reset_peak_memory_stats()
             return torch.cuda.memory_allocated()
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-        return _resident_now()
+        return _resident("VmRSS")
 
     def peak(self) -> int:
         if self.cuda:
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated()
-        return _resident_peak()
+        return _resident("VmHWM")
 
 
 def build_trainer(model_dir: Path, device: str, completion_tokens: int, checkpointing: bool) -> KLTrainer:

@@ -113,9 +113,7 @@ def _throughput(name: str, spec: dict, rows: list[dict], seconds: float) -> dict
     train = spec["train"]
     generated = [(train["batch_prompts"] * train["rollouts"] * r["response_length"], r["generation_time"])
                  for r in rows if "generation_time" in r]  # fmt: skip
-    per_update = train["minibatch_prompts"] * train["rollouts"] * generated[0][0] / (
-        train["batch_prompts"] * train["rollouts"]
-    )  # completions of a minibatch × the first batch's mean length
+    per_update = generated[0][0] * train["minibatch_prompts"] / train["batch_prompts"]  # the first batch's tokens
     numbers = {
         "job_seconds": round(seconds, 1),
         "generated_tokens_per_s": round(sum(t for t, _ in generated) / sum(s for _, s in generated), 1),

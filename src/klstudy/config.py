@@ -321,6 +321,8 @@ def checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
     """(optimiser step, directory) of every ``checkpoint-<step>`` Trainer wrote there, oldest first, complete or not."""
     found = [(path.name.removeprefix("checkpoint-"), path) for path in Path(checkpoint_dir).glob("checkpoint-*")]
     return sorted((int(step), path) for step, path in found if step.isdigit() and path.is_dir())
+
+
 AGGREGATED_TABLES = ("cells", "training", "heldout", "evaluations", "divergence")  # results/tables/<name>.csv
 STUDY_TABLES = ("table1", "table2", "relative_improvement", "evaluations")  # figures/<name>.csv and .md (tables.py)
 

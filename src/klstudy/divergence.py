@@ -155,7 +155,7 @@ def sequence_forward_kl(
     token_kl = torch.empty(len(ref_hidden), device=ref_hidden.device)
     for part in _chunks_of(len(ref_hidden), chunk_positions):
         ref = _log_probs(reference, ref_hidden[part])
-        pol = _log_probs(policy, pol_hidden[part].to(ref.device))
+        pol = _log_probs(policy, pol_hidden[part])
         token_kl[part] = (ref.exp() * (ref - pol)).sum(-1).clamp(min=0)  # ≥ 0 exactly; clamp removes float rounding
     return _unflatten(token_kl, samples.mask).sum(-1)
 

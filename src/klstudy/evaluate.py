@@ -58,14 +58,15 @@ def hf_placement(device: str = "auto", dtype: str = "auto") -> dict:
 def model_arguments(backend: str, model_dir: Path, settings: dict) -> str:
     """lm-eval's model_args for ``backend`` from its config section (evaluation.hf or evaluation.vllm)."""
     if backend == "hf":
-        placement = hf_placement(**{key: settings[key] for key in ("device", "dtype") if key in settings})
-        return ",".join(f"{key}={value}" for key, value in {"pretrained": model_dir, **placement}.items())
-    # config evaluation.vllm (its defaults in the schema) and the job's engine seed: never a per-request seed in
-    # gen_kwargs, with which every repeat of a question would be identical.
-    parts = {"pretrained": model_dir, **settings}
-    if vllm_cpu.on_cpu():  # vLLM's CPU backend (vllm_cpu.py); a GPU engine is configured by the settings alone
-        vllm_cpu.configure_environment()
-        parts.update(vllm_cpu.ENGINE_ARGUMENTS)
+        placement = {key: settings[key] for key in ("device", "dtype") if key in settings}
+        parts = {"pretrained": model_dir, **hf_placement(**placement)}
+    else:
+        # config evaluation.vllm (its defaults in the schema) and the job's engine seed: never a per-request seed in
+        # gen_kwargs, with which every repeat of a question would be identical.
+        parts = {"pretrained": model_dir, **settings}
+        if vllm_cpu.on_cpu():  # vLLM's CPU backend (vllm_cpu.py); a GPU engine is configured by the settings alone
+            vllm_cpu.configure_environment()
+            parts.update(vllm_cpu.ENGINE_ARGUMENTS)
     return ",".join(f"{key}={value}" for key, value in parts.items())
 
 

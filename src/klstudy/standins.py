@@ -8,11 +8,10 @@ weights never emit EOS: every rollout runs to its length limit, the worst case f
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from klstudy import tiny
 
@@ -55,12 +54,6 @@ def build(shape: str, out: Path, dtype: str = "bfloat16", device: str = "cpu", s
     with torch.device(device):
         model = Qwen2ForCausalLM(config)
     model.to(getattr(torch, dtype)).config.dtype = dtype
-    model.generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0
-    )
-    out = Path(out)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     parameters = sum(p.numel() for p in model.parameters())
-    (out / "klstudy_build.json").write_text(json.dumps({"standin": shape, "parameters": parameters}) + "\n")
+    tiny.save_built(model, tokenizer, out, {"standin": shape, "parameters": parameters})
     return parameters

@@ -207,6 +207,12 @@ def sample(
 
 
 def save(model, tokenizer, out_dir: Path, spec: TinyModelSpec, metadata: dict) -> None:
+    save_built(model, tokenizer, out_dir, {"spec": asdict(spec), **metadata})
+
+
+def save_built(model, tokenizer, out_dir: Path, build: dict) -> None:
+    """A model built here (the tiny model, or a stand-in of standins.py), sampling at temperature 1 by default, with its
+    tokenizer and ``build`` (how it was made) in klstudy_build.json."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
@@ -214,4 +220,4 @@ def save(model, tokenizer, out_dir: Path, spec: TinyModelSpec, metadata: dict) -
     )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    (out_dir / "klstudy_build.json").write_text(json.dumps({"spec": asdict(spec), **metadata}, indent=2) + "\n")
+    (out_dir / "klstudy_build.json").write_text(json.dumps(build, indent=2) + "\n")
