@@ -9,6 +9,7 @@ in, as Snakemake does) and rewrite the first error into one line.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import jsonschema
@@ -43,7 +44,7 @@ def _with_defaults(validator_class):
         if isinstance(instance, dict):
             for key, subschema in properties.items():
                 if isinstance(subschema, dict) and "default" in subschema:
-                    instance.setdefault(key, subschema["default"])
+                    instance.setdefault(key, copy.deepcopy(subschema["default"]))  # never the schema's own object
         yield from check_properties(validator, properties, instance, schema)
 
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
@@ -86,6 +87,17 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
         raise ConfigError(_describe(jsonschema.exceptions.best_match(errors)))
     _check_references(config)
     return config
+
+
+def dataset_settings(name: str, entry: dict, schema: dict | None = None) -> dict:
+    """One ``data`` entry checked, its defaults filled: what the prepare_data rule hands to its job."""
+    schema = schema or load_schema()
+    only_data = {"$defs": schema["$defs"], "type": "object", "properties": {"data": schema["properties"]["data"]}}
+    config = {"data": {name: entry}}
+    errors = list(_with_defaults(jsonschema.Draft202012Validator)(only_data).iter_errors(config))
+    if errors:
+        raise ConfigError(_describe(jsonschema.exceptions.best_match(errors)))
+    return config["data"][name]
 
 
 def _check_name(config: dict, section: str, name: str, where: str) -> None:

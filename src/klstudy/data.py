@@ -6,9 +6,11 @@ Every dataset, whatever its origin, becomes ``results/data/{name}.jsonl`` with o
     prompt   the user message (chat template applied later, by the trainer or the evaluator)
     answer   the gold answer: a LaTeX/number string, a letter A-D, or a Countdown target
     reward   which verifiable reward scores it: math | multiple_choice | countdown (rewards.py)
-    ...      source fields: solution, level, subject, numbers, target, source (dataset id) ...
+    ...      source fields: solution, level, subject, numbers, target, source (dataset id), gold_rule ...
 
-Training and evaluation jobs read only these files, so compute nodes never touch the network.
+Beside it, ``{name}.check.json`` holds the gold self-check (gold.py): every bare gold answer scored by its own
+reward, every reference solution too, the records set aside and why. Training and evaluation jobs read only these
+files, so compute nodes never touch the network.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
-from klstudy import procedural, prompts, rewards
+from klstudy import gold, procedural, prompts
 
 REQUIRED_FIELDS = {"id": str, "prompt": str, "answer": str, "reward": str}
 REWARD_KINDS = ("math", "multiple_choice", "countdown")
@@ -109,7 +111,12 @@ def load_hub_rows(dataset_id: str, config: str | None, split: str, local_dir: st
             f"cannot reach {hub_endpoint()} to download dataset {dataset_id!r}. {staging_help(dataset_id)}"
         )
     try:
-        return list(datasets.load_dataset(source, config, split=split))
+        if local_dir is None:
+            return list(datasets.load_dataset(source, config, split=split))
+        # A throwaway cache: datasets' own cache served one local snapshot's rows for another laid out the same way
+        # (same folder and file names, other contents); staging reads each snapshot once, so nothing is lost.
+        with tempfile.TemporaryDirectory(prefix="klstudy-datasets-cache-") as cache:
+            return list(datasets.load_dataset(source, config, split=split, cache_dir=cache))
     except (ConnectionError, OSError, FileNotFoundError, ValueError) as error:
         raise DataUnavailable(
             f"could not load dataset {dataset_id!r} from {source!r}: {error}. {staging_help(dataset_id)}"
@@ -127,26 +134,27 @@ MATH_SUBJECTS = (
 )
 
 
-def hendrycks_math(name, rows_by_subject: dict[str, list[dict]], dataset_id: str) -> list[dict]:
-    """MATH (problem, level, type, solution): the gold answer is the solution's last \\boxed{}."""
+def hendrycks_math(name, rows_by_subject: dict[str, list[dict]], dataset_id: str, check: gold.SelfCheck) -> list[dict]:
+    """MATH (problem, level, type, solution): the gold answer is read from the solution by gold.py's rule; a row
+    whose solution gives none is returned with ``set_aside`` (its reason) instead of an answer."""
     records = []
     for subject, rows in rows_by_subject.items():
         for i, row in enumerate(rows):
-            answer = rewards.last_boxed(row["solution"])
-            if answer is None:
-                raise InvalidRecords(f"dataset {dataset_id!r} ({subject}, row {i}): no \\boxed{{}} answer in solution")
-            records.append(
-                dict(
-                    id=f"{name}-{subject}-{i:05d}",
-                    prompt=prompts.math_prompt(row["problem"]),
-                    answer=answer,
-                    reward="math",
-                    solution=row["solution"],
-                    level=row.get("level"),
-                    subject=row.get("type", subject),
-                    source=dataset_id,
-                )
+            answer = gold.math_gold(row["problem"], row["solution"], check.equal)
+            record = dict(
+                id=f"{name}-{subject}-{i:05d}",
+                prompt=prompts.math_prompt(row["problem"]),
+                answer=answer.answer,
+                gold_rule=answer.rule,
+                reward="math",
+                solution=row["solution"],
+                level=row.get("level"),
+                subject=row.get("type", subject),
+                source=dataset_id,
             )
+            if answer.answer is None:
+                record["set_aside"] = "no answer box in the solution (empty, open or only 'also accepted' boxes)"
+            records.append(record)
     return records
 
 
@@ -167,30 +175,38 @@ def math500(name, rows, dataset_id) -> list[dict]:
     ]
 
 
-def _column(row: dict, candidates, dataset_id):
+def _column(rows: list[dict], candidates: list[str], name: str, dataset_id: str, key: str) -> str:
+    """The first of ``candidates`` (the config's ``columns.<key>``) that the rows have."""
+    have = sorted(rows[0]) if rows else []
     for column in candidates:
-        if column in row and row[column] not in (None, ""):
-            return row[column]
-    raise InvalidRecords(f"dataset {dataset_id!r}: none of the columns {candidates} found; it has {sorted(row)}")
+        if column in have:
+            return column
+    raise InvalidRecords(
+        f"dataset {name!r} ({dataset_id}): none of the columns {list(candidates)} (config key "
+        f"'data.{name}.columns.{key}') is in the file, which has the columns {have}; set that key to the column "
+        f"that holds the {key}"
+    )
 
 
-def math_squared(name, rows, dataset_id) -> list[dict]:
-    """MATH² (210 rows, one CSV). Its column names are taken from the first that exists."""
+def math_squared(name, rows, dataset_id, columns: dict, check: gold.SelfCheck) -> list[dict]:
+    """MATH² (210 rows, one CSV). Its column names come from the config (``columns``: the first of each list that
+    the file has). An answer that holds boxes is a solution, read by gold.py's rule; one in "$...$" is unwrapped."""
+    problem_column = _column(rows, columns["problem"], name, dataset_id, "problem")
+    answer_column = _column(rows, columns["answer"], name, dataset_id, "answer")
     records = []
     for i, row in enumerate(rows):
-        answer = _column(row, ("answer", "Answer", "final_answer", "solution", "Solution"), dataset_id)
-        answer = rewards.last_boxed(str(answer)) or str(answer)
-        records.append(
-            dict(
-                id=f"{name}-{i:05d}",
-                prompt=prompts.math_prompt(
-                    str(_column(row, ("question", "problem", "Question", "Problem"), dataset_id))
-                ),
-                answer=answer.strip(),
-                reward="math",
-                source=dataset_id,
-            )
+        problem, answer = str(row[problem_column] or ""), str(row[answer_column] or "").strip()
+        if len(answer) > 1 and answer[0] == answer[-1] == "$":  # "$4$": the answer, in inline math
+            answer = answer[1:-1].strip()
+        record = dict(
+            id=f"{name}-{i:05d}", prompt=prompts.math_prompt(problem), answer=answer, reward="math", source=dataset_id
         )
+        if "\\boxed" in answer or "\\fbox" in answer:
+            read = gold.math_gold(problem, answer, check.equal)
+            record.update(answer=read.answer, gold_rule=read.rule, solution=answer)
+            if read.answer is None:
+                record["set_aside"] = "no answer box in the answer column's solution"
+        records.append(record)
     return records
 
 
@@ -245,8 +261,9 @@ def countdown(name, size: int, seed: int, split: str, **difficulty) -> list[dict
 # ------------------------------------------------------------------------------------- dispatch
 
 
-def build(name: str, spec: dict) -> list[dict]:
-    """Records of dataset ``name`` from its config entry (``spec['kind']`` chooses the source)."""
+def build(name: str, spec: dict, check: gold.SelfCheck) -> list[dict]:
+    """Records of dataset ``name`` from its config entry (``spec['kind']`` chooses the source), set-aside ones
+    included (they carry ``set_aside``)."""
     kind = spec["kind"]
     local_dir = spec.get("local_dir")
     if kind == "arithmetic":
@@ -257,21 +274,38 @@ def build(name: str, spec: dict) -> list[dict]:
         return countdown(name, spec["size"], spec["seed"], spec["split"], **spec.get("difficulty", {}))
     if kind == "hendrycks_math":
         rows = {s: load_hub_rows(spec["hub_id"], s, spec["split"], local_dir) for s in MATH_SUBJECTS}
-        return hendrycks_math(name, rows, spec["hub_id"])
+        return hendrycks_math(name, rows, spec["hub_id"], check)
     if kind == "math500":
         return math500(name, load_hub_rows(spec["hub_id"], None, spec["split"], local_dir), spec["hub_id"])
     if kind == "math_squared":
-        return math_squared(name, load_hub_rows(spec["hub_id"], None, spec["split"], local_dir), spec["hub_id"])
+        rows = load_hub_rows(spec["hub_id"], None, spec["split"], local_dir)
+        return math_squared(name, rows, spec["hub_id"], spec["columns"], check)
     if kind == "mmlu":
         rows = {split: load_hub_rows(spec["hub_id"], spec["subject"], split, local_dir) for split in spec["splits"]}
         return mmlu(name, rows, spec["hub_id"], spec["subject"])
     raise ValueError(f"dataset {name!r}: unknown kind {kind!r}")
 
 
+def check_path(out: Path) -> Path:
+    """Where the self-check report of the dataset staged at ``out`` goes: ``{name}.check.json`` beside it."""
+    return Path(out).with_suffix(".check.json")
+
+
 def prepare(name: str, spec: dict, out: Path) -> list[dict]:
-    records = build(name, spec)
-    if "size" in spec and len(records) != spec["size"]:
-        raise InvalidRecords(f"dataset {name!r}: built {len(records)} records, config asks for {spec['size']}")
+    """Build the dataset, check it (schema, size, gold self-check), then write it and its report; a dataset that
+    fails any check is not written, and the error names the records."""
+    check = gold.SelfCheck()
+    built = build(name, spec, check)
+    if "size" in spec and len(built) != spec["size"]:
+        raise InvalidRecords(f"dataset {name!r}: read {len(built)} rows, config asks for {spec['size']}")
+    records = [r for r in built if "set_aside" not in r]
+    set_aside = [{"id": r["id"], "reason": r["set_aside"]} for r in built if "set_aside" in r]
     check_records(records, name)
+    report = check.report(name, records, set_aside, spec["min_reference_pass"])
+    print(gold.summary(report), flush=True)
+    problems = gold.failures(report)
+    if problems:
+        raise InvalidRecords(f"dataset {name!r} fails its gold self-check: " + "; ".join(problems))
     write_jsonl(records, out)
+    check_path(out).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return records

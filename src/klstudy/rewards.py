@@ -8,7 +8,8 @@ completion, never raises, and returns within a time limit:
   signal.alarm, which works only in the main thread and cannot interrupt C code (a sympy power such as
   9^{9^{9^9}} computes in C). So the check runs in a persistent worker process, forked once, which is
   killed and forked again when a call exceeds its time limit. That holds in any thread.
-- ``multiple_choice``: the letter in the last \\boxed{}, else in "answer is (X)".
+- ``multiple_choice``: the letter of the last place where the completion states a choice (``extract_letter``
+  says which places count: boxes, "Answer: X" and its kin, a line that is only a letter).
 - ``countdown``: our own arithmetic parser over exact fractions (digits, + - * / and parentheses only),
   each given number used exactly once, as the reasoning-gym question asks ("using all of these numbers").
   Unlike reasoning-gym's scorer, there is no partial credit (0.01 / 0.05) for well-formed wrong answers.
@@ -33,20 +34,46 @@ def tail(text) -> str:
     return text[-TAIL_CHARS:] if isinstance(text, str) else ""
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (braces matched), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, begin = 0, start + len("\\boxed{")
+_BOX = re.compile(r"\\(?:boxed|fbox)(?:\s*\{|[ \t]+)")
+
+
+def _closing_brace(text: str, begin: int) -> int | None:
+    """Index of the brace that closes the one opened just before ``begin``, looking no further than
+    MAX_ANSWER_CHARS (model text is untrusted: an unclosed box costs a bounded scan)."""
+    depth = 0
     for i in range(begin, min(len(text), begin + MAX_ANSWER_CHARS)):
         if text[i] == "{":
             depth += 1
         elif text[i] == "}":
             if depth == 0:
-                return text[begin:i]
+                return i
             depth -= 1
     return None
+
+
+def boxes(text: str) -> list[tuple[int, str | None]]:
+    """Every box in ``text`` as (where it starts, its content), in order; the content is None for a box left open.
+
+    A box is read as MATH's own answer extraction reads one (Hendrycks' ``last_boxed_only_string``, which
+    lm-eval's hendrycks_math task keeps): ``\\boxed{...}`` or ``\\fbox{...}`` with braces matched to any depth,
+    or ``\\boxed X`` without braces, whose content runs to the next ``$`` (or the line's end). A box inside a box
+    is a box of its own, listed after the one around it.
+    """
+    found = []
+    for match in _BOX.finditer(text):
+        begin = match.end()
+        if match.group().endswith("{"):
+            end = _closing_brace(text, begin)
+            found.append((match.start(), None if end is None else text[begin:end]))
+        else:
+            found.append((match.start(), re.split(r"[$\n]", text[begin : begin + MAX_ANSWER_CHARS])[0].strip()))
+    return found
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last box (``boxes``), or None when there is none or it is left open."""
+    found = boxes(text)
+    return found[-1][1] if found else None
 
 
 # ---------------------------------------------------------------------------------------------- math
@@ -148,25 +175,57 @@ class IsolatedMathVerifier:
 MATH_VERIFIER = IsolatedMathVerifier()
 
 
-def math_reward(completion: str, gold: str) -> float:
-    """1.0 if the completion's final answer equals ``gold`` by math-verify, else 0.0."""
-    return float(MATH_VERIFIER(str(gold), tail(completion)))
+def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MATH_VERIFIER) -> float:
+    """1.0 if the completion's final answer equals ``gold`` by math-verify, else 0.0.
+
+    ``verifier``: the worker and its time limit (staging's self-check allows more time than a training step).
+    """
+    return float(verifier(str(gold), tail(completion)))
 
 
 # ------------------------------------------------------------------------------------ multiple choice
 
-_LETTER = re.compile(r"^\s*\(?\s*(?:\\text\{\s*)?([A-D])\s*\}?\s*\)?\s*[.:]?\s*$")
-_ANSWER_IS = re.compile(r"answer is:?\s*\(?\s*([A-D])\b")
+# One rule for the letter of a multiple-choice completion. Every place where the completion states a choice is a
+# candidate, and the answer is the letter of the last candidate (a model that changes its mind is read at its last
+# word). The places:
+#   - a box (\boxed{...}, \fbox{...}): always a candidate. It names a choice when, once LaTeX text macros
+#     (\text{B}, \textbf{B}, \mathrm{B}, ...), "$" and "**" are taken off, it is a capital letter A-D alone or in
+#     parentheses, or one followed by ")", "." or ":" and the option's text ("B. 3e8 m/s", "(B) 3e8 m/s");
+#     anything else ("B or C", "A, C", "Bohr", "42") names none, and a last box that names none scores 0;
+#   - an announcement ("answer is", "Answer:", "final answer:", "the correct option/choice/answer is", bold or
+#     not) followed at once by a letter, possibly in parentheses or \text{}. The letter must end there: followed by
+#     the end of the text or of the line, punctuation, ")", "*", "$" or "}". "Answer: A uniform field" (the
+#     article), "the answer is B because" and "the answer is A or B" (two letters) are no candidates;
+#   - a line that holds only a letter, possibly in parentheses, bold, "$" or \text{}, with a full stop.
+# Lower-case letters never count ("a" is a word).
+_TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_WRAPPERS = re.compile(r"[$*\s]+")
+_BOXED_CHOICE = re.compile(r"\(([A-D])\)(?:\s.*)?|([A-D])(?:[.:)](?:\s.*)?)?", re.S)
+# A letter ends at the end of the text or line, or at punctuation, ")", "*", "$" or "}", and no second one follows.
+_LETTER_ENDS = r"(?![ \t]*(?:[,/&]|\bor\b|\band\b)[ \t]*\(?[A-D]\b)(?=[ \t]*(?:$|[\n.,;:!?)\]}*$]))"
+_ANNOUNCED = re.compile(
+    r"(?i:\banswer(?:\s+(?:choice|option))?(?:\s+is)?|\bcorrect\s+(?:option|choice)(?:\s+is)?)"
+    r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*:?[ \t]*\$?[ \t]*(?:\\text(?:bf)?\{[ \t]*)?\(?([A-D])\)?+" + _LETTER_ENDS,
+    re.M,
+)
+_LETTER_LINE = re.compile(r"^[ \t*$]*(?:\\text(?:bf)?\{)?\(?([A-D])\)?\}?\.?[ \t*$]*$", re.M)
+
+
+def _boxed_choice(content: str | None) -> str | None:
+    if content is None:
+        return None
+    content = _WRAPPERS.sub(" ", _TEXT_MACRO.sub(r"\1", content)).strip()
+    match = _BOXED_CHOICE.fullmatch(content)
+    return (match.group(1) or match.group(2)) if match else None
 
 
 def extract_letter(completion: str) -> str | None:
+    """The letter A-D the completion gives last, or None (the rule above)."""
     text = tail(completion)
-    boxed = last_boxed(text)
-    if boxed is not None:
-        match = _LETTER.match(boxed)
-        return match.group(1) if match else None
-    matches = _ANSWER_IS.findall(text)
-    return matches[-1] if matches else None
+    candidates = [(start, _boxed_choice(content)) for start, content in boxes(text)]
+    candidates += [(match.start(), match.group(1)) for match in _ANNOUNCED.finditer(text)]
+    candidates += [(match.start(), match.group(1)) for match in _LETTER_LINE.finditer(text)]
+    return max(candidates, key=lambda candidate: candidate[0])[1] if candidates else None
 
 
 def multiple_choice_reward(completion: str, gold: str) -> float:
@@ -280,11 +339,11 @@ def countdown_reward(completion: str, numbers, target, use_all: bool = True) -> 
 # ----------------------------------------------------------------------------------------- dispatch
 
 
-def score(record: dict, completion: str) -> float:
+def score(record: dict, completion: str, verifier: IsolatedMathVerifier = MATH_VERIFIER) -> float:
     """The reward of ``completion`` for a dataset record, by the record's ``reward`` field."""
     kind = record["reward"]
     if kind == "math":
-        return math_reward(completion, record["answer"])
+        return math_reward(completion, record["answer"], verifier)
     if kind == "multiple_choice":
         return multiple_choice_reward(completion, record["answer"])
     if kind == "countdown":

@@ -1,11 +1,14 @@
 # The pipeline's inputs, staged once so that training and evaluation jobs never touch the network:
-# every dataset as results/data/{dataset}.jsonl, every base model as results/models/{model}/.
+# every dataset as results/data/{dataset}.jsonl (its gold self-check beside it),
+# every base model as results/models/{model}/
 
 
 rule prepare_data:
-    """One dataset in the common schema: from the hub (paper scale) or generated from a seed (embedded)."""
+    """One dataset in the common schema: from the hub (paper scale) or generated from a seed (embedded). Every
+    gold answer is scored by its own reward first (src/klstudy/gold.py); the counts go beside it, and in the log."""
     output:
-        "results/data/{dataset}.jsonl",
+        data="results/data/{dataset}.jsonl",
+        check="results/data/{dataset}.check.json",
     params:
         settings=lambda wildcards: json.dumps(config["data"][wildcards.dataset]),
     log:
@@ -15,7 +18,7 @@ rule prepare_data:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy prepare-data --name {wildcards.dataset} --settings {params.settings:q} --out {output} > {log} 2>&1"
+        "python -m klstudy prepare-data --name {wildcards.dataset} --settings {params.settings:q} --out {output.data} > {log} 2>&1"
 
 
 rule base_model:
