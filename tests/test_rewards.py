@@ -65,23 +65,109 @@ def test_math_reward_times_out_on_c_level_work_in_a_thread():
     assert rewards.math_reward("\\boxed{7}", "7") == 1.0, "the worker is replaced after a kill"
 
 
+# Forms real models answer in: each must read as its letter (the gold here).
+LETTER_FORMS = [
+    "The largest is 57. The answer is \\boxed{B}.",
+    "\\boxed{(B)}",
+    "\\boxed{\\text{B}}",
+    "\\boxed{\\textbf{B}}",
+    "\\boxed{\\mathrm{(B)}}",
+    "$\\boxed{B}$",
+    "\\fbox{B}",
+    "\\boxed{B. 3 \\times 10^8 m/s}",
+    "\\boxed{(B) 3e8 m/s}",
+    "\\boxed{B) 3e8 m/s}",
+    "\\boxed{B: 3e8 m/s}",
+    "Answer: B",
+    "Answer: (B)",
+    "Answer:\n\nB",
+    "**Answer:** B",
+    "**Answer: B**",
+    "**Final Answer:** B",
+    "Final answer: B.",
+    "The answer is (B).",
+    "the answer is: B",
+    "The answer is $\\text{B}$.",
+    "The correct option is B.",
+    "The correct answer choice is (B).",
+    "the correct choice is B",
+    "Let me think.\n\nB",
+    "Let me think.\n\n**(B)**",
+    "Let me think.\nB.",
+    "I think A. But the answer is B",
+    "Option A is out: the answer is B, since c is finite.",
+    "\\boxed{A}\nWait, that is wrong. The answer is B.",
+    "If the answer were A we would see 2. Answer: B",
+]
+
+# Near misses: none may score, whichever letter is gold.
+LETTER_NEAR_MISSES = [
+    "\\boxed{B or C}",
+    "\\boxed{A, C}",
+    "\\boxed{AB}",
+    "\\boxed{Bohr}",
+    "\\boxed{b}",
+    "\\boxed{E}",
+    "\\boxed{42}",
+    "The answer is B.\nChecking once more: \\boxed{42}",  # the last stated answer is no letter
+    "\\boxed{B",  # left open
+    "Answer: none of these",
+    "Answer: A or B",
+    "Answer: (A) and (B)",
+    "The answer is A/B.",
+    "Answer: A uniform field",  # the article, not a choice
+    "the answer is B because it is fastest",  # a letter that starts a phrase is not read
+    "Because of the field, Bohr's model holds.",
+    "the answer is b",
+    "Option A: 10 m/s is wrong.",
+]
+
+
+@pytest.mark.parametrize("completion", LETTER_FORMS)
+def test_every_common_form_of_a_letter_is_read(completion):
+    assert rewards.extract_letter(completion) == "B"
+    assert rewards.multiple_choice_reward(completion, "B") == 1.0
+    assert all(rewards.multiple_choice_reward(completion, other) == 0.0 for other in "ACD")
+
+
+@pytest.mark.parametrize("completion", LETTER_NEAR_MISSES)
+def test_near_misses_name_no_letter(completion):
+    assert rewards.extract_letter(completion) is None
+    assert all(rewards.multiple_choice_reward(completion, letter) == 0.0 for letter in "ABCD")
+
+
 @pytest.mark.parametrize(
     "completion,gold,expected",
     [
-        ("The largest is 57. The answer is \\boxed{B}.", "B", 1.0),
-        ("\\boxed{(B)}", "B", 1.0),
-        ("\\boxed{\\text{B}}", "B", 1.0),
         ("\\boxed{B}", "C", 0.0),
-        ("\\boxed{B or C}", "B", 0.0),
         ("The answer is (C).", "C", 1.0),
         ("the answer is: D", "D", 1.0),
-        ("I think A. But the answer is B", "B", 1.0),
-        ("\\boxed{b}", "B", 0.0),
-        ("Answer: none of these", "A", 0.0),
+        ("\\boxed{B}\n\nAnswer: C", "C", 1.0),  # the last one stated
+        ("Answer: C\n\n\\boxed{B}", "C", 0.0),
     ],
 )
 def test_multiple_choice_reward(completion, gold, expected):
     assert rewards.multiple_choice_reward(completion, gold) == expected
+
+
+@pytest.mark.parametrize(
+    "text,contents",
+    [
+        ("So $x=\\boxed{\\frac{1}{2}}$.", ["\\frac{1}{2}"]),
+        ("$\\boxed 2$.", ["2"]),  # MATH's own answer extraction reads the box without braces up to "$"
+        ("so the answer is \\boxed 9\nand more", ["9"]),
+        ("$\\boxed {17}.$ and $\\boxed{17}$", ["17", "17"]),
+        ("\\fbox{3} then \\boxed{4}", ["3", "4"]),
+        ("\\boxed{}", [""]),
+        ("\\boxed{\\boxed{11}\\times\\boxed{20}}", ["\\boxed{11}\\times\\boxed{20}", "11", "20"]),
+        ("\\boxed{3", [None]),
+        ("no box at all", []),
+        ("\\boxedx{3}", []),
+    ],
+)
+def test_boxes_are_read_as_math_reads_them(text, contents):
+    assert [content for _, content in rewards.boxes(text)] == contents
+    assert rewards.last_boxed(text) == (contents[-1] if contents else None)
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,8 @@ _ASKS_FOR_SEVERAL = re.compile(
 )
 _ALSO_ACCEPTED = re.compile(r"\balso\b[^.\n]{0,40}\baccept", re.I)
 _BLANK = re.compile(r"\s*\\phantom\s*(?:\{[^{}]*\}|\S+)\s*")  # a box that only reserves space: a blank to fill in
-_SENTENCE_END = re.compile(r"(?:[.!?](?=\s)|\n)")
+# a sentence ends at ". " or ".$ " (its last words in inline math), or at a line break
+_SENTENCE_END = re.compile(r"(?:[.!?]\$?(?=\s)|\n)")
 
 
 @dataclass(frozen=True)
