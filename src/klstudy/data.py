@@ -237,8 +237,10 @@ def countdown(name, size: int, seed: int, split: str, **difficulty) -> list[dict
     while len(records) < size:
         batch = reasoning_gym.create_dataset("countdown", size=4 * size, seed=seed + drawn, **difficulty)
         drawn += 1
-        for entry in batch:
-            if procedural.region(entry["question"]) != split or len(records) == size:
+        for entry in batch:  # each puzzle is generated when it is reached (25 ms each): stop once there are enough
+            if len(records) == size:
+                break
+            if procedural.region(entry["question"]) != split:
                 continue
             numbers, target = entry["metadata"]["numbers"], entry["metadata"]["target"]
             records.append(

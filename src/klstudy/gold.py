@@ -181,7 +181,9 @@ def summary(report: dict) -> str:
     lines = [
         f"dataset {report['dataset']}: {report['rows_read']} rows read, {report['staged']} staged, "
         f"{len(report['set_aside'])} set aside",
-        f"  bare gold answers scoring 1: {bare['passed']} of {bare['scored']}",
+        f"  bare gold answers scoring 1: {bare['passed']} of {bare['scored']}"
+        if bare["scored"]
+        else "  bare gold answers: none to score (a Countdown target is reached by an expression: see the references)",
     ]
     if reference["rate"] is not None:
         lines.append(
