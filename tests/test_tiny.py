@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from klstudy import data, models, rewards, tiny
+from klstudy.config import validate_config
 from klstudy.prompts import chat_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +81,7 @@ def test_configured_base_model_starts_rl_inside_the_pass_at_1_window(tmp_path):
 
     Its build time is recorded in klstudy_build.json (and the README), not asserted: tests do not time things.
     """
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))  # defaults filled, as the workflow's
     model_spec = config["models"]["tiny"]
     paths = []
     for name in model_spec["warm_start_data"]:
