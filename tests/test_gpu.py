@@ -28,7 +28,7 @@ import pytest
 import torch
 from workflow_helpers import ROOT, validated_cell
 
-from klstudy import data, models, standins
+from klstudy import config, data, models, standins
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.cuda.is_available()
@@ -90,6 +90,7 @@ def workdir(tmp_path_factory):
     parameters = standins.build(SHAPE, path / "models" / SHAPE, device="cuda" if CUDA else "cpu")
     REPORT.update(parameters=parameters, build_seconds=round(time.perf_counter() - start, 1))
     for name, settings in DATASETS.items():
+        settings = config.dataset_settings(name, settings)  # the schema's defaults filled, as the workflow's are
         _check(_klstudy("prepare-data", "--name", name, "--settings", json.dumps(settings),
                         "--out", str(path / "data" / f"{name}.jsonl")))  # fmt: skip
     return path
