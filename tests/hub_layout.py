@@ -34,8 +34,8 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _write_configs_readme(root: Path, configs: dict[str, list[str]]) -> None:
-    """README.md whose `configs:` name each config's files, as the Hub's dataset cards do."""
+def write_configs_readme(root: Path, configs: dict[str, list[str]]) -> None:
+    """README.md whose `configs:` name each config's files (`<config>/<split>-*`), as the Hub's dataset cards do."""
     lines = ["---", "configs:"]
     for config, splits in configs.items():
         lines += [f"- config_name: {config}", "  data_files:"]
@@ -58,7 +58,7 @@ def hendrycks_math(refdata: Path, root: Path) -> Path:
             datasets.Dataset.from_list(rows, features=MATH_FEATURES).to_parquet(
                 root / subject / f"{split}-00000-of-00001.parquet"
             )
-    _write_configs_readme(root, {subject: list(splits) for subject, splits in by_subject.items()})
+    write_configs_readme(root, {subject: list(splits) for subject, splits in by_subject.items()})
     return root
 
 
@@ -82,7 +82,7 @@ def mmlu(refdata: Path, root: Path, subjects: list[str]) -> Path:
             datasets.Dataset.from_list(rows, features=MMLU_FEATURES).to_parquet(
                 root / subject / f"{split}-00000-of-00001.parquet"
             )
-    _write_configs_readme(root, {subject: list(MMLU_SPLITS) for subject in subjects})
+    write_configs_readme(root, {subject: list(MMLU_SPLITS) for subject in subjects})
     return root
 
 

@@ -5,6 +5,7 @@ import json
 import re
 
 import datasets
+import hub_layout
 import pytest
 
 from klstudy import config, data, procedural, rewards
@@ -89,15 +90,12 @@ def test_unreachable_hub_fails_at_once_without_a_file(tmp_path, monkeypatch):
 
 def write_hub_snapshot(root, configs: dict[str, dict[str, list[dict]]]):
     """A local repo in the hub's layout: data files per config and split, declared in README.md."""
-    lines = ["---", "configs:"]
     for name, splits in configs.items():
-        lines += [f"- config_name: {name}", "  data_files:"]
         for split, rows in splits.items():
-            path = root / name / f"{split}.jsonl"
+            path = root / name / f"{split}-00000-of-00001.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            lines += [f"  - split: {split}", f"    path: {name}/{split}.jsonl"]
-    (root / "README.md").write_text("\n".join([*lines, "---", ""]))
+    hub_layout.write_configs_readme(root, {name: list(splits) for name, splits in configs.items()})
 
 
 def test_mmlu_loads_from_a_local_snapshot_in_the_hub_format(tmp_path):

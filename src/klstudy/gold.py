@@ -27,6 +27,7 @@ log.
 
 from __future__ import annotations
 
+import collections
 import re
 from dataclasses import dataclass, field
 
@@ -49,12 +50,10 @@ _SENTENCE_END = re.compile(r"(?:[.!?]\$?(?=\s)|\n)")
 
 @dataclass(frozen=True)
 class Gold:
-    """What the rule made of one solution: the answer (None: set aside), which step of the rule decided, the
-    boxes it read."""
+    """What the rule made of one solution: the answer (None: set aside) and which step of the rule decided."""
 
     answer: str | None
     rule: str  # "one box" | "equal boxes" | "joined" | "last of several" | "no answer"
-    boxes: tuple[str, ...] = ()
 
 
 def _sentence_around(text: str, start: int) -> str:
@@ -85,10 +84,10 @@ def math_gold(problem: str, solution: str, equal) -> Gold:
         if not any(equal(answer, kept) for kept in distinct):
             distinct.append(answer)
     if len(distinct) == 1:
-        return Gold(found[-1], "one box" if len(found) == 1 else "equal boxes", tuple(found))
+        return Gold(found[-1], "one box" if len(found) == 1 else "equal boxes")
     if _ASKS_FOR_SEVERAL.search(problem):
-        return Gold(", ".join(distinct), "joined", tuple(found))
-    return Gold(found[-1], "last of several", tuple(found))
+        return Gold(", ".join(distinct), "joined")
+    return Gold(found[-1], "last of several")
 
 
 def bare_completion(record: dict) -> str | None:
@@ -122,11 +121,11 @@ class SelfCheck:
         reference_failed = [r["id"] for r in referenced if self.score(r, r["solution"]) != 1.0]
         reference_total = len(referenced) + len(set_aside) if referenced else 0
         reference_passed = len(referenced) - len(reference_failed)
-        rules = {}
+        ids_by_rule = collections.defaultdict(list)
         for record in records:
             if "gold_rule" in record:
-                rules[record["gold_rule"]] = rules.get(record["gold_rule"], 0) + 1
-        several = [r["id"] for r in records if r.get("gold_rule") in ("joined", "last of several")]
+                ids_by_rule[record["gold_rule"]].append(record["id"])
+        rule_counts = {rule: len(ids) for rule, ids in ids_by_rule.items()}  # before the lookups below add empty rules
         return {
             "dataset": name,
             "rows_read": len(records) + len(set_aside),
@@ -144,11 +143,11 @@ class SelfCheck:
                 "min_reference_pass": min_reference_pass,
                 "failed_ids": reference_failed + [entry["id"] for entry in set_aside],
             },
-            "gold_rules": rules,
+            "gold_rules": rule_counts,
             "several_boxed": {
-                "count": len(several),
-                "joined": [r["id"] for r in records if r.get("gold_rule") == "joined"],
-                "last_of_several": [r["id"] for r in records if r.get("gold_rule") == "last of several"],
+                "count": len(ids_by_rule["joined"]) + len(ids_by_rule["last of several"]),
+                "joined": ids_by_rule["joined"],
+                "last_of_several": ids_by_rule["last of several"],
             },
             "timeouts": self.verifier.timeouts,
         }
