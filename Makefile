@@ -8,7 +8,7 @@ CORES ?= all
 VLLM_VENV ?= .venv-vllm
 VLLM_FLAVOUR ?= auto
 
-.PHONY: venv study status test test-all test-gpu test-vllm vllm-env lint clean
+.PHONY: venv study status test test-fast test-all test-gpu test-vllm vllm-env lint clean
 
 venv: $(INSTALLED)
 
@@ -34,6 +34,13 @@ status: $(INSTALLED)
 ## The test suite without the slow end-to-end tests and the GPU suite (what CI runs).
 test: $(INSTALLED)
 	$(BIN)/pytest -m "not slow and not gpu"
+
+## A fast part of the suite (the mathematics, the config, the set-up files, the gold rule, one trainer step against
+## stock TRL): what CI runs under every other admitted Python, e.g. `make test-fast PYTHON=python3.12 VENV=.venv-3.12`.
+FAST_TESTS ?= tests/test_kl.py tests/test_config.py tests/test_packaging.py tests/test_gold.py \
+	tests/test_trainer.py::test_k3_in_loss_with_group_mean_matches_stock_trl
+test-fast: $(INSTALLED)
+	$(BIN)/pytest -m "not slow and not gpu" $(FAST_TESTS)
 
 ## The GPU suite (tests/test_gpu.py) on a machine with a CUDA device; skipped, saying so, without one.
 ## KLSTUDY_GPU_SUITE_ON_CPU=1 rehearses it on a CPU (CI does); on a GPU node without a registry, see the README.

@@ -77,3 +77,14 @@ def test_vllm_environment_pins_agree_with_pyproject():
 def test_ci_runs_the_vllm_tests_in_their_environment():
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^make test-vllm$", ci, re.M)
+
+
+def test_ci_installs_and_tests_every_admitted_python():
+    """requires-python admits 3.11 (the main venv: `make test`) and each version CI builds a venv for and runs the
+    fast part of the suite under; one without the other is a claim nobody checked."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    low, high = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", project["requires-python"]).groups()
+    ci = (ROOT / ".ci" / "run").read_text()
+    others = re.search(r"^for version in ([\d. ]+); do\n.*\n\s+make test-fast ", ci, re.M)
+    assert others, "CI runs make test-fast in a loop over the other versions"
+    assert ["3.11", *others.group(1).split()] == [f"3.{minor}" for minor in range(int(low), int(high))]

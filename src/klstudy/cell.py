@@ -356,6 +356,21 @@ def last_complete_checkpoint(checkpoint_dir: Path, remove_partial: bool = True) 
     return None
 
 
+def build_trainer(cell: dict, args: KLTrainerConfig, model_dir: Path, train_records: list[dict], callbacks=()):
+    """The KLTrainer of a cell: the base model (policy and reference) and its own tokenizer and chat template."""
+    from transformers import AutoTokenizer
+
+    return KLTrainer(
+        model=str(model_dir),
+        reward_funcs=reward_function,
+        args=args,
+        train_dataset=to_dataset(train_records),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        callbacks=list(callbacks),
+        peft_config=lora_config(cell["train"].get("lora")),
+    )
+
+
 def run(
     cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_dir: Path, checkpoint_dir: Path,
     tracking_dir: Path,
@@ -366,8 +381,6 @@ def run(
     Under ``accelerate launch`` every process runs this; the main process alone writes files, the others take part in
     the collectives (training, held-out generation, gathering a sharded model to save it).
     """
-    from transformers import AutoTokenizer
-
     out_dir, checkpoint_dir = Path(out_dir), Path(checkpoint_dir)
     args = trainer_config(cell, checkpoint_dir)
     processes = args.distributed_state or PartialState()  # set up with the args' device; the one of a plain run
@@ -398,15 +411,7 @@ def run(
         for stale in (recorder.metrics_path, recorder.heldout_path):
             stale.unlink(missing_ok=True)
     processes.wait_for_everyone()
-    trainer = KLTrainer(
-        model=str(model_dir),
-        reward_funcs=reward_function,
-        args=args,
-        train_dataset=to_dataset(data.read_jsonl(train_path)),
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-        callbacks=[recorder],
-        peft_config=lora_config(cell["train"].get("lora")),
-    )
+    trainer = build_trainer(cell, args, model_dir, data.read_jsonl(train_path), callbacks=[recorder])
     recorder.trainer = trainer
     if os.environ.get("KLSTUDY_KILL_AT_STEP"):
         trainer.add_callback(KillAtStep(int(os.environ["KLSTUDY_KILL_AT_STEP"]), args.updates_per_batch))

@@ -95,6 +95,14 @@ def token_logps_and_entropy(
     return _unflatten(token_logps, response_mask), _unflatten(entropy, response_mask)
 
 
+def end_of_turn_ids(model, tokenizer) -> list[int]:
+    """The token ids that end a response: the generation config's (several for Llama-3.1-Instruct: <|eot_id|>,
+    <|eom_id|>, <|end_of_text|>), else the tokenizer's eos."""
+    ids = model.generation_config.eos_token_id
+    ids = tokenizer.eos_token_id if ids is None else ids
+    return [ids] if isinstance(ids, int) else list(ids)
+
+
 @torch.no_grad()
 def sample_responses(model, tokenizer, prompts: list[str], max_tokens: int, seed: int):
     """Responses sampled at temperature 1: token ids (B, T) right-padded, and their mask (EOS included); on the CPU."""
@@ -105,7 +113,7 @@ def sample_responses(model, tokenizer, prompts: list[str], max_tokens: int, seed
         pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
     responses = out[:, batch["input_ids"].shape[1] :].cpu()
-    eos = responses == model.config.eos_token_id
+    eos = torch.isin(responses, torch.tensor(end_of_turn_ids(model, tokenizer)))
     after_eos = (eos.cumsum(-1) - eos.long()) > 0  # tokens after the first EOS are padding
     return responses.masked_fill(after_eos, tokenizer.pad_token_id), (~after_eos).long()
 

