@@ -7,6 +7,7 @@ INSTALLED := $(VENV)/.installed
 CORES ?= all
 VLLM_VENV ?= .venv-vllm
 VLLM_FLAVOUR ?= auto
+PIP_FLAGS ?=  # e.g. --no-compile: CI's throwaway venvs of other Pythons skip writing .pyc files (half the install's CPU)
 
 .PHONY: venv study status test test-fast test-all test-gpu test-vllm vllm-env lint clean
 
@@ -15,8 +16,8 @@ venv: $(INSTALLED)
 # torch first and alone: the CPU build of 2.13.0 (an unpinned torch would pull a multi-GB CUDA build).
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e ".[dev]"
+	$(BIN)/pip install --quiet --disable-pip-version-check $(PIP_FLAGS) torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check $(PIP_FLAGS) -c requirements.lock -e ".[dev]"
 	touch $@
 
 ## The whole embedded study: every rule of the default config, then the HTML report. --keep-going: a cell
