@@ -115,10 +115,10 @@ def trainer_for(model_dir, tmp_path, records, max_tokens=48, rollouts=2):
 
 
 def records(count=2):
-    return [procedural.arithmetic("t", count, 0, ["add1w"], "train")[i] for i in range(count)]
+    return procedural.arithmetic("t", count, 0, ["add1w"], "train")
 
 
-def trainer_prompt_ids(trainer, batch) -> list[list[int]]:
+def trainer_prompt_ids(trainer, batch) -> tuple[list[list[int]], dict]:
     """The prompt tokens TRL generates from (left padding removed), and the scored batch."""
     torch.manual_seed(0)
     scored = trainer._generate_and_score_completions(batch)
@@ -158,7 +158,7 @@ def test_the_trainer_and_lm_eval_give_the_model_the_same_prompt_tokens(smollm2_d
 
 
 def test_generation_stops_at_the_end_of_turn_token_and_the_mask_ends_there(smollm2_dir, smollm2, tmp_path):
-    """Completions that end end with <|im_end|> (also the pad token): the completion mask covers the response and
+    """Completions that end, end with <|im_end|> (also the pad token): the completion mask covers the response and
     that token and nothing after it, and the text the reward reads holds no special token."""
     record = {**records(1)[0], "prompt": "What is 2 + 3? Reply with the number only."}
     trainer = trainer_for(smollm2_dir, tmp_path, [record], max_tokens=24, rollouts=4)
@@ -224,7 +224,7 @@ def _link(source, destination):
         shutil.copy2(source, destination)
 
 
-def test_a_cell_trains_through_the_workflow_and_saves_a_final_model_that_loads(smollm2_run, smollm2_dir):
+def test_a_cell_trains_through_the_workflow_and_saves_a_final_model_that_loads(smollm2_run, smollm2):
     _, cell_dir = smollm2_run
     summary = json.loads((cell_dir / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["steps_done"] == 2
@@ -232,8 +232,9 @@ def test_a_cell_trains_through_the_workflow_and_saves_a_final_model_that_loads(s
     assert len(metrics) == 2 and all(row["kl_k3"] >= 0 for row in metrics)
     assert models.check_saved_model(cell_dir / "final", "float32", 134_515_008)
     model, tokenizer = models.load(cell_dir / "final")
-    assert tokenizer.chat_template == models.load(smollm2_dir)[1].chat_template
-    before, after = models.load(smollm2_dir)[0].state_dict(), model.state_dict()
+    base, base_tokenizer = smollm2
+    assert tokenizer.chat_template == base_tokenizer.chat_template
+    before, after = base.state_dict(), model.state_dict()
     assert any(not torch.equal(before[name], after[name]) for name in before)  # two steps moved the weights
 
 

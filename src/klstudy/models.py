@@ -162,7 +162,7 @@ def stage_gguf_model(spec: dict, out: Path) -> dict:
     config.name_or_path = ""  # the GGUF's internal model name is not a path anyone can load
     dtype = getattr(torch, spec["dtype"])
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.load_state_dict({key: value.to(dtype) for key, value in loaded.state_dict().items()}, strict=True)
+    model.load_state_dict(loaded.state_dict(), strict=True)  # copied into the model's own dtype
     model.generation_config = loaded.generation_config
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
