@@ -164,16 +164,21 @@ def test_relative_improvement_by_hand():
 
 def test_table1_gets_the_behaviour_column(tmp_path):
     tests = pd.DataFrame(  # in the toy's order: placement-major, as toy.unbiasedness_tests writes it
-        [dict(estimator=e, expression=kl.EXPRESSIONS[e], placement=p, unbiased=(e, p) == ("k1", "reward"),
-              max_abs_z=1.0, z_critical=3.5, worst_case="", alpha=0.01)
-         for p in ("reward", "loss", "none") for e in ("k3", "k1")]
+        [dict(config=f"{e}-{p}{'-' + g if g != 'pathwise' else ''}", estimator=e, expression=kl.EXPRESSIONS[e],
+              placement=p, loss_gradient=g, framework=kl.LOSS_GRADIENT_SOURCES[g] if p != "reward" else "",
+              unbiased=(e, p) == ("k1", "reward"), exact_unbiased=(e, p) == ("k1", "reward"), max_abs_exact_bias=0.5,
+              max_abs_exact_bias_T1=0.0, max_abs_z=1.0, z_critical=3.5, worst_case="", alpha=0.01)
+         for p, g in (("reward", "pathwise"), ("loss", "pathwise"), ("none", "pathwise"), ("loss", "ratio"))
+         for e in ("k3", "k1")]
     )  # fmt: skip
     table = tables.table1(tests, {"k1-reward": "stable (0 collapsed, 0 unstable of 3 runs)"})
-    assert list(table.estimator) == ["K1", "K1", "K3", "K3"]
-    assert list(table.placement) == ["reward", "loss", "reward", "loss"]
-    assert list(table.expression) == ["-log r", "-log r", "r - 1 - log r", "r - 1 - log r"]
-    assert table.set_index(["estimator", "placement"]).behaviour[("K1", "reward")].startswith("stable")
-    assert table.set_index(["estimator", "placement"]).behaviour[("K3", "loss")] == "not trained"
+    assert list(table.estimator) == ["K1", "K1", "K1", "K3", "K3", "K3"]
+    assert list(table.config) == ["k1-reward", "k1-loss", "k1-loss-ratio", "k3-reward", "k3-loss", "k3-loss-ratio"]
+    assert "use_bias_correction_kl=True" in table.set_index("config").framework["k3-loss-ratio"]
+    assert list(table.exact_unbiased) == ["yes", "no", "no", "no", "no", "no"]
+    assert list(table.expression) == ["-log r"] * 3 + ["r - 1 - log r"] * 3
+    assert table.set_index("config").behaviour["k1-reward"].startswith("stable")
+    assert table.set_index("config").behaviour["k3-loss"] == "not trained"
 
 
 def test_aggregation_and_figure_jobs_do_not_import_torch():
@@ -193,6 +198,8 @@ def test_the_study_tables_are_the_ones_the_workflow_names(tmp_path):
 
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
     aggregated = aggregate.write_tables(config, tmp_path / "results", tmp_path / "tables")  # nothing run yet
-    toy = pd.DataFrame([{"estimator": "k1", "expression": "-log r", "placement": "reward", "unbiased": True,
-                         "max_abs_z": 1.0, "z_critical": 3.0, "worst_case": "", "alpha": 0.01}])  # fmt: skip
+    toy = pd.DataFrame([{"config": "k1-reward", "estimator": "k1", "expression": "-log r", "placement": "reward",
+                         "loss_gradient": "pathwise", "framework": "", "unbiased": True, "exact_unbiased": True,
+                         "max_abs_exact_bias": 0.0, "max_abs_exact_bias_T1": 0.0, "max_abs_z": 1.0, "z_critical": 3.0,
+                         "worst_case": "", "alpha": 0.01}])  # fmt: skip
     assert tuple(tables.study_tables(config, aggregated, toy)) == STUDY_TABLES

@@ -110,11 +110,40 @@ def test_loss_penalty_is_differentiable_masked_and_weighted():
     assert per_token.requires_grad
     assert torch.allclose(per_token, 0.2 * (logp - ref_logp) * mask)
     assert (per_token[mask == 0] == 0).all()
-    weights = torch.rand_like(logp)
-    assert torch.allclose(kl.loss_penalty(logp, ref_logp, mask, spec, weights), weights * per_token)
     (grad,) = torch.autograd.grad(per_token.sum(), logp)
     assert torch.allclose(grad, 0.2 * mask), "d(beta*K1)/dlogp = beta on unmasked tokens"
     assert not kl.loss_penalty(logp, ref_logp, mask, kl.KLSpec("k1", "reward", 0.2)).any()
+
+
+def _logp_gradient(per_token, logp):
+    (grad,) = torch.autograd.grad(per_token.sum(), logp)
+    return grad
+
+
+@pytest.mark.parametrize("estimator", kl.ESTIMATORS)
+def test_each_loss_gradient_has_the_value_and_gradient_its_framework_gives(estimator):
+    """Value β·K_t on-policy for every way of differentiating the loss term; d/dlog π per token as kl.py's table:
+    pathwise ∇K, ratio and score ∇K + K, st and isst K1 (the gradient of K2). Off-policy (π_old given): ratio is
+    ω·K with gradient ω·(∇K + K), isst keeps the value K with gradient sg[ω]·K1, score and st ignore π_old."""
+    logp, ref_logp, mask, _ = batch()
+    beta = 0.3
+    k = kl.token_kl(logp, ref_logp, estimator).detach()
+    k1 = (logp - ref_logp).detach()
+    dk = {"k1": torch.ones_like(k), "k2": k1, "k3": 1 - torch.exp(ref_logp - logp).detach()}[estimator]
+    on_policy = {"pathwise": dk, "ratio": dk + k, "score": dk + k, "st": k1, "isst": k1}
+    old_logp = logp.detach() + 0.2 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    omega = torch.exp(logp.detach() - old_logp)
+    off_policy = {"pathwise": (k, dk), "ratio": (omega * k, omega * (dk + k)), "score": (k, dk + k), "st": (k, k1),
+                  "isst": (k, omega * k1)}  # fmt: skip
+    for gradient in kl.LOSS_GRADIENTS:
+        spec = kl.KLSpec(estimator, "loss", beta, gradient)
+        per_token = kl.loss_penalty(logp, ref_logp, mask, spec)
+        torch.testing.assert_close(per_token, beta * k * mask, msg=f"{spec.name}: value on-policy")
+        torch.testing.assert_close(_logp_gradient(per_token, logp), beta * on_policy[gradient] * mask)
+        per_token = kl.loss_penalty(logp, ref_logp, mask, spec, old_logp=old_logp)
+        value, grad = off_policy[gradient]
+        torch.testing.assert_close(per_token, beta * value * mask, msg=f"{spec.name}: value off-policy")
+        torch.testing.assert_close(_logp_gradient(per_token, logp), beta * grad * mask)
 
 
 def test_rloo_is_leave_one_out_mean():
@@ -157,9 +186,16 @@ def test_a_configuration_name_is_read_in_one_place():
     assert (none.estimator, none.placement, none.beta) == (None, "none", 0.0)
     assert not none.in_reward and not none.in_loss
     assert none.name == "none" and kl.KLSpec.from_name("k1-both", 1).name == "k1-both"
-    for bad in ("k4-loss", "k1-none", "k1", "none-loss", "K1-loss", "k1-loss "):
+    assert kl.KLSpec.from_name("k3-loss-ratio", 0.1) == kl.KLSpec("k3", "loss", 0.1, "ratio")
+    for name in ("k1-both-st", "k3-loss-isst", "k2-loss-score"):
+        assert kl.KLSpec.from_name(name, 1).name == name
+    bad_names = ("k4-loss", "k1-none", "k1", "none-loss", "K1-loss", "k1-loss ", "k1-reward-ratio",
+                 "k3-loss-pathwise", "k3-loss-ratio-st", "k3-loss-")  # fmt: skip
+    for bad in bad_names:
         with pytest.raises(ValueError, match="is not 'none' or"):
             kl.KLSpec.from_name(bad, 0.1)
+    with pytest.raises(ValueError, match="needs a loss term"):
+        kl.KLSpec("k1", "reward", 0.1, "ratio")
     with pytest.raises(ValueError, match="estimator None"):
         kl.KLSpec(None, "loss", 0.1)
 
@@ -171,5 +207,7 @@ def test_the_schema_and_the_workflow_take_the_grammar_from_kl():
     assert definitions["kl_config"]["pattern"] == f"^({kl.NAME_PATTERN})$"
     assert definitions["estimator"]["enum"] == list(kl.ESTIMATORS)
     assert definitions["placement"]["enum"] == list(kl.PLACEMENTS)
+    assert definitions["loss_gradient"]["enum"] == list(kl.LOSS_GRADIENTS)
+    assert set(kl.LOSS_GRADIENT_SOURCES) == set(kl.LOSS_GRADIENTS)
     common = (Path(__file__).resolve().parents[1] / "workflow/rules/common.smk").read_text()
     assert "kl=NAME_PATTERN" in common

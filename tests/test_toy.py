@@ -147,6 +147,55 @@ def test_sampler_draws_from_the_model():
     assert torch.allclose(frequency, prob, atol=4 * (0.25 / 200_000) ** 0.5)
 
 
+FRAMEWORK_VARIANTS = [  # K2 with ratio or score is biased even for T = 1 (the next test)
+    kl.KLSpec(e, "loss", 1.0, g)
+    for g in kl.LOSS_GRADIENTS[1:]
+    for e in kl.ESTIMATORS
+    if e != "k2" or g in ("st", "isst")
+]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", FRAMEWORK_VARIANTS, ids=lambda s: s.name)
+def test_framework_corrections_estimate_the_per_token_kl_gradient_not_the_sequences(setting, spec):
+    """TRL's use_bias_correction_kl, slime, NeMo-RL, verl k1+/k3+ and OpenRLHF's unbiased_gradient, on-policy: the
+    expected gradient is the per-token reverse KL's (prefix distribution held fixed), exactly; that is the sequence
+    KL's gradient for T = 1 and not beyond, where a token changes the distribution of the tokens after it."""
+    for length in LENGTHS:
+        mean = toy.exact_estimator_mean(setting, length, spec)
+        assert np.allclose(mean, toy.exact_token_reverse_kl_grad(setting, length), **EXACT), length
+        true = toy.exact_reverse_kl_grad(setting, length)
+        if length == 1:
+            assert np.allclose(mean, true, **EXACT)
+        else:
+            assert np.abs(mean - true).max() > 1e-3 * np.abs(true).max(), (length, mean, true)
+
+
+@pytest.mark.parametrize("gradient", ["ratio", "score"])
+def test_k2_with_a_score_correction_is_biased_even_for_one_token(gradient):
+    """K2 is not unbiased in value, so adding K2·∇log π to its (already per-token unbiased) gradient biases it."""
+    setting = SETTINGS[1]
+    mean = toy.exact_estimator_mean(setting, 1, kl.KLSpec("k2", "loss", 1.0, gradient))
+    assert np.abs(mean - toy.exact_reverse_kl_grad(setting, 1)).max() > 1e-2
+
+
+def test_table1_rows_carry_the_exact_verdict_and_the_framework():
+    import pandas as pd
+
+    results = toy.bias_variance(
+        SETTINGS[1], [1, 4], estimators=["k1", "k3"], placements=["reward", "loss"], trials=20, sequences=50,
+        loss_gradients=["ratio", "st"],
+    )  # fmt: skip
+    assert results.exact_mean.notna().all()
+    tests = toy.unbiasedness_tests(pd.concat([results]), alpha=0.01).set_index("config")
+    assert list(tests.index) == ["k1-reward", "k3-reward", "k1-loss", "k3-loss", "k1-loss-ratio", "k3-loss-ratio",
+                                 "k1-loss-st", "k3-loss-st"]  # fmt: skip
+    assert tests.exact_unbiased.to_dict() == {name: name == "k1-reward" for name in tests.index}
+    assert tests.loc["k3-loss-ratio", "max_abs_exact_bias_T1"] < 1e-12 < tests.loc["k3-loss", "max_abs_exact_bias_T1"]
+    assert "use_bias_correction_kl=True" in tests.loc["k3-loss-ratio", "framework"]
+    assert tests.loc["k1-reward", "framework"] == ""
+
+
 @pytest.mark.parametrize("baseline", ["none", "rloo"])
 def test_monte_carlo_protocol_classifies_every_configuration(baseline):
     """The statistical test of Table 1 recovers the exact verdicts above from samples alone."""
@@ -156,7 +205,7 @@ def test_monte_carlo_protocol_classifies_every_configuration(baseline):
     import pandas as pd
 
     tests = toy.unbiasedness_tests(pd.concat(results), alpha=0.01)
-    verdict = {f"{r.estimator}-{r.placement}": r.unbiased for r in tests.itertuples()}
+    verdict = {r.config: r.unbiased for r in tests.itertuples()}
     assert verdict.pop("k1-reward") and verdict.pop("k1-both") and verdict.pop("k3-both")
     assert not any(verdict.values()), verdict
     assert len(results[0]) == 2 * 10 * 2  # lengths × configurations × parameters
@@ -166,6 +215,8 @@ def test_unbiasedness_test_flags_a_small_planted_bias():
     """The test must be able to fail: a bias of 6 standard errors is caught, one of 1 is not."""
     import pandas as pd
 
-    rows = pd.DataFrame(dict(setting="s", T=[2, 4], estimator="k1", placement="reward", param="a", z=[1.0, 6.0]))
+    rows = pd.DataFrame(
+        dict(setting="s", T=[2, 4], config="k1-reward", estimator="k1", placement="reward", param="a", z=[1.0, 6.0])
+    )
     assert not toy.unbiasedness_tests(rows, 0.01).unbiased.item()
     assert toy.unbiasedness_tests(rows.assign(z=[1.0, -1.5]), 0.01).unbiased.item()

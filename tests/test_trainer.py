@@ -103,9 +103,15 @@ def gradient(trainer, batch):
     return loss.detach(), torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
 
 
-def test_k3_in_loss_with_group_mean_matches_stock_trl(model_dir, tmp_path):
-    mine = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="grpo")
-    stock = stock_trl(model_dir, tmp_path, use_bias_correction_kl=False)
+@pytest.mark.parametrize(
+    "loss_gradient, use_bias_correction_kl", [("pathwise", False), ("ratio", True)], ids=["k3-loss", "k3-loss-ratio"]
+)
+def test_k3_in_loss_with_group_mean_matches_stock_trl(model_dir, tmp_path, loss_gradient, use_bias_correction_kl):
+    """K3 in the loss is TRL's KL loss with use_bias_correction_kl off; k3-loss-ratio is the same with it on."""
+    mine = ours(
+        model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="grpo", kl_loss_gradient=loss_gradient
+    )
+    stock = stock_trl(model_dir, tmp_path, use_bias_correction_kl=use_bias_correction_kl)
     batch_mine, batch_stock = scored(mine), scored(stock)
     assert torch.equal(batch_mine["completion_ids"], batch_stock["completion_ids"])
     assert batch_stock["advantages"].abs().sum() > 0, "the test needs a reward with spread"
@@ -455,7 +461,6 @@ def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(data_dir, tmp
     """The policy trains in float32 weights (TRL's default); what it hands on has the base model's dtype."""
     from transformers import AutoModelForCausalLM
 
-
     spec = tiny.TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=0)
     tokenizer = tiny.build_tokenizer()
     base = tiny.build_model(spec, tokenizer).to(torch.bfloat16)
@@ -487,8 +492,13 @@ def test_a_save_that_wrote_no_weights_fails_the_job_instead_of_recording_ok(mode
 
 
 @pytest.mark.parametrize(
-    "setting", [{"scale_rewards": "group"}, {"num_iterations": 2}, {"use_bias_correction_kl": True},
-                {"steps_per_generation": 3}],  # fmt: skip
+    "setting",
+    [
+        {"scale_rewards": "group"},
+        {"num_iterations": 2},
+        {"use_bias_correction_kl": True},
+        {"steps_per_generation": 3},
+    ],  # fmt: skip
 )
 def test_a_setting_the_trainer_fixes_is_refused_not_overwritten(tmp_path, setting):
     with pytest.raises(ValueError, match=f"{next(iter(setting))}="):

@@ -155,7 +155,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         advantage=train["advantage"],
         loss_type=LOSS_TYPES[train["loss_type"]],
         async_level=train["async_level"],
-        kl_loss_importance_weighting=train["kl_loss_importance_weighting"],
+        kl_loss_gradient=spec.loss_gradient,
         use_vllm=train["generation"] == "vllm",
         vllm_mode="colocate",
         logging_steps=1,

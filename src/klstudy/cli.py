@@ -32,7 +32,7 @@ def _toy(args):
     start = time.perf_counter()
     results = toy.bias_variance(
         setting, section["lengths"], section["estimators"], section["placements"], section["trials"],
-        section["sequences"], section["seed"], section["baseline"],
+        section["sequences"], section["seed"], section["baseline"], section["loss_gradients"],
     )  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out, index=False)

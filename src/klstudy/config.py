@@ -32,6 +32,7 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict:
     definitions = schema["$defs"]
     definitions["estimator"]["enum"] = list(kl.ESTIMATORS)
     definitions["placement"]["enum"] = list(kl.PLACEMENTS)
+    definitions["loss_gradient"]["enum"] = list(kl.LOSS_GRADIENTS)
     definitions["kl_config"]["pattern"] = f"^({kl.NAME_PATTERN})$"
     return schema
 

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from klstudy.kl import KLSpec  # noqa: E402
+from klstudy.kl import PATHWISE, KLSpec  # noqa: E402
 
 ESTIMATOR_COLOURS = {"k1": "tab:blue", "k2": "tab:green", "k3": "tab:red"}
 PLACEMENT_STYLES = {"reward": "-", "loss": "--", "both": ":"}
@@ -32,19 +32,20 @@ def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Pat
     One row per setting; columns ∂/∂a and ∂/∂b for squared bias, then for variance; log scale; one
     line per estimator × placement ("none" has no spread and is left out). A filled marker is a bias
     significantly different from zero at its pointwise Bonferroni level (the one Table 1 uses); a
-    hollow marker is a bias consistent with zero, whose plotted size is Monte Carlo noise.
+    hollow marker is a bias consistent with zero, whose plotted size is Monte Carlo noise. The frameworks'
+    per-token loss corrections (kl.LOSS_GRADIENTS) are in Table 1, not here: this is the paper's figure.
     """
-    results = results[results.placement != "none"]
-    critical = tests.set_index(["estimator", "placement"])["z_critical"]
+    results = results[(results.placement != "none") & (results.get("loss_gradient", PATHWISE) == PATHWISE)]
+    critical = tests.set_index("config")["z_critical"]
     settings = list(dict.fromkeys(results.setting))
     panels = [("squared_bias", "a"), ("squared_bias", "b"), ("variance", "a"), ("variance", "b")]
     fig, axes = plt.subplots(len(settings), 4, figsize=(15, 3.2 * len(settings)), squeeze=False)
     for row, setting in enumerate(settings):
         for col, (metric, param) in enumerate(panels):
             ax = axes[row, col]
-            for (estimator, placement), line in results[
+            for (config, estimator, placement), line in results[
                 (results.setting == setting) & (results.param == param)
-            ].groupby(["estimator", "placement"], sort=False):
+            ].groupby(["config", "estimator", "placement"], sort=False):
                 line = line.sort_values("T")
                 colour = ESTIMATOR_COLOURS.get(estimator, "black")
                 ax.plot(
@@ -54,7 +55,7 @@ def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Pat
                     color=colour,
                     label=f"{estimator.upper()} in {placement}",
                 )
-                significant = line["z"].abs() > critical[(estimator, placement)]
+                significant = line["z"].abs() > critical[config]
                 marker = PLACEMENT_MARKERS.get(placement, "o")
                 for mask, face in ((significant, colour), (~significant, "white")):
                     if metric == "variance":
@@ -105,7 +106,8 @@ def kl_label(kl_config: str) -> str:
     spec = KLSpec.from_name(kl_config)
     if spec.placement == "none":
         return "no KL (β = 0)"
-    return f"{spec.estimator.upper()} in {'reward and loss' if spec.placement == 'both' else spec.placement}"
+    label = f"{spec.estimator.upper()} in {'reward and loss' if spec.placement == 'both' else spec.placement}"
+    return label if spec.loss_gradient == PATHWISE else f"{label} ({spec.loss_gradient})"
 
 
 def select(table: pd.DataFrame, panel: dict, config: dict) -> pd.DataFrame:

@@ -21,10 +21,31 @@ Placement (eqs. 7–9). With sequence estimate K = Σ_t K_t (masked), task rewar
 Only K1-in-reward, and "both" with an estimator unbiased in value, give unbiased gradients of the
 sequence-level reverse KL (§3.2; checked exactly in tests/test_toy.py).
 
-A grid names a configuration ``<estimator>-<placement>`` (``k1-reward``) or ``none`` (the β = 0 baseline);
-``KLSpec.from_name`` is the one reader of that grammar, and the config schema and the workflow's wildcard are
-built from ``NAME_PATTERN``. torch is imported by the functions that compute, so that jobs which only read
-names (aggregation, figures) never load it.
+How the loss term is differentiated (``loss_gradient``). The paper differentiates β·K_t path-wise. Frameworks
+now ship per-token corrections, each with value β·K_t on-policy and a score-function part added to the
+gradient. With ω_t = π_θ/π_old per token (1 on-policy, with gradient ∇log π_θ), and sg[·] a stop-gradient:
+
+    pathwise  β·K_t                          ∇: β·∇K_t                     the paper (eq. 9); TRL with
+                                                                           use_bias_correction_kl=False
+    ratio     β·ω_t·K_t                      ∇: β·ω_t·(∇K_t + K_t·∇log π)  TRL use_bias_correction_kl=True,
+                                                                           slime --use-unbiased-kl
+    score     β·exp(log π − sg[log π])·K_t   ∇: β·(∇K_t + K_t·∇log π)      NeMo-RL
+    st        β·(K_t + K2_t − sg[K2_t])       ∇: β·K1_t·∇log π               verl k1+ / k3+
+    isst      β·(K_t + sg[ω_t·K1_t]·(log π − sg[log π]))   ∇: β·sg[ω_t]·K1_t·∇log π   OpenRLHF
+                                                                           --algo.kl.unbiased_gradient
+
+On-policy every correction of K3 (and st, isst of any estimator) has the per-token gradient K1_t·∇log π_t,
+whose expectation is Σ_t E_{y<t}[∇KL(π(·|y<t) ‖ π_ref(·|y<t))] with the prefix's distribution held fixed: the
+gradient of the reverse KL of each token, not of the sequence. The sequence-level gradient also has
+E[∇log π_t · Σ_{s>t} K1_s], what token t does to the KL of the tokens after it, which no per-token term
+carries; so they are unbiased for T = 1 and biased for longer sequences wherever a token changes the
+distribution of the later ones (measured exactly in toy.py; README, "Framework KL variants").
+
+A grid names a configuration ``<estimator>-<placement>`` (``k1-reward``), ``<estimator>-<placement>-<loss
+gradient>`` for a loss term differentiated otherwise than path-wise (``k3-loss-ratio``), or ``none`` (the
+β = 0 baseline); ``KLSpec.from_name`` is the one reader of that grammar, and the config schema and the
+workflow's wildcard are built from ``NAME_PATTERN``. torch is imported by the functions that compute, so that
+jobs which only read names (aggregation, figures) never load it.
 """
 
 from __future__ import annotations
@@ -38,9 +59,21 @@ if TYPE_CHECKING:
 
 ESTIMATORS = ("k1", "k2", "k3")
 PLACEMENTS = ("reward", "loss", "both", "none")
+PATHWISE = "pathwise"  # the paper's: the loss term β·K_t differentiated as it is
+LOSS_GRADIENTS = (PATHWISE, "ratio", "score", "st", "isst")
 NO_KL = "none"  # a grid's β = 0 baseline: no penalty anywhere
-# The names a grid may use (a regular expression, unanchored): none, or an estimator and a placement that is not none.
-NAME_PATTERN = f"{NO_KL}|({'|'.join(ESTIMATORS)})-({'|'.join(p for p in PLACEMENTS if p != 'none')})"
+# The names a grid may use (a regular expression, unanchored): none; or an estimator and a placement that is not
+# none, then, for a placement with a loss term, optionally the loss gradient (path-wise when left out).
+NAME_PATTERN = f"{NO_KL}|({'|'.join(ESTIMATORS)})-(reward|(loss|both)(-({'|'.join(LOSS_GRADIENTS[1:])}))?)"
+
+# Where each way of differentiating the loss term comes from (Table 1's "framework" column).
+LOSS_GRADIENT_SOURCES = {
+    PATHWISE: "the paper; TRL use_bias_correction_kl=False",
+    "ratio": "TRL use_bias_correction_kl=True (its default); slime --use-unbiased-kl (DeepSeek-V3.2)",
+    "score": "NeMo-RL (KL loss × exp(log π − sg[log π]))",
+    "st": "verl k1+ / k3+ (value of K, gradient of K2)",
+    "isst": "OpenRLHF --algo.kl.unbiased_gradient (w = π/π_old detached; OpenRLHF also clamps w)",
+}
 
 EXPRESSIONS = {  # as Table 1 writes them, with r = π_ref / π_θ
     "k1": "-log r",
@@ -57,22 +90,28 @@ class KLSpec:
         estimator: token-level estimator, one of ``ESTIMATORS`` (None only with placement ``none``).
         placement: where the penalty enters the objective, one of ``PLACEMENTS``.
         beta: penalty coefficient β ≥ 0.
+        loss_gradient: how the loss term is differentiated, one of ``LOSS_GRADIENTS`` (only ``pathwise`` without
+            a loss term).
     """
 
     estimator: str | None
     placement: str
     beta: float
+    loss_gradient: str = PATHWISE
 
     @classmethod
     def from_name(cls, name: str, beta: float = 0.0) -> KLSpec:
-        """The configuration a grid names: ``<estimator>-<placement>`` with ``beta``, or ``none``, which has no
-        estimator and β = 0 whatever ``beta`` says."""
+        """The configuration a grid names: ``<estimator>-<placement>[-<loss gradient>]`` with ``beta``, or
+        ``none``, which has no estimator and β = 0 whatever ``beta`` says."""
         if not re.fullmatch(NAME_PATTERN, str(name)):
-            raise ValueError(f"kl configuration {name!r} is not 'none' or '<estimator>-<placement>' ({NAME_PATTERN})")
+            raise ValueError(
+                f"kl configuration {name!r} is not 'none' or '<estimator>-<placement>[-<loss gradient>]' "
+                f"({NAME_PATTERN})"
+            )
         if name == NO_KL:
             return cls(None, "none", 0.0)
-        estimator, placement = name.split("-")
-        return cls(estimator, placement, float(beta))
+        estimator, placement, *loss_gradient = name.split("-")
+        return cls(estimator, placement, float(beta), *loss_gradient)
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS and not (self.estimator is None and self.placement == "none"):
@@ -81,6 +120,12 @@ class KLSpec:
             raise ValueError(f"kl placement {self.placement!r} is not one of {PLACEMENTS}")
         if not self.beta >= 0:
             raise ValueError(f"kl beta must be >= 0, got {self.beta!r}")
+        if self.loss_gradient not in LOSS_GRADIENTS:
+            raise ValueError(f"kl loss gradient {self.loss_gradient!r} is not one of {LOSS_GRADIENTS}")
+        if self.loss_gradient != PATHWISE and self.placement not in ("loss", "both"):
+            raise ValueError(
+                f"kl loss gradient {self.loss_gradient!r} needs a loss term, not placement {self.placement!r}"
+            )
 
     @property
     def in_reward(self) -> bool:
@@ -93,7 +138,10 @@ class KLSpec:
     @property
     def name(self) -> str:
         """The grid's name of the configuration (``none`` when nothing is penalised, whatever the estimator)."""
-        return NO_KL if self.placement == "none" else f"{self.estimator}-{self.placement}"
+        if self.placement == "none":
+            return NO_KL
+        suffix = "" if self.loss_gradient == PATHWISE else f"-{self.loss_gradient}"
+        return f"{self.estimator}-{self.placement}{suffix}"
 
 
 def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -137,20 +185,30 @@ def shaped_rewards(task_rewards, logp, ref_logp, mask, spec: KLSpec) -> torch.Te
     return task_rewards - reward_penalty(logp, ref_logp, mask, spec)
 
 
-def loss_penalty(logp, ref_logp, mask, spec: KLSpec, importance_weights=None) -> torch.Tensor:
-    """Per-token β·K_t(θ)·mask to add to the per-token loss when the KL is placed in the loss.
+def loss_penalty(logp, ref_logp, mask, spec: KLSpec, old_logp=None) -> torch.Tensor:
+    """Per-token β·K_t·mask to add to the per-token loss when the KL is placed in the loss, differentiated as
+    ``spec.loss_gradient`` says (the module's docstring); zeros when the KL is not in the loss.
 
-    Differentiable in ``logp`` (the path-wise term of eq. 9). ``importance_weights`` (π_θ/π_old per
-    token, differentiable) multiplies the term, as Zhang et al. (2025) propose for off-policy
-    updates; the paper does not. Returns zeros when the KL is not in the loss.
+    ``old_logp``: log-probs of the policy that sampled the tokens, for the ratio ω_t = π_θ/π_old of ``ratio`` and
+    ``isst``; None on-policy (π_old = sg[π_θ], so ω_t = 1 with gradient ∇log π_θ).
     """
     import torch
 
     if not spec.in_loss:
         return torch.zeros_like(logp)
-    per_token = token_kl(logp, ref_logp.detach(), spec.estimator)
-    if importance_weights is not None:
-        per_token = importance_weights * per_token
+    ref_logp = ref_logp.detach()
+    per_token = token_kl(logp, ref_logp, spec.estimator)
+    score = logp - logp.detach()  # value 0, gradient ∇log π_θ
+    ratio = torch.exp(logp - (logp.detach() if old_logp is None else old_logp.detach()))
+    if spec.loss_gradient == "ratio":
+        per_token = ratio * per_token
+    elif spec.loss_gradient == "score":
+        per_token = torch.exp(score) * per_token
+    elif spec.loss_gradient == "st":
+        k2 = token_kl(logp, ref_logp, "k2")
+        per_token = per_token.detach() + (k2 - k2.detach())
+    elif spec.loss_gradient == "isst":
+        per_token = per_token.detach() + (ratio * token_kl(logp, ref_logp, "k1")).detach() * score
     return spec.beta * per_token * mask
 
 

@@ -135,6 +135,15 @@ def exact_forward_token_kl_grad(setting: ToySetting, length: int) -> np.ndarray:
     return _grad(value, (a, b))
 
 
+def exact_token_reverse_kl_grad(setting: ToySetting, length: int) -> np.ndarray:
+    """Σ_t E_{y<t~A}[∇_θ KL(A(·|y<t) ‖ B(·|y<t))] with the prefix's distribution held fixed: the gradient of
+    each token's own reverse KL, which leaves out what token t does to the KL of the tokens after it. On-policy it
+    is the expected gradient of every per-token correction in kl.LOSS_GRADIENTS (E[K1_t·∇log π_t | y<t])."""
+    a, b = _param_leaves(setting)
+    value = expected_token_sum(a, b, setting.a_ref, setting.b_ref, length, _bernoulli_kl, detach_weights=True)
+    return _grad(value, (a, b))
+
+
 def closed_form_reverse_kl_grad(setting: ToySetting, length: int) -> np.ndarray:
     """Eqs. (21)–(22) evaluated exactly by enumeration: E_A[Σ_t (y_t − p_t^A)(1, c_{t-1}) · log A/B]."""
     y = all_sequences(length)
@@ -149,10 +158,14 @@ def closed_form_reverse_kl_grad(setting: ToySetting, length: int) -> np.ndarray:
     return np.array([d_a.item(), d_b.item()])
 
 
-def config_specs(estimators, placements):
-    """β = 1 specs of every estimator × placement; "none" once (its estimator is irrelevant)."""
-    return [kl.KLSpec(e, p, 1.0) for p in placements for e in estimators if p != "none"] + (
-        [kl.KLSpec(estimators[0], "none", 1.0)] if "none" in placements else []
+def config_specs(estimators, placements, loss_gradients=()):
+    """β = 1 specs of every estimator × placement; "none" once (its estimator is irrelevant); then every
+    estimator in the loss with each of ``loss_gradients`` other than path-wise (the frameworks' variants)."""
+    variants = [g for g in loss_gradients if g != kl.PATHWISE]
+    return (
+        [kl.KLSpec(e, p, 1.0) for p in placements for e in estimators if p != "none"]
+        + ([kl.KLSpec(estimators[0], "none", 1.0)] if "none" in placements else [])
+        + [kl.KLSpec(e, "loss", 1.0, g) for g in variants for e in estimators]
     )
 
 
@@ -208,6 +221,9 @@ def _seed_for(seed: int, setting_name: str, length: int) -> int:
     return (seed * 1_000_003 + zlib.crc32(setting_name.encode()) * 7919 + length) % 2**63
 
 
+EXACT_MAX_LENGTH = 16  # exact expectations by enumerating the 2^T sequences up to this T (65,536 sequences)
+
+
 def bias_variance(
     setting: ToySetting,
     lengths,
@@ -217,16 +233,24 @@ def bias_variance(
     sequences=1000,
     seed=0,
     advantage="none",
+    loss_gradients=(),
 ) -> pd.DataFrame:
     """The Figure 1 protocol for one setting: one row per (T, configuration, parameter).
 
     Columns: the true gradient, the Monte Carlo mean of the estimates, their bias, squared bias,
-    variance across trials (one estimate per trial), the standard error of the mean and z = bias / SE.
+    variance across trials (one estimate per trial), the standard error of the mean and z = bias / SE; the
+    gradient of the per-token reverse KL (``exact_token_reverse_kl_grad``); and, for T ≤ EXACT_MAX_LENGTH, the
+    estimator's exact expectation by enumeration (``exact_mean``) and its exact bias (NaN beyond).
     """
-    specs = config_specs(list(estimators), list(placements))
+    specs = config_specs(list(estimators), list(placements), list(loss_gradients))
     rows = []
     for length in lengths:
         true_grad = exact_reverse_kl_grad(setting, length)
+        token_grad = exact_token_reverse_kl_grad(setting, length)
+        exact = {
+            spec.name: exact_estimator_mean(setting, length, spec) if length <= EXACT_MAX_LENGTH else np.full(2, np.nan)
+            for spec in specs
+        }
         generator = torch.Generator().manual_seed(_seed_for(seed, setting.name, length))
         # Trials in chunks of about CHUNK_ELEMENTS tokens: large CPU tensors cost page faults on
         # every allocation, and this is 5x faster than one (trials, sequences, T) batch.
@@ -247,9 +271,13 @@ def bias_variance(
                         T=length,
                         estimator=spec.estimator,
                         placement=spec.placement,
+                        loss_gradient=spec.loss_gradient,
                         config=spec.name,
                         param=param,
                         true_grad=true_grad[i],
+                        token_kl_grad=token_grad[i],
+                        exact_mean=exact[spec.name][i],
+                        exact_bias=exact[spec.name][i] - true_grad[i],
                         mean_estimate=mean[i],
                         bias=bias,
                         squared_bias=bias**2,
@@ -270,6 +298,11 @@ def _z_score(bias: float, se: float) -> float:
     return 0.0 if abs(bias) < 1e-12 else float(np.sign(bias) * np.inf)
 
 
+def _exactly_zero(bias: float, scale: float) -> bool:
+    """An exact bias (float64 enumeration) is zero when it is rounding error relative to the gradient's size."""
+    return bool(bias <= 1e-9 * max(1.0, scale))
+
+
 def unbiasedness_tests(results: pd.DataFrame, alpha: float) -> pd.DataFrame:
     """Decide per configuration whether its gradient is unbiased, from the measured bias alone.
 
@@ -277,24 +310,38 @@ def unbiasedness_tests(results: pd.DataFrame, alpha: float) -> pd.DataFrame:
     is standard normal under H0 (200 trials). A configuration is declared biased when any of its m
     tests rejects at the Bonferroni level α/m (two-sided), so an unbiased configuration is wrongly
     called biased with probability at most α.
+
+    Beside the test, the exact verdict where the toy enumerated the sequences: ``max_abs_exact_bias`` over the
+    rows with T ≤ EXACT_MAX_LENGTH, overall and at T = 1 alone (NaN when no such row was run).
     """
+    results = results.assign(loss_gradient=results.get("loss_gradient", kl.PATHWISE))
     rows = []
-    for (estimator, placement), group in results.groupby(["estimator", "placement"], sort=False):
+    for config, group in results.groupby("config", sort=False):
+        estimator, placement, loss_gradient = group.iloc[0][["estimator", "placement", "loss_gradient"]]
         tests = len(group)
         critical = norm.ppf(1 - alpha / (2 * tests))
         max_abs_z = float(np.abs(group["z"]).max())
         worst = group.loc[np.abs(group["z"]).idxmax()]
+        exact = group.get("exact_bias", pd.Series(dtype=float)).abs()
         rows.append(
             dict(
+                config=config,
                 estimator=estimator,
                 expression=kl.EXPRESSIONS[estimator],
                 placement=placement,
+                loss_gradient=loss_gradient,
+                framework=kl.LOSS_GRADIENT_SOURCES[loss_gradient] if placement in ("loss", "both") else "",
+                max_abs_exact_bias=exact.max() if exact.notna().any() else np.nan,
+                max_abs_exact_bias_T1=exact[group["T"] == 1].max() if exact[group["T"] == 1].notna().any() else np.nan,
                 tests=tests,
                 alpha=alpha,
                 z_critical=critical,
                 max_abs_z=max_abs_z,
                 worst_case=f"{worst['setting']}, T={worst['T']}, d/d{worst['param']}",
                 unbiased=bool(max_abs_z <= critical),
+                exact_unbiased=(
+                    _exactly_zero(exact.max(), group["true_grad"].abs().max()) if exact.notna().any() else None
+                ),
             )
         )
     return pd.DataFrame(rows)

@@ -8,10 +8,11 @@ checkpointing and distributed training are TRL's own; on a CPU, vllm_cpu.py adap
    policy that *sampled* the response, at sampling time (eq. 7); then the baseline is RLOO
    (A_i = R_i − mean_{j≠i} R_j, the paper's choice) or the group mean (TRL's GRPO with
    ``scale_rewards="none"``). All of it comes from ``kl.py``.
-2. Loss (``_compute_loss``). TRL's clipped surrogate −min(ω·A, clip(ω)·A) per token, plus the path-wise
-   KL term β·K_t(θ) when the KL is placed in the loss (optionally times the token ratio ω, Zhang et al.
-   2025), normalised like TRL's ``dapo`` (all completion tokens of the generation batch: the paper's
-   token-sum normalisation) or ``dr_grpo``. TRL's ``use_bias_correction_kl`` is never used.
+2. Loss (``_compute_loss``). TRL's clipped surrogate −min(ω·A, clip(ω)·A) per token, plus the KL term
+   β·K_t(θ) when the KL is placed in the loss, differentiated path-wise (the paper's) or as a framework does
+   (``kl_loss_gradient``: kl.py), normalised like TRL's ``dapo`` (all completion tokens of the generation
+   batch: the paper's token-sum normalisation) or ``dr_grpo``. TRL's ``use_bias_correction_kl`` is off;
+   ``kl_loss_gradient="ratio"`` is the same term.
 3. Asynchrony (``async_level = k``). A FIFO of generation batches: the batch trained at step t was
    generated and scored (old log-probs, reward KL, advantages) at step max(0, t − k) by the policy of that
    time. Prompts are drawn k batches ahead, so every batch still sees each prompt once per epoch. A step
@@ -77,9 +78,13 @@ class KLTrainerConfig(GRPOConfig):
         default=0,
         metadata={"help": "k ≥ 0: the batch trained at step t was generated at step t − k (FIFO of batches)."},
     )
-    kl_loss_importance_weighting: bool = field(
-        default=False,
-        metadata={"help": "Multiply the loss-KL by the token ratio π_θ/π_old (Zhang et al. 2025); off = paper."},
+    kl_loss_gradient: str = field(
+        default="pathwise",
+        metadata={
+            "help": "How the loss term β·K_t is differentiated (kl.LOSS_GRADIENTS): pathwise (the paper's), ratio "
+            "(× π_θ/π_old, TRL's use_bias_correction_kl, slime; Zhang et al. 2025), score (NeMo-RL), st (verl "
+            "k1+/k3+) or isst (OpenRLHF unbiased_gradient)."
+        },
     )
     measure_reference_kl: bool = field(
         default=True,
@@ -97,8 +102,11 @@ class KLTrainerConfig(GRPOConfig):
 
     FIXED = ("num_iterations", "scale_rewards", "use_bias_correction_kl")  # their defaults above are required
 
+    def kl_spec(self) -> kl.KLSpec:
+        return kl.KLSpec(self.kl_estimator, self.kl_placement, float(self.beta), self.kl_loss_gradient)
+
     def __post_init__(self):
-        kl.KLSpec(self.kl_estimator, self.kl_placement, float(self.beta))  # the one check of a KL configuration
+        self.kl_spec()  # the one check of a KL configuration
         if self.advantage not in ("rloo", "grpo"):
             raise ValueError(f"advantage {self.advantage!r} is not one of ('rloo', 'grpo')")
         if self.loss_type not in LOSS_TYPES.values():
@@ -153,7 +161,7 @@ class KLTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, **kwargs)
         if colocated_on_cpu:  # vLLM's CPU backend needs its own weight sync (vllm_cpu.py); GPUs keep TRL's
             vllm_cpu.adapt_trl_generation(self.vllm_generation)
-        self.kl_spec = kl.KLSpec(self.args.kl_estimator, self.args.kl_placement, float(self.args.beta))
+        self.kl_spec = self.args.kl_spec()
         if self.ref_model is None and self.args.measure_reference_kl and not self._uses_peft():
             self.ref_model = self._load_reference_model()
         self._fifo: collections.deque = collections.deque()
@@ -346,9 +354,8 @@ class KLTrainer(GRPOTrainer):
         if "importance_sampling_ratio" in inputs:  # vLLM's sampling vs training mismatch, as TRL corrects it
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         if self.kl_spec.in_loss:
-            weights = ratio if self.args.kl_loss_importance_weighting else None
             per_token_loss = per_token_loss + kl.loss_penalty(
-                logps, inputs["ref_per_token_logps"], mask, self.kl_spec, importance_weights=weights
+                logps, inputs["ref_per_token_logps"], mask, self.kl_spec, old_logp=old_logps
             )
         loss = (per_token_loss * mask).sum() / self._normaliser(inputs, per_token_loss)
         self._log_loss_metrics(inputs, logps, entropies, ratio, advantages, mask)
