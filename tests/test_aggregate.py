@@ -203,3 +203,50 @@ def test_the_study_tables_are_the_ones_the_workflow_names(tmp_path):
                          "max_abs_exact_bias": 0.0, "max_abs_exact_bias_T1": 0.0, "max_abs_z": 1.0, "z_critical": 3.0,
                          "worst_case": "", "alpha": 0.01}])  # fmt: skip
     assert tuple(tables.study_tables(config, aggregated, toy)) == STUDY_TABLES
+
+
+def _synthetic_onpolicy_run():
+    """An on-policy study's logged KL: no KL ends at 1.0; K1 in the reward ends lower at larger β, K1 in the loss
+    higher; two seeds each, the last final_steps = 3 steps constant, earlier steps far off (so that a wrong window
+    shows)."""
+    config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    config["studies"]["onpolicy"].update(kl=["none", "k1-reward", "k1-loss"], betas=[0.1, 1.0], seeds=[0, 1])
+    config["studies"]["onpolicy"]["final_steps"] = 3
+    ends = {("none", 0.0): 1.0, ("k1-reward", 0.1): 0.6, ("k1-reward", 1.0): 0.3, ("k1-loss", 0.1): 1.1,
+            ("k1-loss", 1.0): 1.5}  # fmt: skip
+    rows, cells = [], []
+    for (kl_config, beta), end in ends.items():
+        for seed in (0, 1):
+            identity = dict(study="onpolicy", model="tiny", kl=kl_config, estimator=kl_config.split("-")[0],
+                            placement=(kl_config.split("-") + ["none"])[1], beta=beta, seed=seed)  # fmt: skip
+            cells.append({**identity, "status": "ok"})
+            for step in range(1, 7):
+                value = 9.0 if step <= 3 else end + (0.05 if seed else -0.05)
+                rows.append({**identity, "step": step, "kl_k3": value})
+    return config, pd.DataFrame(rows), pd.DataFrame(cells)
+
+
+def test_the_kl_at_the_end_is_the_mean_of_the_last_final_steps():
+    config, training, _ = _synthetic_onpolicy_run()
+    final = aggregate.final_values(training, config).set_index(["kl", "beta", "seed"]).kl_k3
+    assert final[("k1-reward", 1.0, 0)] == pytest.approx(0.25) and final[("none", 0.0, 1)] == pytest.approx(1.05)
+
+
+def test_the_regularisation_table_compares_each_beta_with_no_kl_and_states_the_prediction(tmp_path):
+    config, training, cells = _synthetic_onpolicy_run()
+    tests = pd.DataFrame(
+        [dict(config="k1-reward", exact_unbiased=True, min_projection=1.0, max_projection=1.0),
+         dict(config="k1-loss", exact_unbiased=False, min_projection=0.0, max_projection=0.0)]
+    )  # fmt: skip
+    table = tables.regularisation(training, cells, config, tests, ["onpolicy"]).set_index(["kl", "beta"])
+    assert table.loc[("k1-reward", 1.0), "final_kl"] == pytest.approx(0.3)
+    assert table.loc[("k1-reward", 1.0), "seed_std"] == pytest.approx(0.0707, abs=1e-4)
+    assert table.loc[("k1-reward", 0.1), "no_kl_final_kl"] == pytest.approx(1.0)
+    assert list(table.below_no_kl) == ["yes", "yes", "no", "no"]
+    assert list(table.falls_as_beta_grows) == ["yes", "yes", "no", "no"]
+    assert table.loc[("k1-reward", 0.1), "predicted"].startswith("pulls towards π_ref (the KL's own")
+    assert table.loc[("k1-loss", 0.1), "predicted"].startswith("no pull")
+    figures.paper_figure(
+        "fig13_regularisation", config, {"training": training, "cells": cells}, tmp_path / "fig13.png"
+    )
+    assert (tmp_path / "fig13.png").stat().st_size > 10_000 and (tmp_path / "fig13.pdf").is_file()

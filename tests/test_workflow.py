@@ -51,7 +51,7 @@ def test_paper_grid_sizes():
     counts = expected_jobs(yaml.safe_load((ROOT / "config/paper.yaml").read_text()))
     assert counts["train_rl"] == 102 + 4 + 4 + 15 + 5 + 12
     assert counts["evaluate_cell"] == (48 + 6 + 12) * 5 and counts["evaluate_base"] == 2 * 2 * 5
-    assert counts["figure"] == 11
+    assert counts["figure"] == 12  # figures 2-12 and the regularisation figure
 
 
 def test_one_cell_is_one_target(tmp_path):
@@ -111,11 +111,15 @@ def test_end_to_end_outputs(reduced_run):
     for name in ("table1", "table2", "relative_improvement", "evaluations"):
         assert (workdir / "figures" / f"{name}.md").stat().st_size > 0, name
     table = pd.read_csv(workdir / "figures" / "table1.csv")
-    assert len(table) == 9  # 3 estimators × reward/loss/both
+    assert len(table) == 9 + 3 * 4  # 3 estimators × reward/loss/both, then × the 4 frameworks' loss gradients
     assert set(table.unbiased_gradient) <= {"yes", "no"}
-    behaviour = table.set_index(["estimator", "placement"]).behaviour
-    assert behaviour[("K1", "reward")].split(" (")[0] in {"stable", "instabilities", "collapse"}
-    assert behaviour[("K3", "loss")] == "not trained"
+    assert table.set_index("config").exact_unbiased.to_dict() == {  # T = 2 and 6, enumerated exactly
+        name: "yes" if name in ("k1-reward", "k1-both", "k3-both") else "no" for name in table.config
+    }
+    behaviour = table.set_index("config").behaviour
+    assert behaviour["k1-reward"].split(" (")[0] in {"stable", "instabilities", "collapse"}
+    assert behaviour["k3-loss"] == "not trained"
+    assert (workdir / "figures" / "regularisation.md").stat().st_size > 0
     results = pd.read_csv(workdir / "results" / "toy" / "apart.csv")
     assert sorted(results["T"].unique()) == [2, 6]
     assert (results.trials == 30).all() and (results.sequences == 100).all()

@@ -150,3 +150,17 @@ def write_tables(config: dict, results: Path, out_dir: Path) -> dict[str, pd.Dat
 def read_tables(directory: Path) -> dict[str, pd.DataFrame]:
     """The tables write_tables wrote, by name."""
     return {name: pd.read_csv(Path(directory) / f"{name}.csv") for name in AGGREGATED_TABLES}
+
+
+def final_values(training: pd.DataFrame, config: dict, column: str = "kl_k3") -> pd.DataFrame:
+    """Per cell that logged steps: ``column`` at the end of training, the mean over its last ``final_steps`` logged
+    steps (the study's setting, fixed before the runs; a run that stopped early ends where it stopped)."""
+    rows = []
+    if column not in training:  # nothing logged yet
+        return pd.DataFrame(columns=CELL_COLUMNS + [column])
+    for keys, run in training.dropna(subset=[column]).groupby(CELL_COLUMNS, sort=False):
+        last = config["studies"][keys[0]].get("final_steps", 5)
+        rows.append(
+            {**dict(zip(CELL_COLUMNS, keys, strict=True)), column: run.sort_values("step")[column].tail(last).mean()}
+        )
+    return pd.DataFrame(rows, columns=CELL_COLUMNS + [column])

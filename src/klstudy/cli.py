@@ -273,6 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("--out-dir", required=True)
     tab.set_defaults(run=_tables)
 
+    warm_ = commands.add_parser(
+        "warm", help="run a command (e.g. snakemake) with a warm server that runs every klstudy job it starts (warm.py)"
+    )
+    warm_.add_argument("--log", default="logs/warm.log", help="the server's own output")
+    warm_.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    warm_.set_defaults(run=_warm)
+    serve = commands.add_parser("warm-serve", help="the warm server itself (started by `warm`)")
+    serve.add_argument("--socket", required=True, help="the Unix socket to serve")
+    serve.set_defaults(run=_warm_serve)
+
     stat = commands.add_parser("status", help="every cell's state (ok, collapsed, diverged, running, failed, missing)")
     stat.add_argument("--config", default="config.yaml", help="the study's config (e.g. config/paper.yaml)")
     stat.add_argument("--root", default=".", help="the workflow's working directory (results/ and logs/ inside)")
@@ -281,10 +291,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def _warm(args):
+    from klstudy import warm
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise SystemExit("klstudy warm: give the command to run after --")
+    return warm.run_with_server(command, Path(args.log))
+
+
+def _warm_serve(args):
+    from klstudy import warm
+
+    warm.serve(args.socket)
+
+
+def run(argv: list[str]) -> int:
+    """Run the stage ``argv`` names in this process."""
     args = build_parser().parse_args(argv)
-    args.run(args)
-    return 0
+    status = args.run(args)  # stages return None; `warm` returns its command's exit status
+    return status if isinstance(status, int) else 0
+
+
+def main(argv=None) -> int:
+    """``python -m klstudy``: the stage runs in the warm server when one serves this job (warm.py), else here."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] not in (["warm"], ["warm-serve"]):
+        from klstudy import warm
+
+        status = warm.delegate(argv)
+        if status is not None:
+            return status
+    return run(argv)
 
 
 if __name__ == "__main__":

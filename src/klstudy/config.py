@@ -337,7 +337,8 @@ def checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
 
 
 AGGREGATED_TABLES = ("cells", "training", "heldout", "evaluations", "divergence")  # results/tables/<name>.csv
-STUDY_TABLES = ("table1", "table2", "relative_improvement", "evaluations")  # figures/<name>.csv and .md (tables.py)
+# figures/<name>.csv and .md (tables.py)
+STUDY_TABLES = ("table1", "table2", "relative_improvement", "evaluations", "regularisation")
 
 
 def evaluation_targets(config: dict) -> list[str]:

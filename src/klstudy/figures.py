@@ -253,7 +253,61 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> None:
         ax.legend(fontsize=7)
 
 
-PANELS = {"curves": curves_panel, "bars": bars_panel, "divergence": divergence_panel}
+def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> None:
+    """KL(π_θ‖π_ref) at the end of training (aggregate.final_values: the last final_steps steps' mean) against β,
+    one line per KL configuration from the no-KL run at β = 0: the mean over seeds with the standard deviation over
+    seeds as error bars, and each seed as a dot. The legend says whether the end KL is below the no-KL run's at
+    every β and falls as β grows (means over seeds)."""
+    from klstudy.aggregate import final_values
+
+    final = select(final_values(tables["training"], config), panel, config)
+    none = final[final.kl == "none"].kl_k3
+    none_mean = none.mean() if len(none) else float("nan")
+    for kl_config, rows in final[final.kl != "none"].groupby("kl", sort=False):
+        stats = rows.groupby("beta").kl_k3.agg(["mean", "std"]).sort_index()
+        x = [0.0, *stats.index]
+        y = [none_mean, *stats["mean"]]
+        errors = [none.std() if len(none) > 1 else 0.0, *stats["std"].fillna(0.0)]
+        falls = (stats["mean"].diff().dropna() < 0).all() and (stats["mean"] < none_mean).all()
+        colour = KL_COLOURS.get(kl_config, "grey")
+        label = f"{kl_label(kl_config)}: {'falls with β' if falls else 'does not fall with β'}"
+        ax.errorbar(x, y, yerr=errors, marker="o", capsize=3, color=colour, label=label)
+        ax.scatter(rows.beta, rows.kl_k3, s=10, alpha=0.5, color=colour)
+    if len(none):
+        ax.scatter([0.0] * len(none), none, s=10, alpha=0.5, color="black", label="no KL (β = 0), each seed")
+    ax.set_xscale("symlog", linthresh=min([b for b in final.beta if b > 0], default=0.1))
+    ax.set_xlabel("β (0: the no-KL run)")
+    last = config["studies"][panel["study"]].get("final_steps", 5)
+    ax.set_ylabel(f"KL(π_θ‖π_ref), mean of the last {last} steps (nats)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def kl_curves_panel(ax, panel: dict, config: dict, tables: dict) -> None:
+    """KL(π_θ‖π_ref) (the K3 estimate logged each step) against training step: the mean over seeds (thick) and
+    every seed (thin), one colour per configuration, one line style per β."""
+    training = select(tables["training"], panel, config)
+    betas = sorted({float(b) for b in training.beta if b > 0}) or [0.0]
+    for (kl_config, beta), runs in training.groupby(["kl", "beta"], sort=False):
+        style = _line_style(kl_config, float(beta), betas, by_beta=False)
+        for _, run in runs.groupby("seed"):
+            ax.plot(run.step, run.kl_k3, alpha=0.3, linewidth=0.8, **style)
+        mean = runs.groupby("step").kl_k3.mean()
+        label = kl_label(kl_config) + ("" if kl_config == "none" else f", β = {beta:g}")
+        ax.plot(mean.index, mean.values, linewidth=2, label=label, **style)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("KL(π_θ‖π_ref), K3 estimate (nats)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+
+
+PANELS = {
+    "curves": curves_panel,
+    "bars": bars_panel,
+    "divergence": divergence_panel,
+    "kl_vs_beta": kl_vs_beta_panel,
+    "kl_curves": kl_curves_panel,
+}
 
 
 def paper_figure(name: str, config: dict, tables: dict, png: Path) -> None:

@@ -113,6 +113,60 @@ def relative_improvement(
     )
 
 
+def expected_pull(test) -> str:
+    """What Table 1's exact computation predicts a configuration does to KL(π_θ‖π_ref) on-policy, from the
+    projection of its expected gradient on the KL's (toy.unbiasedness_tests)."""
+    if test is None or pd.isna(test.get("min_projection", float("nan"))):
+        return "not analysed"
+    if test.get("exact_unbiased") is True:
+        return "pulls towards π_ref (the KL's own gradient)"
+    if max(abs(test["min_projection"]), abs(test["max_projection"])) < 1e-9:
+        return "no pull (zero expected gradient)"
+    if test["min_projection"] > 0:
+        return "pulls towards π_ref (biased: not the KL's gradient)"
+    return "may push away (opposes the KL's gradient in some settings)"
+
+
+def regularisation(
+    training: pd.DataFrame, cells: pd.DataFrame, config: dict, tests: pd.DataFrame, studies: list[str]
+) -> pd.DataFrame:
+    """The on-policy KL to the reference at the end of training (aggregate.final_values) per configuration and β:
+    mean and standard deviation over seeds, against the no-KL run of the same study and model; what the toy model
+    predicts (expected_pull) and what the runs show (lower than with no KL at each β; falling as β grows)."""
+    from klstudy.aggregate import final_values
+
+    final = final_values(training[training.study.isin(studies)], config)
+    status = cells.set_index(["study", "model", "kl", "beta", "seed"]).status
+    final["status"] = [status.get(tuple(r), "missing") for r in final[["study", "model", "kl", "beta", "seed"]].values]
+    summary = (
+        final.groupby(["study", "model", "kl", "beta"], sort=False)
+        .agg(final_kl=("kl_k3", "mean"), seed_std=("kl_k3", "std"), seeds=("seed", "nunique"),
+             not_ok=("status", lambda s: int((s != "ok").sum())))
+        .reset_index()
+    )  # fmt: skip
+    baseline = summary[summary.kl == "none"].set_index(["study", "model"]).final_kl
+    by_config = tests.set_index("config") if "config" in tests else pd.DataFrame()
+    rows = []
+    for (study, model, kl_config), group in summary[summary.kl != "none"].groupby(["study", "model", "kl"], sort=False):
+        group = group.sort_values("beta")
+        none = baseline.get((study, model), float("nan"))
+        falls = bool((group.final_kl.diff().dropna() < 0).all() and (group.final_kl < none).all())
+        test = by_config.loc[kl_config].to_dict() if kl_config in by_config.index else None
+        for row in group.itertuples():
+            rows.append(
+                dict(
+                    study=study, model=model, kl=kl_config, beta=row.beta, final_kl=round(row.final_kl, 4),
+                    seed_std=round(row.seed_std, 4) if pd.notna(row.seed_std) else "", seeds=row.seeds,
+                    runs_not_ok=row.not_ok, no_kl_final_kl=round(none, 4),
+                    below_no_kl="yes" if row.final_kl < none else "no",
+                    falls_as_beta_grows="yes" if falls else "no", predicted=expected_pull(test),
+                )
+            )  # fmt: skip
+    columns = ["study", "model", "kl", "beta", "final_kl", "seed_std", "seeds", "runs_not_ok", "no_kl_final_kl",
+               "below_no_kl", "falls_as_beta_grows", "predicted"]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
 # Table 2 (§E): K1 in the reward in other libraries, as the paper lists it, next to this project's setting.
 TABLE2 = [
     ("VeRL", 'algorithm.use_kl_in_reward=True, algorithm.kl_penalty="kl"'),
@@ -165,6 +219,17 @@ def study_tables(config: dict, tables: dict, tests: pd.DataFrame) -> dict[str, t
             relative_improvement(tables["evaluations"], config["evaluation"]["in_domain"]),
             "Relative improvement (%) of K1 in the reward over K3 in the loss, mean over tasks of seed-mean "
             f"mean@k, per study, model and β ({config['scale']} scale); §4.1 quotes these for the paper's runs.",
+        ),
+        "regularisation": (
+            regularisation(tables["training"], tables["cells"], config, tests, studies),
+            "Regularisation: KL(π_θ‖π_ref) at the end of on-policy training (the K3 estimate logged each step, mean "
+            "of the last final_steps steps of each run: "
+            + ", ".join(f"{s} {config['studies'][s].get('final_steps', 5)}" for s in studies)
+            + "), mean and standard deviation over seeds, against the no-KL run (β = 0) of the same study and model. "
+            "predicted: what Table 1's exact computation says the configuration's expected gradient does (the "
+            "projection of its expected gradient on the KL's, in the toy model); below_no_kl and "
+            "falls_as_beta_grows: what the runs show (means over seeds; compare the differences with seed_std). "
+            f"{config['scale']} scale.",
         ),
         "evaluations": (
             evaluation_summary(tables["evaluations"]),

@@ -298,6 +298,17 @@ def _z_score(bias: float, se: float) -> float:
     return 0.0 if abs(bias) < 1e-12 else float(np.sign(bias) * np.inf)
 
 
+def _projections(group: pd.DataFrame) -> pd.Series:
+    """Per (setting, T) with an exact expectation: <E[ĝ], ∇KL> / |∇KL|², how much of the KL's gradient the
+    configuration's expected gradient carries (1: all of it; 0: none, e.g. K1 in the loss; < 0: it opposes it)."""
+    if "exact_mean" not in group:
+        return pd.Series(dtype=float)
+    rows = group.dropna(subset=["exact_mean"])
+    dot = (rows.exact_mean * rows.true_grad).groupby([rows.setting, rows["T"]]).sum()
+    norm = (rows.true_grad**2).groupby([rows.setting, rows["T"]]).sum()
+    return (dot / norm.where(norm > 0)).dropna()
+
+
 def _exactly_zero(bias: float, scale: float) -> bool:
     """An exact bias (float64 enumeration) is zero when it is rounding error relative to the gradient's size."""
     return bool(bias <= 1e-9 * max(1.0, scale))
@@ -323,6 +334,7 @@ def unbiasedness_tests(results: pd.DataFrame, alpha: float) -> pd.DataFrame:
         max_abs_z = float(np.abs(group["z"]).max())
         worst = group.loc[np.abs(group["z"]).idxmax()]
         exact = group.get("exact_bias", pd.Series(dtype=float)).abs()
+        projection = _projections(group)
         rows.append(
             dict(
                 config=config,
@@ -332,6 +344,8 @@ def unbiasedness_tests(results: pd.DataFrame, alpha: float) -> pd.DataFrame:
                 loss_gradient=loss_gradient,
                 framework=kl.LOSS_GRADIENT_SOURCES[loss_gradient] if placement in ("loss", "both") else "",
                 max_abs_exact_bias=exact.max() if exact.notna().any() else np.nan,
+                min_projection=projection.min() if len(projection) else np.nan,
+                max_projection=projection.max() if len(projection) else np.nan,
                 max_abs_exact_bias_T1=exact[group["T"] == 1].max() if exact[group["T"] == 1].notna().any() else np.nan,
                 tests=tests,
                 alpha=alpha,

@@ -1,0 +1,213 @@
+"""Warm workers: the embedded study's jobs start from an interpreter that has already imported torch and the rest.
+
+Every job is a ``python -m klstudy <stage>`` process, and importing torch, transformers, TRL and lm-eval takes about
+7 s of a 20-30 s job on a CPU (README, "Cost"). ``python -m klstudy warm -- <command>`` (what ``make study`` runs)
+imports them once in a server, then runs the command with ``KLSTUDY_WARM_SOCKET`` set. Each job's
+``python -m klstudy`` then hands its arguments, working directory, environment and standard streams to the server,
+which forks a child that runs the stage, as ``cli.run`` runs it in a cold process, and sends back its exit status:
+
+    job (snakemake's shell)  --argv, cwd, env, fds 0-2-->  server  --fork-->  child: cli.run(argv); exit status
+                             <--------------------------- exit status ------/
+
+A job that loses its caller (Snakemake killed it, or Ctrl-C) is killed with its process group: the child watches
+the connection. A job runs cold, as without a server, when ``KLSTUDY_WARM_SOCKET`` is unset or nothing answers, under
+another interpreter (the vLLM environment's), or under ``accelerate launch``/``torchrun`` (``WORLD_SIZE`` set: each
+rank must be the process its launcher started). Snakemake's ``benchmark`` files then time the job correctly (wall
+seconds), but their CPU and memory columns see only the small process that waited for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+SOCKET_ENV = "KLSTUDY_WARM_SOCKET"
+# What a job would otherwise import itself: the training, evaluation, divergence, toy and figure stages' libraries.
+PRELOAD = (
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "datasets",
+    "lm_eval",
+    "lm_eval.models.huggingface",
+    "pandas",
+    "klstudy.figures",
+    "klstudy.cell",
+    "klstudy.trainer",
+    "klstudy.evaluate",
+    "klstudy.divergence",
+    "klstudy.toy",
+    "klstudy.aggregate",
+)
+_HEADER = struct.Struct("!Q")  # length of the JSON request that follows
+_STATUS = struct.Struct("!i")  # the job's exit status
+REFUSED = -(2**31)  # the server would not run this job: run it cold
+
+
+def _interpreter() -> list[str]:
+    """What a job must share with the server: the environment (a venv's prefix; symlinks would hide it) and Python."""
+    return [sys.prefix, sys.version]
+
+
+def _recv_exactly(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the connection closed early")
+        data += chunk
+    return data
+
+
+# ------------------------------------------------------------------------------------------- the job's side
+
+
+def delegate(argv: list[str]) -> int | None:
+    """Run ``python -m klstudy <argv>`` in the warm server: the job's exit status, or None to run it cold here."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path or "WORLD_SIZE" in os.environ:
+        return None
+    request = json.dumps(
+        {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "interpreter": _interpreter()}
+    ).encode()
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        socket.send_fds(conn, [_HEADER.pack(len(request))], [0, 1, 2])
+        conn.sendall(request)
+        (status,) = _STATUS.unpack(_recv_exactly(conn, _STATUS.size))
+    except (OSError, ConnectionError) as error:
+        print(f"klstudy: warm server at {path} did not run the job ({error}); running it cold", file=sys.stderr)
+        return None
+    return None if status == REFUSED else status
+
+
+# ------------------------------------------------------------------------------------------- the server's side
+
+
+def serve(path: str, preload=PRELOAD) -> None:
+    """Import ``preload``, then fork one child per job that connects to the Unix socket at ``path``, forever."""
+    for module in preload:
+        importlib.import_module(module)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished children
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path + ".binding")
+    server.listen(64)
+    os.rename(path + ".binding", path)  # the socket appears only once it accepts connections
+    print(f"klstudy warm server {os.getpid()}: {len(sys.modules)} modules imported, serving {path}", flush=True)
+    while True:
+        conn, _ = server.accept()
+        if os.fork() == 0:
+            server.close()
+            os._exit(_run_job(conn))
+        conn.close()
+
+
+def _run_job(conn: socket.socket) -> int:
+    """In the forked child: take the job's streams, directory and environment, run it, report its exit status."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the job's own subprocesses must be waitable
+    header, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
+    header += _recv_exactly(conn, _HEADER.size - len(header))
+    request = json.loads(_recv_exactly(conn, _HEADER.unpack(header)[0]))
+    if request["interpreter"] != _interpreter() or len(fds) != 3:
+        conn.sendall(_STATUS.pack(REFUSED))
+        return 0
+    os.setsid()  # its own process group, so that the watchdog can take the job's subprocesses down with it
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.environ.pop(SOCKET_ENV, None)  # a job that starts `python -m klstudy` itself starts it cold
+    sys.argv = [sys.argv[0], *request["argv"]]
+    _reseed()
+    threading.Thread(target=_kill_when_caller_leaves, args=(conn,), daemon=True).start()
+    status = _run_cli(request["argv"])
+    conn.sendall(_STATUS.pack(status))
+    return status
+
+
+def _reseed() -> None:
+    """Fresh Python and NumPy global generators, as a new process has (torch's default seed is a constant anyway)."""
+    import random
+
+    import numpy
+
+    random.seed()
+    numpy.random.seed()
+
+
+def _kill_when_caller_leaves(conn: socket.socket) -> None:
+    try:
+        conn.recv(1)  # returns when the waiting job process exits or is killed
+    finally:
+        os.killpg(0, signal.SIGKILL)
+
+
+def _run_cli(argv: list[str]) -> int:
+    """``cli.run(argv)`` with a cold interpreter's exit status: 0, SystemExit's code, or 1 after a traceback."""
+    import atexit
+    import traceback
+
+    from klstudy import cli
+
+    try:
+        status = cli.run(argv)
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if isinstance(exit_.code, str):
+            print(exit_.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - any failure is the job's, reported as a cold process would
+        traceback.print_exc()
+        status = 1
+    atexit._run_exitfuncs()  # what interpreter shutdown does (os._exit skips it)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return status
+
+
+# ------------------------------------------------------------------------------------------- around a command
+
+
+def run_with_server(command: list[str], log: Path, ready_timeout: float = 300.0) -> int:
+    """Start a warm server (its output in ``log``), run ``command`` with ``KLSTUDY_WARM_SOCKET`` set, stop the server.
+
+    If the server does not come up, the command still runs, cold, with a warning: the server only saves time.
+    """
+    folder = tempfile.mkdtemp(prefix="klstudy-warm-")
+    path = os.path.join(folder, "socket")
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "klstudy", "warm-serve", "--socket", path], stdout=out, stderr=subprocess.STDOUT
+        )
+    env = dict(os.environ)
+    start = time.monotonic()
+    while not os.path.exists(path) and server.poll() is None and time.monotonic() - start < ready_timeout:
+        time.sleep(0.1)
+    if os.path.exists(path):
+        env[SOCKET_ENV] = path
+        print(f"klstudy: warm server ready in {time.monotonic() - start:.1f}s ({log})", file=sys.stderr)
+    else:
+        print(f"klstudy: warm server did not start (see {log}); every job runs cold", file=sys.stderr)
+    try:
+        return subprocess.call(command, env=env)
+    finally:
+        server.terminate()
+        server.wait()
+        for name in os.listdir(folder):
+            os.remove(os.path.join(folder, name))
+        os.rmdir(folder)
