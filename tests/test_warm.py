@@ -60,7 +60,8 @@ def test_a_warm_job_writes_what_the_cold_job_writes_and_exits_as_it_does(server,
     assert klstudy(toy_args(tmp_path / "warm"), socket_path, tmp_path / "warm.log") == 0
     assert klstudy(toy_args(tmp_path / "cold"), None, tmp_path / "cold.log") == 0
     assert (tmp_path / "warm/apart.csv").read_bytes() == (tmp_path / "cold/apart.csv").read_bytes()
-    assert "toy setting apart: 132 rows" in (tmp_path / "warm.log").read_text(), "the job's stdout reaches the caller's file"
+    log = (tmp_path / "warm.log").read_text()
+    assert "toy setting apart: 132 rows" in log, "the job's stdout reaches the caller's file"
     assert "did not run the job" not in (tmp_path / "warm.log").read_text()
     # Failures keep a cold process's exit status and message: an exception (1), an argparse error (2).
     assert klstudy(toy_args(tmp_path, setting="nope"), socket_path, tmp_path / "bad.log") == 1
