@@ -246,7 +246,5 @@ def test_the_regularisation_table_compares_each_beta_with_no_kl_and_states_the_p
     assert list(table.falls_as_beta_grows) == ["yes", "yes", "no", "no"]
     assert table.loc[("k1-reward", 0.1), "predicted"].startswith("pulls towards π_ref (the KL's own")
     assert table.loc[("k1-loss", 0.1), "predicted"].startswith("no pull")
-    figures.paper_figure(
-        "fig13_regularisation", config, {"training": training, "cells": cells}, tmp_path / "fig13.png"
-    )
+    figures.paper_figure("fig13_regularisation", config, {"training": training, "cells": cells}, tmp_path / "fig13.png")
     assert (tmp_path / "fig13.png").stat().st_size > 10_000 and (tmp_path / "fig13.pdf").is_file()
