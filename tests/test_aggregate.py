@@ -149,17 +149,31 @@ def test_onpolicy_studies_are_those_with_one_update_and_no_asynchrony(config):
 
 
 def test_relative_improvement_by_hand():
-    rows = [
-        ("k1-reward", "math500", 0, 0.6), ("k1-reward", "math500", 1, 0.4), ("k3-loss", "math500", 0, 0.4),
-        ("k1-reward", "mmlu_college_biology", 0, 0.3), ("k3-loss", "mmlu_college_biology", 0, 0.2),
-        ("k1-reward", "mmlu_college_physics", 0, 0.2), ("k3-loss", "mmlu_college_physics", 0, 0.4),
+    rows = [  # kl, task, seed, mean@k, lm-eval stderr
+        ("k1-reward", "math500", 0, 0.6, 0.03), ("k1-reward", "math500", 1, 0.4, 0.04),
+        ("k3-loss", "math500", 0, 0.4, 0.02), ("k3-loss", "math500", 1, 0.4, 0.02),
+        ("k1-reward", "mmlu_college_biology", 0, 0.3, 0.1), ("k3-loss", "mmlu_college_biology", 0, 0.2, 0.1),
+        ("k1-reward", "mmlu_college_physics", 0, 0.2, 0.1), ("k3-loss", "mmlu_college_physics", 0, 0.4, 0.1),
     ]  # fmt: skip
     evaluations = pd.DataFrame(
-        [dict(study="onpolicy", model="m", kl=k, beta=0.05, task=t, seed=s, mean_at_k=v) for k, t, s, v in rows]
-    )
-    table = tables.relative_improvement(evaluations, in_domain=["math500"]).set_index("domain")
-    assert table.loc["in-domain", "relative_improvement_pct"] == pytest.approx(25.0)  # (0.5 - 0.4) / 0.4
-    assert table.loc["out-of-domain", "relative_improvement_pct"] == pytest.approx((50.0 - 50.0) / 2)
+        [dict(study="onpolicy", model="m", kl=k, beta=0.05, task=t, seed=s, mean_at_k=v, stderr=e)
+         for k, t, s, v, e in rows]
+    )  # fmt: skip
+    table = tables.relative_improvement(evaluations, in_domain=["math500"])
+    ours = table[table.source == "this run"].set_index("domain")
+    assert ours.loc["in-domain", "relative_improvement_pct"] == pytest.approx(25.0)  # (0.5 - 0.4) / 0.4
+    assert ours.loc["out-of-domain", "relative_improvement_pct"] == pytest.approx((50.0 - 50.0) / 2)
+    # seed by seed: +50 % and 0 %; one seed out of domain has no spread
+    assert ours.loc["in-domain", "seed_std_pct"] == pytest.approx(50 / 2**0.5, abs=0.01)
+    assert list(ours.seeds) == [2, 1] and pd.isna(ours.loc["out-of-domain", "seed_std_pct"])
+    # lm-eval's stderr through c / b: seed-mean stderrs 0.025 and 0.02 / √2, c / b = 1.25
+    in_domain = 100 / 0.4 * (0.025**2 + 1.25**2 * 0.02**2 / 2) ** 0.5
+    out_of_domain = ((100 / 0.2) ** 2 * (0.01 + 1.5**2 * 0.01) + (100 / 0.4) ** 2 * (0.01 + 0.5**2 * 0.01)) ** 0.5 / 2
+    assert ours.loc["in-domain", "lm_eval_stderr_pct"] == pytest.approx(in_domain, abs=0.01)
+    assert ours.loc["out-of-domain", "lm_eval_stderr_pct"] == pytest.approx(out_of_domain, abs=0.01)
+    paper = table[table.source != "this run"].set_index(["model", "domain"]).relative_improvement_pct
+    assert paper[("Qwen2.5-7B", "out-of-domain")] == 19.06 and paper[("Llama-3.1-8B-Instruct", "in-domain")] == 15.94
+    assert tables.relative_improvement(evaluations[evaluations.kl == "k3-loss"], ["math500"]).empty
 
 
 def test_table1_gets_the_behaviour_column(tmp_path):

@@ -93,24 +93,73 @@ def table1(tests: pd.DataFrame, behaviours: dict[str, str] | None = None) -> pd.
     ).sort_values("estimator", kind="stable")  # placements keep the toy's order (config toy.placements)
 
 
+# §4.1's relative improvements of K1 in the reward over K3 in the loss, as the paper quotes them (β = 0.05; the paper
+# says "similar trends hold for β = 0.1" without numbers). No uncertainty is quoted.
+PAPER_RELATIVE_IMPROVEMENTS = [
+    ("Qwen2.5-7B", 0.05, "in-domain", 6.21),
+    ("Qwen2.5-7B", 0.05, "out-of-domain", 19.06),
+    ("Llama-3.1-8B-Instruct", 0.05, "in-domain", 15.94),
+    ("Llama-3.1-8B-Instruct", 0.05, "out-of-domain", 3.65),
+]
+RELATIVE_IMPROVEMENT_COLUMNS = [
+    "source", "study", "model", "beta", "domain", "relative_improvement_pct", "seed_std_pct", "seeds",
+    "lm_eval_stderr_pct", "tasks",
+]  # fmt: skip
+
+
+def _improvement(candidate: pd.Series, baseline: pd.Series) -> pd.Series:
+    return 100 * (candidate - baseline) / baseline.where(baseline > 0)
+
+
+def _sum_of_squares(stderrs: pd.Series) -> float:
+    return (stderrs.astype(float) ** 2).sum(min_count=len(stderrs))  # unknown (NaN) if any one is unknown
+
+
 def relative_improvement(
     evaluations: pd.DataFrame, in_domain: list[str], candidate: str = "k1-reward", baseline: str = "k3-loss"
 ) -> pd.DataFrame:
     """§4.1's numbers: per study, model and β, the mean over tasks of (candidate − baseline) / baseline, in %,
-    in-domain and out-of-domain, from seed-mean mean@k scores."""
+    in-domain and out-of-domain, from seed-mean mean@k scores; then the paper's own figures, marked as such.
+
+    Its uncertainty, two ways: seed_std_pct, the standard deviation over training seeds of the same improvement
+    computed seed by seed (seed s of the candidate against seed s of the baseline: the same data order; blank with
+    one seed); lm_eval_stderr_pct, lm-eval's standard errors over questions carried through the ratio to first
+    order (tasks taken as independent), the uncertainty left with any number of seeds."""
+    keys = ["study", "model", "beta", "task"]
     cells = evaluations[evaluations.kl.isin([candidate, baseline])].dropna(subset=["mean_at_k"])
-    means = cells.groupby(["study", "model", "beta", "task", "kl"]).mean_at_k.mean().unstack("kl")
-    if candidate not in means or baseline not in means:
-        return pd.DataFrame(columns=["study", "model", "beta", "domain", "relative_improvement_pct", "tasks"])
-    means = means.dropna(subset=[candidate, baseline]).reset_index()
-    means["improvement"] = 100 * (means[candidate] - means[baseline]) / means[baseline].where(means[baseline] > 0)
-    means["domain"] = means.task.map(lambda t: "in-domain" if t in in_domain else "out-of-domain")
-    return (
-        means.groupby(["study", "model", "beta", "domain"])
-        .agg(relative_improvement_pct=("improvement", "mean"), tasks=("task", lambda t: " ".join(t)))
-        .round(2)
-        .reset_index()
+    if "stderr" not in cells:
+        cells = cells.assign(stderr=float("nan"))
+    by_seed = cells.pivot_table(index=[*keys, "seed"], columns="kl", values="mean_at_k")
+    if candidate not in by_seed or baseline not in by_seed:
+        return pd.DataFrame(columns=RELATIVE_IMPROVEMENT_COLUMNS)
+    scores = cells.groupby([*keys, "kl"]).agg(
+        mean=("mean_at_k", "mean"), seeds=("seed", "nunique"), stderr_squares=("stderr", _sum_of_squares)
     )
+    scores["se"] = scores.stderr_squares**0.5 / scores.seeds  # the standard error of the seed mean
+    tasks = scores.unstack("kl").dropna(subset=[("mean", candidate), ("mean", baseline)])
+    c, b = tasks["mean"][candidate], tasks["mean"][baseline]
+    variance = (100 / b) ** 2 * (tasks["se"][candidate] ** 2 + (c / b) ** 2 * tasks["se"][baseline] ** 2)
+    per_task = pd.DataFrame({"improvement": _improvement(c, b), "variance": variance}).reset_index()
+    paired = by_seed.dropna(subset=[candidate, baseline])
+    per_seed = _improvement(paired[candidate], paired[baseline]).rename("improvement").reset_index()
+    for frame in (per_task, per_seed):
+        frame["domain"] = frame.task.map(lambda t: "in-domain" if t in in_domain else "out-of-domain")
+    domains = ["study", "model", "beta", "domain"]
+    seed_means = per_seed.groupby([*domains, "seed"]).improvement.mean().groupby(domains)
+    table = per_task.groupby(domains).agg(
+        relative_improvement_pct=("improvement", "mean"),
+        lm_eval_stderr_pct=("variance", lambda v: v.sum(min_count=len(v)) ** 0.5 / len(v)),
+        tasks=("task", " ".join),
+    )
+    table["seed_std_pct"], table["seeds"] = seed_means.std(), seed_means.size()
+    table = table.reset_index().assign(source="this run")
+    table["seeds"] = table.seeds.fillna(0).astype(int)
+    paper = pd.DataFrame(
+        [dict(source="paper §4.1", study="paper", model=m, beta=beta, domain=d, relative_improvement_pct=v, seeds=3,
+              tasks="MATH500 MATH²" if d == "in-domain" else "MMLU college physics, chemistry, biology")
+         for m, beta, d, v in PAPER_RELATIVE_IMPROVEMENTS]
+    )  # fmt: skip
+    return pd.concat([table, paper], ignore_index=True)[RELATIVE_IMPROVEMENT_COLUMNS].round(2)
 
 
 def expected_pull(test) -> str:
@@ -218,7 +267,11 @@ def study_tables(config: dict, tables: dict, tests: pd.DataFrame) -> dict[str, t
         "relative_improvement": (
             relative_improvement(tables["evaluations"], config["evaluation"]["in_domain"]),
             "Relative improvement (%) of K1 in the reward over K3 in the loss, mean over tasks of seed-mean "
-            f"mean@k, per study, model and β ({config['scale']} scale); §4.1 quotes these for the paper's runs.",
+            f"mean@k, per study, model and β ({config['scale']} scale). seed_std_pct: standard deviation over "
+            "training seeds of the improvement computed seed by seed (blank with one seed); lm_eval_stderr_pct: "
+            "lm-eval's standard errors over questions carried through the ratio. Rows marked 'paper §4.1' are the "
+            "paper's own figures for its models (mean@32 over 3 seeds, no uncertainty quoted; 'similar trends' at "
+            "β = 0.1, no numbers), not results of this run.",
         ),
         "regularisation": (
             regularisation(tables["training"], tables["cells"], config, tests, studies),
