@@ -260,5 +260,12 @@ def test_the_regularisation_table_compares_each_beta_with_no_kl_and_states_the_p
     assert list(table.falls_as_beta_grows) == ["yes", "yes", "no", "no"]
     assert table.loc[("k1-reward", 0.1), "predicted"].startswith("pulls towards π_ref (the KL's own")
     assert table.loc[("k1-loss", 0.1), "predicted"].startswith("no pull")
+    # paired by seed, the shared seed effect (±0.05 in every run of a seed) cancels: no spread left
+    assert table.loc[("k1-reward", 1.0), "minus_no_kl"] == pytest.approx(-0.7)
+    assert table.loc[("k1-loss", 1.0), "minus_no_kl"] == pytest.approx(0.5)
+    assert table.minus_no_kl_std.abs().max() < 1e-9
+    alone = training[(training.kl != "none") & (training.beta == 1.0)]  # no no-KL run, one β: nothing to compare
+    table = tables.regularisation(alone, cells, config, tests, ["onpolicy"])
+    assert set(table.below_no_kl) == {"n/a"} and set(table.falls_as_beta_grows) == {"n/a"}
     figures.paper_figure("fig13_regularisation", config, {"training": training, "cells": cells}, tmp_path / "fig13.png")
     assert (tmp_path / "fig13.png").stat().st_size > 10_000 and (tmp_path / "fig13.pdf").is_file()

@@ -11,12 +11,17 @@ import pandas as pd
 from klstudy.config import STUDY_TABLES
 
 
+def _cell(value) -> str:
+    """A Markdown table cell: blank where a number is unknown (NaN: one seed has no spread)."""
+    return "" if isinstance(value, float) and value != value else str(value)
+
+
 def write_table(table: pd.DataFrame, md: Path, csv: Path, caption: str) -> None:
     Path(md).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False)
     header = "| " + " | ".join(table.columns) + " |"
     rule = "| " + " | ".join("---" for _ in table.columns) + " |"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
     Path(md).write_text("\n".join([caption, "", header, rule, *body, ""]))
 
 
@@ -176,20 +181,31 @@ def expected_pull(test) -> str:
     return "may push away (opposes the KL's gradient in some settings)"
 
 
+def _yes_no(condition: bool | None) -> str:
+    return "n/a" if condition is None else "yes" if condition else "no"
+
+
 def regularisation(
     training: pd.DataFrame, cells: pd.DataFrame, config: dict, tests: pd.DataFrame, studies: list[str]
 ) -> pd.DataFrame:
     """The on-policy KL to the reference at the end of training (aggregate.final_values) per configuration and β:
-    mean and standard deviation over seeds, against the no-KL run of the same study and model; what the toy model
-    predicts (expected_pull) and what the runs show (lower than with no KL at each β; falling as β grows)."""
+    mean and standard deviation over seeds; its difference from the no-KL run of the same study, model and seed
+    (the same data order: paired), mean and standard deviation over seeds; what the toy model predicts
+    (expected_pull) and what the runs show (below the no-KL run at each β; falling as β grows). "n/a" where the
+    study has no no-KL run, or one β."""
     from klstudy.aggregate import final_values
 
+    keys = ["study", "model", "kl", "beta"]
     final = final_values(training[training.study.isin(studies)], config)
-    status = cells.set_index(["study", "model", "kl", "beta", "seed"]).status
-    final["status"] = [status.get(tuple(r), "missing") for r in final[["study", "model", "kl", "beta", "seed"]].values]
+    status = cells.set_index([*keys, "seed"]).status
+    final["status"] = [status.get(tuple(r), "missing") for r in final[[*keys, "seed"]].values]
+    no_kl = final[final.kl == "none"].set_index(["study", "model", "seed"]).kl_k3
+    final["minus_no_kl"] = [no_kl.get(tuple(r), float("nan")) for r in final[["study", "model", "seed"]].values]
+    final["minus_no_kl"] = final.kl_k3 - final.minus_no_kl
     summary = (
-        final.groupby(["study", "model", "kl", "beta"], sort=False)
+        final.groupby(keys, sort=False)
         .agg(final_kl=("kl_k3", "mean"), seed_std=("kl_k3", "std"), seeds=("seed", "nunique"),
+             minus_no_kl=("minus_no_kl", "mean"), minus_no_kl_std=("minus_no_kl", "std"),
              not_ok=("status", lambda s: int((s != "ok").sum())))
         .reset_index()
     )  # fmt: skip
@@ -199,21 +215,21 @@ def regularisation(
     for (study, model, kl_config), group in summary[summary.kl != "none"].groupby(["study", "model", "kl"], sort=False):
         group = group.sort_values("beta")
         none = baseline.get((study, model), float("nan"))
-        falls = bool((group.final_kl.diff().dropna() < 0).all() and (group.final_kl < none).all())
+        below = [None if pd.isna(d) else bool(d < 0) for d in group.minus_no_kl]
+        falls = None if len(group) < 2 else bool((group.final_kl.diff().dropna() < 0).all())
         test = by_config.loc[kl_config].to_dict() if kl_config in by_config.index else None
-        for row in group.itertuples():
+        for row, is_below in zip(group.itertuples(), below, strict=True):
             rows.append(
                 dict(
-                    study=study, model=model, kl=kl_config, beta=row.beta, final_kl=round(row.final_kl, 4),
-                    seed_std=round(row.seed_std, 4) if pd.notna(row.seed_std) else "", seeds=row.seeds,
-                    runs_not_ok=row.not_ok, no_kl_final_kl=round(none, 4),
-                    below_no_kl="yes" if row.final_kl < none else "no",
-                    falls_as_beta_grows="yes" if falls else "no", predicted=expected_pull(test),
+                    study=study, model=model, kl=kl_config, beta=row.beta, final_kl=row.final_kl,
+                    seed_std=row.seed_std, seeds=row.seeds, runs_not_ok=row.not_ok, no_kl_final_kl=none,
+                    minus_no_kl=row.minus_no_kl, minus_no_kl_std=row.minus_no_kl_std,
+                    below_no_kl=_yes_no(is_below), falls_as_beta_grows=_yes_no(falls), predicted=expected_pull(test),
                 )
             )  # fmt: skip
     columns = ["study", "model", "kl", "beta", "final_kl", "seed_std", "seeds", "runs_not_ok", "no_kl_final_kl",
-               "below_no_kl", "falls_as_beta_grows", "predicted"]  # fmt: skip
-    return pd.DataFrame(rows, columns=columns)
+               "minus_no_kl", "minus_no_kl_std", "below_no_kl", "falls_as_beta_grows", "predicted"]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns).round(4)
 
 
 # Table 2 (§E): K1 in the reward in other libraries, as the paper lists it, next to this project's setting.
