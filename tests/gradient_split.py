@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from accelerate import PartialState
 from datasets import Dataset
-from transformers import TrainerCallback
+from transformers import AutoTokenizer, TrainerCallback
 
-from klstudy import kl, models
+from klstudy import kl
 from klstudy.trainer import KLTrainer, KLTrainerConfig
 
 GROUP, PROMPTS_PER_BATCH, MAX_LENGTH = 4, 4, 12
@@ -83,7 +83,7 @@ def one_step_gradient(model_dir: Path, out: Path, loss_type: str, kl_config: str
     keep = KeepGradient()
     trainer = KLTrainer(
         model=str(model_dir), reward_funcs=length_reward, args=args, train_dataset=PROMPTS,
-        processing_class=models.load(model_dir)[1], rollout_func=fixed_rollouts, callbacks=[keep],
+        processing_class=AutoTokenizer.from_pretrained(model_dir), rollout_func=fixed_rollouts, callbacks=[keep],
     )  # fmt: skip
     drift(trainer.model)
     trainer.train()

@@ -13,7 +13,7 @@ from klstudy.config import STUDY_TABLES
 
 def _cell(value) -> str:
     """A Markdown table cell: blank where a number is unknown (NaN: one seed has no spread)."""
-    return "" if isinstance(value, float) and value != value else str(value)
+    return "" if isinstance(value, float) and pd.isna(value) else str(value)
 
 
 def write_table(table: pd.DataFrame, md: Path, csv: Path, caption: str) -> None:
@@ -116,8 +116,10 @@ def _improvement(candidate: pd.Series, baseline: pd.Series) -> pd.Series:
     return 100 * (candidate - baseline) / baseline.where(baseline > 0)
 
 
-def _sum_of_squares(stderrs: pd.Series) -> float:
-    return (stderrs.astype(float) ** 2).sum(min_count=len(stderrs))  # unknown (NaN) if any one is unknown
+def _stderr_of_mean(stderrs: pd.Series) -> float:
+    """The standard error of the mean of independent estimates with these standard errors; unknown (NaN) if any
+    one is unknown."""
+    return (stderrs.astype(float) ** 2).sum(min_count=len(stderrs)) ** 0.5 / len(stderrs)
 
 
 def relative_improvement(
@@ -132,19 +134,14 @@ def relative_improvement(
     order (tasks taken as independent), the uncertainty left with any number of seeds."""
     keys = ["study", "model", "beta", "task"]
     cells = evaluations[evaluations.kl.isin([candidate, baseline])].dropna(subset=["mean_at_k"])
-    if "stderr" not in cells:
-        cells = cells.assign(stderr=float("nan"))
     by_seed = cells.pivot_table(index=[*keys, "seed"], columns="kl", values="mean_at_k")
     if candidate not in by_seed or baseline not in by_seed:
         return pd.DataFrame(columns=RELATIVE_IMPROVEMENT_COLUMNS)
-    scores = cells.groupby([*keys, "kl"]).agg(
-        mean=("mean_at_k", "mean"), seeds=("seed", "nunique"), stderr_squares=("stderr", _sum_of_squares)
-    )
-    scores["se"] = scores.stderr_squares**0.5 / scores.seeds  # the standard error of the seed mean
+    scores = cells.groupby([*keys, "kl"]).agg(mean=("mean_at_k", "mean"), se=("stderr", _stderr_of_mean))
     tasks = scores.unstack("kl").dropna(subset=[("mean", candidate), ("mean", baseline)])
     c, b = tasks["mean"][candidate], tasks["mean"][baseline]
     variance = (100 / b) ** 2 * (tasks["se"][candidate] ** 2 + (c / b) ** 2 * tasks["se"][baseline] ** 2)
-    per_task = pd.DataFrame({"improvement": _improvement(c, b), "variance": variance}).reset_index()
+    per_task = pd.DataFrame({"improvement": _improvement(c, b), "stderr": variance**0.5}).reset_index()
     paired = by_seed.dropna(subset=[candidate, baseline])
     per_seed = _improvement(paired[candidate], paired[baseline]).rename("improvement").reset_index()
     for frame in (per_task, per_seed):
@@ -153,7 +150,7 @@ def relative_improvement(
     seed_means = per_seed.groupby([*domains, "seed"]).improvement.mean().groupby(domains)
     table = per_task.groupby(domains).agg(
         relative_improvement_pct=("improvement", "mean"),
-        lm_eval_stderr_pct=("variance", lambda v: v.sum(min_count=len(v)) ** 0.5 / len(v)),
+        lm_eval_stderr_pct=("stderr", _stderr_of_mean),
         tasks=("task", " ".join),
     )
     table["seed_std_pct"], table["seeds"] = seed_means.std(), seed_means.size()
@@ -199,9 +196,9 @@ def regularisation(
     final = final_values(training[training.study.isin(studies)], config)
     status = cells.set_index([*keys, "seed"]).status
     final["status"] = [status.get(tuple(r), "missing") for r in final[[*keys, "seed"]].values]
-    no_kl = final[final.kl == "none"].set_index(["study", "model", "seed"]).kl_k3
-    final["minus_no_kl"] = [no_kl.get(tuple(r), float("nan")) for r in final[["study", "model", "seed"]].values]
-    final["minus_no_kl"] = final.kl_k3 - final.minus_no_kl
+    no_kl_same_seed = final[final.kl == "none"].set_index(["study", "model", "seed"]).kl_k3.rename("no_kl_same_seed")
+    final = final.join(no_kl_same_seed, on=["study", "model", "seed"])
+    final["minus_no_kl"] = final.kl_k3 - final.no_kl_same_seed
     summary = (
         final.groupby(keys, sort=False)
         .agg(final_kl=("kl_k3", "mean"), seed_std=("kl_k3", "std"), seeds=("seed", "nunique"),
