@@ -34,10 +34,10 @@ def write_cell(results: Path, cell: dict, status: str, pass_at_1: list[float], s
     (directory / "summary.json").write_text(json.dumps({"status": status, "reason": "", "steps_done": 2}))
 
 
-def write_eval(results: Path, relative: str, score: float, status: str = "ok") -> None:
+def write_eval(results: Path, relative: str, score: float, status: str = "ok", unread: float = 0.25) -> None:
     path = results / "evals" / relative
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"mean_at_k": score, "stderr": 0.01, "k": 4, "cell_status": status}))
+    path.write_text(json.dumps({"mean_at_k": score, "stderr": 0.01, "unread": unread, "k": 4, "cell_status": status}))
 
 
 def cell(config, **keys) -> dict:
@@ -51,8 +51,8 @@ def results(tmp_path, config):
     write_cell(results, cell(config, study="onpolicy", kl="k1-reward", beta=0.1, seed=0), "ok", [0.3, 0.4, 0.5])
     write_cell(results, cell(config, study="onpolicy", kl="k1-reward", beta=0.1, seed=1), "ok", [0.3, 0.5, 0.45])
     write_cell(results, cell(config, study="onpolicy", kl="k3-reward", beta=1.0, seed=0), "collapsed", [0.3, 0.0])
-    for seed, score in ((0, 0.5), (1, 0.3)):
-        write_eval(results, f"onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}/math500.json", score)
+    for seed, score, unread in ((0, 0.5, 0.25), (1, 0.3, 0.75)):
+        write_eval(results, f"onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}/math500.json", score, unread=unread)
     write_eval(results, "base/tiny/template~on/math500.json", 0.2, "base")
     return results
 
@@ -75,7 +75,10 @@ def test_evaluations_table_has_a_row_per_cell_task_and_base_model(config, result
     assert len(table) == (evaluated + 2) * len(tasks)  # + the base model with and without its template
     scored = table.dropna(subset=["mean_at_k"])
     assert sorted(scored.mean_at_k) == [0.2, 0.3, 0.5]
+    assert sorted(scored.unread) == [0.25, 0.25, 0.75]
     assert (table[table.mean_at_k.isna()].cell_status == "missing").all()
+    summary = tables.evaluation_summary(table).set_index(["study", "task"]).unread  # the mean over seeds
+    assert summary[("onpolicy", "math500")] == 0.5 and summary[("base", "math500")] == 0.25
 
 
 def test_write_tables_and_every_configured_figure_draws_with_gaps(config, results, tmp_path):

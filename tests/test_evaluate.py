@@ -10,14 +10,16 @@ from klstudy import data, evaluate, procedural, tiny
 from klstudy.tasks import utils
 
 
-def test_mean_at_k_by_hand():
+def test_mean_at_k_and_unread_by_hand():
     doc = {"answer": "11", "reward": "math", "numbers": [], "target": 0}
-    completions = ["so \\boxed{11}", "\\boxed{12}", "The answer is \\boxed{11}.", "no box at all"]
+    completions = ["so \\boxed{11}", "\\boxed{12}", "The answer is \\boxed{11}.", "no answer at all"]
     # lm-eval passes one request's filtered response: [the k completions] (the sample's logged filtered_resps).
-    assert utils.process_results(doc, [completions]) == {"mean_at_k": 0.5}
-    assert utils.mean_at_k(doc, completions[:1]) == 1.0
-    letter = {"answer": "C", "reward": "multiple_choice", "numbers": [], "target": 0}
-    assert utils.mean_at_k(letter, ["\\boxed{C}", "\\boxed{A}", "\\boxed{C}"]) == pytest.approx(2 / 3)
+    assert utils.process_results(doc, [completions]) == {"mean_at_k": 0.5, "unread_at_k": 0.25}
+    assert utils.process_results(doc, [completions[:1]]) == {"mean_at_k": 1.0, "unread_at_k": 0.0}
+    letter = {"answer": "C", "reward": "multiple_choice", "numbers": [], "target": 0, "choices": []}
+    three = ["\\boxed{C}", "\\boxed{A}", "I cannot tell."]
+    third = pytest.approx(1 / 3)
+    assert utils.process_results(letter, [three]) == {"mean_at_k": third, "unread_at_k": third}
 
 
 def test_every_task_file_names_a_staged_dataset():
@@ -63,9 +65,12 @@ def test_harness_keeps_all_k_repeats_and_averages_them(harness_run):
     for sample in samples:
         assert len(sample["filtered_resps"][0]) == 4  # lm-eval's default filter would keep 1
         assert len(set(sample["filtered_resps"][0])) > 1  # sampled, not four copies of one completion
-        assert sample["mean_at_k"] == utils.mean_at_k(sample["doc"], sample["filtered_resps"][0])
+        assert {key: sample[key] for key in ("mean_at_k", "unread_at_k")} == utils.process_results(
+            sample["doc"], sample["filtered_resps"]
+        )
     expected = sum(s["mean_at_k"] for s in samples) / len(samples)
     assert harness_run["mean_at_k"] == pytest.approx(expected)
+    assert harness_run["unread"] == pytest.approx(sum(s["unread_at_k"] for s in samples) / len(samples))
 
 
 def test_harness_scores_every_repeat_with_the_reward(harness_inputs, monkeypatch):
@@ -144,7 +149,7 @@ def test_evaluation_job_hands_the_backends_own_section_to_lm_eval(monkeypatch, t
 
     def fake_run(model, tasks, data_dir, **kwargs):
         seen.update(kwargs)
-        return {task: {"mean_at_k": 0.5, "stderr": 0.1, "k": 1, "samples": []} for task in tasks}
+        return {task: {"mean_at_k": 0.5, "stderr": 0.1, "unread": 0.0, "k": 1, "samples": []} for task in tasks}
 
     monkeypatch.setattr(evaluate, "run", fake_run)
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))

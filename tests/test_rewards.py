@@ -123,6 +123,71 @@ LETTER_NEAR_MISSES = [
 ]
 
 
+# The same forms with the question's options, and the forms real models write with them (tests/fixtures/real_answers):
+# a letter followed by its option's text, an announcement followed by such a letter, a final statement after a stray
+# letter, a letter endorsed in words, an option's text stated as the answer.
+OPTIONS = ["10 m/s", "3e8 m/s", "tetrahedron", "zero population growth"]
+LETTER_FORMS_WITH_OPTIONS = [
+    *LETTER_FORMS,
+    "B) 3e8 m/s",
+    "B. 3e8 m/s",
+    "B: 3e8 m/s",
+    "(B) 3e8 m/s",
+    "**B)** 3e8 m/s",
+    "**B) 3e8 m/s**",
+    "B) 3E8 M/S.",
+    "The correct option is B) 3e8 m/s.",
+    "The answer is: B) 3e8 m/s",
+    "Answer: B) 3e8 m/s, since nothing is faster.",
+    "A)\nWait, light is faster.\nAnswer: B) 3e8 m/s",
+    "A) 10 m/s\n\nThe correct answer is B) 3e8 m/s.",
+    "Thus the answer is given. B) 3e8 m/s.",
+    "B is correct.",
+    "Option B is correct.",
+    "Answer B is the correct option.",
+    "I think that B) 3e8 m/s is correct.",
+    "Choose option B.",
+    "The correct answer is (B) which is the speed of light.",
+    'So, "3e8 m/s" is the correct answer.',
+    "The answer is 3e8 m/s.",
+]
+LETTER_NEAR_MISSES_WITH_OPTIONS = [
+    *LETTER_NEAR_MISSES,
+    "B) 42 m/s",  # the option's text matches no option
+    "The correct answer is B) 42 m/s.",
+    "B) tetrahedron",  # another option's text: the completion contradicts itself
+    "B) 3e8 m/s\nThe correct answer is C) 3e8 m/s.",  # the last statement contradicts itself
+    "A) 10 m/s\nB) 3e8 m/s\nC) tetrahedron\nD) zero population growth",  # the options reprinted
+    "A) 10 m/s\nWhy not?\nB) 3e8 m/s\nMaybe.\nC) tetrahedron\nOr this.",  # a walk through the options
+    "The answer is A) 10 m/s or B) 3e8 m/s.",
+    "The correct answer is B) 3e8 m/s, and the correct answer, C) tetrahedron, too.",
+    "B) 3e8 m/s is too fast for a sound wave.",  # the option's text, then no endorsement
+    "Bohr's model says 3e8 m/s.",  # a letter inside a word
+    "The answer is 42 m/s.",
+]
+
+
+@pytest.mark.parametrize("completion", LETTER_FORMS_WITH_OPTIONS)
+def test_every_form_is_read_with_the_options(completion):
+    assert rewards.extract_letter(completion, OPTIONS) == "B"
+    assert rewards.judge({"reward": "multiple_choice", "answer": "B", "choices": OPTIONS}, completion) == (True, 1.0)
+
+
+@pytest.mark.parametrize("completion", LETTER_NEAR_MISSES_WITH_OPTIONS)
+def test_near_misses_name_no_letter_with_the_options(completion):
+    assert rewards.extract_letter(completion, OPTIONS) is None
+    for letter in "ABCD":
+        assert rewards.judge({"reward": "multiple_choice", "answer": letter, "choices": OPTIONS}, completion) == (
+            False,
+            0.0,
+        )
+
+
+def test_without_the_options_a_letter_with_text_is_not_read():
+    """A caller without the options cannot tell "B) 3e8 m/s" from "B) tetrahedron": neither is read."""
+    assert rewards.extract_letter("B) 3e8 m/s") is None and rewards.extract_letter("B) tetrahedron") is None
+
+
 @pytest.mark.parametrize("completion", LETTER_FORMS)
 def test_every_common_form_of_a_letter_is_read(completion):
     assert rewards.extract_letter(completion) == "B"

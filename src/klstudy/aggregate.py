@@ -89,14 +89,15 @@ def heldout_table(config: dict, results: Path) -> pd.DataFrame:
     return _per_cell_jsonl(config, results, "heldout.jsonl")
 
 
-EVALUATION_COLUMNS = CELL_COLUMNS + ["chat_template", "task", "mean_at_k", "stderr", "k", "cell_status"]
+EVALUATION_RESULTS = ["mean_at_k", "stderr", "unread", "k", "cell_status"]  # unread: answers no rule could read
+EVALUATION_COLUMNS = CELL_COLUMNS + ["chat_template", "task", *EVALUATION_RESULTS]
 
 
 def _evaluation_row(path: Path, identity: dict) -> dict:
     if not path.is_file():
-        return {**identity, "mean_at_k": None, "stderr": None, "k": None, "cell_status": "missing"}
+        return {**identity, **dict.fromkeys(EVALUATION_RESULTS), "cell_status": "missing"}
     result = json.loads(path.read_text())
-    return {**identity, **{key: result.get(key) for key in ("mean_at_k", "stderr", "k", "cell_status")}}
+    return {**identity, **{key: result.get(key) for key in EVALUATION_RESULTS}}
 
 
 def evaluations_table(config: dict, results: Path) -> pd.DataFrame:

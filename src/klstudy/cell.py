@@ -97,13 +97,10 @@ class HealthRules:
         return None
 
 
-SCORING_COLUMNS = ("answer", "reward", "numbers", "target")
-
-
 def reward_function(completions, **columns) -> list[float]:
     """TRL reward function: the verifiable reward of each completion (rewards.score), never raising."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    records = [{key: columns[key][i] for key in SCORING_COLUMNS} for i in range(len(texts))]
+    records = [{key: columns[key][i] for key in rewards.SCORING_FIELDS} for i in range(len(texts))]
     return [rewards.score(record, text) for record, text in zip(records, texts, strict=True)]
 
 
@@ -118,6 +115,7 @@ def to_dataset(records: list[dict]):
             "reward": r["reward"],
             "numbers": r.get("numbers", []),
             "target": r.get("target", 0),
+            "choices": r.get("choices", []),
         }
         for r in records
     ]

@@ -113,7 +113,8 @@ def _evaluate(args):
     status = json.loads(Path(args.summary).read_text())["status"] if args.summary else "base"
     for task, out, samples in zip(args.task, args.out, args.samples, strict=True):
         output = outputs[task]
-        row = {"task": task, "mean_at_k": output["mean_at_k"], "stderr": output["stderr"], "k": output["k"],
+        row = {"task": task, "mean_at_k": output["mean_at_k"], "stderr": output["stderr"], "unread": output["unread"],
+               "k": output["k"],
                "chat_template": args.chat_template, "seed": args.seed, "cell_status": status}  # fmt: skip
         data.write_jsonl(output.pop("samples"), Path(samples))
         Path(out).write_text(json.dumps({**row, **output}, indent=1) + "\n")

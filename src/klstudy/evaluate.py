@@ -94,8 +94,8 @@ def run(
     backend_settings: dict | None = None,
 ) -> dict[str, dict]:
     """lm-eval's results for each task, in one lm-eval call (one model load; requests of all tasks batched together):
-    {task: {'results': ..., 'samples': [...], 'mean_at_k': ..., 'stderr': ...}}. ``backend_settings``: the backend's
-    config section (evaluation.hf: device, dtype; evaluation.vllm: the engine's arguments)."""
+    {task: {'results': ..., 'samples': [...], 'mean_at_k': ..., 'stderr': ..., 'unread': ...}}. ``backend_settings``:
+    the backend's config section (evaluation.hf: device, dtype; evaluation.vllm: the engine's arguments)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -137,6 +137,7 @@ def _task_result(output: dict, task: str, name: str, k: int) -> dict:
         "k": k,
         "mean_at_k": metrics["mean_at_k,all_repeats"],
         "stderr": metrics.get("mean_at_k_stderr,all_repeats"),
+        "unread": metrics["unread_at_k,all_repeats"],  # the fraction of completions from which no answer was read
         "results": json.loads(json.dumps({name: metrics}, default=str)),
         "config": json.loads(json.dumps({name: output.get("configs", {}).get(name)}, default=str)),
         "backend": output["config"]["model"],  # as lm-eval records it

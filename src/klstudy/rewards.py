@@ -24,6 +24,7 @@ import signal
 import threading
 from collections import Counter
 from fractions import Fraction
+from typing import NamedTuple
 
 TAIL_CHARS = 4000  # only the end of a completion can hold its final answer
 MAX_ANSWER_CHARS = 400
@@ -79,19 +80,27 @@ def last_boxed(text: str) -> str | None:
 # ---------------------------------------------------------------------------------------------- math
 
 
-def _math_verify_once(gold: str, completion: str) -> bool:
-    """math-verify's verdict, gold first, \\boxed{} first; its own (signal) timeouts off."""
+def _math_verify_once(gold: str, completion: str) -> tuple[bool, bool]:
+    """(whether the completion states an answer, math-verify's verdict), gold first, \\boxed{} first; its own (signal)
+    timeouts off.
+
+    The verdict is the paper's protocol: a box first, else the last expression math-verify finds anywhere, which it
+    finds in almost any text. So "states an answer" asks less of luck: a box, or an expression that math-verify's
+    anchors announce ("the final answer is", "answer:"), as tests/fixtures/real_answers measures."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    def read(anywhere: bool):
+        latex = LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=anywhere)
+        return parse(
+            completion, [latex, ExprExtractionConfig(try_extract_without_anchor=anywhere)], parsing_timeout=None
+        )
 
     gold_parsed = parse(
         f"\\boxed{{{gold}}}", extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()], parsing_timeout=None
     )
-    answer = parse(
-        completion,
-        extraction_config=[LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
-        parsing_timeout=None,
-    )
-    return bool(gold_parsed and answer and verify(gold_parsed, answer, timeout_seconds=None))
+    answer = read(anywhere=True)
+    correct = bool(gold_parsed and answer and verify(gold_parsed, answer, timeout_seconds=None))
+    return bool(answer and read(anywhere=False)), correct
 
 
 def _prime_math_verify() -> None:
@@ -103,7 +112,7 @@ def _prime_math_verify() -> None:
 
 
 def _math_worker(connection, parent_end) -> None:
-    """Child process: answer (gold, completion) requests with math-verify's verdict until the parent is gone."""
+    """Child process: answer (gold, completion) requests with (read, verdict) until the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The fork copied the parent's end of the pipe: close it, so that recv() sees end-of-file, and this worker
     # exits, when the parent dies (even by SIGKILL, e.g. at a SLURM time limit) instead of lingering.
@@ -114,10 +123,10 @@ def _math_worker(connection, parent_end) -> None:
         except EOFError:
             return
         try:
-            correct = _math_verify_once(gold, completion)
-        except BaseException:  # noqa: BLE001 — any failure on untrusted text is a wrong answer
-            correct = False
-        connection.send(correct)
+            judged = _math_verify_once(gold, completion)
+        except BaseException:  # noqa: BLE001 — any failure on untrusted text is a wrong answer, and none read
+            judged = (False, False)
+        connection.send(judged)
 
 
 class IsolatedMathVerifier:
@@ -151,19 +160,21 @@ class IsolatedMathVerifier:
             self._connection.close()
         self._process = self._connection = None
 
-    def __call__(self, gold: str, completion: str) -> bool:
+    def __call__(self, gold: str, completion: str) -> tuple[bool, bool]:
+        """(whether an answer was read, whether it equals ``gold``); (False, False) for a call cut off."""
         with self._lock:
             if self._process is None or self._owner != os.getpid() or not self._process.is_alive():
                 self._start()
             try:
                 self._connection.send((gold, completion))
                 if self._connection.poll(self.timeout):
-                    return bool(self._connection.recv())
+                    read, correct = self._connection.recv()
+                    return bool(read), bool(correct)
                 self.timeouts += 1
             except (EOFError, OSError, BrokenPipeError):
                 pass
             self._stop()  # too slow or dead: kill it; the next call forks a fresh one
-            return False
+            return False, False
 
     def warm_up(self) -> None:
         """Start the worker now, outside any timed call."""
@@ -180,35 +191,68 @@ def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MAT
 
     ``verifier``: the worker and its time limit (staging's self-check allows more time than a training step).
     """
-    return float(verifier(str(gold), tail(completion)))
+    return float(verifier(str(gold), tail(completion))[1])
 
 
 # ------------------------------------------------------------------------------------ multiple choice
 
-# One rule for the letter of a multiple-choice completion. Every place where the completion states a choice is a
-# candidate, and the answer is the letter of the last candidate (a model that changes its mind is read at its last
-# word). The places:
+# One rule for the letter of a multiple-choice completion, judged on what a real model writes (tests/fixtures/
+# real_answers: SmolLM2-135M-Instruct on the real MMLU subjects, labelled by a rule written down first). Every place
+# where the completion states a choice is a candidate, and the answer is the letter of the last candidate (a model
+# that changes its mind is read at its last word); a candidate that names no letter (a contradiction) reads as none.
+# The places, with the question's four options where the caller has them:
 #   - a box (\boxed{...}, \fbox{...}): always a candidate. It names a choice when, once LaTeX text macros
 #     (\text{B}, \textbf{B}, \mathrm{B}, ...), "$" and "**" are taken off, it is a capital letter A-D alone or in
-#     parentheses, or one followed by ")", "." or ":" and the option's text ("B. 3e8 m/s", "(B) 3e8 m/s");
-#     anything else ("B or C", "A, C", "Bohr", "42") names none, and a last box that names none scores 0;
-#   - an announcement ("answer is", "Answer:", "final answer:", "the correct option/choice/answer is", bold or
-#     not) followed at once by a letter, possibly in parentheses or \text{}. The letter must end there: followed by
-#     the end of the text or of the line, punctuation, ")", "*", "$" or "}". "Answer: A uniform field" (the
-#     article), "the answer is B because" and "the answer is A or B" (two letters) are no candidates;
-#   - a line that holds only a letter, possibly in parentheses, bold, "$" or \text{}, with a full stop.
+#     parentheses, or one followed by ")", "." or ":" and text ("B. 3e8 m/s", "(B) 3e8 m/s"); anything else
+#     ("B or C", "A, C", "Bohr", "42") names none, and a last box that names none scores 0;
+#   - a bare letter announced: "answer is", "Answer:", "the correct option/choice/answer is", "choose/select
+#     (option)", bold or not, followed at once by a letter that ends there (end of text or line, punctuation, ")",
+#     "*", "$", "}"; no second letter after "or", "and", "/", ","); or a letter followed by "is correct" / "is the
+#     (correct) answer/option/choice" ("B is correct.", "Option C is correct", "Answer C is the correct option");
+#   - a line that holds only a letter, possibly in parentheses, bold, "$" or \text{}, with a full stop;
+#   - a marked letter with text: "X)", "X.", "X:" or "(X)", bold or not, then the rest of its line, at the start of a
+#     line (after a list number), after a sentence on the same line, or after an announcement. The text decides:
+#     the option X's own text (case, spaces, "$", "*", quotes and final punctuation aside) names X, and so does X's
+#     text followed by "is/are correct" or "is the (correct/best) answer"; another option's text names none (the
+#     completion contradicts itself); other text after an announcement names none; other text at a line's start is
+#     no candidate (a heading of the model's analysis). Lines that list several options in a row (a reprint of the
+#     options) are no candidates;
+#   - an option's text stated as the answer without its letter: after "answer is", "answer:", "the correct
+#     option/choice is" (quoted or not), or before "is the correct answer/option/choice" or "is correct", ending
+#     there ("So, "1/2" is the correct answer.").
+# Without the options (a caller that has none), only boxes, announced letters and letter lines count.
 # Lower-case letters never count ("a" is a word).
 _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
 _WRAPPERS = re.compile(r"[$*\s]+")
 _BOXED_CHOICE = re.compile(r"\(([A-D])\)(?:\s.*)?|([A-D])(?:[.:)](?:\s.*)?)?", re.S)
 # A letter ends at the end of the text or line, or at punctuation, ")", "*", "$" or "}", and no second one follows.
 _LETTER_ENDS = r"(?![ \t]*(?:[,/&]|\bor\b|\band\b)[ \t]*\(?[A-D]\b)(?=[ \t]*(?:$|[\n.,;:!?)\]}*$]))"
+_ANNOUNCEMENT = (
+    r"(?i:\banswer(?:[ \t]+(?:choice|option))?(?:[^.\n]{0,30}?[ \t](?:is|should[ \t]+be|would[ \t]+be|will[ \t]+be)"
+    r"(?:[ \t]+indeed)?)?|\bcorrect[ \t]+(?:option|choice)(?:[ \t]+(?:is|should[ \t]+be|would[ \t]+be|will[ \t]+be))?"
+    r"|\bchoos(?:e|ing)|\bselect)(?:[ \t]+option)?"
+)
 _ANNOUNCED = re.compile(
-    r"(?i:\banswer(?:\s+(?:choice|option))?(?:\s+is)?|\bcorrect\s+(?:option|choice)(?:\s+is)?)"
-    r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*:?[ \t]*\$?[ \t]*(?:\\text(?:bf)?\{[ \t]*)?\(?([A-D])\)?+" + _LETTER_ENDS,
+    _ANNOUNCEMENT
+    + r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*:?[ \t]*\$?[ \t]*(?:\\text(?:bf)?\{[ \t]*)?\(?([A-D])\)?+"
+    + _LETTER_ENDS,
     re.M,
 )
+_ENDORSED = r"[ \t]+(?:is|are)[ \t]+(?:the[ \t]+)?(?:correct|right|best)\b|[ \t]+is[ \t]+the[ \t]+answer\b"
+_LETTER_ENDORSED = re.compile(r"(?<![\w(])(?:(?i:option|answer|choice)[ \t]+)?\(?([A-D])\)?" + _ENDORSED)
 _LETTER_LINE = re.compile(r"^[ \t*$]*(?:\\text(?:bf)?\{)?\(?([A-D])\)?\}?\.?[ \t*$]*$", re.M)
+# A marked letter and the rest of its line; `announced` is set when an announcement stands right before it.
+_MARKED = re.compile(
+    r"(?P<where>^[ \t]*(?:[-•]|\d+[.)])?|(?<=[.!?])[ \t]+|(?P<announced>" + _ANNOUNCEMENT + r")[ \t]*:?)"
+    r"[ \t]*(?:\*\*)?[ \t]*(?:\(([A-D])\)|([A-D])[).:])(?:\*\*)?(?=(?P<text>[^\n]*))",
+    re.M,
+)
+
+
+def _plain(text: str) -> str:
+    """Text as compared with an option's: LaTeX text macros, "$", "*", quotes, spaces, case, final punctuation off."""
+    text = _TEXT_MACRO.sub(r"\1", text)
+    return re.sub(r"[\s$*`\"“”'‘’]+", "", text).lower().rstrip(".,;:!")
 
 
 def _boxed_choice(content: str | None) -> str | None:
@@ -219,17 +263,89 @@ def _boxed_choice(content: str | None) -> str | None:
     return (match.group(1) or match.group(2)) if match else None
 
 
-def extract_letter(completion: str) -> str | None:
-    """The letter A-D the completion gives last, or None (the rule above)."""
+_CLAUSE_ENDS = re.compile(r"[,;:!?]|\.(?=\s|$)|" + _ENDORSED + r"|$")
+_SELF_ENDORSED = re.compile(r"(?i)(?:this[ \t]+)?(?:is|are)[ \t]+(?:the[ \t]+)?(?:correct|right|answer)\b")
+
+
+def _named_option(text: str, options: dict[str, str]) -> str | None:
+    """The letter whose option ``text`` states: the option's text up to the end of a clause (punctuation, an
+    endorsement such as "is correct", or the line's end), the longest such when several fit; or None."""
+    named = None
+    for end in _CLAUSE_ENDS.finditer(text):
+        stated = _plain(text[: end.start()])
+        letters = [letter for letter, option in options.items() if stated == option]
+        if len(letters) == 1:
+            named = letters[0]
+    return named
+
+
+def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, str | None]]:
+    """Marked letters with text (the rule above): (where, letter or None), reprints of the options left out."""
+    found, unannounced = [], []
+    for match in _MARKED.finditer(text):
+        letter, bracketed = match.group(3) or match.group(4), match.group(3) is not None
+        rest = re.sub(rf"^[ \t]*\(?{letter}[).:]", "", match.group("text")).strip()  # "A) A) text": one mark
+        announced = match.group("announced") is not None
+        named = letter if _SELF_ENDORSED.match(rest) else _named_option(rest, options)
+        line = text.count("\n", 0, match.start())
+        if not announced:
+            unannounced.append((line, letter, named is not None))
+        if not _plain(rest):  # a bare marked letter: the letter rules above read it where it counts
+            continue
+        if named == letter and announced and _another_letter(rest, letter):  # "A) x, and the correct answer, C) y"
+            found.append((match.start(), None, None))
+        elif named == letter:
+            found.append((match.start(), letter, None if announced else line))
+        elif announced and bracketed and named is None and not _SECOND_LETTER.match(rest):  # "is (C) which ..."
+            found.append((match.start(), letter, None))
+        elif named is not None or announced:
+            found.append((match.start(), None, None))
+    return [(start, letter) for start, letter, line in found if line is None or not _reprint(line, letter, unannounced)]
+
+
+_SECOND_LETTER = re.compile(r"[ \t]*(?:(?:or|and|/|,)[ \t]*)?\(?[A-D]\b")  # "(A) and (B)", "(A) B."
+
+
+def _another_letter(text: str, letter: str) -> bool:
+    """Whether the sentence that ``text`` begins marks a letter other than ``letter``."""
+    sentence = re.split(r"\.(?:\s|$)", text, maxsplit=1)[0]
+    return any(other != letter for other in re.findall(r"(?<![\w\[(])\(?([A-D])\)", sentence))
+
+
+def _reprint(line: int, letter: str, marks: list[tuple[int, str, bool]]) -> bool:
+    """Whether an unannounced marked letter belongs to a reprint or a walk through the options: another letter is
+    marked on the same or a neighbouring line, or three or more letters are marked with an option's text."""
+    beside = any(abs(other_line - line) <= 1 and other != letter for other_line, other, _ in marks)
+    return beside or len({other for _, other, states in marks if states}) >= 3
+
+
+def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
+    """Options stated as the answer by their text alone, after an announcement or before an endorsement."""
+    found = []
+    for letter, option in options.items():
+        words = r"[ \t]*".join(re.escape(character) for character in option.replace(" ", ""))
+        quoted = rf"[\"“']?{words}[\"”']?"
+        after = rf"(?:{_ANNOUNCEMENT})[ \t]*:?[ \t]*"
+        pattern = rf"{after}{quoted}(?=[ \t]*(?:$|[.,;!]))|(?<![\w/]){quoted}(?={_ENDORSED})"
+        found += [(match.start(), letter) for match in re.finditer(pattern, text, re.M | re.I)]
+    return found
+
+
+def extract_letter(completion: str, choices=None) -> str | None:
+    """The letter A-D the completion gives last, or None (the rule above). ``choices``: the question's four options."""
     text = tail(completion)
     candidates = [(start, _boxed_choice(content)) for start, content in boxes(text)]
     candidates += [(match.start(), match.group(1)) for match in _ANNOUNCED.finditer(text)]
+    candidates += [(match.start(), match.group(1)) for match in _LETTER_ENDORSED.finditer(text)]
     candidates += [(match.start(), match.group(1)) for match in _LETTER_LINE.finditer(text)]
-    return max(candidates, key=lambda candidate: candidate[0])[1] if candidates else None
+    if choices:  # after the others: where both read one place, the reading that checked the option's text wins
+        options = {letter: _plain(str(option)) for letter, option in zip("ABCD", choices, strict=False)}
+        candidates += _marked_candidates(text, options) + _stated_option_text(text, options)
+    return sorted(candidates, key=lambda candidate: candidate[0])[-1][1] if candidates else None
 
 
-def multiple_choice_reward(completion: str, gold: str) -> float:
-    return float(extract_letter(completion) == gold.strip().upper())
+def multiple_choice_reward(completion: str, gold: str, choices=None) -> float:
+    return float(extract_letter(completion, choices) == gold.strip().upper())
 
 
 # ------------------------------------------------------------------------------------------ countdown
@@ -338,14 +454,31 @@ def countdown_reward(completion: str, numbers, target, use_all: bool = True) -> 
 
 # ----------------------------------------------------------------------------------------- dispatch
 
+# The record fields a reward reads (every job that scores keeps these of each record, and only these).
+SCORING_FIELDS = ("answer", "reward", "numbers", "target", "choices")
 
-def score(record: dict, completion: str, verifier: IsolatedMathVerifier = MATH_VERIFIER) -> float:
-    """The reward of ``completion`` for a dataset record, by the record's ``reward`` field."""
+
+class Verdict(NamedTuple):
+    read: bool  # an answer could be read from the completion (right or wrong)
+    reward: float
+
+
+def judge(record: dict, completion: str, verifier: IsolatedMathVerifier = MATH_VERIFIER) -> Verdict:
+    """Whether the completion states an answer the record's reward can read, and its reward (the ``reward`` field
+    names the kind). "Not read" tells a completion that never answered from one that answered wrong."""
     kind = record["reward"]
     if kind == "math":
-        return math_reward(completion, record["answer"], verifier)
+        read, correct = verifier(str(record["answer"]), tail(completion))
+        return Verdict(read, float(correct))
     if kind == "multiple_choice":
-        return multiple_choice_reward(completion, record["answer"])
+        letter = extract_letter(completion, record.get("choices"))
+        return Verdict(letter is not None, float(letter == record["answer"].strip().upper()))
     if kind == "countdown":
-        return countdown_reward(completion, record["numbers"], record["target"])
+        return Verdict(extract_countdown_answer(completion) is not None,
+                       countdown_reward(completion, record["numbers"], record["target"]))  # fmt: skip
     raise ValueError(f"record {record.get('id')!r} has unknown reward kind {kind!r}")
+
+
+def score(record: dict, completion: str, verifier: IsolatedMathVerifier = MATH_VERIFIER) -> float:
+    """The reward of ``completion`` for a dataset record (``judge``'s reward)."""
+    return judge(record, completion, verifier).reward

@@ -241,7 +241,7 @@ TABLE2 = [
 
 def evaluation_summary(evaluations: pd.DataFrame) -> pd.DataFrame:
     """Per evaluated configuration and task: mean over seeds, standard deviation over seeds, number of seeds,
-    and lm-eval's mean standard error over questions."""
+    lm-eval's mean standard error over questions, and the fraction of completions from which no answer was read."""
     keys = ["study", "model", "kl", "beta", "chat_template", "task"]
     rows = evaluations.dropna(subset=["mean_at_k"])
     return (
@@ -251,6 +251,7 @@ def evaluation_summary(evaluations: pd.DataFrame) -> pd.DataFrame:
             seed_std=("mean_at_k", "std"),
             seeds=("seed", "nunique"),
             lm_eval_stderr=("stderr", "mean"),
+            unread=("unread", "mean"),
         )
         .round(4)
         .reset_index()
@@ -300,7 +301,9 @@ def study_tables(config: dict, tables: dict, tests: pd.DataFrame) -> dict[str, t
         "evaluations": (
             evaluation_summary(tables["evaluations"]),
             "Evaluation: mean@k per configuration and task, mean and standard deviation over training seeds, "
-            "and lm-eval's standard error over questions.",
+            "lm-eval's standard error over questions, and unread: the fraction of completions (mean over seeds) from "
+            "which the task's answer rule reads no answer at all (no letter, no mathematical answer, no expression), "
+            "so that a low score from unread answers can be told from one of wrong answers.",
         ),
     }
     return {name: built[name] for name in STUDY_TABLES}

@@ -1,6 +1,6 @@
 """Functions the klstudy lm-eval tasks call: load a staged dataset, render its prompt, score k completions.
 
-Scoring is ``klstudy.rewards.score``, the reward RL trained with; model text is never executed.
+Scoring is ``klstudy.rewards.judge``, the reward RL trained with; model text is never executed.
 """
 
 from __future__ import annotations
@@ -11,9 +11,6 @@ import datasets
 
 from klstudy import data, rewards
 
-# Record fields a reward needs; Countdown records carry their numbers and target.
-SCORING_FIELDS = ("answer", "reward", "numbers", "target")
-
 
 def load_records(data_dir: str, name: str, limit: int | None = None, **_) -> datasets.DatasetDict:
     """``{data_dir}/{name}.jsonl`` (the prepare_data rule's output) as lm-eval's test split.
@@ -21,10 +18,11 @@ def load_records(data_dir: str, name: str, limit: int | None = None, **_) -> dat
     ``data_dir`` and ``limit`` come from the TaskManager's metadata, ``name`` from the task's dataset_kwargs.
     """
     records = data.read_jsonl(Path(data_dir) / f"{name}.jsonl")[:limit]
-    rows = [{"id": r["id"], "prompt": r["prompt"], **{k: r.get(k) for k in SCORING_FIELDS}} for r in records]
+    rows = [{"id": r["id"], "prompt": r["prompt"], **{k: r.get(k) for k in rewards.SCORING_FIELDS}} for r in records]
     for row in rows:  # one column type per field, whatever the task family
         row["numbers"] = row["numbers"] or []
         row["target"] = row["target"] or 0
+        row["choices"] = row["choices"] or []
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 
@@ -32,14 +30,14 @@ def doc_to_text(doc: dict) -> str:
     return doc["prompt"]
 
 
-def mean_at_k(doc: dict, completions: list[str]) -> float:
-    """Fraction of the k completions that the reward counts as right."""
-    return sum(rewards.score(doc, completion) for completion in completions) / len(completions)
-
-
 def process_results(doc: dict, results: list[list[str]]) -> dict:
     """lm-eval hook: ``results`` is [the k repeats] — one request, whose filtered response (the task's
     take_first_k filter) is the list of all k completions. lm-eval logs the same list as the sample's
-    ``filtered_resps``."""
+    ``filtered_resps``. mean_at_k: the fraction of the k completions that the reward counts as right; unread_at_k:
+    the fraction from which it reads no answer at all (a low score from unread answers is not one from wrong ones)."""
     (completions,) = results
-    return {"mean_at_k": mean_at_k(doc, completions)}
+    verdicts = [rewards.judge(doc, completion) for completion in completions]
+    return {
+        "mean_at_k": sum(verdict.reward for verdict in verdicts) / len(verdicts),
+        "unread_at_k": sum(not verdict.read for verdict in verdicts) / len(verdicts),
+    }

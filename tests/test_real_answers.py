@@ -1,0 +1,126 @@
+"""The answer rules against what a real model writes: SmolLM2-135M-Instruct's completions for the real MMLU subjects
+and MATH-500 (tests/fixtures/real_answers), labelled by LABELLING.md before the rules were changed.
+
+The fixture holds completions and ids only; the questions' options and gold answers come from the reference copies
+(KLSTUDY_REFDATA), so the tests that need them skip, saying why, without. The floors below are what the rules reach
+on this fixture (the README's table lists every departure); a rule that reads fewer labels, reads another letter
+more often, or reads a letter from a completion that commits to none fails here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import hub_layout
+import pytest
+import real_answers
+
+from klstudy import rewards
+
+REFDATA = hub_layout.refdata_dir()
+needs_refdata = pytest.mark.skipif(
+    REFDATA is None,
+    reason=f"{hub_layout.REFDATA_VARIABLE} is unset or names no directory: the fixture's options and gold answers "
+    "come from copies of the paper's datasets (.ci/run sets it where ../shared/refdata exists)",
+)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return real_answers.labelled_completions()
+
+
+@pytest.fixture(scope="module")
+def records() -> dict:
+    return real_answers.staged_records(REFDATA)
+
+
+def test_the_fixture_is_whole_and_labelled(rows):
+    """Every completion has a label written for its very text, and the labels are of the rule's kinds."""
+    counts = Counter(row["task"] for row in rows)
+    assert counts == {"mmlu_college_physics": 80, "mmlu_college_chemistry": 80, "mmlu_college_biology": 80,
+                      "math500": 60}  # fmt: skip
+    letters = [row["label"] for row in rows if row["task"] in real_answers.MMLU_TASKS]
+    assert set(letters) <= {"A", "B", "C", "D", None}
+    assert all(isinstance(row["label"], str | None) for row in rows)
+    assert (real_answers.FIXTURE / "LABELLING.md").is_file()
+
+
+def _letters(rows):
+    return [row for row in rows if row["task"] in real_answers.MMLU_TASKS]
+
+
+@needs_refdata
+def test_the_letter_rule_reads_what_the_model_commits_to(rows, records):
+    counts = real_answers.agreement(_letters(rows), records, real_answers.klstudy_letter)
+    assert counts["committed"] == 107
+    assert counts["read_as_label"] >= 99, counts  # 92.5 %: the README lists the 8 departures
+    assert counts["read_other"] <= 2, counts
+
+
+@needs_refdata
+def test_no_letter_is_read_where_the_model_commits_to_none(rows, records):
+    """Completions labelled none without doubt (no answer, two letters, a letter with another option's text, a reprint
+    of the options) read as no letter, so they score 0 for every gold."""
+    clear = [row for row in _letters(rows) if row["label"] is None and not row["doubtful"]]
+    assert len(clear) == 102
+    read = {
+        (row["id"], row["repeat"]): real_answers.klstudy_letter(
+            row["completion"], records[row["task"]][row["id"]]["choices"]
+        )
+        for row in clear
+    }
+    assert {key: letter for key, letter in read.items() if letter is not None} == {}
+
+
+@needs_refdata
+def test_the_rule_depends_on_the_options_it_is_given(rows, records):
+    """With each question's options shuffled, the letters that the options' texts decide are no longer read as labelled:
+    the agreement above comes from the options, not from reading any letter."""
+    rng = random.Random(0)
+    shuffled = {task: {} for task in records}
+    for task, by_id in records.items():
+        for ident, record in by_id.items():
+            choices = list(record.get("choices") or [])
+            while choices and choices == record.get("choices"):
+                rng.shuffle(choices)
+            shuffled[task][ident] = {**record, "choices": choices}
+    counts = real_answers.agreement(_letters(rows), shuffled, real_answers.klstudy_letter)
+    assert counts["read_as_label"] <= 70, counts
+
+
+@needs_refdata
+def test_the_rule_beats_the_fields_extractors_on_the_same_labels(rows, records):
+    """MMLU-Pro's extractor and lm-eval's flexible filter read a letter from most completions that commit to none;
+    lm-eval's strict filters read almost nothing from this model."""
+    ours = real_answers.agreement(_letters(rows), records, real_answers.klstudy_letter)
+    for name, extractor in real_answers.LETTER_EXTRACTORS.items():
+        theirs = real_answers.agreement(_letters(rows), records, extractor)
+        assert theirs["read_as_label"] - theirs["read_other"] <= ours["read_as_label"] - ours["read_other"], name
+
+
+@needs_refdata
+def test_math_answers_are_read_as_the_protocol_reads_them(rows, records):
+    """MATH-500: the paper's protocol (math-verify, a box first, else the last expression anywhere) reads 6 of the 11
+    stated final answers as labelled (the README says which forms it misses); "read" (a box, or an answer that
+    math-verify's anchors announce) is false for most completions that state none, and the fallback's credit to
+    completions that state no answer is counted."""
+    counts = real_answers.math_reading([row for row in rows if row["task"] == "math500"], records)
+    assert counts["committed"] == 11 and counts["none"] == 49
+    assert counts["read_as_label"] >= 6, counts
+    assert counts["none_read"] <= 9, counts  # 4 of the 41 clear ones, 5 of the 8 doubtful
+    assert counts["none_scored"] <= 2, counts
+
+
+def test_unread_is_what_the_rules_cannot_read():
+    """judge's read flag, kind by kind."""
+    assert rewards.judge({"reward": "math", "answer": "3"}, "so the final answer is 3.") == (True, 1.0)
+    assert rewards.judge({"reward": "math", "answer": "3"}, "\\boxed{4}") == (True, 0.0)
+    assert rewards.judge({"reward": "math", "answer": "3"}, "I am not sure.") == (False, 0.0)
+    assert rewards.judge({"reward": "math", "answer": "3"}, "we add 1 and 2 to get 3").read is False
+    mc = {"reward": "multiple_choice", "answer": "A", "choices": ["x", "y", "z", "w"]}
+    assert rewards.judge(mc, "B) y") == (True, 0.0) and rewards.judge(mc, "B) x") == (False, 0.0)
+    countdown = {"reward": "countdown", "numbers": [1, 2], "target": 3}
+    assert rewards.judge(countdown, "<answer>1+2</answer>") == (True, 1.0)
+    assert rewards.judge(countdown, "1+2") == (False, 0.0)
