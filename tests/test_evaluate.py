@@ -78,7 +78,7 @@ def test_harness_scores_every_repeat_with_the_reward(harness_inputs, monkeypatch
     the mean over questions of the mean over all k repeats of that reward (a part-right question included)."""
     from klstudy import rewards
 
-    monkeypatch.setattr(rewards, "score", lambda record, completion: float(len(completion) % 2))
+    monkeypatch.setattr(rewards, "judge", lambda record, completion: rewards.Verdict(True, float(len(completion) % 2)))
     path = harness_inputs
     result = evaluate.run(path / "model", ["mmlu_college_biology"], path / "data", k=4, max_tokens=16, limit=3)
     result = result["mmlu_college_biology"]
