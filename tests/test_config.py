@@ -1,6 +1,7 @@
 """Config validation: bad input stops before any job, with a message naming the key."""
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from klstudy.config import ConfigError, validate_config
+from klstudy.config import ConfigError, section_settings, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -223,3 +224,20 @@ def test_snakemake_stops_before_any_job(tmp_path, edit, expected):
     assert run.returncode != 0
     assert expected in run.stdout + run.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_a_stage_given_part_of_its_section_gets_the_schemas_defaults(tmp_path):
+    """`klstudy prepare-data` and `klstudy evaluate` run by hand with a section that lacks keys the schema defaults
+    fill them, as the workflow's validation does; a key without a default is named, in one line."""
+    from klstudy import cli, data
+
+    entry = {"kind": "arithmetic", "role": "MATH train", "levels": ["add1w"], "size": 4, "seed": 0, "split": "train"}
+    out = tmp_path / "x.jsonl"
+    assert cli.run(["prepare-data", "--name", "x", "--settings", json.dumps(entry), "--out", str(out)]) == 0
+    assert len(data.read_jsonl(out)) == 4
+    evaluation = section_settings("evaluation", {"tasks": ["math500"], "studies": {}, "k": 2})
+    assert evaluation["limit"] is None and evaluation["hf"] == {"device": "auto", "dtype": "auto"}
+    assert evaluation["backend"] == "hf" and evaluation["k"] == 2
+    command = ["evaluate", "--model", "m", "--task", "math500", "--data-dir", "d", "--out", "o", "--samples", "s"]
+    with pytest.raises(SystemExit, match="klstudy evaluate: config key 'evaluation.tasks' is missing"):
+        cli.run([*command, "--settings", json.dumps({"k": 2})])

@@ -60,9 +60,9 @@ def _fig01(args):
 
 
 def _prepare_data(args):
-    from klstudy import data
+    from klstudy import config, data
 
-    records = data.prepare(args.name, json.loads(args.settings), Path(args.out))
+    records = data.prepare(args.name, config.dataset_settings(args.name, json.loads(args.settings)), Path(args.out))
     print(f"dataset {args.name}: {len(records)} records -> {args.out}")
 
 
@@ -96,10 +96,10 @@ def _evaluate(args):
     if not len(args.task) == len(args.out) == len(args.samples):
         raise SystemExit(f"klstudy evaluate: --task, --out and --samples name {len(args.task)}, {len(args.out)} and "
                          f"{len(args.samples)} files; give one --out and one --samples file per task")  # fmt: skip
-    from klstudy import data, evaluate
+    from klstudy import config, data, evaluate
 
     _threads(args.threads)
-    settings = json.loads(args.settings)
+    settings = config.section_settings("evaluation", json.loads(args.settings))
     # lm-eval's own progress bar (requests done, rate, time left) follows in the log.
     print(f"lm-eval: {', '.join(args.task)} on {args.model}, k = {settings['k']}", flush=True)
     start = time.perf_counter()
@@ -309,8 +309,13 @@ def _warm_serve(args):
 
 def run(argv: list[str]) -> int:
     """Run the stage ``argv`` names in this process."""
+    from klstudy.config import ConfigError
+
     args = build_parser().parse_args(argv)
-    status = args.run(args)  # stages return None; `warm` returns its command's exit status
+    try:
+        status = args.run(args)  # stages return None; `warm` returns its command's exit status
+    except ConfigError as error:  # settings given by hand: one line naming the key, no traceback
+        raise SystemExit(f"klstudy {args.command}: {error}") from None
     return status if isinstance(status, int) else 0
 
 

@@ -90,15 +90,22 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
     return config
 
 
-def dataset_settings(name: str, entry: dict, schema: dict | None = None) -> dict:
-    """One ``data`` entry checked, its defaults filled: what the prepare_data rule hands to its job."""
+def section_settings(section: str, entry: dict, name: str | None = None, schema: dict | None = None) -> dict:
+    """One section of the config (or its entry ``name``, for sections of named entries such as ``data``) checked, its
+    defaults filled: what a stage's ``--settings`` carries, as the workflow hands it. A stage run by hand with a part
+    of a section gets the schema's defaults too, or an error naming the key that has none."""
     schema = schema or load_schema()
-    only_data = {"$defs": schema["$defs"], "type": "object", "properties": {"data": schema["properties"]["data"]}}
-    config = {"data": {name: entry}}
-    errors = list(_with_defaults(jsonschema.Draft202012Validator)(only_data).iter_errors(config))
+    only = {"$defs": schema["$defs"], "type": "object", "properties": {section: schema["properties"][section]}}
+    config = {section: {name: entry} if name is not None else entry}
+    errors = list(_with_defaults(jsonschema.Draft202012Validator)(only).iter_errors(config))
     if errors:
         raise ConfigError(_describe(jsonschema.exceptions.best_match(errors)))
-    return config["data"][name]
+    return config[section][name] if name is not None else config[section]
+
+
+def dataset_settings(name: str, entry: dict, schema: dict | None = None) -> dict:
+    """One ``data`` entry checked, its defaults filled: what the prepare_data rule hands to its job."""
+    return section_settings("data", entry, name, schema)
 
 
 def _check_name(config: dict, section: str, name: str, where: str) -> None:
