@@ -215,8 +215,8 @@ def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MAT
 #     the option X's own text (case, spaces, "$", "*", quotes and final punctuation aside) names X, and so does X's
 #     text followed by "is/are correct" or "is the (correct/best) answer"; another option's text names none (the
 #     completion contradicts itself); other text after an announcement names none; other text at a line's start is
-#     no candidate (a heading of the model's analysis). Lines that list several options in a row (a reprint of the
-#     options) are no candidates;
+#     no candidate (a heading of the model's analysis). Marks of other letters on a neighbouring line (a reprint of
+#     the options), or three or more letters marked with an option's text (a walk through them), are no candidates;
 #   - an option's text stated as the answer without its letter: after "answer is", "answer:", "the correct
 #     option/choice is" (quoted or not), or before "is the correct answer/option/choice" or "is correct", ending
 #     there ("So, "1/2" is the correct answer.").
