@@ -88,3 +88,51 @@ def test_ci_installs_and_tests_every_admitted_python():
     others = re.search(r"^for version in ([\d. ]+); do\n.*\n\s+make test-fast ", ci, re.M)
     assert others, "CI runs make test-fast in a loop over the other versions"
     assert ["3.11", *others.group(1).split()] == [f"3.{minor}" for minor in range(int(low), int(high))]
+
+
+def klstudy_imports() -> dict[str, set[str]]:
+    """For each module of the package, the package's modules it imports anywhere (functions included)."""
+    import ast
+
+    package = ROOT / "src" / "klstudy"
+    names = {p.stem for p in package.glob("*.py")} | {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    graph = {}
+    for path in package.glob("*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "klstudy":
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("klstudy."):
+                imported.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[1] for a in node.names if a.name.startswith("klstudy.")}
+        graph[path.stem] = (imported & names) - {path.stem}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports in ``graph``, as the path that closes it, or None."""
+    state = {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for other in sorted(graph.get(module, ())):
+            if state.get(other) == "open":
+                return [*path[path.index(other) :], other]
+            if other not in state and (cycle := visit(other, [*path, other])):
+                return cycle
+        state[module] = "done"
+        return None
+
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m, [m]))), None)
+
+
+def test_import_cycle_finder_finds_a_circle():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_package_has_no_circle_of_imports():
+    graph = klstudy_imports()
+    assert {"stages", "warm"} <= graph["cli"] and "stages" in graph["warm"], "the graph is read"
+    assert import_cycle(graph) is None

@@ -1,279 +1,23 @@
-"""`klstudy` command line: one subcommand per pipeline stage, each called by one Snakemake rule.
+"""`klstudy` command line: the pipeline's stages (stages.py) and the warm server that can run them (warm.py).
 
-Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. One convention hands
-settings to a stage: ``--settings`` is the part of the validated config the stage reads, as JSON (a dataset's entry,
-the toy section, a cell's settings from ``config.cell_settings``, the evaluation or divergence section); stages that
-read the whole config take it as a file path (``--config``). Defaults live in the schema alone. Each stage imports
-what it needs inside its function: every job is a process of its own, and start-up is a large part of a small one.
+Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. ``python -m klstudy
+<stage>`` runs the stage in the warm server when one serves this job, else in this process. The imports go one way:
+cli imports stages and warm, warm imports stages, stages imports neither.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
-
-def _threads(count: int | None) -> None:
-    import torch
-
-    if count:
-        torch.set_num_threads(count)
-
-
-def _toy(args):
-    from klstudy import toy
-
-    _threads(args.threads)
-    section = json.loads(args.settings)
-    setting = toy.ToySetting(args.setting, **section["settings"][args.setting])
-    start = time.perf_counter()
-    results = toy.bias_variance(
-        setting, section["lengths"], section["estimators"], section["placements"], section["trials"],
-        section["sequences"], section["seed"], section["baseline"], section["loss_gradients"],
-    )  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    results.to_csv(args.out, index=False)
-    print(f"toy setting {args.setting}: {len(results)} rows in {time.perf_counter() - start:.2f}s -> {args.out}")
-
-
-def _toy_tests(args):
-    import pandas as pd
-
-    from klstudy import toy
-
-    results = pd.concat([pd.read_csv(path) for path in args.inputs], ignore_index=True)
-    tests = toy.unbiasedness_tests(results, json.loads(args.settings)["alpha"])
-    tests.to_csv(args.out, index=False)
-    print(tests.to_string(index=False))
-
-
-def _fig01(args):
-    import pandas as pd
-
-    from klstudy import figures
-
-    results = pd.concat([pd.read_csv(path) for path in args.inputs], ignore_index=True)
-    figures.fig01_toy_bias_variance(results, pd.read_csv(args.tests), Path(args.out))
-
-
-def _prepare_data(args):
-    from klstudy import config, data
-
-    records = data.prepare(args.name, config.dataset_settings(args.name, json.loads(args.settings)), Path(args.out))
-    print(f"dataset {args.name}: {len(records)} records -> {args.out}")
-
-
-def _base_model(args):
-    from klstudy import models
-
-    _threads(args.threads)
-    models.build_base_model(args.name, json.loads(args.settings), args.warm_start_data, Path(args.out))
-
-
-def _train(args):
-    from accelerate import PartialState
-
-    from klstudy import cell
-
-    _threads(args.threads)
-    summary = cell.run(
-        json.loads(args.settings),
-        Path(args.model),
-        Path(args.train_data),
-        Path(args.heldout_data),
-        Path(args.out),
-        Path(args.checkpoints),
-        Path(args.tracking_dir),
-    )
-    status = f"{summary['status']} after {summary['steps_done']} steps {summary['reason']}"
-    PartialState().print(f"cell {args.out}: {status}")  # once, from the main process
-
-
-def _evaluate(args):
-    if not len(args.task) == len(args.out) == len(args.samples):
-        raise SystemExit(f"klstudy evaluate: --task, --out and --samples name {len(args.task)}, {len(args.out)} and "
-                         f"{len(args.samples)} files; give one --out and one --samples file per task")  # fmt: skip
-    from klstudy import config, data, evaluate
-
-    _threads(args.threads)
-    settings = config.section_settings("evaluation", json.loads(args.settings))
-    # lm-eval's own progress bar (requests done, rate, time left) follows in the log.
-    print(f"lm-eval: {', '.join(args.task)} on {args.model}, k = {settings['k']}", flush=True)
-    start = time.perf_counter()
-    outputs = evaluate.run(
-        Path(args.model), args.task, Path(args.data_dir), k=settings["k"], min_p=settings["min_p"],
-        max_tokens=settings["max_tokens"], chat_template=args.chat_template == "on", backend=settings["backend"],
-        seed=args.seed, limit=settings["limit"], batch_size=settings["batch_size"],
-        backend_settings=settings[settings["backend"]],  # evaluation.hf or evaluation.vllm
-    )  # fmt: skip
-    print(f"lm-eval: done in {time.perf_counter() - start:.0f} s", flush=True)
-    status = json.loads(Path(args.summary).read_text())["status"] if args.summary else "base"
-    for task, out, samples in zip(args.task, args.out, args.samples, strict=True):
-        output = outputs[task]
-        row = {"task": task, "mean_at_k": output["mean_at_k"], "stderr": output["stderr"], "unread": output["unread"],
-               "k": output["k"],
-               "chat_template": args.chat_template, "seed": args.seed, "cell_status": status}  # fmt: skip
-        data.write_jsonl(output.pop("samples"), Path(samples))
-        Path(out).write_text(json.dumps({**row, **output}, indent=1) + "\n")
-        print(json.dumps(row))
-
-
-def _divergence(args):
-    import pandas as pd
-
-    from klstudy import data, divergence
-
-    _threads(args.threads)
-    section = json.loads(args.settings)
-    prompts = [record["prompt"] for record in data.read_jsonl(Path(args.data))[: section["prompts"]]]
-    rows = divergence.across_snapshots(Path(args.reference), Path(args.snapshots), prompts, section, args.seed)
-    table = pd.DataFrame(rows)
-    table.to_csv(args.out, index=False)
-    print(table.to_string(index=False))
-
-
-def _read_config(path: str) -> dict:
-    """A config file (the user's, or the validated one aggregate writes beside the tables), validated."""
-    import yaml
-
-    from klstudy.config import validate_config
-
-    return validate_config(yaml.safe_load(Path(path).read_text()))
-
-
-def _aggregate(args):
-    import yaml
-
-    from klstudy import aggregate
-    from klstudy.config import validate_config
-
-    config = validate_config(json.loads(args.settings))
-    tables = aggregate.write_tables(config, Path(args.results), Path(args.out_dir))
-    (Path(args.out_dir) / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
-    for name, table in tables.items():
-        print(f"{name}: {len(table)} rows")
-
-
-def _figure(args):
-    from klstudy import aggregate, figures
-
-    config = _read_config(args.config)
-    tables = aggregate.read_tables(Path(args.tables))
-    figures.paper_figure(args.name, config, tables, Path(args.out))
-
-
-def _tables(args):
-    from klstudy import aggregate, tables
-
-    config = _read_config(args.config)
-    aggregated = aggregate.read_tables(Path(args.tables))
-    tables.write_study_tables(config, aggregated, Path(args.toy_tests), Path(args.out_dir))
-
-
-def _status(args):
-    from klstudy import status
-
-    rows = status.grid_status(_read_config(args.config), Path(args.root))
-    print(status.format_csv(rows) if args.format == "csv" else status.format_table(rows), end="")
-    print("" if args.format == "csv" else "\n", end="")
+from klstudy import stages
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="klstudy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="klstudy", description=stages.__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-
-    toy = commands.add_parser("toy", help="§3.3 Monte Carlo bias and variance for one (a, b, a_ref, b_ref) setting")
-    toy.add_argument("--setting", required=True, help="a name under the toy section's settings")
-    toy.add_argument("--settings", required=True, help="the config's toy section, as JSON")
-    toy.add_argument("--threads", type=int, help="torch CPU threads")
-    toy.add_argument("--out", required=True)
-    toy.set_defaults(run=_toy)
-
-    tests = commands.add_parser("toy-tests", help="per-configuration test of 'the gradient is unbiased'")
-    tests.add_argument("--inputs", nargs="+", required=True)
-    tests.add_argument("--settings", required=True, help="the config's toy section, as JSON (its alpha)")
-    tests.add_argument("--out", required=True)
-    tests.set_defaults(run=_toy_tests)
-
-    fig01 = commands.add_parser("fig01", help="Figure 1 (PNG, and PDF beside it)")
-    fig01.add_argument("--inputs", nargs="+", required=True)
-    fig01.add_argument("--tests", required=True)
-    fig01.add_argument("--out", required=True)
-    fig01.set_defaults(run=_fig01)
-
-    prepare = commands.add_parser("prepare-data", help="stage one dataset as JSONL in the common schema")
-    prepare.add_argument("--name", required=True)
-    prepare.add_argument("--settings", required=True, help="the dataset's config entry, as JSON")
-    prepare.add_argument("--out", required=True)
-    prepare.set_defaults(run=_prepare_data)
-
-    base = commands.add_parser("base-model", help="build the tiny model, or stage a hub model, in HF format")
-    base.add_argument("--name", required=True)
-    base.add_argument("--settings", required=True, help="the model's config entry, as JSON")
-    base.add_argument("--warm-start-data", nargs="*", default=[], help="staged JSONL files (embedded models)")
-    base.add_argument("--threads", type=int)
-    base.add_argument("--out", required=True)
-    base.set_defaults(run=_base_model)
-
-    train = commands.add_parser("train", help="RL-train one grid cell (resumes from its last checkpoint)")
-    train.add_argument("--settings", required=True, help="the cell's settings (config.cell_settings), as JSON")
-    train.add_argument("--model", required=True, help="base model directory (Hugging Face format)")
-    train.add_argument("--train-data", required=True)
-    train.add_argument("--heldout-data", required=True)
-    train.add_argument(
-        "--out", required=True, help="cell directory: metrics.jsonl, heldout.jsonl, summary.json, final/"
-    )
-    train.add_argument("--checkpoints", required=True, help="checkpoint directory, outside Snakemake's outputs")
-    train.add_argument("--tracking-dir", default="results", help="tensorboard/<cell> and wandb/ go here (report_to)")
-    train.add_argument("--threads", type=int)
-    train.set_defaults(run=_train)
-
-    evaluate = commands.add_parser("evaluate", help="mean@k of one model on some tasks with lm-eval-harness")
-    evaluate.add_argument("--model", required=True, help="model directory (a cell's final/ or a base model)")
-    evaluate.add_argument("--task", required=True, nargs="+", help="klstudy tasks (src/klstudy/tasks), e.g. math500")
-    evaluate.add_argument("--data-dir", required=True, help="where the staged <task>.jsonl files are")
-    evaluate.add_argument("--settings", required=True, help="the config's evaluation section, as JSON")
-    evaluate.add_argument("--chat-template", choices=("on", "off"), default="on")
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--summary", help="the cell's summary.json (its status is copied into the row)")
-    evaluate.add_argument("--threads", type=int)
-    evaluate.add_argument("--out", required=True, nargs="+", help="per task: results JSON (lm-eval's + the tidy row)")
-    evaluate.add_argument("--samples", required=True, nargs="+", help="per task: JSONL of every repeat and its score")
-    evaluate.set_defaults(run=_evaluate)
-
-    div = commands.add_parser("divergence", help="Fig. 12: forward KL(π_ref‖π_θ) and entropy over a cell's snapshots")
-    div.add_argument("--reference", required=True, help="the base model directory (π_ref)")
-    div.add_argument("--snapshots", required=True, help="the cell's snapshots/ directory (step~N/ inside)")
-    div.add_argument("--data", required=True, help="staged JSONL whose prompts are used")
-    div.add_argument("--settings", required=True, help="the config's divergence section, as JSON")
-    div.add_argument("--seed", type=int, required=True, help="the cell's seed (sampling seeds follow from it)")
-    div.add_argument("--threads", type=int)
-    div.add_argument("--out", required=True, help="CSV: step, forward_kl, entropy and their standard errors")
-    div.set_defaults(run=_divergence)
-
-    agg = commands.add_parser("aggregate", help="tidy tables of the whole grid (results/tables/*.csv)")
-    agg.add_argument("--settings", required=True, help="the whole config, as JSON (saved, validated, with the tables)")
-    agg.add_argument("--results", default="results", help="the results directory")
-    agg.add_argument("--out-dir", required=True)
-    agg.set_defaults(run=_aggregate)
-
-    fig = commands.add_parser("figure", help="one of the paper's figures 2-12, as configured under 'figures'")
-    fig.add_argument("--name", required=True, help="a key of the config's figures section, e.g. fig02_k1_in_loss")
-    fig.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
-    fig.add_argument("--tables", required=True, help="the directory of the aggregated tables")
-    fig.add_argument("--out", required=True, help="PNG path (a PDF is written beside it)")
-    fig.set_defaults(run=_figure)
-
-    tab = commands.add_parser("tables", help="Table 1 (with the runs' behaviour), Table 2, relative improvements")
-    tab.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
-    tab.add_argument("--tables", required=True, help="the directory of the aggregated tables")
-    tab.add_argument("--toy-tests", required=True, help="results/toy/unbiasedness.csv")
-    tab.add_argument("--out-dir", required=True)
-    tab.set_defaults(run=_tables)
-
+    stages.add_commands(commands)
     warm_ = commands.add_parser(
         "warm", help="run a command (e.g. snakemake) with a warm server that runs every klstudy job it starts (warm.py)"
     )
@@ -283,16 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("warm-serve", help="the warm server itself (started by `warm`)")
     serve.add_argument("--socket", required=True, help="the Unix socket to serve")
     serve.set_defaults(run=_warm_serve)
-
-    stat = commands.add_parser("status", help="every cell's state (ok, collapsed, diverged, running, failed, missing)")
-    stat.add_argument("--config", default="config.yaml", help="the study's config (e.g. config/paper.yaml)")
-    stat.add_argument("--root", default=".", help="the workflow's working directory (results/ and logs/ inside)")
-    stat.add_argument("--format", choices=("table", "csv"), default="table")
-    stat.set_defaults(run=_status)
     return parser
 
 
-def _warm(args):
+def _warm(args) -> int:
     from klstudy import warm
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -301,22 +39,15 @@ def _warm(args):
     return warm.run_with_server(command, Path(args.log))
 
 
-def _warm_serve(args):
+def _warm_serve(args) -> None:
     from klstudy import warm
 
     warm.serve(args.socket)
 
 
 def run(argv: list[str]) -> int:
-    """Run the stage ``argv`` names in this process."""
-    from klstudy.config import ConfigError
-
-    args = build_parser().parse_args(argv)
-    try:
-        status = args.run(args)  # stages return None; `warm` returns its command's exit status
-    except ConfigError as error:  # settings given by hand: one line naming the key, no traceback
-        raise SystemExit(f"klstudy {args.command}: {error}") from None
-    return status if isinstance(status, int) else 0
+    """Run the command ``argv`` names in this process; `warm` returns its command's exit status, a stage 0."""
+    return stages.run(argv, build_parser())
 
 
 def main(argv=None) -> int:

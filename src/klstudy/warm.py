@@ -4,9 +4,9 @@ Every job is a ``python -m klstudy <stage>`` process, and importing torch, trans
 7 s of a 20-30 s job on a CPU (README, "Cost"). ``python -m klstudy warm -- <command>`` (what ``make study`` runs)
 imports them once in a server, then runs the command with ``KLSTUDY_WARM_SOCKET`` set. Each job's
 ``python -m klstudy`` then hands its arguments, working directory, environment and standard streams to the server,
-which forks a child that runs the stage, as ``cli.run`` runs it in a cold process, and sends back its exit status:
+which forks a child that runs the stage, as ``stages.run`` runs it in a cold process, and sends back its exit status:
 
-    job (snakemake's shell)  --argv, cwd, env, fds 0-2-->  server  --fork-->  child: cli.run(argv); exit status
+    job (snakemake's shell)  --argv, cwd, env, fds 0-2-->  server  --fork-->  child: stages.run(argv); exit status
                              <--------------------------- exit status ------/
 
 A job that loses its caller (Snakemake killed it, or Ctrl-C) is killed with its process group: the child watches
@@ -134,7 +134,7 @@ def _run_job(conn: socket.socket) -> int:
     sys.argv = [sys.argv[0], *request["argv"]]
     _reseed()
     threading.Thread(target=_kill_when_caller_leaves, args=(conn,), daemon=True).start()
-    status = _run_cli(request["argv"])
+    status = _run_stage(request["argv"])
     conn.sendall(_STATUS.pack(status))
     return status
 
@@ -156,15 +156,15 @@ def _kill_when_caller_leaves(conn: socket.socket) -> None:
         os.killpg(0, signal.SIGKILL)
 
 
-def _run_cli(argv: list[str]) -> int:
-    """``cli.run(argv)`` with a cold interpreter's exit status: 0, SystemExit's code, or 1 after a traceback."""
+def _run_stage(argv: list[str]) -> int:
+    """``stages.run(argv)`` with a cold interpreter's exit status: 0, SystemExit's code, or 1 after a traceback."""
     import atexit
     import traceback
 
-    from klstudy import cli
+    from klstudy import stages
 
     try:
-        status = cli.run(argv)
+        status = stages.run(argv)
     except SystemExit as exit_:
         status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if isinstance(exit_.code, str):
