@@ -5,6 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 CORES ?= all
+CONFIG ?= config.yaml
 VLLM_VENV ?= .venv-vllm
 VLLM_FLAVOUR ?= auto
 PIP_FLAGS ?=  # e.g. --no-compile: CI's throwaway venvs of other Pythons skip writing .pyc files (half the install's CPU)
@@ -24,14 +25,18 @@ $(INSTALLED): pyproject.toml requirements.lock
 ## that fails (as opposed to one that diverges or collapses, which is recorded and succeeds) stops no other.
 ## Every job runs in a warm server that has imported torch, transformers, TRL and lm-eval once (klstudy/warm.py): the
 ## imports are about 7 s of a 20-30 s job on a CPU. `WARM=` runs each job in a fresh interpreter instead.
-WARM ?= $(BIN)/python -m klstudy warm --
+## Interrupted at any moment (Ctrl-C, SIGTERM, kill -9), `make study` again finishes it: klstudy/drive.py says how.
+## CONFIG=config/paper.yaml GPUS=all (or GPUS=0,1,3): the paper's study on this machine's GPUs, each job on its own
+## (klstudy/devices.py).
+WARM ?= --warm
+GPUS ?=
 study: $(INSTALLED)
-	$(WARM) $(BIN)/snakemake --cores $(CORES) --keep-going
-	$(BIN)/snakemake --cores $(CORES) --report report.html
+	$(BIN)/python -m klstudy drive $(WARM) $(if $(GPUS),--gpus $(GPUS)) -- \
+		$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --keep-going --rerun-incomplete
+	$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --report report.html
 
 ## Every cell of the grid: ok, collapsed, diverged, running (step, age), failed or missing; then evaluations and
 ## figures done. Reads files only: safe on a login node while SLURM runs. CONFIG=config/paper.yaml for the paper's.
-CONFIG ?= config.yaml
 status: $(INSTALLED)
 	$(BIN)/python -m klstudy status --config $(CONFIG)
 

@@ -118,8 +118,9 @@ def _throughput(name: str, spec: dict, rows: list[dict], seconds: float) -> dict
     numbers = {
         "job_seconds": round(seconds, 1),
         "generated_tokens_per_s": round(sum(t for t, _ in generated) / sum(s for _, s in generated), 1),
-        "trained_tokens_per_s": round(per_update * len(rows) / (sum(r["step_time"] for r in rows)
-                                                               - sum(s for _, s in generated)), 1),  # fmt: skip
+        "trained_tokens_per_s": round(
+            per_update * len(rows) / (sum(r["step_time"] for r in rows) - sum(s for _, s in generated)), 1
+        ),  # fmt: skip
         "peak_gpu_memory_gib": max((r.get("peak_memory_gib", 0.0) for r in rows), default=0.0),
     }
     REPORT["cells"][name] = numbers

@@ -2,7 +2,7 @@
 
 The reduced embedded study runs through sbatch with the account and partition given on the command line, as
 the README tells users to; every job must show in `sacct` and every output must equal a local run's. Then a
-training job whose runtime is too short is killed by SLURM at its time limit, resubmitted by the profile's
+training job is killed by SLURM at its time limit once it has saved a checkpoint, resubmitted by the profile's
 `retries` with twice the runtime, and resumes from its checkpoint to the metrics of an uninterrupted run.
 Needs root (the script installs slurm-wlm, slurmdbd, munge and MariaDB if missing); `make test` runs it.
 """
@@ -10,14 +10,16 @@ Needs root (the script installs slurm-wlm, slurmdbd, munge and MariaDB if missin
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from workflow_helpers import ROOT, SNAKEMAKE, reduced_config, snakemake
+from workflow_helpers import ROOT, SNAKEMAKE, assert_same_results, reduced_config, snakemake
 
 from klstudy.cell import MEASURED_COLUMNS
+from klstudy.config import CHECKPOINT_COMPLETE
 
 SCRIPT = ROOT / "tests" / "slurm" / "local-slurm.sh"
 # Run times of whole Snakemake invocations are bounded, so that a hung scheduler fails the test.
@@ -40,15 +42,19 @@ def cluster(tmp_path_factory):
         subprocess.run(["timeout", "-s", "KILL", "120", str(SCRIPT), "down", str(base)], check=False)
 
 
-def profile_run(env, workdir: Path, config_path: Path, *targets: str) -> str:
+def profile_command(workdir: Path, config_path: Path, *targets: str) -> list[str]:
     """The README's cluster command, with this cluster's account and partition on the command line."""
-    command = [
+    return [
         "timeout", "-s", "KILL", str(HARD_LIMIT), SNAKEMAKE, *targets, "--profile", "slurm",
         "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir), "--configfile", str(config_path),
         "--default-resources", "slurm_account=klstudy", "slurm_partition=debug",
         "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
         "--latency-wait", "5",
     ]  # fmt: skip
+
+
+def profile_run(env, workdir: Path, config_path: Path, *targets: str) -> str:
+    command = profile_command(workdir, config_path, *targets)
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     return run.stdout + run.stderr
@@ -84,20 +90,12 @@ def test_the_reduced_study_runs_through_sbatch_and_equals_a_local_run(cluster, r
     logs = sorted((tmp_path / "logs" / "slurm").rglob("*.log"))
     assert sorted(p.stem for p in logs) == sorted(jobs.job_id)  # one SLURM log per job, named by its job id
 
-    tables = {}
-    for name in ("cells", "heldout", "training", "evaluations", "divergence"):
-        tables[name] = [without_times(pd.read_csv(d / "results" / "tables" / f"{name}.csv")) for d in (local, tmp_path)]
-        pd.testing.assert_frame_equal(*tables[name], obj=name)
-    assert len(tables["training"][0]) > 0 and tables["evaluations"][0].mean_at_k.notna().all()
-    for setting in config["toy"]["settings"]:
-        pd.testing.assert_frame_equal(
-            *(pd.read_csv(d / "results" / "toy" / f"{setting}.csv") for d in (local, tmp_path))
-        )
+    assert_same_results(local, tmp_path, config)
 
 
 def time_limit_config(steps: int) -> dict:
-    """One cell of ``steps`` steps, trained twice: by SLURM with a 1-minute limit (study `slurm`) and locally
-    (`local`); and a short copy (`probe`) that measures how fast this machine trains it."""
+    """One cell of ``steps`` steps, trained twice: through SLURM (study `slurm`) and locally (`local`); and a short
+    copy (`probe`) that measures how fast this machine trains it."""
     config = reduced_config()
     study = config["studies"]["onpolicy"]
     study.update(kl=["k1-reward"], betas=[0.1], seeds=[0])
@@ -108,21 +106,38 @@ def time_limit_config(steps: int) -> dict:
     config["evaluation"]["studies"] = {}
     config["divergence"].update(study="slurm", kl=["k1-reward"], steps=[0])
     config["figures"] = {}
-    config["resources"]["train"]["runtime"] = 1  # minutes: SLURM kills the first attempt
+    config["resources"]["train"]["runtime"] = 30  # minutes; the test cuts the first attempt's limit
     # Several epochs of prompts, so that the resume also crosses an epoch boundary.
     config["data"]["math_train"].update(levels=["add2", "sub2"], size=400)
     return config
 
 
-# SLURM checks time limits every 30 seconds (slurmctld's PERIODIC_TIMEOUT) and then waits KillWait (5 s here), so the
-# first attempt is killed 60 to 95 s after it starts; the second, with twice the runtime, must finish what is left.
-# The cell's length is not a fixed number of steps (this test once ran 7 steps/s, later 11, and the faster run
-# finished before SLURM's check came round): it is TRAIN_SECONDS of training at the speed measured by the probe.
-# Start-up is about 10 s, so the first attempt would need ≈ 125 s and is killed after 45–85 s of training; the
-# second then has at most ≈ 70 s of training left, inside its 120 s with a margin of ±25 % in speed both ways.
-TRAIN_SECONDS = 115
+# The test waits for an event, not for a speed: once the first attempt has marked a checkpoint complete, it cuts the
+# job's time limit to one minute (`scontrol update`, as an administrator would), so the first attempt is killed with
+# TIMEOUT after at least one checkpoint however slowly it trains. SLURM checks time limits every 30 seconds
+# (slurmctld's PERIODIC_TIMEOUT) and then waits KillWait (5 s here): the kill comes at most 95 s after the job's start,
+# or 35 s after the cut. The one assumption left is that the first attempt does not *finish* before then: the cell is
+# TRAIN_SECONDS of training at the speed the probe measured just before, so it would have to run 2.5 times faster
+# than the probe. Slower, even much slower (a loaded machine), only makes the test longer; the retry has 60 minutes.
+TRAIN_SECONDS = 240
 PROBE_STEPS, CHECKPOINT_EVERY = 100, 25
 CELL = "results/runs/{study}/tiny/k1-reward/beta~0.1/seed~0"
+CHECKPOINTS = "results/checkpoints/slurm/tiny/k1-reward/beta~0.1/seed~0"  # train.smk: params.checkpoints
+
+
+def cut_time_limit_after_first_checkpoint(env, workdir: Path, known_jobs: set, driver: subprocess.Popen) -> str:
+    """Wait until the new training job has a complete checkpoint, then set its time limit to one minute; its id."""
+    deadline = time.monotonic() + HARD_LIMIT
+    while not list((workdir / CHECKPOINTS).glob(f"checkpoint-*/{CHECKPOINT_COMPLETE}")):
+        assert driver.poll() is None, "snakemake ended before the first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint"
+        time.sleep(0.5)
+    squeue = ["squeue", "--noheader", "--states=RUNNING", "--format=%i"]
+    running = subprocess.run(squeue, env=env, capture_output=True, text=True, check=True).stdout.split()
+    job = [j for j in running if j not in known_jobs]
+    assert len(job) == 1, running
+    subprocess.run(["scontrol", "update", f"JobId={job[0]}", "TimeLimit=1"], env=env, check=True)
+    return job[0]
 
 
 def steps_per_second(metrics_path: Path) -> float:
@@ -147,16 +162,19 @@ def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp
     local_cell, slurm_cell = (tmp_path / CELL.format(study=s) for s in ("local", "slurm"))
     train_locally("local")  # the uninterrupted run
     before = set(sacct(cluster).job_id)
-    profile_run(cluster, tmp_path, config_path, f"{CELL.format(study='slurm')}/summary.json")
+    command = profile_command(tmp_path, config_path, f"{CELL.format(study='slurm')}/summary.json")
+    with subprocess.Popen(command, cwd=ROOT, env=cluster, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as driver:
+        cut = cut_time_limit_after_first_checkpoint(cluster, tmp_path, before, driver)
+        output = driver.communicate()[0].decode(errors="replace")
+    assert driver.returncode == 0, output[-6000:]
     jobs = sacct(cluster)
     jobs = jobs[~jobs.job_id.isin(before)]
     context = f"{steps} steps at {speed:.1f} steps/s measured\n{jobs}"
-    assert list(jobs.state) == ["TIMEOUT", "COMPLETED"], context  # killed at its limit, then retried
+    assert list(jobs.state) == ["TIMEOUT", "COMPLETED"] and jobs.job_id.iloc[0] == cut, context  # killed, retried
 
     summary = json.loads((slurm_cell / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["steps_done"] == steps, context
-    # Not from step 0: the first attempt was killed mid-run (a run that ends after its limit but before SLURM's
-    # check is also TIMEOUT; its retry starts again, since a finished run deletes its checkpoints).
+    # Not from step 0: the first attempt was killed mid-run, after its first checkpoint.
     assert summary["resumed_from"], context
     assert 0 < int(summary["resumed_from"].rsplit("-", 1)[1]) < steps, context
     for name in ("metrics.jsonl", "heldout.jsonl"):

@@ -52,7 +52,8 @@ def test_every_state_of_a_cell_is_told_from_its_files(tmp_path):
     _tree(tmp_path)
     rows = {row["name"]: row for row in status.grid_status(_config(), tmp_path, now=NOW)}
     assert rows["onpolicy/tiny/none/beta~0/seed~0"] | {"age_s": 0} == dict(
-        kind="cell", name="onpolicy/tiny/none/beta~0/seed~0", state="ok", step=2, steps=2, age_s=0, detail="")
+        kind="cell", name="onpolicy/tiny/none/beta~0/seed~0", state="ok", step=2, steps=2, age_s=0, detail=""
+    )
     assert rows["onpolicy/tiny/k1-reward/beta~0.1/seed~0"]["state"] == "collapsed"
     assert rows["onpolicy/tiny/k1-loss/beta~0.1/seed~0"]["detail"].startswith("KL 2e3")
     running = rows["onpolicy/tiny/k3-reward/beta~0.1/seed~0"]

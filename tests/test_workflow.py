@@ -80,9 +80,11 @@ def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
     if "paper" in name:
         # The launch config is the repository's (as validated), whatever directory the workflow runs in.
         launch_config = ROOT / "config/accelerate/fsdp.yaml"
-        launch = f"{vllm_python} -m accelerate.commands.launch --config_file {launch_config} --num_processes 8"
-        assert f"{launch} -m klstudy train" in out
-        assert f"{vllm_python} -m klstudy evaluate" in out
+        # On one node, each GPU job first claims its own GPUs (klstudy.devices) and each launch its own port.
+        claim = f"{vllm_python} -m klstudy.devices --count {{}} -- {vllm_python}"
+        launch = f"{claim.format(8)} -m accelerate.commands.launch --config_file {launch_config} --num_processes 8"
+        assert f"{launch} --main_process_port 0 -m klstudy train" in out
+        assert f"{claim.format(1)} -m klstudy evaluate" in out
     else:
         assert vllm_python not in out and "python -m klstudy train" in out and "python -m klstudy evaluate" in out
 

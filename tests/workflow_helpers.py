@@ -23,6 +23,25 @@ def snakemake(*args, cwd=ROOT, timeout=600):
     return run.stdout + run.stderr
 
 
+def assert_same_results(reference: Path, workdir: Path, config: dict) -> None:
+    """The study in ``workdir`` has the tables and toy results of the one in ``reference`` (times aside)."""
+    import pandas as pd
+
+    from klstudy.cell import MEASURED_COLUMNS
+
+    def read(directory: Path, name: str) -> pd.DataFrame:
+        table = pd.read_csv(directory / "results" / "tables" / f"{name}.csv")
+        return table.drop(columns=[c for c in MEASURED_COLUMNS if c in table.columns])
+
+    for name in ("cells", "heldout", "training", "evaluations", "divergence"):
+        pd.testing.assert_frame_equal(read(reference, name), read(workdir, name), obj=name)
+    assert len(read(reference, "training")) > 0 and read(reference, "evaluations").mean_at_k.notna().all()
+    for setting in config["toy"]["settings"]:
+        pd.testing.assert_frame_equal(
+            *(pd.read_csv(d / "results" / "toy" / f"{setting}.csv") for d in (reference, workdir))
+        )
+
+
 def job_counts(output: str) -> dict:
     table = output.split("Job stats:")[1].split("total")[0]
     return {m[0]: int(m[1]) for m in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)}

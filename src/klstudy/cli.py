@@ -1,8 +1,8 @@
-"""`klstudy` command line: the pipeline's stages (stages.py) and the warm server that can run them (warm.py).
+"""`klstudy` command line: the stages (stages.py), the study's driver (drive.py) and the warm server (warm.py).
 
 Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. ``python -m klstudy
 <stage>`` runs the stage in the warm server when one serves this job, else in this process. The imports go one way:
-cli imports stages and warm, warm imports stages, stages imports neither.
+cli imports stages, drive and warm; drive imports warm; warm imports stages; stages imports none of them.
 """
 
 from __future__ import annotations
@@ -18,25 +18,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="klstudy", description=stages.__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     stages.add_commands(commands)
-    warm_ = commands.add_parser(
-        "warm", help="run a command (e.g. snakemake) with a warm server that runs every klstudy job it starts (warm.py)"
+    drive = commands.add_parser(
+        "drive", help="run snakemake so that, interrupted at any moment, the same command resumes it (drive.py)"
     )
-    warm_.add_argument("--log", default="logs/warm.log", help="the server's own output")
-    warm_.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
-    warm_.set_defaults(run=_warm)
+    drive.add_argument("--warm", action="store_true", help="run every klstudy job in a warm server (warm.py)")
+    drive.add_argument("--warm-log", default="logs/warm.log", help="the warm server's own output")
+    drive.add_argument(
+        "--gpus", help="one machine's GPUs to share, each job on its own (devices.py): all, or ids such as 0,1,3"
+    )
+    drive.add_argument("command", nargs=argparse.REMAINDER, help="-- then the snakemake command")
+    drive.set_defaults(run=_drive)
     serve = commands.add_parser("warm-serve", help="the warm server itself (started by `warm`)")
     serve.add_argument("--socket", required=True, help="the Unix socket to serve")
     serve.set_defaults(run=_warm_serve)
     return parser
 
 
-def _warm(args) -> int:
-    from klstudy import warm
+def _drive(args) -> int:
+    from klstudy import drive
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise SystemExit("klstudy warm: give the command to run after --")
-    return warm.run_with_server(command, Path(args.log))
+        raise SystemExit("klstudy drive: give the snakemake command to run after --")
+    status = drive.drive(command, Path(args.warm_log) if args.warm else None, args.gpus)
+    return 128 - status if status < 0 else status  # killed by signal N: 128 + N, as a shell reports it
 
 
 def _warm_serve(args) -> None:
@@ -46,14 +51,14 @@ def _warm_serve(args) -> None:
 
 
 def run(argv: list[str]) -> int:
-    """Run the command ``argv`` names in this process; `warm` returns its command's exit status, a stage 0."""
+    """Run the command ``argv`` names in this process; `drive` returns its command's exit status, a stage 0."""
     return stages.run(argv, build_parser())
 
 
 def main(argv=None) -> int:
     """``python -m klstudy``: the stage runs in the warm server when one serves this job (warm.py), else here."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] not in (["warm"], ["warm-serve"]):
+    if argv[:1] not in (["drive"], ["warm-serve"]):
         from klstudy import warm
 
         status = warm.delegate(argv)

@@ -291,7 +291,7 @@ def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
 
     args = (parser or build_parser()).parse_args(argv)
     try:
-        status = args.run(args)  # stages return None; `warm` returns its command's exit status
+        status = args.run(args)  # stages return None; `drive` returns its command's exit status
     except ConfigError as error:  # settings given by hand: one line naming the key, no traceback
         raise SystemExit(f"klstudy {args.command}: {error}") from None
     return status if isinstance(status, int) else 0

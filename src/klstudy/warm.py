@@ -1,8 +1,8 @@
 """Warm workers: the embedded study's jobs start from an interpreter that has already imported torch and the rest.
 
 Every job is a ``python -m klstudy <stage>`` process, and importing torch, transformers, TRL and lm-eval takes about
-7 s of a 20-30 s job on a CPU (README, "Cost"). ``python -m klstudy warm -- <command>`` (what ``make study`` runs)
-imports them once in a server, then runs the command with ``KLSTUDY_WARM_SOCKET`` set. Each job's
+7 s of a 20-30 s job on a CPU (README, "Cost"). ``python -m klstudy drive --warm -- <command>`` (what ``make study``
+runs; drive.py) imports them once in a server, then runs the command with ``KLSTUDY_WARM_SOCKET`` set. Each job's
 ``python -m klstudy`` then hands its arguments, working directory, environment and standard streams to the server,
 which forks a child that runs the stage, as ``stages.run`` runs it in a cold process, and sends back its exit status:
 
@@ -18,6 +18,7 @@ seconds), but their CPU and memory columns see only the small process that waite
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -181,22 +182,27 @@ def _run_stage(argv: list[str]) -> int:
 # ------------------------------------------------------------------------------------------- around a command
 
 
-def run_with_server(command: list[str], log: Path, ready_timeout: float = 300.0) -> int:
-    """Start a warm server (its output in ``log``), run ``command`` with ``KLSTUDY_WARM_SOCKET`` set, stop the server.
+@contextlib.contextmanager
+def server(log: Path, ready_timeout: float = 300.0, env: dict | None = None, preexec_fn=None):
+    """A warm server for the block (its output in ``log``): yields ``env`` (default: this process's) with
+    ``KLSTUDY_WARM_SOCKET`` set,
+    under which ``python -m klstudy`` jobs run in it; stops it after. In a process group of its own, so that a Ctrl-C
+    meant for the jobs leaves it serving until the block ends; ``preexec_fn``: e.g. drive.die_with_parent.
 
-    If the server does not come up, the command still runs, cold, with a warning: the server only saves time.
+    If the server does not come up, the environment has no socket and jobs run cold, with a warning: it only saves time.
     """
     folder = tempfile.mkdtemp(prefix="klstudy-warm-")
     path = os.path.join(folder, "socket")
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "klstudy", "warm-serve", "--socket", path], stdout=out, stderr=subprocess.STDOUT
-        )
-    env = dict(os.environ)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "klstudy", "warm-serve", "--socket", path],
+            stdout=out, stderr=subprocess.STDOUT, process_group=0, preexec_fn=preexec_fn,
+        )  # fmt: skip
+    env = dict(os.environ if env is None else env)
     start = time.monotonic()
-    while not os.path.exists(path) and server.poll() is None and time.monotonic() - start < ready_timeout:
+    while not os.path.exists(path) and process.poll() is None and time.monotonic() - start < ready_timeout:
         time.sleep(0.1)
     if os.path.exists(path):
         env[SOCKET_ENV] = path
@@ -204,10 +210,10 @@ def run_with_server(command: list[str], log: Path, ready_timeout: float = 300.0)
     else:
         print(f"klstudy: warm server did not start (see {log}); every job runs cold", file=sys.stderr)
     try:
-        return subprocess.call(command, env=env)
+        yield env
     finally:
-        server.terminate()
-        server.wait()
+        process.terminate()
+        process.wait()
         for name in os.listdir(folder):
             os.remove(os.path.join(folder, name))
         os.rmdir(folder)

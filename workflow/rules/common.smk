@@ -102,8 +102,18 @@ def stage_python(uses_vllm):
     return shlex.quote(str(Path(workflow.basedir) / config["vllm_python"]))
 
 
+def job_python(stage, uses_vllm=False):
+    """The interpreter of a stage's job (stage_python); a GPU job on one node first claims GPUs of its own
+    (klstudy.devices: on one machine without a scheduler, `klstudy drive --gpus`; elsewhere it only runs the job)."""
+    python = stage_python(uses_vllm)
+    spec = config["resources"][stage]
+    if not spec["gpus"] or spec["nodes"] > 1:
+        return python
+    return f"{python} -m klstudy.devices --count {spec['gpus']} -- {python}"
+
+
 def evaluate_python(wildcards):
-    return stage_python(config["evaluation"]["backend"] == "vllm")
+    return job_python("evaluate", config["evaluation"]["backend"] == "vllm")
 
 
 # Evaluation jobs (config evaluation.jobs): one per (model, task), or with per_model one per model for every task.
@@ -134,7 +144,7 @@ def train_launcher(wildcards):
     (FSDP / ZeRO-3) when it names one; on several nodes, one launch per node through srun, rendezvous at the
     first node."""
     train = config["studies"][wildcards.study]["train"]
-    python = stage_python(train["generation"] == "vllm")
+    python = job_python("train", train["generation"] == "vllm")
     if train.get("accelerate_config") is None:
         return python
     launch_config = Path(workflow.basedir) / train["accelerate_config"]  # relative to the repository, as validated
@@ -146,8 +156,8 @@ def train_launcher(wildcards):
         f" --num_processes {processes}"
     )
     nodes = config["resources"]["train"]["nodes"]
-    if nodes == 1:
-        return launch
+    if nodes == 1:  # a free port of its own (accelerate's choice): cells on one machine must not share 29500
+        return f"{launch} --main_process_port 0"
     # bash -c '... "$@"' launcher <the rest of the command>: each node's shell fills in its own rank.
     return (
         f"srun --nodes {nodes} --ntasks-per-node 1 bash -c '{launch} --num_machines $SLURM_NNODES"

@@ -74,6 +74,7 @@ rule divergence:
         f"results/divergence/{RUN_PATH}/{{task}}.csv",
     params:
         settings=json.dumps(config["divergence"]),
+        python=job_python("divergence"),
     log:
         f"logs/divergence/{RUN_PATH}/{{task}}.log",
     benchmark:
@@ -84,6 +85,6 @@ rule divergence:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy divergence --reference {input.reference} --snapshots {input.snapshots}"
+        "{params.python} -m klstudy divergence --reference {input.reference} --snapshots {input.snapshots}"
         " --data {input.data} --settings {params.settings:q} --seed {wildcards.seed}"
         " --threads {threads} --out {output} > {log} 2>&1"

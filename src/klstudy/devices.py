@@ -1,0 +1,83 @@
+"""The GPUs of one machine, shared by the jobs of a study without a scheduler: each job runs on devices of its own.
+
+Snakemake's local execution counts resources (``--resources gpu=N`` keeps the GPU jobs running at once within N
+GPUs) but does not say which GPU a job gets (Snakemake's issue "Handle GPU ids", open since 2020), so every job would
+see every device. ``klstudy drive --gpus`` (drive.py) gives Snakemake the count and sets two variables for the jobs:
+``KLSTUDY_GPUS``, the device ids to share, and ``KLSTUDY_GPU_LOCKS``, a directory. Each GPU job's command starts with
+
+    python -m klstudy.devices --count N -- <the job's command>
+
+which takes an exclusive ``flock`` on ``<locks>/gpu-<id>.lock`` for N ids that no running job holds, sets
+``CUDA_VISIBLE_DEVICES`` to them and replaces itself (exec) with the job's command, which keeps the locks as open
+descriptors. However the job ends (it finishes, fails, or is killed by Snakemake, Ctrl-C or SIGKILL), the kernel
+closes its descriptors and the devices are free at once: nothing to clean, nothing that outlives a job, no server.
+Because Snakemake never runs more GPUs' worth of jobs than there are ids, a job always finds enough free ones; one
+that does not (another driver sharing the devices with another lock directory) fails, naming them.
+
+Without ``KLSTUDY_GPUS`` (under SLURM, which sets ``CUDA_VISIBLE_DEVICES`` itself, or on a CPU) the command runs as
+it is. Rendezvous ports are accelerate's: ``--main_process_port 0`` picks a free one per launch (workflow/rules).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+GPUS_ENV = "KLSTUDY_GPUS"
+LOCKS_ENV = "KLSTUDY_GPU_LOCKS"
+
+
+def parse_ids(text: str) -> list[str]:
+    """``"0,1,3"`` -> ``["0", "1", "3"]``: device ids as CUDA_VISIBLE_DEVICES names them."""
+    ids = [part.strip() for part in text.split(",") if part.strip()]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{GPUS_ENV}={text!r} names a device twice")
+    return ids
+
+
+def claim(count: int, ids: list[str], locks: Path) -> tuple[list[str], list[int]]:
+    """Lock ``count`` of ``ids`` that no live process holds: the ids and the (inheritable) lock descriptors."""
+    if count > len(ids):
+        raise SystemExit(f"klstudy.devices: the job needs {count} GPUs, {GPUS_ENV} has {len(ids)} ({','.join(ids)})")
+    locks.mkdir(parents=True, exist_ok=True)
+    claimed, fds = [], []
+    for device in ids:
+        fd = os.open(locks / f"gpu-{device}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        os.set_inheritable(fd, True)  # kept across exec: the job itself holds the claim
+        claimed.append(device)
+        fds.append(fd)
+        if len(claimed) == count:
+            return claimed, fds
+    for fd in fds:  # not enough: take none
+        os.close(fd)
+    raise SystemExit(
+        f"klstudy.devices: {count} free GPUs wanted, {len(claimed)} of {','.join(ids)} free in {locks}: is another "
+        "study using them with other locks, or Snakemake's --resources gpu above the number of devices?"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m klstudy.devices", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, required=True, help="GPUs the job needs")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the job's command after --")
+    if os.environ.get(GPUS_ENV) and args.count > 0:
+        devices, _ = claim(args.count, parse_ids(os.environ[GPUS_ENV]), Path(os.environ[LOCKS_ENV]))
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        print(f"klstudy.devices: GPUs {','.join(devices)} (pid {os.getpid()})", file=sys.stderr, flush=True)
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main()
