@@ -52,7 +52,7 @@ test-fast: $(INSTALLED)
 	$(BIN)/pytest -m "not slow and not gpu" $(FAST_TESTS)
 
 ## The GPU suite (tests/test_gpu.py) on a machine with a CUDA device; skipped, saying so, without one.
-## KLSTUDY_GPU_SUITE_ON_CPU=1 rehearses it on a CPU (CI does); on a GPU node without a registry, see the README.
+## KLSTUDY_GPU_SUITE_ON_CPU=1 rehearses it on a CPU (CI does); on a GPU node without a registry, see docs/paper-scale.md.
 GPU_PYTHON ?= $(BIN)/python
 test-gpu: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(INSTALLED))  # the venv, unless GPU_PYTHON names another
 	$(GPU_PYTHON) -m pytest -m gpu -s tests/test_gpu.py

@@ -10,7 +10,7 @@ package's own Python dependencies.
 - lm-eval's hf backend on the GPU (`klstudy evaluate`), Fig. 12 on the GPU (`klstudy divergence`).
 
 It asserts that every final/ and snapshot loads in bf16, one metrics line per step, the resume, and prints generated
-tokens/s, trained tokens/s and peak GPU memory per cell (README, "Running at paper scale"); with
+tokens/s, trained tokens/s and peak GPU memory per cell (docs/paper-scale.md); with
 KLSTUDY_GPU_SUITE_REPORT=FILE it also writes them there as JSON. Without a CUDA device it is skipped, saying so;
 KLSTUDY_GPU_SUITE_ON_CPU=1 rehearses it on a CPU at the embedded model's shape: every command and assertion except
 those of the GPU itself (accelerate runs the FSDP launch config without FSDP on a CPU).

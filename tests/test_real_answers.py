@@ -3,7 +3,7 @@ and MATH-500 (tests/fixtures/real_answers), labelled by LABELLING.md before the 
 
 The fixture holds completions and ids only; the questions' options and gold answers come from the reference copies
 (KLSTUDY_REFDATA), so the tests that need them skip, saying why, without. The floors below are what the rules reach
-on this fixture (the README's table lists every departure); a rule that reads fewer labels, reads another letter
+on this fixture (docs/data.md's table lists every departure); a rule that reads fewer labels, reads another letter
 more often, or reads a letter from a completion that commits to none fails here.
 """
 
@@ -55,7 +55,7 @@ def _letters(rows):
 def test_the_letter_rule_reads_what_the_model_commits_to(rows, records):
     counts = real_answers.agreement(_letters(rows), records, real_answers.klstudy_letter)
     assert counts["committed"] == 107
-    assert counts["read_as_label"] >= 99, counts  # 92.5 %: the README lists the 8 departures
+    assert counts["read_as_label"] >= 99, counts  # 92.5 %: docs/data.md lists the 8 departures
     assert counts["read_other"] <= 2, counts
 
 
@@ -103,7 +103,7 @@ def test_the_rule_beats_the_fields_extractors_on_the_same_labels(rows, records):
 @needs_refdata
 def test_math_answers_are_read_as_the_protocol_reads_them(rows, records):
     """MATH-500: the paper's protocol (math-verify, a box first, else the last expression anywhere) reads 6 of the 11
-    stated final answers as labelled (the README says which forms it misses); "read" (a box, or an answer that
+    stated final answers as labelled (docs/data.md says which forms it misses); "read" (a box, or an answer that
     math-verify's anchors announce) is false for most completions that state none, and the fallback's credit to
     completions that state no answer is counted."""
     counts = real_answers.math_reading([row for row in rows if row["task"] == "math500"], records)

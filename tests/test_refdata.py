@@ -73,7 +73,7 @@ def test_every_hub_dataset_stages_with_its_configured_size(staged, name):
     assert len(result["records"]) == report["staged"] == report["rows_read"] - len(report["set_aside"])
     assert report["bare_gold"]["passed"] == report["bare_gold"]["scored"] == report["staged"]
     assert f"dataset {name}: {report['rows_read']} rows read" in result["log"]  # the counts are in the job's log
-    print(gold.summary(report))  # the figures the README quotes (pytest -s shows them)
+    print(gold.summary(report))  # the figures docs/data.md quotes (pytest -s shows them)
 
 
 def reference_rows(split: str) -> list[dict]:
@@ -165,7 +165,7 @@ def test_mmlu_letters_are_the_copies_letters(staged, name):
 
 
 def test_reference_solutions_score_as_the_report_says(staged):
-    """The self-check's figures hold (README, "Gold answers"): MATH's own solutions, scored as completions, score 1
+    """The self-check's figures hold (docs/data.md, "Gold answers"): MATH's own solutions, scored as completions, score 1
     but for answers they list as alternatives or spread over boxes math-verify reads one of."""
     rates = {
         name: staged[name]["report"]["reference_solutions"]["rate"] for name in ("math_train", "math_test", "math500")

@@ -1,7 +1,7 @@
 """`snakemake --profile slurm` against a real single-node SLURM brought up by tests/slurm/local-slurm.sh.
 
 The reduced embedded study runs through sbatch with the account and partition given on the command line, as
-the README tells users to; every job must show in `sacct` and every output must equal a local run's. Then a
+docs/running.md tells users to; every job must show in `sacct` and every output must equal a local run's. Then a
 training job is killed by SLURM at its time limit once it has saved a checkpoint, resubmitted by the profile's
 `retries` with twice the runtime, and resumes from its checkpoint to the metrics of an uninterrupted run.
 Needs root (the script installs slurm-wlm, slurmdbd, munge and MariaDB if missing); `make test` runs it.
@@ -43,7 +43,7 @@ def cluster(tmp_path_factory):
 
 
 def profile_command(workdir: Path, config_path: Path, *targets: str) -> list[str]:
-    """The README's cluster command, with this cluster's account and partition on the command line."""
+    """The cluster command of docs/running.md, with this cluster's account and partition on the command line."""
     return [
         "timeout", "-s", "KILL", str(HARD_LIMIT), SNAKEMAKE, *targets, "--profile", "slurm",
         "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir), "--configfile", str(config_path),

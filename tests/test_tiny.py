@@ -79,7 +79,7 @@ def test_same_seed_same_weights_other_seed_other_weights(tmp_path):
 def test_configured_base_model_starts_rl_inside_the_pass_at_1_window(tmp_path):
     """The base model of config.yaml, built as the workflow builds it: held-out pass@1 at T = 1 in [0.15, 0.6].
 
-    Its build time is recorded in klstudy_build.json (and the README), not asserted: tests do not time things.
+    Its build time is recorded in klstudy_build.json (and docs/data.md), not asserted: tests do not time things.
     """
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))  # defaults filled, as the workflow's
     model_spec = config["models"]["tiny"]

@@ -55,7 +55,7 @@ def test_paper_grid_sizes():
 
 
 def test_one_cell_is_one_target(tmp_path):
-    """Rerunning one cell: name its summary.json (the README's command); only its own jobs run."""
+    """Rerunning one cell: name its summary.json (the command in docs/running.md); only its own jobs run."""
     cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~2/summary.json"
     out = snakemake(cell, "-n", "--cores", "1", "--configfile", str(ROOT / "config/paper.yaml"), cwd=tmp_path)
     counts = job_counts(out)

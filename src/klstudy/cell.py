@@ -160,7 +160,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         save_strategy="steps",
         save_steps=train["checkpoint_every"] * updates,
         # Two: Trainer deletes the older checkpoint before RunRecorder.on_save marks the newer one complete, so with
-        # one, a job killed in between would restart from step 0. README, "Disk".
+        # one, a job killed in between would restart from step 0. docs/cost.md, "Disk".
         save_total_limit=2,
         report_to="none",
         use_cpu=not torch.cuda.is_available(),

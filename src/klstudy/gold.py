@@ -1,6 +1,6 @@
 """Gold answers: which box of a reference solution is the answer, and the self-check of every staged dataset.
 
-**The gold rule** for a MATH-style solution (README, "Gold answers"), applied by ``math_gold``:
+**The gold rule** for a MATH-style solution (docs/data.md, "Gold answers"), applied by ``math_gold``:
 
 1. Every box of the solution is read as MATH's own answer extraction reads one (``rewards.boxes``: ``\\boxed{}``,
    ``\\fbox{}``, nested braces, ``\\boxed 2``).

@@ -1,7 +1,7 @@
 """Warm workers: the embedded study's jobs start from an interpreter that has already imported torch and the rest.
 
 Every job is a ``python -m klstudy <stage>`` process, and importing torch, transformers, TRL and lm-eval takes about
-7 s of a 20-30 s job on a CPU (README, "Cost"). ``python -m klstudy drive --warm -- <command>`` (what ``make study``
+7 s of a 20-30 s job on a CPU (docs/cost.md). ``python -m klstudy drive --warm -- <command>`` (what ``make study``
 runs; drive.py) imports them once in a server, then runs the command with ``KLSTUDY_WARM_SOCKET`` set. Each job's
 ``python -m klstudy`` then hands its arguments, working directory, environment and standard streams to the server,
 which forks a child that runs the stage, as ``stages.run`` runs it in a cold process, and sends back its exit status:
