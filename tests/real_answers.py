@@ -3,7 +3,7 @@ MATH-500, labelled by LABELLING.md) and the field's extractors it is compared wi
 
     KLSTUDY_REFDATA=../shared/refdata .venv/bin/python tests/real_answers.py
 
-prints the table of docs/data.md: on the fixture, how often each extractor reads the labelled letter or answer, reads another,
+prints docs/data.md's table: on the fixture how often each extractor reads the labelled letter or answer, reads another,
 or reads one where the label is none, and every completion where ours departs from the label. The questions' options
 and gold answers come from the reference copies (KLSTUDY_REFDATA), staged by the prepare_data rule's code with
 config/paper.yaml's entries; the fixture holds completions and ids only.

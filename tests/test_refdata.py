@@ -165,7 +165,7 @@ def test_mmlu_letters_are_the_copies_letters(staged, name):
 
 
 def test_reference_solutions_score_as_the_report_says(staged):
-    """The self-check's figures hold (docs/data.md, "Gold answers"): MATH's own solutions, scored as completions, score 1
+    """The self-check's figures hold (docs/data.md, gold answers): MATH's own solutions, scored as completions, score 1
     but for answers they list as alternatives or spread over boxes math-verify reads one of."""
     rates = {
         name: staged[name]["report"]["reference_solutions"]["rate"] for name in ("math_train", "math_test", "math500")
