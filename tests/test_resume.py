@@ -66,7 +66,7 @@ def leftovers(workdir: Path) -> list[str]:
     return found
 
 
-def run_interrupted_then_again(reduced_run, tmp_path, moment: str, how: str, warm: bool) -> None:
+def run_interrupted_then_again(reduced_run, tmp_path, moment: str, how: str, warm: bool) -> str:
     reference, config = reduced_run
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     command = drive_command(tmp_path, warm)
@@ -108,4 +108,6 @@ def test_ctrl_c_during_training_then_the_same_command_finishes_the_study(reduced
     ],
 )
 def test_an_interrupted_study_resumes(reduced_run, tmp_path, moment, how, warm):
-    run_interrupted_then_again(reduced_run, tmp_path, moment, how, warm)
+    output = run_interrupted_then_again(reduced_run, tmp_path, moment, how, warm)
+    if how == "kill-snakemake":  # it could not release its lock: the driver found it stale
+        assert "releasing the lock of an interrupted Snakemake" in output
