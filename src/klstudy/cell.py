@@ -277,18 +277,40 @@ class RunRecorder(TrainerCallback):
             self.progress.update(row["step"], **shown)
 
 
-class KillAtStep(TrainerCallback):
-    """Fault injection for resume tests: SIGKILL this process after step ``KLSTUDY_KILL_AT_STEP`` is logged.
+class FaultAtStep(TrainerCallback):
+    """Fault injection for resume tests, from the environment:
 
-    Nothing is flushed or saved on the way out, exactly as when SLURM or the OOM killer ends a job.
+    - ``KLSTUDY_KILL_AT_STEP=N``: SIGKILL this process once step N is logged. Nothing is flushed or saved on the way
+      out, exactly as when SLURM or the OOM killer ends a job.
+    - ``KLSTUDY_STOP_AT_STEP=N``: SIGSTOP it once a checkpoint at or after step N is complete, in a run that did not
+      resume: a job that hangs until its time limit ends it, however fast it trained; the retry, which resumes from
+      that checkpoint, runs on.
     """
 
-    def __init__(self, step: int, updates_per_batch: int):
-        self.step, self.updates = step, updates_per_batch
+    VARIABLES = {"KLSTUDY_KILL_AT_STEP": signal.SIGKILL, "KLSTUDY_STOP_AT_STEP": signal.SIGSTOP}
+
+    def __init__(self, step: int, updates_per_batch: int, signum: int):
+        self.step, self.updates, self.signum = step, updates_per_batch, signum
+
+    @classmethod
+    def from_environment(cls, updates_per_batch: int, resumed: bool) -> list[FaultAtStep]:
+        return [
+            cls(int(os.environ[name]), updates_per_batch, signum)
+            for name, signum in cls.VARIABLES.items()
+            if os.environ.get(name) and not (resumed and signum == signal.SIGSTOP)
+        ]
+
+    def _signal_from(self, state) -> None:
+        if state.global_step >= self.step * self.updates:
+            os.kill(os.getpid(), self.signum)
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # after RunRecorder has written the step's line
-        if state.global_step >= self.step * self.updates:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.signum == signal.SIGKILL:
+            self._signal_from(state)
+
+    def on_save(self, args, state, control, **kwargs):  # after RunRecorder has marked the checkpoint complete
+        if self.signum == signal.SIGSTOP:
+            self._signal_from(state)
 
 
 def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, samples: int = 1, chunk: int = 64) -> dict:
@@ -411,8 +433,8 @@ def run(
     processes.wait_for_everyone()
     trainer = build_trainer(cell, args, model_dir, data.read_jsonl(train_path), callbacks=[recorder])
     recorder.trainer = trainer
-    if os.environ.get("KLSTUDY_KILL_AT_STEP"):
-        trainer.add_callback(KillAtStep(int(os.environ["KLSTUDY_KILL_AT_STEP"]), args.updates_per_batch))
+    for fault in FaultAtStep.from_environment(args.updates_per_batch, resumed=bool(last)):
+        trainer.add_callback(fault)
     if main:  # trackers start before training, so that one that cannot (no login, no network) fails the job now
         tracking = Tracking(cell["train"]["report_to"], cell["run"], cell, tracking_dir, checkpoint_dir, done)
         heldout = data.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
