@@ -40,7 +40,10 @@ def _drive(args) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise SystemExit("klstudy drive: give the snakemake command to run after --")
-    status = drive.drive(command, Path(args.warm_log) if args.warm else None, args.gpus)
+    try:
+        status = drive.drive(command, Path(args.warm_log) if args.warm else None, args.gpus)
+    except ValueError as error:  # --gpus with a device named twice
+        raise SystemExit(f"klstudy drive: {error}") from None
     return 128 - status if status < 0 else status  # killed by signal N: 128 + N, as a shell reports it
 
 

@@ -30,11 +30,11 @@ GPUS_ENV = "KLSTUDY_GPUS"
 LOCKS_ENV = "KLSTUDY_GPU_LOCKS"
 
 
-def parse_ids(text: str) -> list[str]:
-    """``"0,1,3"`` -> ``["0", "1", "3"]``: device ids as CUDA_VISIBLE_DEVICES names them."""
+def parse_ids(text: str, source: str = GPUS_ENV) -> list[str]:
+    """``"0,1,3"`` -> ``["0", "1", "3"]``: device ids as CUDA_VISIBLE_DEVICES names them; ``source`` for errors."""
     ids = [part.strip() for part in text.split(",") if part.strip()]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"{GPUS_ENV}={text!r} names a device twice")
+        raise ValueError(f"{source} {text!r} names a device twice")
     return ids
 
 

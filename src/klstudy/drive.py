@@ -80,21 +80,21 @@ def release_stale_locks(command: list[str]) -> None:
 def supervise(command: list[str], env: dict, lock_fd: int) -> int:
     """Run ``command`` in a process group of its own, forward Ctrl-C and SIGTERM, and when it has exited kill what is
     left of its group (jobs it orphaned); its exit status (negative: the signal that ended it)."""
-    driver = subprocess.Popen(
+    snakemake = subprocess.Popen(
         command, env=env, process_group=0, pass_fds=(lock_fd,), preexec_fn=die_with_parent(signal.SIGTERM)
     )
 
     def forward(signum, frame):
         if signum == signal.SIGINT:  # as a terminal's Ctrl-C: Snakemake and its jobs
-            _signal_group(driver.pid, signal.SIGINT)
+            _signal_group(snakemake.pid, signal.SIGINT)
         else:  # Snakemake's graceful stop: no new jobs, running ones finish
-            driver.send_signal(signum)
+            snakemake.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        os.waitid(os.P_PID, driver.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped: its group id is still ours
-        _signal_group(driver.pid, signal.SIGKILL)
-        return driver.wait()
+        os.waitid(os.P_PID, snakemake.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: its group id is ours still
+        _signal_group(snakemake.pid, signal.SIGKILL)
+        return snakemake.wait()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -110,15 +110,15 @@ def _signal_group(pgid: int, signum: int) -> None:
 def visible_gpus(spec: str) -> list[str]:
     """``--gpus``: ``all`` (CUDA_VISIBLE_DEVICES when set, else every GPU ``nvidia-smi`` lists) or ids, ``0,1,3``."""
     if spec != "all":
-        return devices.parse_ids(spec)
+        return devices.parse_ids(spec, "--gpus")
     if os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return devices.parse_ids(os.environ["CUDA_VISIBLE_DEVICES"])
+        return devices.parse_ids(os.environ["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES")
     if not shutil.which("nvidia-smi"):
         raise SystemExit("klstudy drive: --gpus all, but no nvidia-smi here to list them: name them, e.g. --gpus 0,1")
     listed = subprocess.run(
         ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, check=True
     )
-    return devices.parse_ids(",".join(listed.stdout.split()))
+    return devices.parse_ids(",".join(listed.stdout.split()), "nvidia-smi")
 
 
 def with_gpus(command: list[str], env: dict, ids: list[str]) -> list[str]:
