@@ -42,12 +42,20 @@ RECORD = textwrap.dedent("""
         json.dump(seen, f)
 """)
 
+# Job 0 runs first (its priority), so that when it is the one killed, the others come after it.
 SNAKEFILE = """
 rule all:
     input: expand("out/{{i}}.json", i=range({jobs}))
 
+rule first:
+    output: "out/0.json"
+    priority: 100
+    resources: gpu={per_job}
+    shell: "{python} -m klstudy.devices --count {per_job} -- {python} {record} {{output}} 0 {killed}"
+
 rule job:
     output: "out/{{i}}.json"
+    wildcard_constraints: i="[1-9][0-9]*"
     resources: gpu={per_job}
     shell: "{python} -m klstudy.devices --count {per_job} -- {python} {record} {{output}} {{wildcards.i}} {killed}"
 """
@@ -99,6 +107,7 @@ def test_a_job_killed_with_sigkill_frees_its_devices_at_once(tmp_path):
     seen = records(tmp_path)
     assert seen[0]["devices"] == "0,1" and "end" not in seen[0]
     assert [seen[i]["devices"] for i in (1, 2)] == ["0,1", "0,1"] and all("end" in seen[i] for i in (1, 2)), seen
+    assert min(seen[i]["start"] for i in (1, 2)) > seen[0]["start"], "the killed job ran first, holding both"
 
 
 def test_a_claim_names_the_devices_it_could_not_get(tmp_path, monkeypatch):
