@@ -26,10 +26,10 @@ $(INSTALLED): pyproject.toml requirements.lock
 ## Every job runs in a warm server that has imported torch, transformers, TRL and lm-eval once (klstudy/warm.py): the
 ## imports are about 7 s of a 20-30 s job on a CPU. `WARM=` runs each job in a fresh interpreter instead.
 ## Interrupted at any moment (Ctrl-C, SIGTERM, kill -9), `make study` again finishes it: klstudy/drive.py says how.
-## CONFIG=config/paper.yaml GPUS=all (or GPUS=0,1,3): the paper's study on this machine's GPUs, each job on its own
-## (klstudy/devices.py).
+## CONFIG=config/paper.yaml: the paper's study on this machine's GPUs, each job on GPUs of its own (klstudy/devices.py):
+## all that CUDA_VISIBLE_DEVICES or nvidia-smi shows (GPUS=auto, none on a CPU), or GPUS=0,1,3; GPUS= turns it off.
 WARM ?= --warm
-GPUS ?=
+GPUS ?= auto
 study: $(INSTALLED)
 	$(BIN)/python -m klstudy drive $(WARM) $(if $(GPUS),--gpus $(GPUS)) -- \
 		$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --keep-going --rerun-incomplete

@@ -161,3 +161,20 @@ def test_two_concurrent_two_process_cells_rendezvous_at_ports_of_their_own(tmp_p
     # after the other had ended would have had 0,1 too.
     assert not set(launches[0]["devices"].split(",")) & set(launches[1]["devices"].split(",")), launches
     assert launches[0]["rendezvous_port"] != launches[1]["rendezvous_port"], launches
+
+
+def test_which_devices_drive_shares(monkeypatch):
+    from klstudy import drive
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert drive.visible_gpus("auto") == drive.visible_gpus("all") == ["2", "3"]
+    assert drive.visible_gpus("0,1") == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # set and empty: every device hidden
+    assert drive.visible_gpus("auto") == []
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: a CPU machine
+    assert drive.visible_gpus("auto") == []
+    with pytest.raises(SystemExit, match="no nvidia-smi"):
+        drive.visible_gpus("all")
+    with pytest.raises(SystemExit, match="names no device"):
+        drive.visible_gpus(",")

@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     drive.add_argument("--warm", action="store_true", help="run every klstudy job in a warm server (warm.py)")
     drive.add_argument("--warm-log", default="logs/warm.log", help="the warm server's own output")
     drive.add_argument(
-        "--gpus", help="one machine's GPUs to share, each job on its own (devices.py): all, or ids such as 0,1,3"
+        "--gpus", help="one machine's GPUs to share, each job on its own (drive.visible_gpus): ids (0,1,3), all or auto"
     )
     drive.add_argument("command", nargs=argparse.REMAINDER, help="-- then the snakemake command")
     drive.set_defaults(run=_drive)

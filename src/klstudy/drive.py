@@ -108,12 +108,18 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 
 def visible_gpus(spec: str) -> list[str]:
-    """``--gpus``: ``all`` (CUDA_VISIBLE_DEVICES when set, else every GPU ``nvidia-smi`` lists) or ids, ``0,1,3``."""
-    if spec != "all":
-        return devices.parse_ids(spec, "--gpus")
-    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+    """``--gpus``: ids (``0,1,3``), ``all`` or ``auto``: the devices CUDA_VISIBLE_DEVICES names where it is set (an
+    empty value hides them all), else every GPU ``nvidia-smi`` lists. Without nvidia-smi, ``all`` is an error and
+    ``auto`` (``make study``'s default) means no GPU to share: a CPU machine."""
+    if spec not in ("all", "auto"):
+        if not (ids := devices.parse_ids(spec, "--gpus")):
+            raise SystemExit("klstudy drive: --gpus names no device")
+        return ids
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
         return devices.parse_ids(os.environ["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES")
     if not shutil.which("nvidia-smi"):
+        if spec == "auto":
+            return []
         raise SystemExit("klstudy drive: --gpus all, but no nvidia-smi here to list them: name them, e.g. --gpus 0,1")
     listed = subprocess.run(
         ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, check=True
@@ -123,8 +129,6 @@ def visible_gpus(spec: str) -> list[str]:
 
 def with_gpus(command: list[str], env: dict, ids: list[str]) -> list[str]:
     """The Snakemake command and environment under which each GPU job claims its own of ``ids`` (devices.py)."""
-    if not ids:
-        raise SystemExit("klstudy drive: --gpus names no device")
     env.update({devices.GPUS_ENV: ",".join(ids), devices.LOCKS_ENV: str(GPU_LOCKS.resolve())})
     print(f"klstudy drive: GPUs {','.join(ids)}, each job on its own", file=sys.stderr)
     return [*command, "--resources", f"gpu={len(ids)}"]
@@ -138,8 +142,8 @@ def drive(command: list[str], warm_log: Path | None = None, gpus: str | None = N
     try:
         release_stale_locks(command)
         env = dict(os.environ)
-        if gpus:
-            command = with_gpus(command, env, visible_gpus(gpus))
+        if gpus and (ids := visible_gpus(gpus)):
+            command = with_gpus(command, env, ids)
         if warm_log is None:
             return supervise(command, env, lock_fd)
         from klstudy import warm
