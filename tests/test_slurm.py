@@ -16,9 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from workflow_helpers import ROOT, SNAKEMAKE, assert_same_results, reduced_config, snakemake
+from workflow_helpers import ROOT, SNAKEMAKE, assert_same_results, reduced_config, snakemake, without_times
 
-from klstudy.cell import MEASURED_COLUMNS
 from klstudy.config import CHECKPOINT_COMPLETE
 
 SCRIPT = ROOT / "tests" / "slurm" / "local-slurm.sh"
@@ -67,10 +66,6 @@ def sacct(env) -> pd.DataFrame:
     ).stdout  # fmt: skip
     rows = [line.split("|") for line in out.splitlines() if line.strip()]
     return pd.DataFrame(rows, columns=["job_id", "name", "state", "elapsed", "comment"])
-
-
-def without_times(table: pd.DataFrame) -> pd.DataFrame:
-    return table.drop(columns=[c for c in MEASURED_COLUMNS if c in table.columns])
 
 
 SUBMITTED_RULES = ("toy_bias_variance", "train_rl", "evaluate_cell", "evaluate_base", "divergence")

@@ -23,15 +23,19 @@ def snakemake(*args, cwd=ROOT, timeout=600):
     return run.stdout + run.stderr
 
 
+def without_times(table):
+    """A table of a run without the columns that measure time or memory (they differ from run to run)."""
+    from klstudy.cell import MEASURED_COLUMNS
+
+    return table.drop(columns=[c for c in MEASURED_COLUMNS if c in table.columns])
+
+
 def assert_same_results(reference: Path, workdir: Path, config: dict) -> None:
     """The study in ``workdir`` has the tables and toy results of the one in ``reference`` (times aside)."""
     import pandas as pd
 
-    from klstudy.cell import MEASURED_COLUMNS
-
     def read(directory: Path, name: str) -> pd.DataFrame:
-        table = pd.read_csv(directory / "results" / "tables" / f"{name}.csv")
-        return table.drop(columns=[c for c in MEASURED_COLUMNS if c in table.columns])
+        return without_times(pd.read_csv(directory / "results" / "tables" / f"{name}.csv"))
 
     for name in ("cells", "heldout", "training", "evaluations", "divergence"):
         pd.testing.assert_frame_equal(read(reference, name), read(workdir, name), obj=name)

@@ -550,12 +550,11 @@ def _summary(cell, status, reason, recorder: RunRecorder, seconds, resumed_from)
 
 def _launch() -> dict:
     """Where this attempt ran: its devices (CUDA_VISIBLE_DEVICES, from devices.py or SLURM), its processes and their
-    rendezvous port (accelerate's), and when it ended (unix time; it began seconds_this_attempt earlier): what shows
-    afterwards that cells sharing a machine's GPUs ran on devices and ports of their own."""
+    rendezvous port (accelerate's): what shows afterwards that cells sharing a machine's GPUs ran on devices and
+    ports of their own."""
     port = os.environ.get("MASTER_PORT")
     return {
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "processes": int(os.environ.get("WORLD_SIZE", 1)),
         "rendezvous_port": int(port) if port else None,
-        "finished_at": round(time.time(), 3),
     }

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drive.add_argument("command", nargs=argparse.REMAINDER, help="-- then the snakemake command")
     drive.set_defaults(run=_drive)
-    serve = commands.add_parser("warm-serve", help="the warm server itself (started by `warm`)")
+    serve = commands.add_parser("warm-serve", help="the warm server itself (started by `drive --warm`)")
     serve.add_argument("--socket", required=True, help="the Unix socket to serve")
     serve.set_defaults(run=_warm_serve)
     return parser
