@@ -3,7 +3,8 @@
 Tables (one row per ...):
     cells.csv        cell: its status (ok | collapsed | diverged | missing), reason and final numbers
     training.csv     cell × optimiser step: the columns of metrics.jsonl
-    heldout.csv      cell × evaluation step: held-out pass@1 during training and its standard error
+    heldout.csv      cell × evaluation step: held-out pass@1 during training, its standard error and each question's
+                     score (per_prompt, a JSON list)
     evaluations.csv  (cell or base model) × task: lm-eval mean@k and its standard error; base models have
                      study "base", kl "base", and chat_template on/off
     divergence.csv   cell × snapshot step × task: forward KL(π_ref‖π_θ) and entropy (Fig. 12)
@@ -86,7 +87,11 @@ def training_table(config: dict, results: Path) -> pd.DataFrame:
 
 
 def heldout_table(config: dict, results: Path) -> pd.DataFrame:
-    return _per_cell_jsonl(config, results, "heldout.jsonl")
+    """per_prompt (each question's score, where the run logged them) is kept as a JSON list in one column."""
+    table = _per_cell_jsonl(config, results, "heldout.jsonl")
+    if "per_prompt" in table:
+        table["per_prompt"] = table.per_prompt.map(lambda v: json.dumps(v) if isinstance(v, list) else None)
+    return table
 
 
 EVALUATION_RESULTS = ["mean_at_k", "stderr", "unread", "k", "cell_status"]  # unread: answers no rule could read

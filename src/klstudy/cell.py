@@ -344,7 +344,15 @@ def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, sample
     mean = sum(scores) / len(scores)
     per_prompt = [sum(scores[i :: len(records)]) / samples for i in range(len(records))]
     stderr = statistics.stdev(per_prompt) / math.sqrt(len(per_prompt)) if len(per_prompt) > 1 else 0.0
-    return {"pass_at_1": mean, "stderr": stderr, "prompts": len(per_prompt), "samples": samples}
+    # per_prompt: each question's score, in the held-out set's order, so that two runs (or a run and its own step 0,
+    # the base model) can be compared question by question (claims.py pairs them).
+    return {
+        "pass_at_1": mean,
+        "stderr": stderr,
+        "prompts": len(per_prompt),
+        "samples": samples,
+        "per_prompt": per_prompt,
+    }
 
 
 def process_share(requests: int, index: int, processes: int) -> tuple[list[int], list[int]]:

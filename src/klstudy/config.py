@@ -175,6 +175,8 @@ def _check_references(config: dict) -> None:
             where = f"with {processes} processes ({accelerate_config})" if accelerate_config else "in one process"
             raise ConfigError(f"config key 'studies.{study}.train': {where}, {error}") from None
     _check_divergence(config)
+    for name, claim in config["claims"].items():
+        _check_claim(config, claim, f"claims.{name}")
     for name, figure in config["figures"].items():
         for i, panel in enumerate(figure["panels"]):
             _check_panel(config, panel, f"figures.{name}.panels[{i}]")
@@ -242,6 +244,44 @@ def _check_divergence(config: dict) -> None:
         _check_name(config, "data", task, f"divergence.tasks[{i}]")
     last = config["studies"][section["study"]]["train"]["steps"]
     _check_subset(section["steps"], range(last + 1), "divergence.steps", f"steps 0..{last} of the study")
+
+
+def _check_claim(config: dict, claim: dict, where: str) -> None:
+    """A claim names cells the grid trains, and a measurement that exists for both of its sides."""
+    metric, baseline = claim["metric"], claim["baseline"]
+    baseline_study = claim.get("baseline_study", claim["study"])
+    _check_cells_selection(config, {"study": claim["study"], "kl": [claim["candidate"]]}, where)
+    selection = {"study": baseline_study} if baseline == "base" else {"study": baseline_study, "kl": [baseline]}
+    _check_cells_selection(config, selection, f"{where}.baseline")
+    for key, study in (("beta", claim["study"]), ("baseline_beta", baseline_study)):
+        if not isinstance(claim[key], str):
+            _check_subset([claim[key]], config["studies"][study]["betas"], f"{where}.{key}", f"betas of {study}")
+
+    def refuse(key: str, why: str):
+        raise ConfigError(f"config key '{where}.{key}': {why}")
+
+    if baseline == "base" and (metric == "final_kl" or baseline_study != claim["study"]):
+        refuse("baseline", "base is the base model measured as the candidate's own runs measure it: not with "
+               "final_kl (its KL to itself is 0), nor with another baseline_study")  # fmt: skip
+    if claim["predicted"] == "same" and "margin" not in claim:
+        refuse("margin", "predicted 'same' needs a margin (the largest |effect| that counts as the same)")
+    if claim["predicted"] == "table1" and (metric != "final_kl" or baseline != "none"):
+        refuse("predicted", "table1 predicts the KL to the reference against no KL: metric final_kl, baseline none")
+    if claim["pair_by"] == "questions" and metric != "heldout":
+        refuse("pair_by", "questions pairs held-out pass@1 only (the metric with each question's score)")
+    sides = [(claim["study"], claim["candidate"])] + ([] if baseline == "base" else [(baseline_study, baseline)])
+    if metric == "evaluation":
+        for study, kl_config in sides:
+            if kl_config not in config["evaluation"]["studies"].get(study, []):
+                refuse("metric", f"evaluation: {kl_config} of study {study} is not under evaluation.studies")
+        if claim["domain"] not in ("in-domain", "out-of-domain", "all"):
+            _check_subset([claim["domain"]], config["evaluation"]["tasks"], f"{where}.domain", "evaluation.tasks")
+    if metric in ("forward_kl", "entropy"):
+        section = config["divergence"]
+        for study, kl_config in sides:
+            if study != section["study"] or kl_config not in section["kl"]:
+                refuse("metric", f"{metric}: {kl_config} of study {study} saves no snapshots (see divergence)")
+        _check_subset([claim["task"]] if "task" in claim else [], section["tasks"], f"{where}.task", "divergence.tasks")
 
 
 def _check_panel(config: dict, panel: dict, where: str) -> None:
@@ -345,7 +385,7 @@ def checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
 
 AGGREGATED_TABLES = ("cells", "training", "heldout", "evaluations", "divergence")  # results/tables/<name>.csv
 # figures/<name>.csv and .md (tables.py)
-STUDY_TABLES = ("table1", "table2", "relative_improvement", "evaluations", "regularisation")
+STUDY_TABLES = ("table1", "table2", "relative_improvement", "evaluations", "regularisation", "claims")
 
 
 def evaluation_targets(config: dict) -> list[str]:

@@ -1,6 +1,7 @@
 """The study's tables, from the aggregated tables and the toy model's tests: Table 1 (the bias of each estimator and
 placement, and how its on-policy runs behaved), Table 2 (K1 in the reward in other libraries), §4.1's relative
-improvements, and the evaluation summary. Each is written as CSV and as Markdown with its caption."""
+improvements, the evaluation summary, the regularisation table and the claims table (claims.py). Each is written
+as CSV and as Markdown with its caption."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from klstudy.claims import caption as claims_caption
+from klstudy.claims import claims_table, expected_pull
 from klstudy.config import STUDY_TABLES
 
 
@@ -164,20 +167,6 @@ def relative_improvement(
     return pd.concat([table, paper], ignore_index=True)[RELATIVE_IMPROVEMENT_COLUMNS].round(2)
 
 
-def expected_pull(test) -> str:
-    """What Table 1's exact computation predicts a configuration does to KL(π_θ‖π_ref) on-policy, from the
-    projection of its expected gradient on the KL's (toy.unbiasedness_tests)."""
-    if test is None or pd.isna(test.get("min_projection", float("nan"))):
-        return "not analysed"
-    if test.get("exact_unbiased") is True:
-        return "pulls towards π_ref (the KL's own gradient)"
-    if max(abs(test["min_projection"]), abs(test["max_projection"])) < 1e-9:
-        return "no pull (zero expected gradient)"
-    if test["min_projection"] > 0:
-        return "pulls towards π_ref (biased: not the KL's gradient)"
-    return "may push away (opposes the KL's gradient in some settings)"
-
-
 def _yes_no(condition: bool | None) -> str:
     return "n/a" if condition is None else "yes" if condition else "no"
 
@@ -305,6 +294,7 @@ def study_tables(config: dict, tables: dict, tests: pd.DataFrame) -> dict[str, t
             "which the task's answer rule reads no answer at all (no letter, no mathematical answer, no expression), "
             "so that a low score from unread answers can be told from one of wrong answers.",
         ),
+        "claims": (claims_table(config, tables, tests), claims_caption(config)),
     }
     return {name: built[name] for name in STUDY_TABLES}
 

@@ -1,0 +1,280 @@
+"""The claims table: which of the paper's claims a run shows, by how much, and with what error.
+
+Each claim (config ``claims``) compares a candidate KL configuration with a baseline (another configuration, the same
+one at another β, or the base model) on one metric, and predicts the sign of the difference: from the paper, or from
+Table 1's exact computation in the toy model (``predicted: table1``, for the KL to the reference against no KL).
+
+The verdict rule (config ``claims_rule``), written down before any run was looked at:
+
+    d_u       candidate − baseline for each paired unit u: a training seed (the same study, model and seed: the same
+              data order), or, with ``pair_by: questions`` (held-out pass@1), a held-out question, its score averaged
+              over the seeds
+    effect    mean of d_u over the n units
+    se        standard deviation of d_u / √n, df = n − 1; with one seed, the measurement's own standard error over
+              questions where the metric has one (df = ∞), none otherwise
+    critical  max(min_z, Student's t quantile at 1 − alpha with df degrees of freedom): at least min_z standard
+              errors, more where few units make the standard error itself uncertain
+    z         effect / se, signed so that the predicted direction is positive
+    higher, lower   shown if z ≥ critical, contradicted if z ≤ −critical, else not shown
+    same      with m = margin × |baseline mean|: shown if |effect| + critical·se ≤ m (the whole interval inside ±m),
+              contradicted if |effect| − critical·se > m (the whole interval outside), else not shown
+
+Under no true difference (normal d_u), a higher/lower claim is called shown with probability at most alpha: the rule's
+error rate, stated in the table's caption.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.stats import t as student_t
+
+from klstudy.aggregate import final_values
+
+METRICS = {
+    "final_kl": "KL(π_θ‖π_ref) at the end of training (K3 estimate, mean of the last final_steps steps)",
+    "heldout": "held-out pass@1 at the last evaluation during training",
+    "evaluation": "lm-eval mean@k of the final policy, mean over the claim's tasks",
+    "forward_kl": "forward KL(π_ref‖π_θ) at the last saved snapshot, mean over the claim's tasks (Fig. 12)",
+    "entropy": "token entropy of π_θ at the last saved snapshot, mean over the claim's tasks (Fig. 12)",
+}
+BASE = "base"  # the baseline "base": the base model (a run's step 0, or its lm-eval evaluation)
+COLUMNS = [
+    "claim", "text", "paper", "metric", "study", "model", "candidate", "baseline", "beta", "baseline_beta",
+    "predicted", "basis", "candidate_mean", "baseline_mean", "effect", "se", "z", "critical", "pair_by", "units",
+    "seeds", "runs", "verdict", "note",
+]  # fmt: skip
+
+
+def _selected_betas(selector, betas: list[float]) -> list[float]:
+    if selector == "each":
+        return sorted(betas)
+    if selector in ("max", "min"):
+        return [max(betas) if selector == "max" else min(betas)]
+    return [float(selector)]
+
+
+def _cell_rows(table: pd.DataFrame, study: str, model: str, kl: str, beta: float) -> pd.DataFrame:
+    rows = table[(table.study == study) & (table.model == model) & (table.kl == kl)]
+    return rows if kl == "none" else rows[np.isclose(rows.beta.astype(float), beta)]
+
+
+def _tasks(claim: dict, config: dict, metric: str) -> list[str]:
+    """The tasks a claim averages over: evaluation tasks by domain, or the divergence tasks; a named task alone."""
+    if metric == "evaluation":
+        tasks, in_domain = config["evaluation"]["tasks"], config["evaluation"]["in_domain"]
+        domain = claim.get("domain", "all")
+        if domain == "in-domain":
+            return [t for t in tasks if t in in_domain]
+        if domain == "out-of-domain":
+            return [t for t in tasks if t not in in_domain]
+        return tasks if domain == "all" else [domain]
+    tasks = config["divergence"]["tasks"]
+    return [claim["task"]] if claim.get("task") else tasks
+
+
+def _mean_over_tasks(rows: pd.DataFrame, tasks: list[str], value: str, stderr: str) -> pd.DataFrame:
+    """Per seed: the mean of ``value`` over ``tasks`` and its standard error (tasks independent); a seed that lacks
+    a task is left out."""
+    rows = rows[rows.task.isin(tasks)].dropna(subset=[value])
+    grouped = rows.groupby("seed")
+    out = pd.DataFrame(
+        {
+            "value": grouped[value].mean(),
+            "se": grouped[stderr].apply(lambda s: math.sqrt((s.astype(float) ** 2).sum()) / len(s)),
+            "tasks": grouped.task.nunique(),
+        }
+    )
+    return out[out.tasks == len(tasks)].drop(columns="tasks")
+
+
+def _last(rows: pd.DataFrame, step: str = "step") -> pd.DataFrame:
+    """Each seed's rows at its last step."""
+    last = rows.groupby("seed")[step].transform("max")
+    return rows[rows[step] == last]
+
+
+def metric_values(metric: str, tables: dict, config: dict, claim: dict, study, model, kl, beta) -> pd.DataFrame:
+    """Per seed (the index): value, se (the measurement's standard error over questions, NaN where there is none)
+    and, for held-out pass@1, per_question (each question's score). kl "base" with a study's cell for
+    ``study, model, claim['candidate'], beta``: the base model measured as that cell measures it."""
+    empty = pd.DataFrame(columns=["value", "se"])
+    if metric == "final_kl":
+        final = final_values(tables["training"], config)
+        rows = _cell_rows(final, study, model, kl, beta)
+        return pd.DataFrame({"value": rows.kl_k3.values, "se": np.nan}, index=rows.seed.values)
+    if metric == "heldout":
+        base = kl == BASE
+        rows = _cell_rows(tables["heldout"], study, model, claim["candidate"] if base else kl, beta)
+        if rows.empty:
+            return empty
+        rows = rows[rows.step == 0] if base else _last(rows)
+        per_question = rows.per_prompt if "per_prompt" in rows else pd.Series(None, index=rows.index)
+        return pd.DataFrame(
+            {
+                "value": rows.pass_at_1.values,
+                "se": rows.stderr.values,
+                "per_question": [json.loads(v) if isinstance(v, str) else None for v in per_question],
+            },
+            index=rows.seed.values,
+        )
+    tasks = _tasks(claim, config, metric)
+    if metric == "evaluation":
+        evaluations = tables["evaluations"]
+        if kl == BASE:  # one evaluation of the base model (chat template on, as the trained cells), every seed's
+            rows = evaluations[(evaluations.study == BASE) & (evaluations.model == model)]
+            rows = rows[rows.chat_template.astype(str) == "on"]
+            base = _mean_over_tasks(rows, tasks, "mean_at_k", "stderr")
+            seeds = config["studies"][study]["seeds"]
+            return (
+                pd.DataFrame({"value": base.value.iloc[0], "se": base.se.iloc[0]}, index=seeds) if len(base) else empty
+            )
+        return _mean_over_tasks(_cell_rows(evaluations, study, model, kl, beta), tasks, "mean_at_k", "stderr")
+    rows = _cell_rows(tables["divergence"], study, model, claim["candidate"] if kl == BASE else kl, beta)
+    rows = rows[rows.step == 0] if kl == BASE else _last(rows)
+    return _mean_over_tasks(rows, tasks, metric, f"{metric}_stderr")
+
+
+def expected_pull(test) -> str:
+    """What Table 1's exact computation predicts a configuration does to KL(π_θ‖π_ref) on-policy, from the
+    projection of its expected gradient on the KL's (toy.unbiasedness_tests)."""
+    if test is None or pd.isna(test.get("min_projection", float("nan"))):
+        return "not analysed"
+    if test.get("exact_unbiased") is True:
+        return "pulls towards π_ref (the KL's own gradient)"
+    if max(abs(test["min_projection"]), abs(test["max_projection"])) < 1e-9:
+        return "no pull (zero expected gradient)"
+    if test["min_projection"] > 0:
+        return "pulls towards π_ref (biased: not the KL's gradient)"
+    return "may push away (opposes the KL's gradient in some settings)"
+
+
+def predicted_direction(claim: dict, tests: pd.DataFrame) -> tuple[str | None, str]:
+    """(higher | lower | same | None, its basis). table1: from the projection of the configuration's exact expected
+    gradient on the KL's (expected_pull): a pull predicts a lower KL than no KL, no pull the same KL."""
+    if claim["predicted"] != "table1":
+        return claim["predicted"], claim.get("paper", "the paper")
+    by_config = tests.drop_duplicates("config").set_index("config") if "config" in tests else pd.DataFrame()
+    test = by_config.loc[claim["candidate"]].to_dict() if claim["candidate"] in by_config.index else None
+    pull = expected_pull(test)
+    direction = "lower" if pull.startswith("pulls") else "same" if pull.startswith("no pull") else None
+    return direction, f"Table 1 exact: {pull}"
+
+
+def _paired(candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str):
+    """(differences d_u, their standard error or NaN, df, units, seeds, note)."""
+    seeds = candidate.index.intersection(baseline.index)
+    c, b = candidate.loc[seeds], baseline.loc[seeds]
+    if len(seeds) == 0:
+        return np.array([]), math.nan, 0, 0, 0, "no paired runs"
+    if pair_by == "questions":
+        have = all(isinstance(v, list) for v in [*c.per_question, *b.per_question])
+        lengths = {len(v) for v in [*c.per_question, *b.per_question]} if have else set()
+        if have and len(lengths) == 1:
+            per_seed = np.array(list(c.per_question)) - np.array(list(b.per_question))
+            d = per_seed.mean(axis=0)
+            se = d.std(ddof=1) / math.sqrt(len(d)) if len(d) > 1 else math.nan
+            return d, se, len(d) - 1, len(d), len(seeds), ""
+        note = "no per-question scores: unpaired error over questions"
+        d = (c.value - b.value).to_numpy()
+        se = math.sqrt((c.se**2 + b.se**2).sum()) / len(seeds)
+        return d, se, math.inf, len(seeds), len(seeds), note
+    d = (c.value - b.value).to_numpy(dtype=float)
+    if len(d) > 1:
+        return d, d.std(ddof=1) / math.sqrt(len(d)), len(d) - 1, len(d), len(d), ""
+    se = math.sqrt(float(c.se.iloc[0]) ** 2 + float(b.se.iloc[0]) ** 2)
+    if math.isnan(se):
+        return d, math.nan, 0, 1, 1, "one seed, and the metric has no error of its own"
+    return d, se, math.inf, 1, 1, "one seed: error over questions only"
+
+
+def verdict(effect: float, se: float, df: float, direction: str | None, baseline_mean: float, rule: dict, margin=None):
+    """(z, critical, verdict) by the module's rule."""
+    if direction is None:
+        return math.nan, math.nan, "no prediction"
+    if not (se > 0) or df < 1:  # NaN, zero or a single unit: no error estimate
+        return math.nan, math.nan, "not shown"
+    critical = max(rule["min_z"], float(student_t.ppf(1 - rule["alpha"], df)))
+    if direction == "same":
+        bound = margin * abs(baseline_mean)
+        z = (bound - abs(effect)) / se  # how many standard errors the effect lies inside the margin
+        word = "shown" if z >= critical else "contradicted" if abs(effect) - critical * se > bound else "not shown"
+        return z, critical, word
+    z = (effect if direction == "higher" else -effect) / se
+    return z, critical, "shown" if z >= critical else "contradicted" if z <= -critical else "not shown"
+
+
+def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.DataFrame) -> list[dict]:
+    """One row per model of the claim's study and per selected β."""
+    study = config["studies"][claim["study"]]
+    baseline_study = claim.get("baseline_study", claim["study"])
+    metric, pair_by = claim["metric"], claim.get("pair_by", "seeds")
+    direction, basis = predicted_direction(claim, tests)
+    rows = []
+    betas = study["betas"]
+    if metric in ("forward_kl", "entropy"):  # only the divergence section's cells save snapshots
+        betas = [beta for beta in betas if beta in config["divergence"]["betas"]]
+    for model in study["models"]:
+        for beta in _selected_betas(claim.get("beta", "each"), betas):
+            baseline_beta = beta if claim.get("baseline_beta", "same") == "same" else _selected_betas(
+                claim["baseline_beta"], config["studies"][baseline_study]["betas"]
+            )[0]  # fmt: skip
+            candidate = metric_values(metric, tables, config, claim, claim["study"], model, claim["candidate"], beta)
+            baseline = metric_values(
+                metric, tables, config, claim, baseline_study, model, claim["baseline"], baseline_beta
+            )
+            d, se, df, units, seeds, note = _paired(candidate, baseline, pair_by)
+            effect = float(d.mean()) if len(d) else math.nan
+            paired = candidate.index.intersection(baseline.index)
+            baseline_mean = float(baseline.loc[paired].value.mean()) if len(paired) else math.nan
+            z, critical, word = verdict(effect, se, df, direction, baseline_mean, config["claims_rule"],
+                                        claim.get("margin"))  # fmt: skip
+            rows.append(
+                dict(
+                    claim=name, text=claim["text"], paper=claim.get("paper", ""), metric=metric, study=claim["study"],
+                    model=model, candidate=claim["candidate"],
+                    baseline=claim["baseline"] if baseline_study == claim["study"] else
+                    f"{claim['baseline']} ({baseline_study})",
+                    beta=beta, baseline_beta=baseline_beta if claim["baseline"] not in ("none", BASE) else "",
+                    predicted=direction or "none",
+                    basis=basis + (f"; margin {claim['margin']} of the baseline" if direction == "same" else ""),
+                    candidate_mean=float(candidate.loc[paired].value.mean()) if len(paired) else math.nan,
+                    baseline_mean=baseline_mean, effect=effect, se=se, z=z, critical=critical, pair_by=pair_by,
+                    units=units, seeds=seeds, runs=len(candidate) + (len(baseline) if claim["baseline"] != BASE else 0),
+                    verdict=word, note=note,
+                )
+            )  # fmt: skip
+    return rows
+
+
+def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFrame:
+    """Every claim of config ``claims``, one row per model and β; empty (with the columns) when there are none."""
+    rows = [
+        row
+        for name, claim in config.get("claims", {}).items()
+        for row in claim_rows(name, claim, config, tables, tests)
+    ]
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    numbers = ["candidate_mean", "baseline_mean", "effect", "se", "z", "critical"]
+    table[numbers] = table[numbers].astype(float).round(4)
+    return table
+
+
+def caption(config: dict) -> str:
+    rule = config["claims_rule"]
+    return (
+        f"Claims ({config['scale']} scale): which of the paper's claims this run shows. Each row compares a candidate "
+        "with a baseline on one metric (effect = candidate − baseline, mean over paired units: training seeds, or "
+        "held-out questions averaged over seeds with pair_by questions; se: the standard deviation of the paired "
+        "differences over √units, or with one seed the metric's own error over questions). Verdict, by a rule fixed "
+        f"before any run was looked at: z = effect / se signed towards the prediction; critical = max({rule['min_z']}, "
+        f"Student's t at 1 − {rule['alpha']} with units − 1 degrees of freedom); higher/lower: shown if z ≥ critical, "
+        "contradicted if z ≤ −critical, else not shown; same: shown if the interval effect ± critical·se lies inside "
+        "± margin × |baseline mean|, contradicted if it lies outside. With no true difference a claim is called shown "
+        f"with probability at most {rule['alpha']}. Metrics: "
+        + "; ".join(f"{name}: {text}" for name, text in METRICS.items())
+        + "."
+    )
