@@ -160,13 +160,14 @@ def read_tables(directory: Path) -> dict[str, pd.DataFrame]:
 
 def final_values(training: pd.DataFrame, config: dict, column: str = "kl_k3") -> pd.DataFrame:
     """Per cell that logged steps: ``column`` at the end of training, the mean over its last ``final_steps`` logged
-    steps (the study's setting, fixed before the runs; a run that stopped early ends where it stopped)."""
+    steps (the study's setting, fixed before the runs; a run that stopped early ends where it stopped), and
+    ``<column>_stderr``, the standard error of that mean from the steps' spread (NaN from one step)."""
+    columns = CELL_COLUMNS + [column, f"{column}_stderr"]
     rows = []
     if column not in training:  # nothing logged yet
-        return pd.DataFrame(columns=CELL_COLUMNS + [column])
+        return pd.DataFrame(columns=columns)
     for keys, run in training.dropna(subset=[column]).groupby(CELL_COLUMNS, sort=False):
-        last = config["studies"][keys[0]].get("final_steps", 5)
-        rows.append(
-            {**dict(zip(CELL_COLUMNS, keys, strict=True)), column: run.sort_values("step")[column].tail(last).mean()}
-        )
-    return pd.DataFrame(rows, columns=CELL_COLUMNS + [column])
+        last = run.sort_values("step")[column].tail(config["studies"][keys[0]].get("final_steps", 5))
+        stderr = last.std() / len(last) ** 0.5
+        rows.append({**dict(zip(CELL_COLUMNS, keys, strict=True)), column: last.mean(), f"{column}_stderr": stderr})
+    return pd.DataFrame(rows, columns=columns)

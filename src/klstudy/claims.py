@@ -10,8 +10,9 @@ The verdict rule (config ``claims_rule``), written down before any run was looke
               data order), or, with ``pair_by: questions`` (held-out pass@1), a held-out question, its score averaged
               over the seeds
     effect    mean of d_u over the n units
-    se        standard deviation of d_u / √n, df = n − 1; with one seed, the measurement's own standard error over
-              questions where the metric has one (df = ∞), none otherwise
+    se        standard deviation of d_u / √n, df = n − 1, but never below the measurement's own standard error of the
+              mean difference (over questions; over a run's last steps for final_kl), which two or three seeds can
+              undercut by chance; with one seed, that measurement error alone (df = ∞)
     critical  max(min_z, Student's t quantile at 1 − alpha with df degrees of freedom): at least min_z standard
               errors, more where few units make the standard error itself uncertain
     z         effect / se, signed so that the predicted direction is positive
@@ -105,7 +106,7 @@ def metric_values(metric: str, tables: dict, config: dict, claim: dict, study, m
     if metric == "final_kl":
         final = final_values(tables["training"], config)
         rows = _cell_rows(final, study, model, kl, beta)
-        return pd.DataFrame({"value": rows.kl_k3.values, "se": np.nan}, index=rows.seed.values)
+        return pd.DataFrame({"value": rows.kl_k3.values, "se": rows.kl_k3_stderr.values}, index=rows.seed.values)
     if metric == "heldout":
         base = kl == BASE
         rows = _cell_rows(tables["heldout"], study, model, claim["candidate"] if base else kl, beta)
@@ -164,8 +165,10 @@ def predicted_direction(claim: dict, tests: pd.DataFrame) -> tuple[str | None, s
     return direction, f"Table 1 exact: {pull}"
 
 
-def _paired(candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str):
-    """(differences d_u, their standard error or NaN, df, units, seeds, note)."""
+def _paired(candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str, over_steps: bool = False):
+    """(differences d_u, their standard error or NaN, df, units, seeds, note). over_steps: the measurement's error
+    is over a run's last steps (final_kl), which says nothing of another seed: a floor only, never the error of a
+    single seed."""
     seeds = candidate.index.intersection(baseline.index)
     c, b = candidate.loc[seeds], baseline.loc[seeds]
     if len(seeds) == 0:
@@ -183,12 +186,17 @@ def _paired(candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str):
         se = math.sqrt((c.se**2 + b.se**2).sum()) / len(seeds)
         return d, se, math.inf, len(seeds), len(seeds), note
     d = (c.value - b.value).to_numpy(dtype=float)
+    # The measurement's own error of the mean difference (questions, or a run's last steps for final_kl): a floor
+    # under the spread over seeds, which two or three seeds can put near zero by chance (equal differences).
+    measured = math.sqrt(float((c.se.astype(float) ** 2 + b.se.astype(float) ** 2).sum())) / len(d)
     if len(d) > 1:
-        return d, d.std(ddof=1) / math.sqrt(len(d)), len(d) - 1, len(d), len(d), ""
-    se = math.sqrt(float(c.se.iloc[0]) ** 2 + float(b.se.iloc[0]) ** 2)
-    if math.isnan(se):
-        return d, math.nan, 0, 1, 1, "one seed, and the metric has no error of its own"
-    return d, se, math.inf, 1, 1, "one seed: error over questions only"
+        over_seeds = d.std(ddof=1) / math.sqrt(len(d))
+        if measured > over_seeds:
+            return d, measured, len(d) - 1, len(d), len(d), "the measurement's own error exceeds the seeds' spread"
+        return d, over_seeds, len(d) - 1, len(d), len(d), ""
+    if math.isnan(measured) or over_steps:
+        return d, math.nan, 0, 1, 1, "one seed: no error over seeds, and none over questions for this metric"
+    return d, measured, math.inf, 1, 1, "one seed: the measurement's own error only"
 
 
 def verdict(effect: float, se: float, df: float, direction: str | None, baseline_mean: float, rule: dict, margin=None):
@@ -214,11 +222,11 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
     metric, pair_by = claim["metric"], claim.get("pair_by", "seeds")
     direction, basis = predicted_direction(claim, tests)
     rows = []
-    betas = study["betas"]
+    betas = [0.0] if claim["candidate"] == "none" else study["betas"]  # no KL is trained once, at β = 0
     if metric in ("forward_kl", "entropy"):  # only the divergence section's cells save snapshots
         betas = [beta for beta in betas if beta in config["divergence"]["betas"]]
     for model in study["models"]:
-        for beta in _selected_betas(claim.get("beta", "each"), betas):
+        for beta in _selected_betas(claim["beta"], betas) if claim["candidate"] != "none" else betas:
             baseline_beta = beta if claim.get("baseline_beta", "same") == "same" else _selected_betas(
                 claim["baseline_beta"], config["studies"][baseline_study]["betas"]
             )[0]  # fmt: skip
@@ -226,7 +234,7 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
             baseline = metric_values(
                 metric, tables, config, claim, baseline_study, model, claim["baseline"], baseline_beta
             )
-            d, se, df, units, seeds, note = _paired(candidate, baseline, pair_by)
+            d, se, df, units, seeds, note = _paired(candidate, baseline, pair_by, over_steps=metric == "final_kl")
             effect = float(d.mean()) if len(d) else math.nan
             paired = candidate.index.intersection(baseline.index)
             baseline_mean = float(baseline.loc[paired].value.mean()) if len(paired) else math.nan
@@ -269,7 +277,8 @@ def caption(config: dict) -> str:
         f"Claims ({config['scale']} scale): which of the paper's claims this run shows. Each row compares a candidate "
         "with a baseline on one metric (effect = candidate − baseline, mean over paired units: training seeds, or "
         "held-out questions averaged over seeds with pair_by questions; se: the standard deviation of the paired "
-        "differences over √units, or with one seed the metric's own error over questions). Verdict, by a rule fixed "
+        "differences over √units, never below the measurement's own error (over questions, or a run's last steps), "
+        "and with one seed the error over questions alone). Verdict, by a rule fixed "
         f"before any run was looked at: z = effect / se signed towards the prediction; critical = max({rule['min_z']}, "
         f"Student's t at 1 − {rule['alpha']} with units − 1 degrees of freedom); higher/lower: shown if z ≥ critical, "
         "contradicted if z ≤ −critical, else not shown; same: shown if the interval effect ± critical·se lies inside "

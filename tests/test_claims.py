@@ -1,0 +1,299 @@
+"""The claims table (klstudy.claims): every claim of config.yaml is called shown on results built to show it and
+contradicted on results built to contradict it; results with no difference, or with the configuration labels
+permuted at random, are called shown no more often than the rule's error rate; the rule and the pairing by seed
+and by question compute what their docstring says."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from klstudy import claims
+from klstudy.aggregate import CELL_COLUMNS
+from klstudy.config import ConfigError, all_cells, divergence_cells, evaluated_cells, validate_config
+from klstudy.kl import NO_KL, KLSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SEEDS = [0, 1, 2, 3, 4, 5]
+QUESTIONS = 40
+FINAL_STEP = 15
+
+# What Table 1's exact computation gives for each configuration (as in docs/embedded/regularisation.md): the
+# columns of results/toy/unbiasedness.csv that claims.expected_pull reads.
+TOY_TESTS = pd.DataFrame(
+    [
+        dict(config="k1-reward", exact_unbiased=True, min_projection=0.2, max_projection=1.0),
+        dict(config="k3-loss", exact_unbiased=False, min_projection=0.1, max_projection=0.9),
+        dict(config="k1-loss", exact_unbiased=False, min_projection=0.0, max_projection=0.0),
+        dict(config="k3-reward", exact_unbiased=False, min_projection=-0.3, max_projection=0.8),
+        dict(config="k1-both", exact_unbiased=True, min_projection=0.2, max_projection=1.0),
+        dict(config="k3-both", exact_unbiased=True, min_projection=0.2, max_projection=1.0),
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def config():
+    """config.yaml with six seeds in every study and every divergence cell: enough for the rule to decide."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    for study in config["studies"].values():
+        study["seeds"] = SEEDS
+    config["divergence"]["seeds"] = SEEDS
+    return validate_config(config)
+
+
+def _identity(cell: dict) -> dict:
+    spec = KLSpec.from_name(cell["kl"], cell["beta"])
+    return dict(study=cell["study"], model=cell["model"], kl=cell["kl"], estimator=spec.estimator or NO_KL,
+                placement=spec.placement, beta=float(cell["beta"]), seed=int(cell["seed"]))  # fmt: skip
+
+
+def synthetic_tables(config: dict, level, sigma: float = 0.01, seed: int = 0) -> dict:
+    """The aggregated tables of a run in which each measured value is level(metric, cell, base) plus normal noise
+    of standard deviation sigma; base: the base model's measurement (a run's step 0, its evaluation)."""
+    rng = np.random.default_rng(seed)
+    training, heldout, evaluations, divergence = [], [], [], []
+    for cell in all_cells(config):
+        identity = _identity(cell)
+        for step in range(FINAL_STEP - 4, FINAL_STEP + 1):  # the steps final_values averages (final_steps 5)
+            training.append({**identity, "step": step, "kl_k3": level("final_kl", cell, False) + sigma * rng.normal()})
+        for step, base in ((0, True), (FINAL_STEP, False)):
+            scores = level("heldout", cell, base) + sigma * rng.normal(size=QUESTIONS)
+            stderr = sigma / math.sqrt(QUESTIONS)
+            heldout.append({**identity, "step": step, "pass_at_1": scores.mean(), "stderr": stderr,
+                            "per_prompt": json.dumps(scores.tolist())})  # fmt: skip
+    for cell in evaluated_cells(config):
+        for task in config["evaluation"]["tasks"]:
+            value = level("evaluation", cell, False) + sigma * rng.normal()
+            evaluations.append({**_identity(cell), "chat_template": "on", "task": task, "mean_at_k": value,
+                                "stderr": sigma})  # fmt: skip
+    for model in config["studies"]["onpolicy"]["models"]:
+        base = dict(study="base", model=model, kl="base", beta=0.0, seed=0, chat_template="on")
+        for task in config["evaluation"]["tasks"]:
+            value = level("evaluation", {**base, "study": "onpolicy"}, True) + sigma * rng.normal()
+            evaluations.append({**base, "task": task, "mean_at_k": value, "stderr": sigma})
+    for cell in divergence_cells(config):
+        for task in config["divergence"]["tasks"]:
+            for step, base in ((0, True), (FINAL_STEP, False)):
+                row = {**_identity(cell), "task": task, "step": step}
+                for metric in ("forward_kl", "entropy"):
+                    row[metric] = level(metric, cell, base) + sigma * rng.normal()
+                    row[f"{metric}_stderr"] = sigma
+                divergence.append(row)
+    return dict(
+        cells=pd.DataFrame(columns=CELL_COLUMNS), training=pd.DataFrame(training), heldout=pd.DataFrame(heldout),
+        evaluations=pd.DataFrame(evaluations), divergence=pd.DataFrame(divergence),
+    )  # fmt: skip
+
+
+def one_claim(config: dict, name: str) -> dict:
+    return {**config, "claims": {name: config["claims"][name]}}
+
+
+def built_for(config: dict, claim: dict, sign: float, baseline_level: float = 1.0, delta: float = 0.5):
+    """level(): every measurement is baseline_level, except the claim's candidate at its β, which is
+    baseline_level + sign · delta."""
+    betas = (
+        [0]
+        if claim["candidate"] == "none"
+        else claims._selected_betas(claim["beta"], config["studies"][claim["study"]]["betas"])
+    )
+
+    def level(metric, cell, base):
+        is_candidate = cell["study"] == claim["study"] and cell["kl"] == claim["candidate"] and cell["beta"] in betas
+        return baseline_level + (sign * delta if is_candidate and not base else 0.0)
+
+    return level
+
+
+def verdicts(config: dict, tables: dict) -> pd.Series:
+    return claims.claims_table(config, tables, TOY_TESTS).verdict
+
+
+def direction_of(config, name) -> str:
+    return claims.predicted_direction(config["claims"][name], TOY_TESTS)[0]
+
+
+def directional(config) -> list[str]:
+    return [name for name in config["claims"] if direction_of(config, name) in ("higher", "lower")]
+
+
+def test_every_directional_claim_is_shown_when_built_to_show_and_contradicted_when_built_to_contradict(config):
+    names = directional(config)
+    assert len(names) >= 12, names
+    for name in names:
+        claim, predicted = config["claims"][name], direction_of(config, name)
+        sign = 1.0 if predicted == "higher" else -1.0
+        single = one_claim(config, name)
+        shown = verdicts(single, synthetic_tables(single, built_for(config, claim, sign)))
+        contradicted = verdicts(single, synthetic_tables(single, built_for(config, claim, -sign)))
+        assert set(shown) == {"shown"}, (name, list(shown))
+        assert set(contradicted) == {"contradicted"}, (name, list(contradicted))
+
+
+def test_a_claim_of_no_difference_is_shown_inside_its_margin_and_contradicted_far_outside(config):
+    name = "k1_loss_does_not_regularise"
+    assert direction_of(config, name) == "same"
+    single = one_claim(config, name)
+    claim = config["claims"][name]
+    assert set(verdicts(single, synthetic_tables(single, built_for(config, claim, 0.0)))) == {"shown"}
+    assert set(verdicts(single, synthetic_tables(single, built_for(config, claim, 1.0, delta=2.0)))) == {"contradicted"}
+    # Inside the margin (0.5 of a baseline of 1), but by fewer than critical standard errors: not shown; outside it,
+    # but not by critical standard errors: not shown either.
+    rule = config["claims_rule"]
+    assert claims.verdict(0.45, 0.05, 5, "same", 1.0, rule, margin=0.5)[2] == "not shown"
+    assert claims.verdict(-0.6, 0.05, 5, "same", 1.0, rule, margin=0.5)[2] == "not shown"
+    assert claims.verdict(-0.8, 0.05, 5, "same", 1.0, rule, margin=0.5)[2] == "contradicted"
+
+
+def test_results_with_no_difference_are_shown_no_more_often_than_the_rules_error_rate(config):
+    """Every measurement the same in distribution (level 1, noise 0.1): each directional claim row is a test of a
+    true null; over 20 such runs the fraction called shown is within binomial noise of at most alpha."""
+    names = directional(config)
+    selected = {**config, "claims": {name: config["claims"][name] for name in names}}
+    table = pd.concat(
+        claims.claims_table(selected, synthetic_tables(selected, lambda *_: 1.0, sigma=0.1, seed=s), TOY_TESTS)
+        for s in range(20)
+    )
+    alpha, rows = config["claims_rule"]["alpha"], len(table)
+    shown = (table.verdict == "shown").sum()
+    assert rows >= 400
+    assert shown <= alpha * rows + 3 * math.sqrt(alpha * rows), (shown, rows)
+
+
+def test_with_the_configuration_labels_permuted_nothing_is_shown_beyond_the_error_rate(config):
+    """A run in which every configuration and β differs (a level of its own, up to 10 noise standard deviations
+    apart), so that most claims are shown or contradicted; then the same run with each seed's configuration labels
+    permuted at random within its study. Claims against the base model are left out: a permutation of the trained
+    configurations does not touch what they compare."""
+    names = [name for name in directional(config) if config["claims"][name]["baseline"] != "base"]
+    selected = {**config, "claims": {name: config["claims"][name] for name in names}}
+    rng = np.random.default_rng(1)
+    levels = {}
+
+    def level_of(metric, cell):
+        key = (metric, cell["study"], cell["kl"], float(cell["beta"]))
+        return levels.setdefault(key, rng.uniform(0, 1))
+
+    def honest(metric, cell, base):
+        return 0.5 if base else level_of(metric, cell)
+
+    truth = claims.claims_table(selected, synthetic_tables(selected, honest, sigma=0.1), TOY_TESTS)
+    assert (truth.verdict != "not shown").mean() > 0.5, truth.verdict.value_counts()
+
+    cells_by_study = {}
+    for cell in all_cells(config):
+        cells_by_study.setdefault((cell["study"], cell["seed"]), []).append((cell["kl"], float(cell["beta"])))
+    verdict_rows = []
+    for permutation in range(12):
+        relabel = {}
+        for (study, seed), labels in cells_by_study.items():
+            shuffled = [labels[i] for i in rng.permutation(len(labels))]
+            relabel.update({(study, seed, *label): other for label, other in zip(labels, shuffled, strict=True)})
+
+        def permuted(metric, cell, base, relabel=relabel):
+            if base:
+                return 0.5
+            kl_config, beta = relabel[(cell["study"], cell["seed"], cell["kl"], float(cell["beta"]))]
+            return level_of(metric, {**cell, "kl": kl_config, "beta": beta})
+
+        tables = synthetic_tables(selected, permuted, sigma=0.1, seed=permutation)
+        verdict_rows.append(claims.claims_table(selected, tables, TOY_TESTS))
+    table = pd.concat(verdict_rows)
+    alpha, rows = config["claims_rule"]["alpha"], len(table)
+    shown = (table.verdict == "shown").sum()
+    assert shown <= alpha * rows + 3 * math.sqrt(alpha * rows), (shown, rows)
+
+
+def test_the_rule_asks_for_more_standard_errors_where_few_units_make_the_error_uncertain():
+    rule = {"alpha": 0.01, "min_z": 3}
+    z, critical, word = claims.verdict(-1.0, 0.1, 1, "lower", 2.0, rule)  # two seeds: t(0.99, 1) = 31.8
+    assert z == pytest.approx(10) and critical == pytest.approx(31.82, abs=0.01) and word == "not shown"
+    z, critical, word = claims.verdict(-1.0, 0.1, 39, "lower", 2.0, rule)  # forty questions: t ≈ 2.43 < 3
+    assert critical == 3 and word == "shown"
+    assert claims.verdict(1.0, 0.1, 39, "lower", 2.0, rule)[2] == "contradicted"
+    assert claims.verdict(1.0, float("nan"), 0, "lower", 2.0, rule)[2] == "not shown"
+    assert claims.verdict(1.0, 0.1, 39, None, 2.0, rule)[2] == "no prediction"
+
+
+def test_pairing_by_question_uses_each_questions_difference_averaged_over_seeds():
+    """Two seeds, four questions: d_q = mean over seeds of (candidate − base) for question q."""
+    candidate = pd.DataFrame({"value": [0.5, 0.75], "se": [0.1, 0.1],
+                              "per_question": [[1, 0, 1, 0], [1, 1, 1, 0]]}, index=[0, 1])  # fmt: skip
+    base = pd.DataFrame({"value": [0.25, 0.25], "se": [0.1, 0.1],
+                         "per_question": [[0, 0, 1, 0], [1, 0, 0, 0]]}, index=[0, 1])  # fmt: skip
+    d, se, df, units, seeds, note = claims._paired(candidate, base, "questions")
+    assert list(d) == [0.5, 0.5, 0.5, 0.0] and df == 3 and units == 4 and seeds == 2 and not note
+    assert se == pytest.approx(np.std([0.5, 0.5, 0.5, 0.0], ddof=1) / 2)
+    by_seed = claims._paired(candidate, base, "seeds")
+    assert list(by_seed[0]) == [0.25, 0.5] and by_seed[2] == 1
+    one_seed = claims._paired(candidate.loc[[0]], base.loc[[0]], "seeds")
+    assert one_seed[1] == pytest.approx(math.sqrt(0.02)) and one_seed[2] == math.inf and "one seed" in one_seed[5]
+
+
+def test_table1_predictions_follow_the_exact_computation():
+    claim = {"predicted": "table1", "candidate": "k1-reward"}
+    assert claims.predicted_direction(claim, TOY_TESTS)[0] == "lower"
+    assert claims.predicted_direction({**claim, "candidate": "k3-loss"}, TOY_TESTS)[0] == "lower"
+    assert claims.predicted_direction({**claim, "candidate": "k1-loss"}, TOY_TESTS)[0] == "same"
+    assert claims.predicted_direction({**claim, "candidate": "k3-reward"}, TOY_TESTS)[0] is None
+    assert claims.predicted_direction({**claim, "candidate": "k2-reward"}, TOY_TESTS) == (
+        None,
+        "Table 1 exact: not analysed",
+    )
+
+
+def test_missing_runs_give_rows_that_say_so(config):
+    single = one_claim(config, "k1_reward_regularises")
+    tables = synthetic_tables(single, lambda *_: 1.0)
+    tables["training"] = tables["training"][tables["training"].kl != "none"]
+    table = claims.claims_table(single, tables, TOY_TESTS)
+    assert set(table.verdict) == {"not shown"} and set(table.note) == {"no paired runs"} and (table.seeds == 0).all()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"candidate": "k2-reward"}, "claims.c.kl"),
+        ({"baseline": "k3-both"}, "claims.c.baseline.kl"),
+        ({"metric": "final_kl", "baseline": "base"}, "claims.c.baseline': base is the base model"),
+        ({"predicted": "same"}, "claims.c.margin"),
+        ({"predicted": "table1"}, "claims.c.predicted"),
+        ({"pair_by": "questions", "metric": "final_kl"}, "claims.c.pair_by"),
+        ({"metric": "evaluation", "candidate": "k1-loss"}, "claims.c.metric': evaluation: k1-loss"),
+        ({"metric": "forward_kl", "candidate": "k3-reward"}, "claims.c.metric': forward_kl: k3-reward"),
+        ({"beta": 0.3}, "claims.c.beta"),
+        ({"text": 3}, "claims.c.text"),
+    ],
+)
+def test_a_claim_that_names_what_the_grid_does_not_measure_is_refused_naming_the_key(change, message):
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["claims"] = {"c": {**config["claims"]["k1_loss_below_k1_reward"], **change}}
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        validate_config(config)
+
+
+def test_every_config_claims_table_is_built_by_the_same_code():
+    """config/paper.yaml and config/smollm2.yaml list claims, and the claims of each are valid there."""
+    for path in ("config/paper.yaml", "config/smollm2.yaml"):
+        config = validate_config(yaml.safe_load((ROOT / path).read_text()))
+        assert len(config["claims"]) >= 8, path
+        table = claims.claims_table(config, synthetic_tables(config, lambda *_: 1.0), TOY_TESTS)
+        assert len(table) >= len(config["claims"]) and set(table.claim) == set(config["claims"])
+
+
+def test_seeds_that_agree_by_chance_do_not_make_the_error_zero():
+    """Two seeds whose differences are equal (held-out scores are multiples of 1/questions): the spread over seeds is
+    0, and the error is the measurement's own, so one question's difference is not 'shown'."""
+    candidate = pd.DataFrame({"value": [0.34, 0.35], "se": [0.05, 0.05]}, index=[0, 1])
+    baseline = pd.DataFrame({"value": [0.35, 0.36], "se": [0.05, 0.05]}, index=[0, 1])
+    d, se, df, *_, note = claims._paired(candidate, baseline, "seeds")
+    assert se == pytest.approx(math.sqrt(4 * 0.05**2) / 2) and df == 1 and "own error" in note
+    assert claims.verdict(d.mean(), se, df, "lower", 0.355, {"alpha": 0.01, "min_z": 3})[2] == "not shown"
+    # One seed of final_kl: its steps' spread says nothing of another seed.
+    one = claims._paired(candidate.loc[[0]], baseline.loc[[0]], "seeds", over_steps=True)
+    assert math.isnan(one[1]) and "no error over seeds" in one[5]
