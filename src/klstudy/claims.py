@@ -222,11 +222,12 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
     metric, pair_by = claim["metric"], claim.get("pair_by", "seeds")
     direction, basis = predicted_direction(claim, tests)
     rows = []
-    betas = [0.0] if claim["candidate"] == "none" else study["betas"]  # no KL is trained once, at β = 0
+    betas = study["betas"]
     if metric in ("forward_kl", "entropy"):  # only the divergence section's cells save snapshots
         betas = [beta for beta in betas if beta in config["divergence"]["betas"]]
+    betas = [0.0] if claim["candidate"] == "none" else _selected_betas(claim["beta"], betas)  # no KL: once, at β = 0
     for model in study["models"]:
-        for beta in _selected_betas(claim["beta"], betas) if claim["candidate"] != "none" else betas:
+        for beta in betas:
             baseline_beta = beta if claim.get("baseline_beta", "same") == "same" else _selected_betas(
                 claim["baseline_beta"], config["studies"][baseline_study]["betas"]
             )[0]  # fmt: skip
