@@ -122,6 +122,13 @@ def test_end_to_end_outputs(reduced_run):
     assert behaviour["k1-reward"].split(" (")[0] in {"stable", "instabilities", "collapse"}
     assert behaviour["k3-loss"] == "not trained"
     assert (workdir / "figures" / "regularisation.md").stat().st_size > 0
+    # The claims table, from the run's own files: RL against the base model paired by question (the runs log each
+    # question's score), K1 in the reward against no KL paired by seed.
+    claims = pd.read_csv(workdir / "figures" / "claims.csv").set_index("claim")
+    assert sorted(claims.index) == sorted(config["claims"])
+    assert set(claims.verdict) <= {"shown", "not shown", "contradicted"}
+    assert claims.loc["rl_beats_base", "units"] == config["data"]["math_test"]["size"]  # questions
+    assert claims.loc["k1_reward_regularises", "runs"] == 2 and claims.loc["k1_reward_regularises", "seeds"] == 1
     results = pd.read_csv(workdir / "results" / "toy" / "apart.csv")
     assert sorted(results["T"].unique()) == [2, 6]
     assert (results.trials == 30).all() and (results.sequences == 100).all()

@@ -1,5 +1,6 @@
 """Helpers shared by the workflow tests: running Snakemake, and the reduced embedded study."""
 
+import json
 import re
 import subprocess
 import sys
@@ -51,6 +52,21 @@ def job_counts(output: str) -> dict:
     return {m[0]: int(m[1]) for m in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
 
 
+def testable_claims(config: dict) -> dict:
+    """The config's claims that its (reduced) grid can still test: a claim naming a study or configuration the
+    grid no longer has is refused by validation, as a user's would be."""
+    from klstudy.config import ConfigError, validate_config
+
+    kept = {}
+    for name, claim in config.get("claims", {}).items():
+        try:
+            validate_config(json.loads(json.dumps({**config, "claims": {name: claim}})))
+        except ConfigError:
+            continue
+        kept[name] = claim
+    return kept
+
+
 def validated_cell(train: dict, study="test", kl="k1-loss", beta=0.1, seed=0, health=None, snapshot_steps=()) -> dict:
     """A cell's settings exactly as the workflow hands them to `klstudy train` (config.cell_settings): one study of
     config.yaml's tiny model with these train settings, validated, so that every default comes from the schema.
@@ -63,7 +79,7 @@ def validated_cell(train: dict, study="test", kl="k1-loss", beta=0.1, seed=0, he
                                      health={"collapse_window": 0, **(health or {})})}  # fmt: skip
     config["evaluation"]["studies"] = {}
     config["divergence"].update(study=study, kl=[kl], betas=[beta], seeds=[seed], steps=[0, *snapshot_steps])
-    config["figures"] = {}
+    config["figures"], config["claims"] = {}, {}
     return cell_settings(validate_config(config), study, "tiny", kl, beta, seed)
 
 
@@ -101,6 +117,7 @@ def reduced_config() -> dict:
         "fig_bars": {"title": "bars", "panels": [dict(kind="bars", **onpolicy)]},
         "fig_divergence": {"title": "divergence", "panels": divergence},
     }
+    config["claims"] = testable_claims(config)  # RL against the base model, K1 in the reward against no KL, ...
     return config
 
 
