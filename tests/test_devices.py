@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, SNAKEMAKE, reduced_config, testable_claims
+from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config
 
 from klstudy import devices
 
@@ -147,7 +147,7 @@ def test_two_concurrent_two_process_cells_rendezvous_at_ports_of_their_own(tmp_p
     config["divergence"].update(study="onpolicy", kl=["k1-reward"], steps=[0])
     config["figures"] = {}
     config["resources"]["train"]["gpus"] = 2
-    config["claims"] = testable_claims(config)
+    config["claims"] = claims_it_can_test(config)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     cells = [f"results/runs/onpolicy/tiny/{kl}/seed~0/summary.json" for kl in ("none/beta~0", "k1-reward/beta~0.1")]
     command = [sys.executable, "-m", "klstudy", "drive", "--gpus", "0,1,2,3", "--", SNAKEMAKE, *cells,

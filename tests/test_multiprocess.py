@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, SNAKEMAKE, reduced_config, snakemake, testable_claims
+from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config, snakemake
 
 from klstudy import data, models
 from klstudy.cell import MEASURED_COLUMNS
@@ -30,7 +30,7 @@ def _config(async_level: int) -> dict:
                           checkpoint_every=2, accelerate_config=TWO_PROCESSES, async_level=async_level)  # fmt: skip
     config["studies"] = {"whole": study, "killed": json.loads(json.dumps(study))}
     config["evaluation"]["studies"] = {}
-    config["claims"] = testable_claims(config)
+    config["claims"] = claims_it_can_test(config)
     config["divergence"].update(study="killed", steps=[0, 2, 4])  # the killed cell saves snapshots across the kill
     config["figures"] = {}
     return config

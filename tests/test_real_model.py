@@ -16,7 +16,7 @@ from unittest import mock
 import pytest
 import torch
 import yaml
-from workflow_helpers import ROOT, snakemake, testable_claims
+from workflow_helpers import ROOT, claims_it_can_test, snakemake
 
 from klstudy import cell, data, divergence, evaluate, models, procedural
 from klstudy.config import cell_settings, dataset_settings, validate_config
@@ -208,7 +208,7 @@ def smollm2_run(smollm2_dir, tmp_path_factory):
     config["divergence"].update(kl=["k1-reward"], betas=[0.1], steps=[0, 2], tasks=["math500"], prompts=2, samples=1,
                                 max_tokens=8)  # fmt: skip
     config["figures"] = {}
-    config["claims"] = testable_claims(config)
+    config["claims"] = claims_it_can_test(config)
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     cell_dir = f"results/runs/{RUN}"

@@ -20,9 +20,9 @@ from workflow_helpers import (
     ROOT,
     SNAKEMAKE,
     assert_same_results,
+    claims_it_can_test,
     reduced_config,
     snakemake,
-    testable_claims,
     without_times,
 )
 
@@ -104,7 +104,7 @@ def time_limit_config() -> dict:
     study["train"].update(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, eval_every=STEPS // 2)
     config["studies"] = {"slurm": study, "local": json.loads(json.dumps(study))}
     config["evaluation"]["studies"] = {}
-    config["claims"] = testable_claims(config)
+    config["claims"] = claims_it_can_test(config)
     config["divergence"].update(study="slurm", kl=["k1-reward"], steps=[0])
     config["figures"] = {}
     config["resources"]["train"]["runtime"] = 30  # minutes; the test cuts the first attempt's limit

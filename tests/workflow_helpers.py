@@ -52,7 +52,7 @@ def job_counts(output: str) -> dict:
     return {m[0]: int(m[1]) for m in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
 
 
-def testable_claims(config: dict) -> dict:
+def claims_it_can_test(config: dict) -> dict:
     """The config's claims that its (reduced) grid can still test: a claim naming a study or configuration the
     grid no longer has is refused by validation, as a user's would be."""
     from klstudy.config import ConfigError, validate_config
@@ -117,7 +117,7 @@ def reduced_config() -> dict:
         "fig_bars": {"title": "bars", "panels": [dict(kind="bars", **onpolicy)]},
         "fig_divergence": {"title": "divergence", "panels": divergence},
     }
-    config["claims"] = testable_claims(config)  # RL against the base model, K1 in the reward against no KL, ...
+    config["claims"] = claims_it_can_test(config)  # RL against the base model, K1 in the reward against no KL, ...
     return config
 
 
