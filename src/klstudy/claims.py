@@ -99,13 +99,13 @@ def _last(rows: pd.DataFrame, step: str = "step") -> pd.DataFrame:
 
 
 def metric_values(metric: str, tables: dict, config: dict, claim: dict, study, model, kl, beta) -> pd.DataFrame:
-    """Per seed (the index): value, se (the measurement's standard error over questions, NaN where there is none)
-    and, for held-out pass@1, per_question (each question's score). kl "base" with a study's cell for
-    ``study, model, claim['candidate'], beta``: the base model measured as that cell measures it."""
+    """``tables``: the aggregated tables and final_kl (aggregate.final_values). Per seed (the index): value, se (the
+    measurement's own standard error: over questions, or over a run's last steps for final_kl) and, for held-out
+    pass@1, per_question (each question's score). kl "base": the base model, measured as the cell ``study, model,
+    claim['candidate'], beta`` measures it."""
     empty = pd.DataFrame(columns=["value", "se"])
     if metric == "final_kl":
-        final = final_values(tables["training"], config)
-        rows = _cell_rows(final, study, model, kl, beta)
+        rows = _cell_rows(tables["final_kl"], study, model, kl, beta)
         return pd.DataFrame({"value": rows.kl_k3.values, "se": rows.kl_k3_stderr.values}, index=rows.seed.values)
     if metric == "heldout":
         base = kl == BASE
@@ -261,6 +261,7 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
 
 def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFrame:
     """Every claim of config ``claims``, one row per model and β; empty (with the columns) when there are none."""
+    tables = {**tables, "final_kl": final_values(tables["training"], config)}  # once, for every final_kl claim
     rows = [
         row
         for name, claim in config.get("claims", {}).items()
