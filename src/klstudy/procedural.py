@@ -29,6 +29,8 @@ ARITHMETIC_LEVELS = {
     "mul1": "one-digit multiplication",
     "add1w": "one-digit addition, asked in one of several phrasings",
     "sub1w": "one-digit subtraction, asked in one of several phrasings",
+    "add1m": "one-digit addition, asked in one of 320 phrasings (a prefix, a question, a suffix)",
+    "sub1m": "one-digit subtraction, asked in one of 320 phrasings (a prefix, a question, a suffix)",
     "sum3": "three-term sums of one-digit numbers",
     "add2": "two-digit addition, column by column",
     "sub2": "two-digit subtraction, column by column",
@@ -74,16 +76,29 @@ def _column_subtraction(a: int, b: int) -> str:
 
 _PLACES = ("ones", "tens", "hundreds", "thousands")
 _PHRASINGS = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "Find the {name}: {a} {op} {b}.", "{a} {op} {b} = ?")
+# add1m, sub1m: so many phrasings of each fact that a problem's sentence says nothing of its answer beyond the two
+# numbers, and a model cannot tie a fact to the sentence it read it in (issue #34's pilots: with add1w's four, RL
+# learned its training questions and nothing of the same facts asked otherwise).
+_MANY_PHRASINGS = tuple(
+    prefix + body + suffix
+    for prefix in ("", "Question: ", "Quick one. ", "Please help: ", "Try this: ")
+    for body in (*_PHRASINGS, "What do you get from {a} {op} {b}?", "Calculate {a}{op}{b}.", "Evaluate {a} {op} {b}.",
+                 "Work out {a} {op} {b}.", "{a}{op}{b}=?", "What does {a} {op} {b} make?", "Give {a} {op} {b}.",
+                 "Tell me {a} {op} {b}.", "How much is {a} {op} {b}?", "Solve {a} {op} {b}.", "{a} {op} {b} is what?",
+                 "The {name} {a} {op} {b} is?")
+    for suffix in ("", " Thanks.", " Be careful.", " Take your time.")
+)  # fmt: skip
 
 
 def _arithmetic_problem(level: str, rng: random.Random) -> tuple[str, str, int]:
     """(question, worked reasoning, answer) for one problem of the level."""
-    if level in ("add1w", "sub1w"):
+    if level in ("add1w", "sub1w", "add1m", "sub1m"):
         a, b = rng.randint(0, 9), rng.randint(0, 9)
-        if level == "sub1w" and a < b:
+        if level.startswith("sub") and a < b:
             a, b = b, a
-        op, value, name = ("+", a + b, "sum") if level == "add1w" else ("-", a - b, "difference")
-        question = rng.choice(_PHRASINGS).format(a=a, b=b, op=op, name=name)
+        op, value, name = ("+", a + b, "sum") if level.startswith("add") else ("-", a - b, "difference")
+        phrasings = _MANY_PHRASINGS if level.endswith("m") else _PHRASINGS
+        question = rng.choice(phrasings).format(a=a, b=b, op=op, name=name)
         return question, f"{a}{op}{b}={value}.", value
     if level in ("add1", "sub1", "mul1"):
         a, b = rng.randint(0, 9), rng.randint(0, 9)
