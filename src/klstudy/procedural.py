@@ -11,7 +11,8 @@
 
 Every problem has a *region* (warmup, train or heldout; ``REGIONS``) fixed by a hash of its text, so the
 warm start, RL training and evaluation never share a problem whatever their sizes and seeds, as MATH train
-and test do not. Longer column-wise levels (add2, sub2, add3, mul1) exist for larger embedded models.
+and test do not. Longer column-wise levels (add2, sub2, add3, mul1) exist for larger embedded models; add1m and sub1m
+ask the one-digit facts in 320 phrasings, so that a fact cannot be tied to one sentence (docs/claims.md, pilots).
 Every record carries ``solution``: a worked solution in the format the base model is warm-started on.
 """
 
