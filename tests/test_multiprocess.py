@@ -30,9 +30,9 @@ def _config(async_level: int) -> dict:
                           checkpoint_every=2, accelerate_config=TWO_PROCESSES, async_level=async_level)  # fmt: skip
     config["studies"] = {"whole": study, "killed": json.loads(json.dumps(study))}
     config["evaluation"]["studies"] = {}
-    config["claims"] = claims_it_can_test(config)
     config["divergence"].update(study="killed", steps=[0, 2, 4])  # the killed cell saves snapshots across the kill
     config["figures"] = {}
+    config["claims"] = claims_it_can_test(config)
     return config
 
 

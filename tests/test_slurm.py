@@ -104,9 +104,9 @@ def time_limit_config() -> dict:
     study["train"].update(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, eval_every=STEPS // 2)
     config["studies"] = {"slurm": study, "local": json.loads(json.dumps(study))}
     config["evaluation"]["studies"] = {}
-    config["claims"] = claims_it_can_test(config)
     config["divergence"].update(study="slurm", kl=["k1-reward"], steps=[0])
     config["figures"] = {}
+    config["claims"] = claims_it_can_test(config)
     config["resources"]["train"]["runtime"] = 30  # minutes; the test cuts the first attempt's limit
     # 30 steps an epoch (120 prompts, 4 a step), so that the resumed run crosses epoch boundaries.
     config["data"]["math_train"].update(levels=["add2", "sub2"], size=120)
