@@ -13,9 +13,8 @@ import pytest
 import yaml
 
 from klstudy import claims
-from klstudy.aggregate import CELL_COLUMNS
+from klstudy.aggregate import CELL_COLUMNS, cell_columns
 from klstudy.config import ConfigError, all_cells, divergence_cells, evaluated_cells, validate_config
-from klstudy.kl import NO_KL, KLSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = [0, 1, 2, 3, 4, 5]
@@ -46,19 +45,13 @@ def config():
     return validate_config(config)
 
 
-def _identity(cell: dict) -> dict:
-    spec = KLSpec.from_name(cell["kl"], cell["beta"])
-    return dict(study=cell["study"], model=cell["model"], kl=cell["kl"], estimator=spec.estimator or NO_KL,
-                placement=spec.placement, beta=float(cell["beta"]), seed=int(cell["seed"]))  # fmt: skip
-
-
 def synthetic_tables(config: dict, level, sigma: float = 0.01, seed: int = 0) -> dict:
     """The aggregated tables of a run in which each measured value is level(metric, cell, base) plus normal noise
     of standard deviation sigma; base: the base model's measurement (a run's step 0, its evaluation)."""
     rng = np.random.default_rng(seed)
     training, heldout, evaluations, divergence = [], [], [], []
     for cell in all_cells(config):
-        identity = _identity(cell)
+        identity = cell_columns(cell)
         for step in range(FINAL_STEP - 4, FINAL_STEP + 1):  # the steps final_values averages (final_steps 5)
             training.append({**identity, "step": step, "kl_k3": level("final_kl", cell, False) + sigma * rng.normal()})
         for step, base in ((0, True), (FINAL_STEP, False)):
@@ -69,7 +62,7 @@ def synthetic_tables(config: dict, level, sigma: float = 0.01, seed: int = 0) ->
     for cell in evaluated_cells(config):
         for task in config["evaluation"]["tasks"]:
             value = level("evaluation", cell, False) + sigma * rng.normal()
-            evaluations.append({**_identity(cell), "chat_template": "on", "task": task, "mean_at_k": value,
+            evaluations.append({**cell_columns(cell), "chat_template": "on", "task": task, "mean_at_k": value,
                                 "stderr": sigma})  # fmt: skip
     for model in config["studies"]["onpolicy"]["models"]:
         base = dict(study="base", model=model, kl="base", beta=0.0, seed=0, chat_template="on")
@@ -79,7 +72,7 @@ def synthetic_tables(config: dict, level, sigma: float = 0.01, seed: int = 0) ->
     for cell in divergence_cells(config):
         for task in config["divergence"]["tasks"]:
             for step, base in ((0, True), (FINAL_STEP, False)):
-                row = {**_identity(cell), "task": task, "step": step}
+                row = {**cell_columns(cell), "task": task, "step": step}
                 for metric in ("forward_kl", "entropy"):
                     row[metric] = level(metric, cell, base) + sigma * rng.normal()
                     row[f"{metric}_stderr"] = sigma

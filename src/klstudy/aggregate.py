@@ -35,7 +35,7 @@ from klstudy.kl import NO_KL, KLSpec
 CELL_COLUMNS = ["study", "model", "kl", "estimator", "placement", "beta", "seed"]
 
 
-def _cell_columns(cell: dict) -> dict:
+def cell_columns(cell: dict) -> dict:
     spec = KLSpec.from_name(cell["kl"], cell["beta"])
     return dict(
         study=cell["study"], model=cell["model"], kl=cell["kl"], estimator=spec.estimator or NO_KL,
@@ -57,7 +57,7 @@ def cells_table(config: dict, results: Path) -> pd.DataFrame:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         rows.append(
             {
-                **_cell_columns(cell),
+                **cell_columns(cell),
                 "status": summary.get("status", "missing"),
                 "reason": summary.get("reason", "no summary.json" if not summary else ""),
                 "steps_done": summary.get("steps_done"),
@@ -75,7 +75,7 @@ def _per_cell_jsonl(config: dict, results: Path, name: str) -> pd.DataFrame:
     for cell in all_cells(config):
         rows = _jsonl(results / "runs" / run_path(cell) / name)
         if rows:
-            frames.append(pd.DataFrame(rows).assign(**_cell_columns(cell)))
+            frames.append(pd.DataFrame(rows).assign(**cell_columns(cell)))
     if not frames:
         return pd.DataFrame(columns=CELL_COLUMNS + ["step"])
     table = pd.concat(frames, ignore_index=True)
@@ -110,7 +110,7 @@ def evaluations_table(config: dict, results: Path) -> pd.DataFrame:
     rows = [
         _evaluation_row(
             results / "evals" / run_path(cell) / f"{task}.json",
-            {**_cell_columns(cell), "chat_template": "on", "task": task},
+            {**cell_columns(cell), "chat_template": "on", "task": task},
         )
         for cell in evaluated_cells(config)
         for task in tasks
@@ -136,7 +136,7 @@ def divergence_table(config: dict, results: Path) -> pd.DataFrame:
         for task in config["divergence"]["tasks"]:
             path = results / "divergence" / run_path(cell) / f"{task}.csv"
             if path.is_file() and path.stat().st_size:
-                frames.append(pd.read_csv(path).assign(**_cell_columns(cell), task=task))
+                frames.append(pd.read_csv(path).assign(**cell_columns(cell), task=task))
     return (
         pd.concat(frames, ignore_index=True)[DIVERGENCE_COLUMNS] if frames else pd.DataFrame(columns=DIVERGENCE_COLUMNS)
     )
@@ -171,3 +171,9 @@ def final_values(training: pd.DataFrame, config: dict, column: str = "kl_k3") ->
         stderr = last.std() / len(last) ** 0.5
         rows.append({**dict(zip(CELL_COLUMNS, keys, strict=True)), column: last.mean(), f"{column}_stderr": stderr})
     return pd.DataFrame(rows, columns=columns)
+
+
+def stderr_of_mean(stderrs: pd.Series) -> float:
+    """The standard error of the mean of independent estimates with these standard errors; unknown (NaN) if any
+    one is unknown."""
+    return (stderrs.astype(float) ** 2).sum(min_count=len(stderrs)) ** 0.5 / len(stderrs)

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import t as student_t
 
-from klstudy.aggregate import final_values
+from klstudy.aggregate import final_values, stderr_of_mean
 
 METRICS = {
     "final_kl": "KL(π_θ‖π_ref) at the end of training (K3 estimate, mean of the last final_steps steps)",
@@ -78,14 +78,14 @@ def _tasks(claim: dict, config: dict, metric: str) -> list[str]:
 
 
 def _mean_over_tasks(rows: pd.DataFrame, tasks: list[str], value: str, stderr: str) -> pd.DataFrame:
-    """Per seed: the mean of ``value`` over ``tasks`` and its standard error (tasks independent); a seed that lacks
-    a task is left out."""
+    """Per seed: the mean of ``value`` over ``tasks`` and its standard error (tasks independent; unknown if any
+    task's is); a seed that lacks a task is left out."""
     rows = rows[rows.task.isin(tasks)].dropna(subset=[value])
     grouped = rows.groupby("seed")
     out = pd.DataFrame(
         {
             "value": grouped[value].mean(),
-            "se": grouped[stderr].apply(lambda s: math.sqrt((s.astype(float) ** 2).sum()) / len(s)),
+            "se": grouped[stderr].apply(stderr_of_mean),
             "tasks": grouped.task.nunique(),
         }
     )
@@ -139,9 +139,11 @@ def metric_values(metric: str, tables: dict, config: dict, claim: dict, study, m
     return _mean_over_tasks(rows, tasks, metric, f"{metric}_stderr")
 
 
-def expected_pull(test) -> str:
-    """What Table 1's exact computation predicts a configuration does to KL(π_θ‖π_ref) on-policy, from the
-    projection of its expected gradient on the KL's (toy.unbiasedness_tests)."""
+def expected_pull(tests: pd.DataFrame, kl_config: str) -> str:
+    """What Table 1's exact computation predicts configuration ``kl_config`` does to KL(π_θ‖π_ref) on-policy, from
+    the projection of its expected gradient on the KL's (its row of toy.unbiasedness_tests' ``tests``)."""
+    rows = tests[tests.config == kl_config] if "config" in tests else tests.iloc[:0]
+    test = rows.iloc[0].to_dict() if len(rows) else None
     if test is None or pd.isna(test.get("min_projection", float("nan"))):
         return "not analysed"
     if test.get("exact_unbiased") is True:
@@ -158,9 +160,7 @@ def predicted_direction(claim: dict, tests: pd.DataFrame) -> tuple[str | None, s
     gradient on the KL's (expected_pull): a pull predicts a lower KL than no KL, no pull the same KL."""
     if claim["predicted"] != "table1":
         return claim["predicted"], claim.get("paper", "the paper")
-    by_config = tests.drop_duplicates("config").set_index("config") if "config" in tests else pd.DataFrame()
-    test = by_config.loc[claim["candidate"]].to_dict() if claim["candidate"] in by_config.index else None
-    pull = expected_pull(test)
+    pull = expected_pull(tests, claim["candidate"])
     direction = "lower" if pull.startswith("pulls") else "same" if pull.startswith("no pull") else None
     return direction, f"Table 1 exact: {pull}"
 
@@ -219,7 +219,7 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
     """One row per model of the claim's study and per selected β."""
     study = config["studies"][claim["study"]]
     baseline_study = claim.get("baseline_study", claim["study"])
-    metric, pair_by = claim["metric"], claim.get("pair_by", "seeds")
+    metric, pair_by = claim["metric"], claim["pair_by"]
     direction, basis = predicted_direction(claim, tests)
     rows = []
     betas = study["betas"]
@@ -228,7 +228,7 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
     betas = [0.0] if claim["candidate"] == "none" else _selected_betas(claim["beta"], betas)  # no KL: once, at β = 0
     for model in study["models"]:
         for beta in betas:
-            baseline_beta = beta if claim.get("baseline_beta", "same") == "same" else _selected_betas(
+            baseline_beta = beta if claim["baseline_beta"] == "same" else _selected_betas(
                 claim["baseline_beta"], config["studies"][baseline_study]["betas"]
             )[0]  # fmt: skip
             candidate = metric_values(metric, tables, config, claim, claim["study"], model, claim["candidate"], beta)

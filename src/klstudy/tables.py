@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from klstudy.aggregate import final_values, stderr_of_mean
 from klstudy.claims import caption as claims_caption
 from klstudy.claims import claims_table, expected_pull
 from klstudy.config import STUDY_TABLES
@@ -119,12 +120,6 @@ def _improvement(candidate: pd.Series, baseline: pd.Series) -> pd.Series:
     return 100 * (candidate - baseline) / baseline.where(baseline > 0)
 
 
-def _stderr_of_mean(stderrs: pd.Series) -> float:
-    """The standard error of the mean of independent estimates with these standard errors; unknown (NaN) if any
-    one is unknown."""
-    return (stderrs.astype(float) ** 2).sum(min_count=len(stderrs)) ** 0.5 / len(stderrs)
-
-
 def relative_improvement(
     evaluations: pd.DataFrame, in_domain: list[str], candidate: str = "k1-reward", baseline: str = "k3-loss"
 ) -> pd.DataFrame:
@@ -140,7 +135,7 @@ def relative_improvement(
     by_seed = cells.pivot_table(index=[*keys, "seed"], columns="kl", values="mean_at_k")
     if candidate not in by_seed or baseline not in by_seed:
         return pd.DataFrame(columns=RELATIVE_IMPROVEMENT_COLUMNS)
-    scores = cells.groupby([*keys, "kl"]).agg(mean=("mean_at_k", "mean"), se=("stderr", _stderr_of_mean))
+    scores = cells.groupby([*keys, "kl"]).agg(mean=("mean_at_k", "mean"), se=("stderr", stderr_of_mean))
     tasks = scores.unstack("kl").dropna(subset=[("mean", candidate), ("mean", baseline)])
     c, b = tasks["mean"][candidate], tasks["mean"][baseline]
     variance = (100 / b) ** 2 * (tasks["se"][candidate] ** 2 + (c / b) ** 2 * tasks["se"][baseline] ** 2)
@@ -153,7 +148,7 @@ def relative_improvement(
     seed_means = per_seed.groupby([*domains, "seed"]).improvement.mean().groupby(domains)
     table = per_task.groupby(domains).agg(
         relative_improvement_pct=("improvement", "mean"),
-        lm_eval_stderr_pct=("stderr", _stderr_of_mean),
+        lm_eval_stderr_pct=("stderr", stderr_of_mean),
         tasks=("task", " ".join),
     )
     table["seed_std_pct"], table["seeds"] = seed_means.std(), seed_means.size()
@@ -179,8 +174,6 @@ def regularisation(
     (the same data order: paired), mean and standard deviation over seeds; what the toy model predicts
     (expected_pull) and what the runs show (below the no-KL run at each β; falling as β grows). "n/a" where the
     study has no no-KL run, or one β."""
-    from klstudy.aggregate import final_values
-
     keys = ["study", "model", "kl", "beta"]
     final = final_values(training[training.study.isin(studies)], config)
     status = cells.set_index([*keys, "seed"]).status
@@ -196,21 +189,20 @@ def regularisation(
         .reset_index()
     )  # fmt: skip
     baseline = summary[summary.kl == "none"].set_index(["study", "model"]).final_kl
-    by_config = tests.set_index("config") if "config" in tests else pd.DataFrame()
     rows = []
     for (study, model, kl_config), group in summary[summary.kl != "none"].groupby(["study", "model", "kl"], sort=False):
         group = group.sort_values("beta")
         none = baseline.get((study, model), float("nan"))
         below = [None if pd.isna(d) else bool(d < 0) for d in group.minus_no_kl]
         falls = None if len(group) < 2 else bool((group.final_kl.diff().dropna() < 0).all())
-        test = by_config.loc[kl_config].to_dict() if kl_config in by_config.index else None
+        predicted = expected_pull(tests, kl_config)
         for row, is_below in zip(group.itertuples(), below, strict=True):
             rows.append(
                 dict(
                     study=study, model=model, kl=kl_config, beta=row.beta, final_kl=row.final_kl,
                     seed_std=row.seed_std, seeds=row.seeds, runs_not_ok=row.not_ok, no_kl_final_kl=none,
                     minus_no_kl=row.minus_no_kl, minus_no_kl_std=row.minus_no_kl_std,
-                    below_no_kl=_yes_no(is_below), falls_as_beta_grows=_yes_no(falls), predicted=expected_pull(test),
+                    below_no_kl=_yes_no(is_below), falls_as_beta_grows=_yes_no(falls), predicted=predicted,
                 )
             )  # fmt: skip
     columns = ["study", "model", "kl", "beta", "final_kl", "seed_std", "seeds", "runs_not_ok", "no_kl_final_kl",
