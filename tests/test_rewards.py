@@ -183,6 +183,44 @@ def test_near_misses_name_no_letter_with_the_options(completion):
         )
 
 
+# Forms SmolLM2 writes that need more than an option's text at a clause's end (tests/fixtures/real_answers): an
+# announcement ending its line, a rejected second letter, a number without its unit, a typo in a long option, a long
+# option's text that goes on, and an option's text ending a sentence that states the answer.
+OPTIONS_WRITTEN = ["42.4 Hz", "66.7 Hz", "Remove ants and measure subsequent leaf damage", "an excimer laser"]
+FORMS_WRITTEN = [
+    ("the answer is\n      B) B) \n\n    A) However the equation is", "B"),
+    ("A\n the answer is\nB) 66.7 Hz", "B"),
+    ("The correct answer will be B) 66.7 Hz rather than A) 42.4 Hz.", "B"),
+    ("Therefore the answer is B) 66.7 and not B) 42.4, which is B).", "B"),
+    ("B) 66.7", "B"),
+    ("C) Remove ant and measure subsequent leaf damage.", "C"),
+    ("C) Remove ants and measure subsequent leaf damage in the field, which tests the mutualism.", "C"),
+    ("A) 42.4 Hz\n\nThe best laser to examine visible light is an excimer laser.", "D"),
+    ("The answer to this question falls into the category of an excimer laser.", "D"),
+]
+NEAR_MISSES_WRITTEN = [
+    "Answer choices:\nA) 42.4 Hz, or so I thought.\nWait.\nB) 42.4 Hz",  # "Answer choices:" reaches no line
+    "A) 42",  # 42.4 Hz: a number that is not the option's
+    "B) 42.4 Hz rather than A) 66.7 Hz.",  # another option's text after the mark
+    "C) Remove ants and measure subsequent leaf damage is incorrect.",  # the long option, called wrong
+    "C) Remove ant and measure subsequent leaf damage is what they did.",  # a typo, then more words
+    "C) Remov nts and measure subsequent leaf damage.",  # two typos
+    "The best laser to examine visible light is not an excimer laser.",
+    "Option D is an excimer laser.",  # a description of an option, not a choice
+    "It is 42.4 Hz or an excimer laser.",  # two options
+]
+
+
+@pytest.mark.parametrize(("completion", "letter"), FORMS_WRITTEN)
+def test_forms_a_real_model_writes_are_read(completion, letter):
+    assert rewards.extract_letter(completion, OPTIONS_WRITTEN) == letter
+
+
+@pytest.mark.parametrize("completion", NEAR_MISSES_WRITTEN)
+def test_near_misses_a_real_model_writes_name_no_letter(completion):
+    assert rewards.extract_letter(completion, OPTIONS_WRITTEN) is None
+
+
 def test_without_the_options_a_letter_with_text_is_not_read():
     """A caller without the options cannot tell "B) 3e8 m/s" from "B) tetrahedron": neither is read."""
     assert rewards.extract_letter("B) 3e8 m/s") is None and rewards.extract_letter("B) tetrahedron") is None

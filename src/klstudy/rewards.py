@@ -207,19 +207,26 @@ def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MAT
 #     ("B or C", "A, C", "Bohr", "42") names none, and a last box that names none scores 0;
 #   - a bare letter announced: "answer is", "Answer:", "the correct option/choice/answer is", "choose/select
 #     (option)", bold or not, followed at once by a letter that ends there (end of text or line, punctuation, ")",
-#     "*", "$", "}"; no second letter after "or", "and", "/", ","); or a letter followed by "is correct" / "is the
-#     (correct) answer/option/choice" ("B is correct.", "Option C is correct", "Answer C is the correct option");
+#     "*", "$", "}"; no second letter after "or", "and", "/", ","; the same letter marked twice is one: "C) C)"), or
+#     on the next line where the announcement ends its line with "is" or "be" ("the answer is" / "C)"); or a letter
+#     followed by "is correct" / "is the (correct) answer/option/choice" ("B is correct.", "Option C is correct");
 #   - a line that holds only a letter, possibly in parentheses, bold, "$" or \text{}, with a full stop;
 #   - a marked letter with text: "X)", "X.", "X:" or "(X)", bold or not, then the rest of its line, at the start of a
 #     line (after a list number), after a sentence on the same line, or after an announcement. The text decides:
-#     the option X's own text (case, spaces, "$", "*", quotes and final punctuation aside) names X, and so does X's
-#     text followed by "is/are correct" or "is the (correct/best) answer"; another option's text names none (the
+#     the option X's own text (case, spaces, "$", "*", quotes and final punctuation aside) up to the end of a clause
+#     names X, and so does X's text followed by "is/are correct", "is the (correct/best) answer", or a rejection of
+#     another ("rather than B) ...", "and not ..."; the rejected letter is not a second one offered). Short of the
+#     text: X's number without its unit ("66.7" for "66.7 Hz") where no other option has that number, X's text with
+#     one typo where X is long (16 characters or more, plain), or a long X's whole text going on in its sentence
+#     without calling itself wrong ("... is incorrect"). Another option's text names none (the
 #     completion contradicts itself); other text after an announcement names none; other text at a line's start is
 #     no candidate (a heading of the model's analysis). Marks of other letters on a neighbouring line (a reprint of
 #     the options), or three or more letters marked with an option's text (a walk through them), are no candidates;
 #   - an option's text stated as the answer without its letter: after "answer is", "answer:", "the correct
 #     option/choice is" (quoted or not), or before "is the correct answer/option/choice" or "is correct", ending
-#     there ("So, "1/2" is the correct answer.").
+#     there ("So, "1/2" is the correct answer."); or ending a sentence, after "is/are" ("The best laser for visible
+#     light is an excimer laser.") or anywhere after an announcement ("The answer ... falls into the category of
+#     homologous structures."), where the sentence marks no letter, negates nothing and states no other option.
 # Without the options (a caller that has none), only boxes, announced letters and letter lines count.
 # Lower-case letters never count ("a" is a word).
 _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
@@ -232,9 +239,12 @@ _ANNOUNCEMENT = (
     r"(?:[ \t]+indeed)?)?|\bcorrect[ \t]+(?:option|choice)(?:[ \t]+(?:is|should[ \t]+be|would[ \t]+be|will[ \t]+be))?"
     r"|\bchoos(?:e|ing)|\bselect)(?:[ \t]+option)?"
 )
+# An announcement that ends its line with "is" or "be" reaches the next line ("the answer is" / "C) ...").
+_NEXT_LINE = r"(?:(?<=\bis|\bbe)[ \t]*\n)?"
 _ANNOUNCED = re.compile(
     _ANNOUNCEMENT
-    + r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*:?[ \t]*\$?[ \t]*(?:\\text(?:bf)?\{[ \t]*)?\(?([A-D])\)?+"
+    + _NEXT_LINE
+    + r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*:?[ \t]*\$?[ \t]*(?:\\text(?:bf)?\{[ \t]*)?\(?([A-D])\)?+(?:[ \t]+\(?\1\))?"
     + _LETTER_ENDS,
     re.M,
 )
@@ -243,7 +253,11 @@ _LETTER_ENDORSED = re.compile(r"(?<![\w(])(?:(?i:option|answer|choice)[ \t]+)?\(
 _LETTER_LINE = re.compile(r"^[ \t*$]*(?:\\text(?:bf)?\{)?\(?([A-D])\)?\}?\.?[ \t*$]*$", re.M)
 # A marked letter and the rest of its line; `announced` is set when an announcement stands right before it.
 _MARKED = re.compile(
-    r"(?P<where>^[ \t]*(?:[-•]|\d+[.)])?|(?<=[.!?])[ \t]+|(?P<announced>" + _ANNOUNCEMENT + r")[ \t]*:?)"
+    r"(?P<where>^[ \t]*(?:[-•]|\d+[.)])?|(?<=[.!?])[ \t]+|(?P<announced>"
+    + _ANNOUNCEMENT
+    + r")"
+    + _NEXT_LINE
+    + r"[ \t]*:?)"
     r"[ \t]*(?:\*\*)?[ \t]*(?:\(([A-D])\)|([A-D])[).:])(?:\*\*)?(?=(?P<text>[^\n]*))",
     re.M,
 )
@@ -263,20 +277,45 @@ def _boxed_choice(content: str | None) -> str | None:
     return (match.group(1) or match.group(2)) if match else None
 
 
-_CLAUSE_ENDS = re.compile(r"[,;:!?]|\.(?=\s|$)|" + _ENDORSED + r"|$")
+# What rejects the option after it: "A) weathering rather than B) ...", "D) 66.7 and not D) 42.4".
+_REJECTION = r"[ \t]+(?:rather[ \t]+than|instead[ \t]+of|and[ \t]+not|but[ \t]+not)\b"
+_CLAUSE_ENDS = re.compile(r"[,;:!?]|\.(?=\s|$)|" + _ENDORSED + "|" + _REJECTION + r"|$")
 _SELF_ENDORSED = re.compile(r"(?i)(?:this[ \t]+)?(?:is|are)[ \t]+(?:the[ \t]+)?(?:correct|right|answer)\b")
+_NUMBER = re.compile(r"[-+−]?\d+(?:\.\d+)?")
+_UNIT = re.compile(r"[a-zµμωΩ°%][\w/^·°\-]*")
+LONG_OPTION_CHARS = 16  # an option this long (plain) is read through one typo: no two options are one edit apart
+
+
+def _states_loosely(stated: str, option: str) -> bool:
+    """Whether ``stated`` (plain) is ``option`` (plain) short of what a model drops or slips: an option's number
+    without its unit ("66.7" for "66.7 Hz"), or one typo in a long option ("remove ant" for "remove ants")."""
+    if _NUMBER.fullmatch(stated) and option.startswith(stated) and _UNIT.fullmatch(option[len(stated) :]):
+        return True
+    return len(option) >= LONG_OPTION_CHARS and _one_edit(stated, option)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by exactly one inserted, deleted or replaced character."""
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    prefix = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return a[prefix + (len(a) >= len(b)) :] == b[prefix + (len(b) >= len(a)) :]
 
 
 def _named_option(text: str, options: dict[str, str]) -> str | None:
     """The letter whose option ``text`` states: the option's text up to the end of a clause (punctuation, an
-    endorsement such as "is correct", or the line's end), the longest such when several fit; or None."""
-    named = None
+    endorsement such as "is correct", a rejection such as "rather than", or the line's end), the longest such when
+    several fit; else, with no option stated exactly, the one option stated loosely (`_states_loosely`); or None."""
+    named = loose = None
     for end in _CLAUSE_ENDS.finditer(text):
         stated = _plain(text[: end.start()])
         letters = [letter for letter, option in options.items() if stated == option]
         if len(letters) == 1:
             named = letters[0]
-    return named
+        loosely = [letter for letter, option in options.items() if _states_loosely(stated, option)]
+        if len(loosely) == 1:
+            loose = loosely[0]
+    return named or loose
 
 
 def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, str | None]]:
@@ -286,7 +325,7 @@ def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, st
         letter, bracketed = match.group(3) or match.group(4), match.group(3) is not None
         rest = re.sub(rf"^[ \t]*\(?{letter}[).:]", "", match.group("text")).strip()  # "A) A) text": one mark
         announced = match.group("announced") is not None
-        named = letter if _SELF_ENDORSED.match(rest) else _named_option(rest, options)
+        named = letter if _SELF_ENDORSED.match(rest) else _named_option(rest, options) or _leading_option(rest, options)
         line = text.count("\n", 0, match.start())
         if not announced:
             unannounced.append((line, letter, named is not None))
@@ -308,7 +347,7 @@ _SECOND_LETTER = re.compile(r"[ \t]*(?:(?:or|and|/|,)[ \t]*)?\(?[A-D]\b")  # "(A
 
 def _another_letter(text: str, letter: str) -> bool:
     """Whether the sentence that ``text`` begins marks a letter other than ``letter``."""
-    sentence = re.split(r"\.(?:\s|$)", text, maxsplit=1)[0]
+    sentence = re.split(r"\.(?:\s|$)|" + _REJECTION, text, maxsplit=1)[0]  # a rejected letter is not offered
     return any(other != letter for other in re.findall(r"(?<![\w\[(])\(?([A-D])\)", sentence))
 
 
@@ -319,15 +358,55 @@ def _reprint(line: int, letter: str, marks: list[tuple[int, str, bool]]) -> bool
     return beside or len({other for _, other, states in marks if states}) >= 3
 
 
+def _spelled(option: str) -> str:
+    """A pattern for an option's plain text as a model writes it: any case (the caller's flag), any spaces."""
+    return r"[ \t]*".join(re.escape(character) for character in option.replace(" ", ""))
+
+
+# Words that call what they follow wrong ("A) ... is incorrect"), and any negation in a sentence.
+_DISMISSED = re.compile(r"(?i)\b(?:incorrect|wrong|false|not[ \t]+(?:the[ \t]+)?(?:correct|right|answer|true|valid))\b")
+_NEGATION = re.compile(r"(?i)\b(?:not|no|never|neither|nor|rather|instead|unlike|incorrect|wrong|false)\b|n't\b")
+_SENTENCE_END = r"[.!?](?=\s|$)"
+_SENTENCE = re.compile(r"(?:[^.!?\n]|[.!?](?!\s|$))+", re.M)
+# A letter marked or named as a choice in a sentence ("(B)", "B)", "B.", "option B"); "A rise in ..." is a word.
+_LETTER_MARK = re.compile(r"\(?\b[A-D]\)|(?<![\w.])[A-D][.:](?!\w)|(?i:option|choice|answer)[ \t]+[A-D]\b")
+
+
+def _leading_option(text: str, options: dict[str, str]) -> str | None:
+    """The letter of the one long option whose whole text begins ``text`` and goes on in the same sentence without
+    calling itself wrong ("A) The entire genetic information possessed by the original zygote is typically not found
+    in ..."); or None."""
+    sentence = re.split(_SENTENCE_END, text, maxsplit=1)[0]
+    if _DISMISSED.search(sentence):
+        return None
+    long_options = {letter: option for letter, option in options.items() if len(option) >= LONG_OPTION_CHARS}
+    letters = [
+        letter for letter, option in long_options.items() if re.match(_spelled(option) + r"[ \t]+\w", sentence, re.I)
+    ]
+    return letters[0] if len(letters) == 1 else None
+
+
 def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
-    """Options stated as the answer by their text alone, after an announcement or before an endorsement."""
+    """Options stated as the answer by their text alone: after an announcement or before an endorsement; or ending a
+    sentence that announces the answer ("The answer to this question falls into the category of homologous
+    structures.") or says what something is ("The best laser for ... is an excimer laser."), where that sentence
+    marks no letter, negates nothing and states no other option."""
     found = []
     for letter, option in options.items():
-        words = r"[ \t]*".join(re.escape(character) for character in option.replace(" ", ""))
-        quoted = rf"[\"“']?{words}[\"”']?"
+        quoted = rf"[\"“']?{_spelled(option)}[\"”']?"
         after = rf"(?:{_ANNOUNCEMENT})[ \t]*:?[ \t]*"
         pattern = rf"{after}{quoted}(?=[ \t]*(?:$|[.,;!]))|(?<![\w/]){quoted}(?={_ENDORSED})"
         found += [(match.start(), letter) for match in re.finditer(pattern, text, re.M | re.I)]
+    for sentence in _SENTENCE.finditer(text):
+        words = sentence.group()
+        if len(words) > MAX_ANSWER_CHARS or _LETTER_MARK.search(words) or _NEGATION.search(words):
+            continue
+        ending = [letter for letter, option in options.items()
+                  if re.search(rf"(?:\b(?:is|are)[ \t]+|(?:{_ANNOUNCEMENT})\b.*[ \t])(?:(?:an?|the)[ \t]+)?"
+                               rf"{_spelled(option)}[ \t\"”']*$", words, re.I)]  # fmt: skip
+        mentioned = [letter for letter, option in options.items() if re.search(_spelled(option), words, re.I)]
+        if len(ending) == 1 and mentioned == ending:
+            found.append((sentence.start(), ending[0]))
     return found
 
 
