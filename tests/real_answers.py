@@ -3,8 +3,9 @@ MATH-500, labelled by LABELLING.md) and the field's extractors it is compared wi
 
     KLSTUDY_REFDATA=../shared/refdata .venv/bin/python tests/real_answers.py
 
-prints docs/data.md's table: on the fixture how often each extractor reads the labelled letter or answer, reads another,
-or reads one where the label is none, and every completion where ours departs from the label. The questions' options
+prints docs/data.md's tables: on each part of the fixture (`mmlu`, on which the letter rule was built, and `heldout`),
+how often each extractor reads the labelled letter, reads another, or reads one where the label is none, and every
+completion where ours departs from the label; then the MATH-500 part. The questions' options
 and gold answers come from the reference copies (KLSTUDY_REFDATA), staged by the prepare_data rule's code with
 config/paper.yaml's entries; the fixture holds completions and ids only.
 """
@@ -179,19 +180,24 @@ def main() -> None:
         raise SystemExit(f"{hub_layout.REFDATA_VARIABLE} is unset or names no directory")
     rows = labelled_completions()
     records = staged_records(refdata)
-    letters = [row for row in rows if row["task"] in MMLU_TASKS]
-    print("| extractor | committed read as labelled | read as another letter | unread | none read as a letter |")
-    print("|---|---|---|---|---|")
-    for name, extractor in LETTER_EXTRACTORS.items():
-        c = agreement(letters, records, extractor)
-        print(f"| {name} | {c['read_as_label']} / {c['committed']} ({c['read_as_label'] / c['committed']:.1%}) "
-              f"| {c['read_other']} | {c['unread']} | {c['none_read']} / {c['none']} |")  # fmt: skip
-    print("\nDepartures of ours from the labels:")
-    for row in letters:
-        read = klstudy_letter(row["completion"], records[row["task"]][row["id"]]["choices"])
-        if read != row["label"]:
-            print(json.dumps({"task": row["task"], "id": row["id"], "repeat": row["repeat"], "label": row["label"],
-                              "read": read, "completion": row["completion"][-300:]}))  # fmt: skip
+    for part in ("mmlu", "heldout"):
+        letters = [row for row in rows if row["task"] in MMLU_TASKS and row["part"] == part]
+        print(f"\nPart {part}:\n")
+        print("| extractor | committed read as labelled | read as another letter | unread | none read as a letter "
+              "| agreeing with the label |\n|---|---|---|---|---|---|")  # fmt: skip
+        for name, extractor in LETTER_EXTRACTORS.items():
+            c = agreement(letters, records, extractor)
+            agreeing = c["read_as_label"] + c["none"] - c["none_read"]
+            print(f"| {name} | {c['read_as_label']} / {c['committed']} ({c['read_as_label'] / c['committed']:.1%}) "
+                  f"| {c['read_other']} | {c['unread']} | {c['none_read']} / {c['none']} "
+                  f"| {agreeing} / {len(letters)} ({agreeing / len(letters):.1%}) |")  # fmt: skip
+        print("\nDepartures of ours from the labels:")
+        for row in letters:
+            read = klstudy_letter(row["completion"], records[row["task"]][row["id"]]["choices"])
+            if read != row["label"]:
+                fields = ("task", "id", "repeat", "label", "doubtful")
+                departure = {**{field: row[field] for field in fields}, "read": read}
+                print(json.dumps({**departure, "completion": row["completion"][-300:]}))
     maths = [row for row in rows if row["task"] in MATH_TASKS]
     print("\nMATH-500:", json.dumps(math_reading(maths, records)))
 

@@ -2,9 +2,11 @@
 and MATH-500 (tests/fixtures/real_answers), labelled by LABELLING.md before the rules were changed.
 
 The fixture holds completions and ids only; the questions' options and gold answers come from the reference copies
-(KLSTUDY_REFDATA), so the tests that need them skip, saying why, without. The floors below are what the rules reach
-on this fixture (docs/data.md's table lists every departure); a rule that reads fewer labels, reads another letter
-more often, or reads a letter from a completion that commits to none fails here.
+(KLSTUDY_REFDATA), so the tests that need them skip, saying why, without. Two parts for letters: `mmlu`, on which the
+letter rule was built (it reads every labelled letter there, so it says little about other completions), and
+`heldout`, generated and labelled after that, on which the rule first read 45 of 58 and, with four forms taken from
+its departures, reads 50 (docs/data.md). The floors below are what the rules reach; a rule that reads fewer labels,
+reads another letter more often, or reads a letter from a completion that clearly commits to none fails here.
 """
 
 from __future__ import annotations
@@ -38,40 +40,52 @@ def records() -> dict:
 
 def test_the_fixture_is_whole_and_labelled(rows):
     """Every completion has a label written for its very text, and the labels are of the rule's kinds."""
-    counts = Counter(row["task"] for row in rows)
-    assert counts == {"mmlu_college_physics": 80, "mmlu_college_chemistry": 80, "mmlu_college_biology": 80,
-                      "math500": 60}  # fmt: skip
+    counts = Counter((row["part"], row["task"]) for row in rows)
+    mmlu = {("mmlu", task): 80 for task in real_answers.MMLU_TASKS}
+    assert counts == {**mmlu, **{("heldout", task): 40 for task in real_answers.MMLU_TASKS}, ("math", "math500"): 60}
     letters = [row["label"] for row in rows if row["task"] in real_answers.MMLU_TASKS]
     assert set(letters) <= {"A", "B", "C", "D", None}
     assert all(isinstance(row["label"], str | None) for row in rows)
     assert (real_answers.FIXTURE / "LABELLING.md").is_file()
 
 
-def _letters(rows):
-    return [row for row in rows if row["task"] in real_answers.MMLU_TASKS]
+def _letters(rows, part=None):
+    return [row for row in rows if row["task"] in real_answers.MMLU_TASKS and part in (None, row["part"])]
+
+
+# Per part: committed completions, the floor of those read as labelled, the most read as another letter; completions
+# clearly labelled none, and those read as some letter (each listed in docs/data.md).
+FLOORS = {
+    "mmlu": {"committed": 107, "read_as_label": 107, "read_other": 0, "clear_none": 102, "clear_none_read": 0},
+    "heldout": {"committed": 58, "read_as_label": 50, "read_other": 2, "clear_none": 50, "clear_none_read": 1},
+}
 
 
 @needs_refdata
-def test_the_letter_rule_reads_what_the_model_commits_to(rows, records):
-    counts = real_answers.agreement(_letters(rows), records, real_answers.klstudy_letter)
-    assert counts["committed"] == 107
-    assert counts["read_as_label"] == 107, counts  # the rule was fitted here: docs/data.md says how
-    assert counts["read_other"] == 0, counts
+@pytest.mark.parametrize("part", FLOORS)
+def test_the_letter_rule_reads_what_the_model_commits_to(rows, records, part):
+    counts = real_answers.agreement(_letters(rows, part), records, real_answers.klstudy_letter)
+    floor = FLOORS[part]
+    assert counts["committed"] == floor["committed"]
+    assert counts["read_as_label"] >= floor["read_as_label"], counts
+    assert counts["read_other"] <= floor["read_other"], counts
 
 
 @needs_refdata
-def test_no_letter_is_read_where_the_model_commits_to_none(rows, records):
+@pytest.mark.parametrize("part", FLOORS)
+def test_no_letter_is_read_where_the_model_commits_to_none(rows, records, part):
     """Completions labelled none without doubt (no answer, two letters, a letter with another option's text, a reprint
-    of the options) read as no letter, so they score 0 for every gold."""
-    clear = [row for row in _letters(rows) if row["label"] is None and not row["doubtful"]]
-    assert len(clear) == 102
+    of the options) read as no letter, so they score 0 for every gold; the held-out part's one exception
+    (biology-0052: "Identify the correct option (B): This is the incorrect option ...") is listed in docs/data.md."""
+    clear = [row for row in _letters(rows, part) if row["label"] is None and not row["doubtful"]]
+    assert len(clear) == FLOORS[part]["clear_none"]
     read = {
         (row["id"], row["repeat"]): real_answers.klstudy_letter(
             row["completion"], records[row["task"]][row["id"]]["choices"]
         )
         for row in clear
     }
-    assert {key: letter for key, letter in read.items() if letter is not None} == {}
+    assert len({key: letter for key, letter in read.items() if letter is not None}) <= FLOORS[part]["clear_none_read"]
 
 
 @needs_refdata
@@ -91,13 +105,20 @@ def test_the_rule_depends_on_the_options_it_is_given(rows, records):
 
 
 @needs_refdata
-def test_the_rule_beats_the_fields_extractors_on_the_same_labels(rows, records):
-    """MMLU-Pro's extractor and lm-eval's flexible filter read a letter from most completions that commit to none;
-    lm-eval's strict filters read almost nothing from this model."""
-    ours = real_answers.agreement(_letters(rows), records, real_answers.klstudy_letter)
+@pytest.mark.parametrize("part", FLOORS)
+def test_the_rule_beats_the_fields_extractors_on_the_same_labels(rows, records, part):
+    """On both parts, ours agrees with more labels (a letter read as labelled, or none read from a none) than each of
+    the field's extractors: MMLU-Pro's extractor and lm-eval's flexible filter read a letter from most completions
+    that commit to none; lm-eval's strict filters read almost nothing from this model."""
+
+    def agreeing(extractor) -> int:
+        counts = real_answers.agreement(_letters(rows, part), records, extractor)
+        return counts["read_as_label"] + counts["none"] - counts["none_read"]
+
+    ours = agreeing(real_answers.klstudy_letter)
     for name, extractor in real_answers.LETTER_EXTRACTORS.items():
-        theirs = real_answers.agreement(_letters(rows), records, extractor)
-        assert theirs["read_as_label"] - theirs["read_other"] <= ours["read_as_label"] - ours["read_other"], name
+        if extractor is not real_answers.klstudy_letter:
+            assert agreeing(extractor) < ours, name
 
 
 @needs_refdata

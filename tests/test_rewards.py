@@ -98,6 +98,8 @@ LETTER_FORMS = [
     "Option A is out: the answer is B, since c is finite.",
     "\\boxed{A}\nWait, that is wrong. The answer is B.",
     "If the answer were A we would see 2. Answer: B",
+    "1) (B)",  # a list's number before the letter's line
+    "The answer is B) B",  # the letter marked, then repeated bare
 ]
 
 # Near misses: none may score, whichever letter is gold.
@@ -197,6 +199,9 @@ FORMS_WRITTEN = [
     ("C) Remove ants and measure subsequent leaf damage in the field, which tests the mutualism.", "C"),
     ("A) 42.4 Hz\n\nThe best laser to examine visible light is an excimer laser.", "D"),
     ("The answer to this question falls into the category of an excimer laser.", "D"),
+    ('Then: "The correct answer is B) 66.7 Hz" - which is the simplest explanation.', "B"),  # a dash ends a clause
+    ("66.7 Hz", "B"),  # a line that holds only an option's text
+    ("1) 66.7 Hz\n\nThe frequency comes out at 66.7 Hz.", "B"),
 ]
 NEAR_MISSES_WRITTEN = [
     "Answer choices:\nA) 42.4 Hz, or so I thought.\nWait.\nB) 42.4 Hz",  # "Answer choices:" reaches no line
@@ -208,6 +213,8 @@ NEAR_MISSES_WRITTEN = [
     "The best laser to examine visible light is not an excimer laser.",
     "Option D is an excimer laser.",  # a description of an option, not a choice
     "It is 42.4 Hz or an excimer laser.",  # two options
+    "1) 66.7 Hz\nis one value, and\n2) 42.4 Hz\nis another.",  # lines of two options' texts: a walk through them
+    "Hz 66.7",
 ]
 
 

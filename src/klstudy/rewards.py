@@ -207,18 +207,19 @@ def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MAT
 #     ("B or C", "A, C", "Bohr", "42") names none, and a last box that names none scores 0;
 #   - a bare letter announced: "answer is", "Answer:", "the correct option/choice/answer is", "choose/select
 #     (option)", bold or not, followed at once by a letter that ends there (end of text or line, punctuation, ")",
-#     "*", "$", "}"; no second letter after "or", "and", "/", ","; the same letter marked twice is one: "C) C)"), or
+#     "*", "$", "}"; no second letter after "or", "and", "/", ","; the same letter twice is one: "C) C)", "A) A"), or
 #     on the next line where the announcement ends its line with "is" or "be" ("the answer is" / "C)"); or a letter
 #     followed by "is correct" / "is the (correct) answer/option/choice" ("B is correct.", "Option C is correct");
-#   - a line that holds only a letter, possibly in parentheses, bold, "$" or \text{}, with a full stop;
+#   - a line that holds only a letter, possibly in parentheses, bold, "$" or \text{}, with a full stop, after a
+#     list's number or not ("1) (B)");
 #   - a marked letter with text: "X)", "X.", "X:" or "(X)", bold or not, then the rest of its line, at the start of a
 #     line (after a list number), after a sentence on the same line, or after an announcement. The text decides:
 #     the option X's own text (case, spaces, "$", "*", quotes and final punctuation aside) up to the end of a clause
-#     names X, and so does X's text followed by "is/are correct", "is the (correct/best) answer", or a rejection of
-#     another ("rather than B) ...", "and not ..."; the rejected letter is not a second one offered). Short of the
-#     text: X's number without its unit ("66.7" for "66.7 Hz") where no other option has that number, X's text with
-#     one typo where X is long (16 characters or more, plain), or a long X's whole text going on in its sentence
-#     without calling itself wrong ("... is incorrect"). Another option's text names none (the
+#     (punctuation, a spaced dash) names X, and so does X's text followed by "is/are correct", "is the (correct/best)
+#     answer", or a rejection of another ("rather than B) ...", "and not ..."; the rejected letter is not a second one
+#     offered). Short of the text: X's number without its unit ("66.7" for "66.7 Hz") where no other option has that
+#     number, X's text with one typo where X is long (16 characters or more, plain), or a long X's whole text going
+#     on in its sentence without calling itself wrong ("... is incorrect"). Another option's text names none (the
 #     completion contradicts itself); other text after an announcement names none; other text at a line's start is
 #     no candidate (a heading of the model's analysis). Marks of other letters on a neighbouring line (a reprint of
 #     the options), or three or more letters marked with an option's text (a walk through them), are no candidates;
@@ -226,7 +227,8 @@ def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MAT
 #     option/choice is" (quoted or not), or before "is the correct answer/option/choice" or "is correct", ending
 #     there ("So, "1/2" is the correct answer."); or ending a sentence, after "is/are" ("The best laser for visible
 #     light is an excimer laser.") or anywhere after an announcement ("The answer ... falls into the category of
-#     homologous structures."), where the sentence marks no letter, negates nothing and states no other option.
+#     homologous structures."), where the sentence marks no letter, negates nothing and states no other option; or a
+#     line that holds only an option's text ("1/3", "1) 100 J"), unless lines hold two options' texts (a reprint).
 # Without the options (a caller that has none), only boxes, announced letters and letter lines count.
 # Lower-case letters never count ("a" is a word).
 _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
@@ -244,13 +246,14 @@ _NEXT_LINE = r"(?:(?<=\bis|\bbe)[ \t]*\n)?"
 _ANNOUNCED = re.compile(
     _ANNOUNCEMENT
     + _NEXT_LINE
-    + r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*:?[ \t]*\$?[ \t]*(?:\\text(?:bf)?\{[ \t]*)?\(?([A-D])\)?+(?:[ \t]+\(?\1\))?"
+    + r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*:?[ \t]*\$?[ \t]*(?:\\text(?:bf)?\{[ \t]*)?\(?([A-D])\)?+(?:[ \t]+\(?\1\)?)?"
     + _LETTER_ENDS,
     re.M,
 )
 _ENDORSED = r"[ \t]+(?:is|are)[ \t]+(?:the[ \t]+)?(?:correct|right|best)\b|[ \t]+is[ \t]+the[ \t]+answer\b"
 _LETTER_ENDORSED = re.compile(r"(?<![\w(])(?:(?i:option|answer|choice)[ \t]+)?\(?([A-D])\)?" + _ENDORSED)
-_LETTER_LINE = re.compile(r"^[ \t*$]*(?:\\text(?:bf)?\{)?\(?([A-D])\)?\}?\.?[ \t*$]*$", re.M)
+_LIST_NUMBER = r"(?:\d+[.)][ \t]+)?"  # "1) (B)": a list's number before what the line says
+_LETTER_LINE = re.compile(r"^[ \t*$]*" + _LIST_NUMBER + r"(?:\\text(?:bf)?\{)?\(?([A-D])\)?\}?\.?[ \t*$]*$", re.M)
 # A marked letter and the rest of its line; `announced` is set when an announcement stands right before it.
 _MARKED = re.compile(
     r"(?P<where>^[ \t]*(?:[-•]|\d+[.)])?|(?<=[.!?])[ \t]+|(?P<announced>"
@@ -279,7 +282,7 @@ def _boxed_choice(content: str | None) -> str | None:
 
 # What rejects the option after it: "A) weathering rather than B) ...", "D) 66.7 and not D) 42.4".
 _REJECTION = r"[ \t]+(?:rather[ \t]+than|instead[ \t]+of|and[ \t]+not|but[ \t]+not)\b"
-_CLAUSE_ENDS = re.compile(r"[,;:!?]|\.(?=\s|$)|" + _ENDORSED + "|" + _REJECTION + r"|$")
+_CLAUSE_ENDS = re.compile(r"[,;:!?]|\.(?=\s|$)|[ \t]+[-–—][ \t]|" + _ENDORSED + "|" + _REJECTION + r"|$")
 _SELF_ENDORSED = re.compile(r"(?i)(?:this[ \t]+)?(?:is|are)[ \t]+(?:the[ \t]+)?(?:correct|right|answer)\b")
 _NUMBER = re.compile(r"[-+−]?\d+(?:\.\d+)?")
 _UNIT = re.compile(r"[a-zµμωΩ°%][\w/^·°\-]*")
@@ -323,7 +326,7 @@ def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, st
     found, unannounced = [], []
     for match in _MARKED.finditer(text):
         letter, bracketed = match.group(3) or match.group(4), match.group(3) is not None
-        rest = re.sub(rf"^[ \t]*\(?{letter}[).:]", "", match.group("text")).strip()  # "A) A) text": one mark
+        rest = re.sub(rf"^[ \t]*\(?{letter}(?:[).:]|\b(?=[ \t.]*$))", "", match.group("text")).strip()  # "A) A)": one
         announced = match.group("announced") is not None
         named = letter if _SELF_ENDORSED.match(rest) else _named_option(rest, options) or _leading_option(rest, options)
         line = text.count("\n", 0, match.start())
@@ -407,7 +410,24 @@ def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, s
         mentioned = [letter for letter, option in options.items() if re.search(_spelled(option), words, re.I)]
         if len(ending) == 1 and mentioned == ending:
             found.append((sentence.start(), ending[0]))
-    return found
+    return found + _option_lines(text, options)
+
+
+def _option_lines(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
+    """Lines that hold only one option's text (after a list's number, bold or not: "1/3", "1) 100 J"), unless lines
+    hold two options' texts (a reprint of the options without their letters, or a walk through them)."""
+    lines = text.split("\n")
+    stated = []
+    for line in lines:
+        plain = _plain(re.sub(r"^[ \t*]*" + _LIST_NUMBER, "", line))
+        letters = [letter for letter, option in options.items() if plain == option]
+        stated.append(letters[0] if len(letters) == 1 else None)
+    if len(set(stated) - {None}) != 1:
+        return []
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+    return [(start, letter) for start, letter in zip(starts, stated, strict=False) if letter is not None]
 
 
 def extract_letter(completion: str, choices=None) -> str | None:
