@@ -67,7 +67,17 @@ def staged_records(refdata: Path, tasks=MMLU_TASKS + MATH_TASKS) -> dict[str, di
 
 
 # ------------------------------------------------------------------------------ the field's letter extractors
-# Each takes (completion, the question's four options) and returns a letter A-D or None.
+# Each takes completions and, for each, the question's four options, and returns a letter A-D or None for each: lm-eval
+# applies a filter to a whole batch (its flexible filter builds a table of every Unicode punctuation mark per call).
+
+
+def _each(read: Callable) -> Callable:
+    """A batch extractor from one that reads one completion."""
+
+    def read_each(completions: list[str], choices: list) -> list[str | None]:
+        return [read(completion, options) for completion, options in zip(completions, choices, strict=True)]
+
+    return read_each
 
 
 def mmlu_pro(completion: str, choices) -> str | None:
@@ -100,43 +110,36 @@ def _lm_eval_filters(task_dir: str, name: str) -> list[dict]:
     return pipeline["filter"]
 
 
-def _run_lm_eval_filters(filters: list[dict], completion: str, choices) -> str | None:
-    from lm_eval.api.registry import get_filter
-    from lm_eval.filters import extraction, selection  # noqa: F401  (importing them registers their filters)
+def lm_eval_extractor(task_dir: str, name: str) -> Callable:
+    """The batch extractor of one of lm-eval's MMLU filter pipelines: its answers compared as exact_match would."""
 
-    responses, docs = [[completion]], [{"choices": list(choices)}]
-    for step in filters:
-        arguments = {key: value for key, value in step.items() if key != "function"}
-        responses = get_filter(step["function"])(**arguments).apply(responses, docs)
-    (response,) = responses
-    return response if isinstance(response, str) else response[0]
+    def read(completions: list[str], choices: list) -> list[str | None]:
+        from lm_eval.api.registry import get_filter
+        from lm_eval.filters import extraction, selection  # noqa: F401  (importing them registers their filters)
 
+        responses, docs = [[completion] for completion in completions], [{"choices": list(c)} for c in choices]
+        for step in _lm_eval_filters(task_dir, name):
+            arguments = {key: value for key, value in step.items() if key != "function"}
+            responses = get_filter(step["function"])(**arguments).apply(responses, docs)
+        return [_letter(response if isinstance(response, str) else response[0]) for response in responses]
 
-def lm_eval_generative(completion: str, choices) -> str | None:
-    """lm-eval's mmlu_generative: the first line, stripped, compared whole with the letter."""
-    return _letter(_run_lm_eval_filters(_lm_eval_filters("generative", "get_response"), completion, choices))
-
-
-def lm_eval_cot_strict(completion: str, choices) -> str | None:
-    """lm-eval's mmlu_flan_cot_zeroshot, strict-match: what follows "The answer is" (or kin), compared whole."""
-    return _letter(_run_lm_eval_filters(_lm_eval_filters("flan_cot_zeroshot", "strict-match"), completion, choices))
-
-
-def lm_eval_cot_flexible(completion: str, choices) -> str | None:
-    """lm-eval's mmlu_flan_cot_zeroshot, flexible-extract: the last "(X)", else an option's text, else ": X"."""
-    return _letter(_run_lm_eval_filters(_lm_eval_filters("flan_cot_zeroshot", "flexible-extract"), completion, choices))
+    return read
 
 
 def klstudy_letter(completion: str, choices) -> str | None:
     return rewards.extract_letter(completion, choices)
 
 
+OURS = "klstudy (rewards.extract_letter)"
 LETTER_EXTRACTORS: dict[str, Callable] = {
-    "klstudy (rewards.extract_letter)": klstudy_letter,
-    "lm-eval mmlu_generative (get_response)": lm_eval_generative,
-    "lm-eval mmlu_flan_cot_zeroshot (strict-match)": lm_eval_cot_strict,
-    "lm-eval mmlu_flan_cot_zeroshot (flexible-extract)": lm_eval_cot_flexible,
-    "MMLU-Pro (compute_accuracy.py)": mmlu_pro,
+    OURS: _each(klstudy_letter),
+    # the first line, stripped, compared whole with the letter
+    "lm-eval mmlu_generative (get_response)": lm_eval_extractor("generative", "get_response"),
+    # what follows "The answer is" (or kin), compared whole
+    "lm-eval mmlu_flan_cot_zeroshot (strict-match)": lm_eval_extractor("flan_cot_zeroshot", "strict-match"),
+    # the last "(X)", else an option's text, else ": X"
+    "lm-eval mmlu_flan_cot_zeroshot (flexible-extract)": lm_eval_extractor("flan_cot_zeroshot", "flexible-extract"),
+    "MMLU-Pro (compute_accuracy.py)": _each(mmlu_pro),
 }
 
 
@@ -144,8 +147,8 @@ def agreement(rows: list[dict], records: dict, extractor: Callable) -> dict:
     """On multiple-choice rows: how many committed completions read as their label, as another letter, as none;
     how many none completions read as some letter."""
     counts = dict.fromkeys(("committed", "read_as_label", "read_other", "unread", "none", "none_read"), 0)
-    for row in rows:
-        read = extractor(row["completion"], records[row["task"]][row["id"]]["choices"])
+    reads = extractor([row["completion"] for row in rows], [records[row["task"]][row["id"]]["choices"] for row in rows])
+    for row, read in zip(rows, reads, strict=True):
         if row["label"] is None:
             counts["none"] += 1
             counts["none_read"] += read is not None
