@@ -216,6 +216,14 @@ NEAR_MISSES_WRITTEN = [
     "1) 66.7 Hz\nis one value, and\n2) 42.4 Hz\nis another.",  # lines of two options' texts: a walk through them
     "Hz 66.7",
 ]
+OPTIONS_NUMBERS = ["3", "5", "7", "1"]
+
+
+def test_a_line_holding_only_a_bare_integer_is_no_answer():
+    """Option lines are read for texts like "66.7 Hz" or "1/3", not for an integer alone (a step's number, a count)."""
+    assert rewards.extract_letter("1", OPTIONS_NUMBERS) is None
+    assert rewards.extract_letter("Let us list them:\n1. 7\nand think.", OPTIONS_NUMBERS) is None
+    assert rewards.extract_letter("The answer is 7.", OPTIONS_NUMBERS) == "C"  # announced, it is read
 
 
 @pytest.mark.parametrize(("completion", "letter"), FORMS_WRITTEN)

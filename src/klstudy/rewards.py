@@ -415,12 +415,13 @@ def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, s
 
 def _option_lines(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
     """Lines that hold only one option's text (after a list's number, bold or not: "1/3", "1) 100 J"), unless lines
-    hold two options' texts (a reprint of the options without their letters, or a walk through them)."""
+    hold two options' texts (a reprint of the options without their letters, or a walk through them). An option that
+    is a bare integer is not read this way: a line holding only "1" or "82" is as often a step's number or a count."""
     lines = text.split("\n")
     stated = []
     for line in lines:
         plain = _plain(re.sub(r"^[ \t*]*" + _LIST_NUMBER, "", line))
-        letters = [letter for letter, option in options.items() if plain == option]
+        letters = [letter for letter, option in options.items() if plain == option and not option.isdigit()]
         stated.append(letters[0] if len(letters) == 1 else None)
     if len(set(stated) - {None}) != 1:
         return []
