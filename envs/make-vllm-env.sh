@@ -18,7 +18,9 @@ fi
 case "$flavour" in cpu | gpu) ;; *) echo "make-vllm-env: flavour must be auto, cpu or gpu, not $flavour" >&2; exit 2 ;; esac
 
 python3 -m venv "$venv"
-pip=("$venv/bin/pip" install --quiet --disable-pip-version-check)
+# PIP_FLAGS (the Makefile's): e.g. --no-compile, which CI's throwaway environment uses (no .pyc files written ahead).
+read -r -a pip_flags <<<"${PIP_FLAGS:-}"
+pip=("$venv/bin/pip" install --quiet --disable-pip-version-check "${pip_flags[@]}")
 lock=envs/vllm-$flavour.lock
 "${pip[@]}" -r "envs/vllm-$flavour.txt" $([ -f "$lock" ] && echo "-c $lock")
 "${pip[@]}" --no-deps -e .
