@@ -286,7 +286,7 @@ _CLAUSE_ENDS = re.compile(r"[,;:!?]|\.(?=\s|$)|[ \t]+[-–—][ \t]|" + _ENDORSE
 _SELF_ENDORSED = re.compile(r"(?i)(?:this[ \t]+)?(?:is|are)[ \t]+(?:the[ \t]+)?(?:correct|right|answer)\b")
 _NUMBER = re.compile(r"[-+−]?\d+(?:\.\d+)?")
 _UNIT = re.compile(r"[a-zµμωΩ°%][\w/^·°\-]*")
-LONG_OPTION_CHARS = 16  # an option this long (plain) is read through one typo: no two options are one edit apart
+LONG_OPTION_CHARS = 16  # an option this long (plain) is read through one typo, where no other option is one typo away
 
 
 def _states_loosely(stated: str, option: str) -> bool:
@@ -393,7 +393,7 @@ def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, s
     """Options stated as the answer by their text alone: after an announcement or before an endorsement; or ending a
     sentence that announces the answer ("The answer to this question falls into the category of homologous
     structures.") or says what something is ("The best laser for ... is an excimer laser."), where that sentence
-    marks no letter, negates nothing and states no other option."""
+    marks no letter, negates nothing and states no other option; or holding a line alone (`_option_lines`)."""
     found = []
     for letter, option in options.items():
         quoted = rf"[\"“']?{_spelled(option)}[\"”']?"
