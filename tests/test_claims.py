@@ -290,3 +290,14 @@ def test_seeds_that_agree_by_chance_do_not_make_the_error_zero():
     # One seed of final_kl: its steps' spread says nothing of another seed.
     one = claims._paired(candidate.loc[[0]], baseline.loc[[0]], "seeds", over_steps=True)
     assert math.isnan(one[1]) and "no error over seeds" in one[5]
+
+
+def test_an_unknown_measurement_error_is_no_floor_at_all():
+    """A run whose own error is unknown (NaN) leaves the floor unknown, not smaller: two seeds fall back to their
+    spread, and one seed has no error to judge by."""
+    candidate = pd.DataFrame({"value": [0.30, 0.40], "se": [math.nan, 0.5]}, index=[0, 1])
+    baseline = pd.DataFrame({"value": [0.20, 0.20], "se": [0.5, 0.5]}, index=[0, 1])
+    d, se, df, *_, note = claims._paired(candidate, baseline, "seeds")
+    assert se == pytest.approx(d.std(ddof=1) / math.sqrt(2)) and note == ""
+    one = claims._paired(candidate.loc[[0]], baseline.loc[[0]], "seeds")
+    assert math.isnan(one[1]) and "no error over seeds" in one[5]

@@ -188,7 +188,8 @@ def _paired(candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str, over_
     d = (c.value - b.value).to_numpy(dtype=float)
     # The measurement's own error of the mean difference (questions, or a run's last steps for final_kl): a floor
     # under the spread over seeds, which two or three seeds can put near zero by chance (equal differences).
-    measured = math.sqrt(float((c.se.astype(float) ** 2 + b.se.astype(float) ** 2).sum())) / len(d)
+    # NaN where some run's error is unknown (not a smaller floor): then the seeds' spread alone, or no error at all.
+    measured = math.sqrt(float((c.se.astype(float) ** 2 + b.se.astype(float) ** 2).sum(skipna=False))) / len(d)
     if len(d) > 1:
         over_seeds = d.std(ddof=1) / math.sqrt(len(d))
         if measured > over_seeds:
