@@ -76,6 +76,7 @@ def test_same_seed_same_weights_other_seed_other_weights(tmp_path):
     assert not all(torch.equal(first[k], other[k]) for k in first)
 
 
+@pytest.mark.slow  # 145 s (the whole build of config.yaml's base model): `make test-all`, and after any change to it
 def test_configured_base_model_starts_rl_inside_the_pass_at_1_window(tmp_path):
     """The base model of config.yaml, built as the workflow builds it: held-out pass@1 at T = 1 in [0.15, 0.6].
 
