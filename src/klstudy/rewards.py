@@ -417,18 +417,13 @@ def _option_lines(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
     """Lines that hold only one option's text (after a list's number, bold or not: "1/3", "1) 100 J"), unless lines
     hold two options' texts (a reprint of the options without their letters, or a walk through them). An option that
     is a bare integer is not read this way: a line holding only "1" or "82" is as often a step's number or a count."""
-    lines = text.split("\n")
     stated = []
-    for line in lines:
-        plain = _plain(re.sub(r"^[ \t*]*" + _LIST_NUMBER, "", line))
+    for line in re.finditer(r"^.*$", text, re.M):
+        plain = _plain(re.sub(r"^[ \t*]*" + _LIST_NUMBER, "", line.group()))
         letters = [letter for letter, option in options.items() if plain == option and not option.isdigit()]
-        stated.append(letters[0] if len(letters) == 1 else None)
-    if len(set(stated) - {None}) != 1:
-        return []
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line) + 1)
-    return [(start, letter) for start, letter in zip(starts, stated, strict=False) if letter is not None]
+        if len(letters) == 1:
+            stated.append((line.start(), letters[0]))
+    return stated if len({letter for _, letter in stated}) == 1 else []
 
 
 def extract_letter(completion: str, choices=None) -> str | None:
