@@ -64,7 +64,7 @@ def claims_it_can_test(config: dict) -> dict:
     for name, claim in config.get("claims", {}).items():
         try:
             filled = configuration.section_settings("claims", json.loads(json.dumps(claim)), name, schema)
-            configuration._check_claim(grid, filled, f"claims.{name}")
+            configuration.check_claim(grid, filled, f"claims.{name}")
         except configuration.ConfigError:
             continue
         kept[name] = claim

@@ -176,7 +176,7 @@ def _check_references(config: dict) -> None:
             raise ConfigError(f"config key 'studies.{study}.train': {where}, {error}") from None
     _check_divergence(config)
     for name, claim in config["claims"].items():
-        _check_claim(config, claim, f"claims.{name}")
+        check_claim(config, claim, f"claims.{name}")
     for name, figure in config["figures"].items():
         for i, panel in enumerate(figure["panels"]):
             _check_panel(config, panel, f"figures.{name}.panels[{i}]")
@@ -246,8 +246,9 @@ def _check_divergence(config: dict) -> None:
     _check_subset(section["steps"], range(last + 1), "divergence.steps", f"steps 0..{last} of the study")
 
 
-def _check_claim(config: dict, claim: dict, where: str) -> None:
-    """A claim names cells the grid trains, and a measurement that exists for both of its sides."""
+def check_claim(config: dict, claim: dict, where: str) -> None:
+    """A claim names cells the grid trains, and a measurement that exists for both of its sides (public: tests keep
+    the claims a reduced grid can still test)."""
     metric, baseline = claim["metric"], claim["baseline"]
     baseline_study = claim.get("baseline_study", claim["study"])
     _check_cells_selection(config, {"study": claim["study"], "kl": [claim["candidate"]]}, where)
