@@ -89,15 +89,19 @@ def one_claim(config: dict, name: str) -> dict:
 
 def built_for(config: dict, claim: dict, sign: float, baseline_level: float = 1.0, delta: float = 0.5):
     """level(): every measurement is baseline_level, except the claim's candidate at its β, which is
-    baseline_level + sign · delta."""
-    betas = (
-        [0]
-        if claim["candidate"] == "none"
-        else claims._selected_betas(claim["beta"], config["studies"][claim["study"]]["betas"])
-    )
+    baseline_level + sign · delta; a claim that compares a configuration with itself at another β ("falls with
+    β") gets sign · delta more at each step up its study's β grid."""
+    study_betas = sorted(config["studies"][claim["study"]]["betas"])
+    betas = [0] if claim["candidate"] == "none" else claims._selected_betas(claim["beta"], study_betas)
+    same_study = claim.get("baseline_study", claim["study"]) == claim["study"]
+    across_betas = claim["candidate"] == claim["baseline"] and same_study
 
     def level(metric, cell, base):
         is_candidate = cell["study"] == claim["study"] and cell["kl"] == claim["candidate"] and cell["beta"] in betas
+        if across_betas:
+            is_candidate = is_candidate or (cell["study"] == claim["study"] and cell["kl"] == claim["candidate"])
+            steps = study_betas.index(cell["beta"]) if cell["beta"] in study_betas else 0
+            return baseline_level + (sign * delta * steps if is_candidate and not base else 0.0)
         return baseline_level + (sign * delta if is_candidate and not base else 0.0)
 
     return level
@@ -252,7 +256,7 @@ def test_missing_runs_give_rows_that_say_so(config):
     "change, message",
     [
         ({"candidate": "k2-reward"}, "claims.c.kl"),
-        ({"baseline": "k3-both"}, "claims.c.baseline.kl"),
+        ({"baseline": "k2-loss"}, "claims.c.baseline.kl"),
         ({"metric": "final_kl", "baseline": "base"}, "claims.c.baseline': base is the base model"),
         ({"predicted": "same"}, "claims.c.margin"),
         ({"predicted": "table1"}, "claims.c.predicted"),
@@ -301,3 +305,20 @@ def test_an_unknown_measurement_error_is_no_floor_at_all():
     assert se == pytest.approx(d.std(ddof=1) / math.sqrt(2)) and note == ""
     one = claims._paired(candidate.loc[[0]], baseline.loc[[0]], "seeds")
     assert math.isnan(one[1]) and "no error over seeds" in one[5]
+
+
+def test_below_compares_each_beta_with_the_next_smaller_one(config):
+    """`beta: each, baseline_beta: below`: one row per step of the β grid, each judged on its own step: a KL that
+    falls from the smallest β to the next and rises after is shown on the first step and contradicted on the next."""
+    betas = [0.1, 1.0, 10.0, 30.0]
+    claim = dict(config["claims"]["k1_reward_falls_with_beta"], beta="each", baseline_beta="below")
+    studies = {**config["studies"], "onpolicy": {**config["studies"]["onpolicy"], "betas": betas}}
+    single = {**config, "studies": studies, "claims": {"falls": claim}}
+    kl_at = {betas[0]: 1.0, betas[1]: 0.5, **{beta: 1.5 for beta in betas[2:]}}
+
+    def level(metric, cell, base):
+        return kl_at.get(cell["beta"], 1.0) if cell["kl"] == "k1-reward" else 1.0
+
+    table = claims.claims_table(single, synthetic_tables(single, level), TOY_TESTS)
+    assert list(table.beta) == betas[1:] and list(table.baseline_beta) == betas[:-1]
+    assert list(table.verdict) == ["shown", "contradicted"] + ["not shown"] * (len(betas) - 3)

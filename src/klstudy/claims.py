@@ -58,6 +58,17 @@ def _selected_betas(selector, betas: list[float]) -> list[float]:
     return [float(selector)]
 
 
+def _baseline_beta(selector, beta: float, betas: list[float]) -> float | None:
+    """The baseline's β for a candidate at ``beta``: the same, max, min, a value, or "below": the next smaller β of
+    the baseline's study (None at its smallest), so that `beta: each` with it tests each step of the β grid."""
+    if selector == "same":
+        return beta
+    if selector == "below":
+        smaller = [b for b in betas if b < beta]
+        return max(smaller) if smaller else None
+    return _selected_betas(selector, betas)[0]
+
+
 def _cell_rows(table: pd.DataFrame, study: str, model: str, kl: str, beta: float) -> pd.DataFrame:
     rows = table[(table.study == study) & (table.model == model) & (table.kl == kl)]
     return rows if kl == "none" else rows[np.isclose(rows.beta.astype(float), beta)]
@@ -229,9 +240,9 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
     betas = [0.0] if claim["candidate"] == "none" else _selected_betas(claim["beta"], betas)  # no KL: once, at β = 0
     for model in study["models"]:
         for beta in betas:
-            baseline_beta = beta if claim["baseline_beta"] == "same" else _selected_betas(
-                claim["baseline_beta"], config["studies"][baseline_study]["betas"]
-            )[0]  # fmt: skip
+            baseline_beta = _baseline_beta(claim["baseline_beta"], beta, config["studies"][baseline_study]["betas"])
+            if baseline_beta is None:  # "below" at the study's smallest β: nothing to compare with
+                continue
             candidate = metric_values(metric, tables, config, claim, claim["study"], model, claim["candidate"], beta)
             baseline = metric_values(
                 metric, tables, config, claim, baseline_study, model, claim["baseline"], baseline_beta
