@@ -264,6 +264,7 @@ def test_missing_runs_give_rows_that_say_so(config):
         ({"metric": "evaluation", "candidate": "k1-loss"}, "claims.c.metric': evaluation: k1-loss"),
         ({"metric": "forward_kl", "candidate": "k3-reward"}, "claims.c.metric': forward_kl: k3-reward"),
         ({"beta": 0.3}, "claims.c.beta"),
+        ({"beta": "min", "baseline_beta": "below"}, "claims.c.baseline_beta"),
         ({"text": 3}, "claims.c.text"),
     ],
 )

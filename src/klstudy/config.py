@@ -261,6 +261,11 @@ def check_claim(config: dict, claim: dict, where: str) -> None:
     def refuse(key: str, why: str):
         raise ConfigError(f"config key '{where}.{key}': {why}")
 
+    if claim["baseline_beta"] == "below":
+        betas, smallest = config["studies"][claim["study"]]["betas"], min(config["studies"][baseline_study]["betas"])
+        selected = {"each": betas, "max": [max(betas)], "min": [min(betas)]}.get(claim["beta"], [claim["beta"]])
+        if claim["candidate"] == "none" or all(beta <= smallest for beta in selected):
+            refuse("baseline_beta", f"below: no β of the candidate has a smaller β in {baseline_study} to compare with")
     if baseline == "base" and (metric == "final_kl" or baseline_study != claim["study"]):
         refuse("baseline", "base is the base model measured as the candidate's own runs measure it: not with "
                "final_kl (its KL to itself is 0), nor with another baseline_study")  # fmt: skip
