@@ -14,7 +14,7 @@ import yaml
 
 from klstudy import claims
 from klstudy.aggregate import CELL_COLUMNS, cell_columns
-from klstudy.config import ConfigError, all_cells, divergence_cells, evaluated_cells, validate_config
+from klstudy.config import ConfigError, all_cells, divergence_cells, evaluated_cells, selected_betas, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = [0, 1, 2, 3, 4, 5]
@@ -92,17 +92,15 @@ def built_for(config: dict, claim: dict, sign: float, baseline_level: float = 1.
     baseline_level + sign · delta; a claim that compares a configuration with itself at another β ("falls with
     β") gets sign · delta more at each step up its study's β grid."""
     study_betas = sorted(config["studies"][claim["study"]]["betas"])
-    betas = [0] if claim["candidate"] == "none" else claims._selected_betas(claim["beta"], study_betas)
+    betas = [0] if claim["candidate"] == "none" else selected_betas(claim["beta"], study_betas)
     same_study = claim.get("baseline_study", claim["study"]) == claim["study"]
     across_betas = claim["candidate"] == claim["baseline"] and same_study
 
     def level(metric, cell, base):
-        is_candidate = cell["study"] == claim["study"] and cell["kl"] == claim["candidate"] and cell["beta"] in betas
-        if across_betas:
-            is_candidate = is_candidate or (cell["study"] == claim["study"] and cell["kl"] == claim["candidate"])
-            steps = study_betas.index(cell["beta"]) if cell["beta"] in study_betas else 0
-            return baseline_level + (sign * delta * steps if is_candidate and not base else 0.0)
-        return baseline_level + (sign * delta if is_candidate and not base else 0.0)
+        is_configuration = cell["study"] == claim["study"] and cell["kl"] == claim["candidate"] and not base
+        if across_betas:  # the configuration's own cells, one step up the β grid at a time
+            return baseline_level + (sign * delta * study_betas.index(cell["beta"]) if is_configuration else 0.0)
+        return baseline_level + (sign * delta if is_configuration and cell["beta"] in betas else 0.0)
 
     return level
 

@@ -34,6 +34,7 @@ import pandas as pd
 from scipy.stats import t as student_t
 
 from klstudy.aggregate import final_values, stderr_of_mean
+from klstudy.config import baseline_beta_of, selected_betas
 
 METRICS = {
     "final_kl": "KL(π_θ‖π_ref) at the end of training (K3 estimate, mean of the last final_steps steps)",
@@ -48,25 +49,6 @@ COLUMNS = [
     "predicted", "basis", "candidate_mean", "baseline_mean", "effect", "se", "z", "critical", "pair_by", "units",
     "seeds", "runs", "verdict", "note",
 ]  # fmt: skip
-
-
-def _selected_betas(selector, betas: list[float]) -> list[float]:
-    if selector == "each":
-        return sorted(betas)
-    if selector in ("max", "min"):
-        return [max(betas) if selector == "max" else min(betas)]
-    return [float(selector)]
-
-
-def _baseline_beta(selector, beta: float, betas: list[float]) -> float | None:
-    """The baseline's β for a candidate at ``beta``: the same, max, min, a value, or "below": the next smaller β of
-    the baseline's study (None at its smallest), so that `beta: each` with it tests each step of the β grid."""
-    if selector == "same":
-        return beta
-    if selector == "below":
-        smaller = [b for b in betas if b < beta]
-        return max(smaller) if smaller else None
-    return _selected_betas(selector, betas)[0]
 
 
 def _cell_rows(table: pd.DataFrame, study: str, model: str, kl: str, beta: float) -> pd.DataFrame:
@@ -237,10 +219,10 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
     betas = study["betas"]
     if metric in ("forward_kl", "entropy"):  # only the divergence section's cells save snapshots
         betas = [beta for beta in betas if beta in config["divergence"]["betas"]]
-    betas = [0.0] if claim["candidate"] == "none" else _selected_betas(claim["beta"], betas)  # no KL: once, at β = 0
+    betas = [0.0] if claim["candidate"] == "none" else selected_betas(claim["beta"], betas)  # no KL: once, at β = 0
     for model in study["models"]:
         for beta in betas:
-            baseline_beta = _baseline_beta(claim["baseline_beta"], beta, config["studies"][baseline_study]["betas"])
+            baseline_beta = baseline_beta_of(claim["baseline_beta"], beta, config["studies"][baseline_study]["betas"])
             if baseline_beta is None:  # "below" at the study's smallest β: nothing to compare with
                 continue
             candidate = metric_values(metric, tables, config, claim, claim["study"], model, claim["candidate"], beta)

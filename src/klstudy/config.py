@@ -246,6 +246,26 @@ def _check_divergence(config: dict) -> None:
     _check_subset(section["steps"], range(last + 1), "divergence.steps", f"steps 0..{last} of the study")
 
 
+def selected_betas(selector, betas: list[float]) -> list[float]:
+    """The β a claim's `beta` names among a study's: each (sorted), max, min, or a value."""
+    if selector == "each":
+        return sorted(betas)
+    if selector in ("max", "min"):
+        return [max(betas) if selector == "max" else min(betas)]
+    return [float(selector)]
+
+
+def baseline_beta_of(selector, beta: float, betas: list[float]) -> float | None:
+    """The baseline's β for a candidate at ``beta``: the same, max, min, a value, or "below": the next smaller β of
+    the baseline's study (None at its smallest), so that `beta: each` with it tests each step of the β grid."""
+    if selector == "same":
+        return beta
+    if selector == "below":
+        smaller = [b for b in betas if b < beta]
+        return max(smaller) if smaller else None
+    return selected_betas(selector, betas)[0]
+
+
 def check_claim(config: dict, claim: dict, where: str) -> None:
     """A claim names cells the grid trains, and a measurement that exists for both of its sides (public: tests keep
     the claims a reduced grid can still test)."""
@@ -261,11 +281,10 @@ def check_claim(config: dict, claim: dict, where: str) -> None:
     def refuse(key: str, why: str):
         raise ConfigError(f"config key '{where}.{key}': {why}")
 
-    if claim["baseline_beta"] == "below":
-        betas, smallest = config["studies"][claim["study"]]["betas"], min(config["studies"][baseline_study]["betas"])
-        selected = {"each": betas, "max": [max(betas)], "min": [min(betas)]}.get(claim["beta"], [claim["beta"]])
-        if claim["candidate"] == "none" or all(beta <= smallest for beta in selected):
-            refuse("baseline_beta", f"below: no β of the candidate has a smaller β in {baseline_study} to compare with")
+    study_betas, baseline_betas = (config["studies"][name]["betas"] for name in (claim["study"], baseline_study))
+    candidate_betas = [0.0] if claim["candidate"] == "none" else selected_betas(claim["beta"], study_betas)
+    if all(baseline_beta_of(claim["baseline_beta"], beta, baseline_betas) is None for beta in candidate_betas):
+        refuse("baseline_beta", f"below: no β of the candidate has a smaller β in {baseline_study} to compare with")
     if baseline == "base" and (metric == "final_kl" or baseline_study != claim["study"]):
         refuse("baseline", "base is the base model measured as the candidate's own runs measure it: not with "
                "final_kl (its KL to itself is 0), nor with another baseline_study")  # fmt: skip
