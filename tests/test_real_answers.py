@@ -57,7 +57,7 @@ def _letters(rows, part=None):
 # clearly labelled none, and those read as some letter (each listed in docs/data.md).
 FLOORS = {
     "mmlu": {"committed": 107, "read_as_label": 107, "read_other": 0, "clear_none": 102, "clear_none_read": 0},
-    "heldout": {"committed": 58, "read_as_label": 50, "read_other": 2, "clear_none": 50, "clear_none_read": 1},
+    "heldout": {"committed": 58, "read_as_label": 56, "read_other": 1, "clear_none": 50, "clear_none_read": 1},
 }
 
 
@@ -90,18 +90,28 @@ def test_no_letter_is_read_where_the_model_commits_to_none(rows, records, part):
 
 @needs_refdata
 def test_the_rule_depends_on_the_options_it_is_given(rows, records):
-    """With each question's options shuffled, the letters that the options' texts decide are no longer read as labelled:
-    the agreement above comes from the options, not from reading any letter."""
+    """With each question's options shuffled, a committed completion whose labelled option moved to another letter is
+    read as labelled no more often than with no options at all (the letters that need no option's text: "Answer: C",
+    a letter alone on a line); with the true options nearly all are: the agreement comes from the options' texts, not
+    from reading some letter. (Measured: 122 moved, 120 read with the true options, 30 with none, 29 shuffled.)"""
     rng = random.Random(0)
-    shuffled = {task: {} for task in records}
-    for task, by_id in records.items():
-        for ident, record in by_id.items():
-            choices = list(record.get("choices") or [])
-            while choices and choices == record.get("choices"):
-                rng.shuffle(choices)
-            shuffled[task][ident] = {**record, "choices": choices}
-    counts = real_answers.agreement(_letters(rows), shuffled, real_answers.LETTER_EXTRACTORS[real_answers.OURS])
-    assert counts["read_as_label"] <= 70, counts
+    moved = []
+    for row in _letters(rows):
+        choices = list(records[row["task"]][row["id"]]["choices"])
+        shuffled = list(choices)
+        while shuffled == choices:
+            rng.shuffle(shuffled)
+        if row["label"] is not None and shuffled["ABCD".index(row["label"])] != choices["ABCD".index(row["label"])]:
+            moved.append((row, choices, shuffled))
+    assert len(moved) > 100
+
+    def read_as_label(options_of) -> int:
+        return sum(rewards.extract_letter(row["completion"], options_of(row, true, shuffled)) == row["label"]
+                   for row, true, shuffled in moved)  # fmt: skip
+
+    without_options = read_as_label(lambda row, true, shuffled: None)
+    assert read_as_label(lambda row, true, shuffled: shuffled) <= without_options + 3
+    assert read_as_label(lambda row, true, shuffled: true) >= without_options + 80
 
 
 @needs_refdata

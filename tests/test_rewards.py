@@ -164,6 +164,7 @@ LETTER_NEAR_MISSES_WITH_OPTIONS = [
     "The answer is A) 10 m/s or B) 3e8 m/s.",
     "The correct answer is B) 3e8 m/s, and the correct answer, C) tetrahedron, too.",
     "B) 3e8 m/s is too fast for a sound wave.",  # the option's text, then no endorsement
+    "The answer is: B) 3e8 m/s. A) 10 m/s and C) tetrahedron",  # a list of the options after the announcement
     "Bohr's model says 3e8 m/s.",  # a letter inside a word
     "The answer is 42 m/s.",
 ]
@@ -186,8 +187,9 @@ def test_near_misses_name_no_letter_with_the_options(completion):
 
 
 # Forms SmolLM2 writes that need more than an option's text at a clause's end (tests/fixtures/real_answers): an
-# announcement ending its line, a rejected second letter, a number without its unit, a typo in a long option, a long
-# option's text that goes on, and an option's text ending a sentence that states the answer.
+# announcement ending its line, a rejected second letter, a number without its unit, a long option restated with typos
+# or a word changed, an option's text that goes on (a short one only in its own letter's sentence, negating nothing), an
+# option's text ending a sentence that states the answer, "the correct option of".
 OPTIONS_WRITTEN = ["42.4 Hz", "66.7 Hz", "Remove ants and measure subsequent leaf damage", "an excimer laser"]
 FORMS_WRITTEN = [
     ("the answer is\n      B) B) \n\n    A) However the equation is", "B"),
@@ -197,6 +199,11 @@ FORMS_WRITTEN = [
     ("B) 66.7", "B"),
     ("C) Remove ant and measure subsequent leaf damage.", "C"),
     ("C) Remove ants and measure subsequent leaf damage in the field, which tests the mutualism.", "C"),
+    ("C) Remov nts and measure subsequent leaf damage.", "C"),  # two typos
+    ("So, the correct answer is C) Remove ants and measured subsequent leaf damage", "C"),
+    ("B) 66.7 Hz (rounded) is the frequency we need.", "B"),  # a short option's text goes on
+    ("We must address it using the correct option of B) 66.7 Hz.", "B"),
+    ("The answer would be 100 - 33.3 = 66.7.", "B"),  # the number without its unit, ending the statement
     ("A) 42.4 Hz\n\nThe best laser to examine visible light is an excimer laser.", "D"),
     ("The answer to this question falls into the category of an excimer laser.", "D"),
     ('Then: "The correct answer is B) 66.7 Hz" - which is the simplest explanation.', "B"),  # a dash ends a clause
@@ -209,7 +216,11 @@ NEAR_MISSES_WRITTEN = [
     "B) 42.4 Hz rather than A) 66.7 Hz.",  # another option's text after the mark
     "C) Remove ants and measure subsequent leaf damage is incorrect.",  # the long option, called wrong
     "C) Remove ant and measure subsequent leaf damage is what they did.",  # a typo, then more words
-    "C) Remov nts and measure subsequent leaf damage.",  # two typos
+    "C) Plant trees and measure subsequent leaf damage.",  # a key phrase changed: another statement
+    "C) Remove ants and measures subsequent leaf damage is false.",  # restated, but called wrong
+    "B) 66.7 Hz cannot be right.",  # a short option's text, negated
+    "B) 66.7 Hz (D)",  # a short option's text, then another letter: no sentence goes on
+    "A) 66.7 Hz is the frequency.",  # another letter's short option
     "The best laser to examine visible light is not an excimer laser.",
     "Option D is an excimer laser.",  # a description of an option, not a choice
     "It is 42.4 Hz or an excimer laser.",  # two options
@@ -217,6 +228,21 @@ NEAR_MISSES_WRITTEN = [
     "Hz 66.7",
 ]
 OPTIONS_NUMBERS = ["3", "5", "7", "1"]
+
+
+def test_a_restatement_between_two_close_options_is_not_read():
+    """A long option restated with a word changed is read only where no other option comes as close (SmolLM2's
+    "A: Protons and neutrons possess orbital and spin angular momentum, ..." for chemistry question 18)."""
+    options = [
+        "Protons and neutrons have orbital and spin angular momentum.",
+        "Protons have spin angular momentum.",
+        "Protons and neutrons possess orbital angular momentum only.",
+        "Neutrons have no angular momentum.",
+    ]
+    assert rewards.extract_letter("A: Protons and neutrons have orbital and spin angular momentum.", options) == "A"
+    assert rewards.extract_letter("A: Protons and neutrons possess orbital and spin angular momentum.", options) is None
+    lone = [options[0], *options[1:2], "Electrons are fermions.", options[3]]  # with no rival, the restatement is read
+    assert rewards.extract_letter("A: Protons and neutrons possess orbital and spin angular momentum.", lone) == "A"
 
 
 def test_a_line_holding_only_a_bare_integer_is_no_answer():

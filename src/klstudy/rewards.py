@@ -17,6 +17,7 @@ completion, never raises, and returns within a time limit:
 
 from __future__ import annotations
 
+import difflib
 import multiprocessing
 import os
 import re
@@ -238,7 +239,8 @@ _BOXED_CHOICE = re.compile(r"\(([A-D])\)(?:\s.*)?|([A-D])(?:[.:)](?:\s.*)?)?", r
 _LETTER_ENDS = r"(?![ \t]*(?:[,/&]|\bor\b|\band\b)[ \t]*\(?[A-D]\b)(?=[ \t]*(?:$|[\n.,;:!?)\]}*$]))"
 _ANNOUNCEMENT = (
     r"(?i:\banswer(?:[ \t]+(?:choice|option))?(?:[^.\n]{0,30}?[ \t](?:is|should[ \t]+be|would[ \t]+be|will[ \t]+be)"
-    r"(?:[ \t]+indeed)?)?|\bcorrect[ \t]+(?:option|choice)(?:[ \t]+(?:is|should[ \t]+be|would[ \t]+be|will[ \t]+be))?"
+    r"(?:[ \t]+indeed)?)?|\bcorrect[ \t]+(?:option|choice)"
+    r"(?:[ \t]+(?:is|of|should[ \t]+be|would[ \t]+be|will[ \t]+be))?"
     r"|\bchoos(?:e|ing)|\bselect)(?:[ \t]+option)?"
 )
 # An announcement that ends its line with "is" or "be" reaches the next line ("the answer is" / "C) ...").
@@ -286,38 +288,56 @@ _CLAUSE_ENDS = re.compile(r"[,;:!?]|\.(?=\s|$)|[ \t]+[-–—][ \t]|" + _ENDORSE
 _SELF_ENDORSED = re.compile(r"(?i)(?:this[ \t]+)?(?:is|are)[ \t]+(?:the[ \t]+)?(?:correct|right|answer)\b")
 _NUMBER = re.compile(r"[-+−]?\d+(?:\.\d+)?")
 _UNIT = re.compile(r"[a-zµμωΩ°%][\w/^·°\-]*")
-LONG_OPTION_CHARS = 16  # an option this long (plain) is read through one typo, where no other option is one typo away
+LONG_OPTION_CHARS = 16  # an option this long (plain) can be read through a slip or a reworded word
+# How close (difflib's ratio of the plain texts) a long option's restatement must come: one typo in a 16-character
+# option is 0.94, "has segmented bodies" for "have segmented bodies" 0.92, "... DNA that produces a polypeptide chain"
+# for "... DNA that codes for a polypeptide chain" 0.95; a changed key phrase ("Plant trees and measure subsequent leaf
+# damage" for "Remove ants and ...") 0.85. No other option may come within RIVAL_RATIO: options that differ by a word
+# or two ("Protons and neutrons have orbital and spin ..." / "... possess orbital ... only") leave a restatement between
+# them unread.
+RESTATED_RATIO = 0.9
+RIVAL_RATIO = 0.8
 
 
-def _states_loosely(stated: str, option: str) -> bool:
-    """Whether ``stated`` (plain) is ``option`` (plain) short of what a model drops or slips: an option's number
-    without its unit ("66.7" for "66.7 Hz"), or one typo in a long option ("remove ant" for "remove ants")."""
-    if _NUMBER.fullmatch(stated) and option.startswith(stated) and _UNIT.fullmatch(option[len(stated) :]):
-        return True
-    return len(option) >= LONG_OPTION_CHARS and _one_edit(stated, option)
+def _similarity(stated: str, option: str) -> float:
+    matcher = difflib.SequenceMatcher(None, stated, option, autojunk=False)
+    return matcher.ratio() if matcher.real_quick_ratio() >= RIVAL_RATIO else 0.0
 
 
-def _one_edit(a: str, b: str) -> bool:
-    """Whether ``a`` and ``b`` differ by exactly one inserted, deleted or replaced character."""
-    if abs(len(a) - len(b)) > 1 or a == b:
-        return False
-    prefix = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return a[prefix + (len(a) >= len(b)) :] == b[prefix + (len(b) >= len(a)) :]
+def _loosely_named(stated: str, options: dict[str, str]) -> str | None:
+    """The letter of the one option that ``stated`` (plain) is short of what a model drops or slips: the option's
+    number without its unit ("66.7" for "66.7 Hz"), or a long option restated with a typo or a word changed; or
+    None."""
+    number = _NUMBER.fullmatch(stated) is not None
+    numbers = [
+        letter
+        for letter, option in options.items()
+        if number and option.startswith(stated) and _UNIT.fullmatch(option[len(stated) :])
+    ]
+    if numbers:
+        return numbers[0] if len(numbers) == 1 else None
+    similarity = {letter: _similarity(stated, option) for letter, option in options.items()}
+    best = max(similarity, key=similarity.get)
+    rivals = [letter for letter, ratio in similarity.items() if letter != best and ratio >= RIVAL_RATIO]
+    long = len(options[best]) >= LONG_OPTION_CHARS
+    return best if long and similarity[best] >= RESTATED_RATIO and not rivals else None
 
 
 def _named_option(text: str, options: dict[str, str]) -> str | None:
     """The letter whose option ``text`` states: the option's text up to the end of a clause (punctuation, an
     endorsement such as "is correct", a rejection such as "rather than", or the line's end), the longest such when
-    several fit; else, with no option stated exactly, the one option stated loosely (`_states_loosely`); or None."""
+    several fit; else, with no option stated exactly, the one option stated loosely (`_loosely_named`) in a clause
+    that negates nothing ("D. They possess cell walls composed of peptidoglycan is false" restates no option); or
+    None."""
     named = loose = None
     for end in _CLAUSE_ENDS.finditer(text):
         stated = _plain(text[: end.start()])
         letters = [letter for letter, option in options.items() if stated == option]
         if len(letters) == 1:
             named = letters[0]
-        loosely = [letter for letter, option in options.items() if _states_loosely(stated, option)]
-        if len(loosely) == 1:
-            loose = loosely[0]
+        if _NEGATION.search(text[: end.start()]):
+            continue
+        loose = _loosely_named(stated, options) or loose
     return named or loose
 
 
@@ -328,7 +348,8 @@ def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, st
         letter, bracketed = match.group(3) or match.group(4), match.group(3) is not None
         rest = re.sub(rf"^[ \t]*\(?{letter}(?:[).:]|\b(?=[ \t.]*$))", "", match.group("text")).strip()  # "A) A)": one
         announced = match.group("announced") is not None
-        named = letter if _SELF_ENDORSED.match(rest) else _named_option(rest, options) or _leading_option(rest, options)
+        named = _named_option(rest, options) or _leading_option(rest, options, letter)
+        named = letter if _SELF_ENDORSED.match(rest) else named
         line = text.count("\n", 0, match.start())
         if not announced:
             unannounced.append((line, letter, named is not None))
@@ -349,9 +370,10 @@ _SECOND_LETTER = re.compile(r"[ \t]*(?:(?:or|and|/|,)[ \t]*)?\(?[A-D]\b")  # "(A
 
 
 def _another_letter(text: str, letter: str) -> bool:
-    """Whether the sentence that ``text`` begins marks a letter other than ``letter``."""
-    sentence = re.split(r"\.(?:\s|$)|" + _REJECTION, text, maxsplit=1)[0]  # a rejected letter is not offered
-    return any(other != letter for other in re.findall(r"(?<![\w\[(])\(?([A-D])\)", sentence))
+    """Whether the line that ``text`` begins marks a letter other than ``letter`` ("The answer is: A) x. B) y and C)
+    z" lists the options)."""
+    offered = re.split(_REJECTION, text, maxsplit=1)[0]  # a rejected letter is not offered
+    return any(other != letter for other in re.findall(r"(?<![\w\[(])\(?([A-D])\)", offered))
 
 
 def _reprint(line: int, letter: str, marks: list[tuple[int, str, bool]]) -> bool:
@@ -366,27 +388,46 @@ def _spelled(option: str) -> str:
     return r"[ \t]*".join(re.escape(character) for character in option.replace(" ", ""))
 
 
-# Words that call what they follow wrong ("A) ... is incorrect"), and any negation in a sentence.
+# Words that call what they follow wrong ("A) ... is incorrect"), and any negation or rejection in a sentence.
 _DISMISSED = re.compile(r"(?i)\b(?:incorrect|wrong|false|not[ \t]+(?:the[ \t]+)?(?:correct|right|answer|true|valid))\b")
-_NEGATION = re.compile(r"(?i)\b(?:not|no|never|neither|nor|rather|instead|unlike|incorrect|wrong|false)\b|n't\b")
+_NEGATION = re.compile(
+    r"(?i)\b(?:not|no|never|neither|nor|cannot|rather|instead|unlike|incorrect|wrong|false|too|impossible|unlikely)\b"
+    r"|n't\b"
+)  # "too" rejects by excess: "B) 3e8 m/s is too fast for a sound wave"
 _SENTENCE_END = r"[.!?](?=\s|$)"
 _SENTENCE = re.compile(r"(?:[^.!?\n]|[.!?](?!\s|$))+", re.M)
 # A letter marked or named as a choice in a sentence ("(B)", "B)", "B.", "option B"); "A rise in ..." is a word.
 _LETTER_MARK = re.compile(r"\(?\b[A-D]\)|(?<![\w.])[A-D][.:](?!\w)|(?i:option|choice|answer)[ \t]+[A-D]\b")
 
 
-def _leading_option(text: str, options: dict[str, str]) -> str | None:
-    """The letter of the one long option whose whole text begins ``text`` and goes on in the same sentence without
-    calling itself wrong ("A) The entire genetic information possessed by the original zygote is typically not found
-    in ..."); or None."""
+_GOES_ON = r"[ \t]+(?:\([^()\n]*\)[ \t]+)?\w"  # more words, after a parenthesis or not: "NH3 (amine) is ..."
+
+
+def _leading_option(text: str, options: dict[str, str], marked: str) -> str | None:
+    """The letter of the one option whose whole text begins ``text`` and goes on in the same sentence: a long option
+    that does not call itself wrong ("A) The entire genetic information possessed by the original zygote is typically
+    not found in ..."), or the ``marked`` letter's own short option in a sentence that negates nothing and marks no
+    other letter ("A) NH3 (amine) is the strongest base", "C) 4k refers to 4K, ..."; a short text begins too many
+    sentences to name another letter's option); or None."""
     sentence = re.split(_SENTENCE_END, text, maxsplit=1)[0]
-    if _DISMISSED.search(sentence):
-        return None
-    long_options = {letter: option for letter, option in options.items() if len(option) >= LONG_OPTION_CHARS}
-    letters = [
-        letter for letter, option in long_options.items() if re.match(_spelled(option) + r"[ \t]+\w", sentence, re.I)
-    ]
+    letters = []
+    for letter, option in options.items():
+        long = len(option) >= LONG_OPTION_CHARS
+        if (long or letter == marked) and re.match(_spelled(option) + _GOES_ON, sentence, re.I):
+            called_wrong = _DISMISSED.search(sentence) if long else _NEGATION.search(sentence)
+            letters += [] if called_wrong or (not long and _another_letter(sentence, letter)) else [letter]
     return letters[0] if len(letters) == 1 else None
+
+
+def _stated(option: str, options: dict[str, str]) -> str:
+    """A pattern for an option stated as the answer: its text (`_spelled`), or its number alone where it is a number
+    with a unit and no other option has that number ("360" for "360 m")."""
+    number = _NUMBER.match(option)
+    if not number or not _UNIT.fullmatch(option[number.end() :]):
+        return _spelled(option)
+    if [_NUMBER.match(other) and _NUMBER.match(other).group() for other in options.values()].count(number.group()) > 1:
+        return _spelled(option)
+    return rf"(?<![\d.]){re.escape(number.group())}(?![\d.])(?:[ \t]*{_spelled(option[number.end() :])})?"
 
 
 def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
@@ -396,7 +437,7 @@ def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, s
     marks no letter, negates nothing and states no other option; or holding a line alone (`_option_lines`)."""
     found = []
     for letter, option in options.items():
-        quoted = rf"[\"“']?{_spelled(option)}[\"”']?"
+        quoted = rf"[\"“']?{_stated(option, options)}[\"”']?"
         after = rf"(?:{_ANNOUNCEMENT})[ \t]*:?[ \t]*"
         pattern = rf"{after}{quoted}(?=[ \t]*(?:$|[.,;!]))|(?<![\w/]){quoted}(?={_ENDORSED})"
         found += [(match.start(), letter) for match in re.finditer(pattern, text, re.M | re.I)]
@@ -406,8 +447,8 @@ def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, s
             continue
         ending = [letter for letter, option in options.items()
                   if re.search(rf"(?:\b(?:is|are)[ \t]+|(?:{_ANNOUNCEMENT})\b.*[ \t])(?:(?:an?|the)[ \t]+)?"
-                               rf"{_spelled(option)}[ \t\"”']*$", words, re.I)]  # fmt: skip
-        mentioned = [letter for letter, option in options.items() if re.search(_spelled(option), words, re.I)]
+                               rf"{_stated(option, options)}[ \t\"”']*$", words, re.I)]  # fmt: skip
+        mentioned = [letter for letter, option in options.items() if re.search(_stated(option, options), words, re.I)]
         if len(ending) == 1 and mentioned == ending:
             found.append((sentence.start(), ending[0]))
     return found + _option_lines(text, options)
