@@ -100,6 +100,7 @@ LETTER_FORMS = [
     "If the answer were A we would see 2. Answer: B",
     "1) (B)",  # a list's number before the letter's line
     "The answer is B) B",  # the letter marked, then repeated bare
+    "the answer is B because it is fastest",  # a connective after the letter (SmolLM2: "The correct option is A by")
 ]
 
 # Near misses: none may score, whichever letter is gold.
@@ -118,7 +119,6 @@ LETTER_NEAR_MISSES = [
     "Answer: (A) and (B)",
     "The answer is A/B.",
     "Answer: A uniform field",  # the article, not a choice
-    "the answer is B because it is fastest",  # a letter that starts a phrase is not read
     "Because of the field, Bohr's model holds.",
     "the answer is b",
     "Option A: 10 m/s is wrong.",
@@ -204,6 +204,13 @@ FORMS_WRITTEN = [
     ("B) 66.7 Hz (rounded) is the frequency we need.", "B"),  # a short option's text goes on
     ("We must address it using the correct option of B) 66.7 Hz.", "B"),
     ("The answer would be 100 - 33.3 = 66.7.", "B"),  # the number without its unit, ending the statement
+    ("The correct option is B by considering the frequency.", "B"),  # a connective after the letter
+    ("So we choose frequency B.", "B"),  # one word between "choose" and the letter
+    ("The correct answer to the question about the two lasers is option B.", "B"),
+    ("B, 66.7 hz is the frequency.", "B"),  # a comma marks a letter that opens a line
+    ("A) 42.4 Hz is wrong. So this is B) 66.7 Hz. It follows.", "B"),  # "is" before a marked letter and its text
+    ("B) 66.7 Hz = 2 x 33.35 Hz", "B"),  # a short option's text going on into an equation
+    ("The answer is B) 66.7 Hz.\nA) 42.4 Hz\nC) 42.4 Hz", "B"),  # a slip in a reprint of the options: no contradiction
     ("A) 42.4 Hz\n\nThe best laser to examine visible light is an excimer laser.", "D"),
     ("The answer to this question falls into the category of an excimer laser.", "D"),
     ('Then: "The correct answer is B) 66.7 Hz" - which is the simplest explanation.', "B"),  # a dash ends a clause
@@ -221,6 +228,8 @@ NEAR_MISSES_WRITTEN = [
     "B) 66.7 Hz cannot be right.",  # a short option's text, negated
     "B) 66.7 Hz (D)",  # a short option's text, then another letter: no sentence goes on
     "A) 66.7 Hz is the frequency.",  # another letter's short option
+    'B) 66.7 Hz\nThe correct answer is "Option C: 66.7 Hz"',  # quoted, the last statement contradicts itself
+    "The answer is A, which is not what the others say. So this is B) 42.4 Hz.",  # "is B)" with another's text
     "The best laser to examine visible light is not an excimer laser.",
     "Option D is an excimer laser.",  # a description of an option, not a choice
     "It is 42.4 Hz or an excimer laser.",  # two options

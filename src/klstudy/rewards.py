@@ -236,12 +236,18 @@ _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*
 _WRAPPERS = re.compile(r"[$*\s]+")
 _BOXED_CHOICE = re.compile(r"\(([A-D])\)(?:\s.*)?|([A-D])(?:[.:)](?:\s.*)?)?", re.S)
 # A letter ends at the end of the text or line, or at punctuation, ")", "*", "$" or "}", and no second one follows.
-_LETTER_ENDS = r"(?![ \t]*(?:[,/&]|\bor\b|\band\b)[ \t]*\(?[A-D]\b)(?=[ \t]*(?:$|[\n.,;:!?)\]}*$]))"
+# A connective may follow instead: "The correct option is A by considering ...", "... is B because ...".
+_LETTER_ENDS = (
+    r"(?![ \t]*(?:[,/&]|\bor\b|\band\b)[ \t]*\(?[A-D]\b)"
+    r"(?=[ \t]*(?:$|[\n.,;:!?)\]}*$])|[ \t]+(?:by|because|since|as|for|which|considering)\b)"
+)
 _ANNOUNCEMENT = (
     r"(?i:\banswer(?:[ \t]+(?:choice|option))?(?:[^.\n]{0,30}?[ \t](?:is|should[ \t]+be|would[ \t]+be|will[ \t]+be)"
     r"(?:[ \t]+indeed)?)?|\bcorrect[ \t]+(?:option|choice)"
     r"(?:[ \t]+(?:is|of|should[ \t]+be|would[ \t]+be|will[ \t]+be))?"
-    r"|\bchoos(?:e|ing)|\bselect)(?:[ \t]+option)?"
+    r"|\bchoos(?:e|ing)(?:[ \t]+[a-z]+(?=[ \t]+\(?[A-D]\b))?|\bselect"
+    r"|\b(?:is|be)(?=[ \t]+(?:option|choice)[ \t]+[A-D]\b))"
+    r"(?:[ \t]+(?:option|choice))?"
 )
 # An announcement that ends its line with "is" or "be" reaches the next line ("the answer is" / "C) ...").
 _NEXT_LINE = r"(?:(?<=\bis|\bbe)[ \t]*\n)?"
@@ -258,12 +264,13 @@ _LIST_NUMBER = r"(?:\d+[.)][ \t]+)?"  # "1) (B)": a list's number before what th
 _LETTER_LINE = re.compile(r"^[ \t*$]*" + _LIST_NUMBER + r"(?:\\text(?:bf)?\{)?\(?([A-D])\)?\}?\.?[ \t*$]*$", re.M)
 # A marked letter and the rest of its line; `announced` is set when an announcement stands right before it.
 _MARKED = re.compile(
-    r"(?P<where>^[ \t]*(?:[-•]|\d+[.)])?|(?<=[.!?])[ \t]+|(?P<announced>"
+    r"(?P<where>^[ \t]*(?:[-•]|\d+[.)])?|(?<=[.!?])[ \t]+|(?P<is>(?<=\bis)[ \t]+)|(?P<announced>"
     + _ANNOUNCEMENT
     + r")"
     + _NEXT_LINE
-    + r"[ \t]*:?)"
-    r"[ \t]*(?:\*\*)?[ \t]*(?:\(([A-D])\)|([A-D])[).:])(?:\*\*)?(?=(?P<text>[^\n]*))",
+    + r"[ \t]*:?[ \t]*[\"“]?(?:(?i:option|choice)[ \t]+)?)"
+    r"[ \t]*(?:\*\*)?[ \t]*(?:\((?P<bracketed>[A-D])\)|(?P<letter>[A-D])(?:[).:]|(?P<comma>,)(?=[ \t]+(?![A-D]\b)\w)))"
+    r"(?:\*\*)?(?=(?P<text>[^\n]*))",
     re.M,
 )
 
@@ -345,35 +352,43 @@ def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, st
     """Marked letters with text (the rule above): (where, letter or None), reprints of the options left out."""
     found, unannounced = [], []
     for match in _MARKED.finditer(text):
-        letter, bracketed = match.group(3) or match.group(4), match.group(3) is not None
+        letter, bracketed = match.group("bracketed") or match.group("letter"), match.group("bracketed") is not None
         rest = re.sub(rf"^[ \t]*\(?{letter}(?:[).:]|\b(?=[ \t.]*$))", "", match.group("text")).strip()  # "A) A)": one
         announced = match.group("announced") is not None
+        if match.group("comma") and (announced or text[: match.start()].rstrip(" \t")[-1:] not in ("", "\n")):
+            continue  # "A, the process is exothermic." opens a line; "The answer is A, which ..." is a bare letter
         named = _named_option(rest, options) or _leading_option(rest, options, letter)
         named = letter if _SELF_ENDORSED.match(rest) else named
         line = text.count("\n", 0, match.start())
-        if not announced:
+        stated = match.group("is") is not None  # "So this is C) ...": a statement, never a reprint's line
+        if not announced and not stated:
             unannounced.append((line, letter, named is not None))
         if not _plain(rest):  # a bare marked letter: the letter rules above read it where it counts
             continue
+        where = None if announced or stated else line  # where a mark may belong to a reprint of the options
         if named == letter and announced and _another_letter(rest, letter):  # "A) x, and the correct answer, C) y"
-            found.append((match.start(), None, None))
+            found.append((match.start(), None, letter, None))
         elif named == letter:
-            found.append((match.start(), letter, None if announced else line))
+            found.append((match.start(), letter, letter, where))
         elif announced and bracketed and named is None and not _SECOND_LETTER.match(rest):  # "is (C) which ..."
-            found.append((match.start(), letter, None))
-        elif named is not None or announced:
-            found.append((match.start(), None, None))
-    return [(start, letter) for start, letter, line in found if line is None or not _reprint(line, letter, unannounced)]
+            found.append((match.start(), letter, letter, None))
+        elif named is not None or announced:  # a contradiction, unless it is a reprint's slip ("C) 1.661 s" twice)
+            found.append((match.start(), None, letter, where))
+    return [
+        (start, read) for start, read, letter, line in found if line is None or not _reprint(line, letter, unannounced)
+    ]
 
 
 _SECOND_LETTER = re.compile(r"[ \t]*(?:(?:or|and|/|,)[ \t]*)?\(?[A-D]\b")  # "(A) and (B)", "(A) B."
 
 
 def _another_letter(text: str, letter: str) -> bool:
-    """Whether the line that ``text`` begins marks a letter other than ``letter`` ("The answer is: A) x. B) y and C)
-    z" lists the options)."""
-    offered = re.split(_REJECTION, text, maxsplit=1)[0]  # a rejected letter is not offered
-    return any(other != letter for other in re.findall(r"(?<![\w\[(])\(?([A-D])\)", offered))
+    """Whether the sentence that ``text`` begins marks a letter other than ``letter``, or a later sentence of its line
+    begins with one ("The answer is: A) x. B) y and C) z" lists the options; "... is D) x. Receptors (A) also ..."
+    only mentions one)."""
+    sentence = re.split(r"\.(?:\s|$)|" + _REJECTION, text, maxsplit=1)[0]  # a rejected letter is not offered
+    marked = re.findall(r"(?<![\w\[(])\(?([A-D])\)", sentence) + re.findall(r"[.!?][ \t]+\(?([A-D])\)", text)
+    return any(other != letter for other in marked)
 
 
 def _reprint(line: int, letter: str, marks: list[tuple[int, str, bool]]) -> bool:
@@ -400,7 +415,7 @@ _SENTENCE = re.compile(r"(?:[^.!?\n]|[.!?](?!\s|$))+", re.M)
 _LETTER_MARK = re.compile(r"\(?\b[A-D]\)|(?<![\w.])[A-D][.:](?!\w)|(?i:option|choice|answer)[ \t]+[A-D]\b")
 
 
-_GOES_ON = r"[ \t]+(?:\([^()\n]*\)[ \t]+)?\w"  # more words, after a parenthesis or not: "NH3 (amine) is ..."
+_GOES_ON = r"[ \t]+(?:\([^()\n]*\)[ \t]+)?[\w=]"  # more words or "=", after a parenthesis or not: "NH3 (amine) is"
 
 
 def _leading_option(text: str, options: dict[str, str], marked: str) -> str | None:
