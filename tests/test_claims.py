@@ -321,3 +321,41 @@ def test_below_compares_each_beta_with_the_next_smaller_one(config):
     table = claims.claims_table(single, synthetic_tables(single, level), TOY_TESTS)
     assert list(table.beta) == betas[1:] and list(table.baseline_beta) == betas[:-1]
     assert list(table.verdict) == ["shown", "contradicted"] + ["not shown"] * (len(betas) - 3)
+
+
+@pytest.mark.parametrize(("kl_of_beta", "expected"), [
+    (lambda beta: 1.0 - 0.2 * math.log10(beta), "shown"),  # falls steadily as β grows
+    (lambda beta: 1.0 + 0.2 * math.log10(beta), "contradicted"),  # rises
+    (lambda beta: 1.0, "not shown"),  # flat: only noise
+])  # fmt: skip
+def test_trend_tests_the_slope_over_the_whole_beta_grid(config, kl_of_beta, expected):
+    """`beta: trend`: one row per model, each seed's slope of the KL over log10 β across the study's grid, tested
+    against zero; its candidate_mean and baseline_mean are the KL at the largest and smallest β."""
+    betas = [0.1, 0.3, 1.0, 10.0]
+    claim = dict(config["claims"]["k1_reward_falls_with_beta"], beta="trend", baseline_beta="same")
+    studies = {**config["studies"], "onpolicy": {**config["studies"]["onpolicy"], "betas": betas}}
+    single = validate_config({**config, "studies": studies, "claims": {"trend": claim}})
+
+    def level(metric, cell, base):
+        return kl_of_beta(cell["beta"]) if cell["kl"] == "k1-reward" else 1.0
+
+    (row,) = claims.claims_table(single, synthetic_tables(single, level), TOY_TESTS).to_dict("records")
+    assert row["verdict"] == expected and row["units"] == len(SEEDS) and row["runs"] == len(SEEDS) * len(betas)
+    assert (row["beta"], row["baseline_beta"]) == (10.0, 0.1) and "0.1, 0.3, 1, 10" in row["note"]
+    assert row["candidate_mean"] == pytest.approx(kl_of_beta(10.0), abs=0.02)
+    assert row["baseline_mean"] == pytest.approx(kl_of_beta(0.1), abs=0.02)
+    if expected != "not shown":
+        assert row["effect"] == pytest.approx(-0.2 if expected == "shown" else 0.2, abs=0.01)  # per decade of β
+
+
+@pytest.mark.parametrize("change", [{}, {"baseline": "none"}, {"baseline_beta": "below"}])
+def test_trend_needs_three_betas_and_the_candidate_as_its_own_baseline(config, change):
+    """config.yaml's on-policy grid has two β: a trend over it is one step (baseline_beta below says that), and a
+    trend against another configuration is not a trend; both are refused naming the key."""
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    claim = {**raw["claims"]["k1_reward_falls_with_beta"], "beta": "trend", "baseline_beta": "same", **change}
+    if change:  # three β, so that only the changed key is wrong
+        raw["studies"]["onpolicy"]["betas"] = [0.1, 1.0, 10.0]
+    raw["claims"] = {"c": claim}
+    with pytest.raises(ConfigError, match=r"claims\.c\.beta': trend"):
+        validate_config(raw)

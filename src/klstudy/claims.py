@@ -16,6 +16,9 @@ The verdict rule (config ``claims_rule``), written down before any run was looke
     critical  max(min_z, Student's t quantile at 1 − alpha with df degrees of freedom): at least min_z standard
               errors, more where few units make the standard error itself uncertain
     z         effect / se, signed so that the predicted direction is positive
+    trend     (beta: trend) d_u is seed u's least-squares slope of the metric over log10 β across the study's β grid
+              (per decade of β), against zero: a claim that the metric falls (or rises) as β grows, tested once over
+              the whole grid instead of at each step
     higher, lower   shown if z ≥ critical, contradicted if z ≤ −critical, else not shown
     same      with m = margin × |baseline mean|: shown if |effect| + critical·se ≤ m (the whole interval inside ±m),
               contradicted if |effect| − critical·se > m (the whole interval outside), else not shown
@@ -209,6 +212,18 @@ def verdict(effect: float, se: float, df: float, direction: str | None, baseline
     return z, critical, "shown" if z >= critical else "contradicted" if z <= -critical else "not shown"
 
 
+def trend_values(metric: str, tables: dict, config: dict, claim: dict, model, betas: list[float]) -> pd.DataFrame:
+    """Per seed with a value at every β of ``betas``: value, the least-squares slope of the metric over log10 β (per
+    decade of β); se NaN (the slopes' spread over seeds is their error)."""
+    kl, study = claim["candidate"], claim["study"]
+    at = {beta: metric_values(metric, tables, config, claim, study, model, kl, beta).value for beta in betas}
+    values = pd.concat(at, axis=1).dropna()
+    x = np.log10(np.asarray(betas, dtype=float))
+    x -= x.mean()
+    slopes = values.to_numpy(dtype=float) @ x / (x @ x)
+    return pd.DataFrame({"value": slopes, "se": math.nan}, index=values.index)
+
+
 def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.DataFrame) -> list[dict]:
     """One row per model of the claim's study and per selected β."""
     study = config["studies"][claim["study"]]
@@ -220,6 +235,8 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
     if metric in ("forward_kl", "entropy"):  # only the divergence section's cells save snapshots
         betas = [beta for beta in betas if beta in config["divergence"]["betas"]]
     betas = [0.0] if claim["candidate"] == "none" else selected_betas(claim["beta"], betas)  # no KL: once, at β = 0
+    if claim["beta"] == "trend":
+        return [trend_row(name, claim, config, tables, direction, basis, model, betas) for model in study["models"]]
     for model in study["models"]:
         for beta in betas:
             baseline_beta = baseline_beta_of(claim["baseline_beta"], beta, config["studies"][baseline_study]["betas"])
@@ -251,6 +268,29 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
                 )
             )  # fmt: skip
     return rows
+
+
+def trend_row(name, claim, config, tables, direction, basis, model, betas) -> dict:
+    """The one row of a ``beta: trend`` claim: the mean over seeds of the metric's slope over log10 β; beta and
+    baseline_beta are the grid's largest and smallest β, candidate_mean and baseline_mean the metric there."""
+    slopes = trend_values(claim["metric"], tables, config, claim, model, betas)
+    zero = pd.DataFrame({"value": 0.0, "se": math.nan}, index=slopes.index)
+    d, se, df, units, seeds, note = _paired(slopes, zero, "seeds", over_steps=True)
+    effect = float(d.mean()) if len(d) else math.nan
+    at = {beta: metric_values(claim["metric"], tables, config, claim, claim["study"], model, claim["candidate"], beta)
+          for beta in (min(betas), max(betas))}  # fmt: skip
+    z, critical, word = verdict(effect, se, df, direction, math.nan, config["claims_rule"])
+    grid = ", ".join(f"{beta:g}" for beta in betas)
+    return dict(
+        claim=name, text=claim["text"], paper=claim.get("paper", ""), metric=claim["metric"], study=claim["study"],
+        model=model, candidate=claim["candidate"], baseline=claim["candidate"], beta=max(betas),
+        baseline_beta=min(betas), predicted=direction or "none", basis=basis,
+        candidate_mean=float(at[max(betas)].loc[slopes.index].value.mean()) if len(slopes) else math.nan,
+        baseline_mean=float(at[min(betas)].loc[slopes.index].value.mean()) if len(slopes) else math.nan,
+        effect=effect, se=se, z=z, critical=critical, pair_by="seeds", units=units, seeds=seeds,
+        runs=len(slopes) * len(betas), verdict=word,
+        note="; ".join(filter(None, [f"trend: slope per decade of β over β = {grid}", note])),
+    )  # fmt: skip
 
 
 def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFrame:

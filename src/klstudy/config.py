@@ -246,9 +246,13 @@ def _check_divergence(config: dict) -> None:
     _check_subset(section["steps"], range(last + 1), "divergence.steps", f"steps 0..{last} of the study")
 
 
+TREND_MIN_BETAS = 3  # a trend over β needs at least three values (two make it one step: baseline_beta below)
+
+
 def selected_betas(selector, betas: list[float]) -> list[float]:
-    """The β a claim's `beta` names among a study's: each (sorted), max, min, or a value."""
-    if selector == "each":
+    """The β a claim's `beta` names among a study's: each (sorted), max, min, a value, or trend (every β: one row, the
+    slope over them)."""
+    if selector in ("each", "trend"):
         return sorted(betas)
     if selector in ("max", "min"):
         return [max(betas) if selector == "max" else min(betas)]
@@ -283,6 +287,15 @@ def check_claim(config: dict, claim: dict, where: str) -> None:
 
     study_betas, baseline_betas = (config["studies"][name]["betas"] for name in (claim["study"], baseline_study))
     candidate_betas = [0.0] if claim["candidate"] == "none" else selected_betas(claim["beta"], study_betas)
+    if claim["beta"] == "trend" and (
+        len(study_betas) < TREND_MIN_BETAS
+        or baseline != claim["candidate"]
+        or baseline_study != claim["study"]
+        or claim["baseline_beta"] != "same"
+    ):
+        refuse("beta", f"trend: the slope of the candidate's metric over log10 β needs {TREND_MIN_BETAS} or more β "
+               f"in {claim['study']} (it has {len(study_betas)}) and the candidate as its own baseline (same study, "
+               "baseline_beta same)")  # fmt: skip
     if all(baseline_beta_of(claim["baseline_beta"], beta, baseline_betas) is None for beta in candidate_betas):
         refuse("baseline_beta", f"below: no β of the candidate has a smaller β in {baseline_study} to compare with")
     if baseline == "base" and (metric == "final_kl" or baseline_study != claim["study"]):
