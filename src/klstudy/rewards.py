@@ -206,30 +206,37 @@ def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MAT
 #     (\text{B}, \textbf{B}, \mathrm{B}, ...), "$" and "**" are taken off, it is a capital letter A-D alone or in
 #     parentheses, or one followed by ")", "." or ":" and text ("B. 3e8 m/s", "(B) 3e8 m/s"); anything else
 #     ("B or C", "A, C", "Bohr", "42") names none, and a last box that names none scores 0;
-#   - a bare letter announced: "answer is", "Answer:", "the correct option/choice/answer is", "choose/select
-#     (option)", bold or not, followed at once by a letter that ends there (end of text or line, punctuation, ")",
-#     "*", "$", "}"; no second letter after "or", "and", "/", ","; the same letter twice is one: "C) C)", "A) A"), or
+#   - a bare letter announced: "answer is", "Answer:", "the correct option/choice/answer is", "the correct option of",
+#     "choose/select (option)", "choose <one word> X", "is option X", bold or not, followed at once by a letter that
+#     ends there (end of text or line, punctuation, ")", "*", "$", "}", or a connective: "is A by considering ...",
+#     "B because"; no second letter after "or", "and", "/", ","; the same letter twice is one: "C) C)", "A) A"), or
 #     on the next line where the announcement ends its line with "is" or "be" ("the answer is" / "C)"); or a letter
 #     followed by "is correct" / "is the (correct) answer/option/choice" ("B is correct.", "Option C is correct");
 #   - a line that holds only a letter, possibly in parentheses, bold, "$" or \text{}, with a full stop, after a
 #     list's number or not ("1) (B)");
-#   - a marked letter with text: "X)", "X.", "X:" or "(X)", bold or not, then the rest of its line, at the start of a
-#     line (after a list number), after a sentence on the same line, or after an announcement. The text decides:
-#     the option X's own text (case, spaces, "$", "*", quotes and final punctuation aside) up to the end of a clause
+#   - a marked letter with text: "X)", "X.", "X:" or "(X)", bold or not ("X," too where it opens a line), then the
+#     rest of its line, at the start of a line (after a list number), after a sentence on the same line, after "is"
+#     ("So this is C) ..."), or after an announcement (quoted or not: 'is "Option C: ...'). The text decides: the
+#     option X's own text (case, spaces, "$", "*", quotes and final punctuation aside) up to the end of a clause
 #     (punctuation, a spaced dash) names X, and so does X's text followed by "is/are correct", "is the (correct/best)
 #     answer", or a rejection of another ("rather than B) ...", "and not ..."; the rejected letter is not a second one
 #     offered). Short of the text: X's number without its unit ("66.7" for "66.7 Hz") where no other option has that
-#     number, X's text with one typo where X is long (16 characters or more, plain), or a long X's whole text going
-#     on in its sentence without calling itself wrong ("... is incorrect"). Another option's text names none (the
-#     completion contradicts itself); other text after an announcement names none; other text at a line's start is
-#     no candidate (a heading of the model's analysis). Marks of other letters on a neighbouring line (a reprint of
-#     the options), or three or more letters marked with an option's text (a walk through them), are no candidates;
-#   - an option's text stated as the answer without its letter: after "answer is", "answer:", "the correct
-#     option/choice is" (quoted or not), or before "is the correct answer/option/choice" or "is correct", ending
-#     there ("So, "1/2" is the correct answer."); or ending a sentence, after "is/are" ("The best laser for visible
-#     light is an excimer laser.") or anywhere after an announcement ("The answer ... falls into the category of
-#     homologous structures."), where the sentence marks no letter, negates nothing and states no other option; or a
-#     line that holds only an option's text ("1/3", "1) 100 J"), unless lines hold two options' texts (a reprint).
+#     number; a long X (16 characters or more, plain) restated with a typo or a word changed (RESTATED_RATIO, no
+#     other option within RIVAL_RATIO) in a clause that negates nothing; a long X's whole text going on in its
+#     sentence without calling itself wrong ("... is incorrect"); or X's own short text going on in a sentence that
+#     negates or rejects nothing and marks no other letter ("A) NH3 (amine) is the strongest base"). Another option's
+#     text names none (the completion contradicts itself); other text after an announcement names none; other text
+#     at a line's start is no candidate (a heading of the model's analysis). Marks of other letters on a neighbouring
+#     line (a reprint of the options), or three or more letters marked with an option's text (a walk through them),
+#     are no candidates, nor is a slip among them (a reprint that gives C the text of D contradicts nothing); an
+#     announced letter whose line goes on to sentences opening with other marked letters is a list, and names none;
+#   - an option's text, or its number without its unit where no other option has that number, stated as the answer
+#     without its letter: after "answer is", "answer:", "the correct option/choice is" (quoted or not), or before "is
+#     the correct answer/option/choice" or "is correct", ending there ("So, "1/2" is the correct answer."); or ending
+#     a sentence, after "is/are" ("The best laser for visible light is an excimer laser.") or anywhere after an
+#     announcement ("The answer ... falls into the category of homologous structures.", "The answer would be 360 - 2
+#     = 360."), where the sentence marks no letter, negates nothing and states no other option; or a line that holds
+#     only an option's text ("1/3", "1) 100 J"), unless lines hold two options' texts (a reprint).
 # Without the options (a caller that has none), only boxes, announced letters and letter lines count.
 # Lower-case letters never count ("a" is a word).
 _TEXT_MACRO = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
