@@ -3,11 +3,11 @@ MATH-500, labelled by LABELLING.md) and the field's extractors it is compared wi
 
     KLSTUDY_REFDATA=../shared/refdata .venv/bin/python tests/real_answers.py
 
-prints docs/data.md's tables: on each part of the fixture (`mmlu`, on which the letter rule was built; `heldout` and
-`fresh`, each generated and labelled before the rule met it), how often each extractor reads the labelled letter,
-reads another, or reads one where the label is none, and every completion where ours departs from the label; then the
-MATH-500 part. The questions' options and gold answers come from the reference copies (KLSTUDY_REFDATA), staged by the
-prepare_data rule's code with config/paper.yaml's entries; the fixture holds completions and ids only.
+prints docs/data.md's tables: on each part of the fixture (`mmlu`, on which the letter rule was built; `heldout`,
+`fresh` and `again`, each generated and labelled before the rule met it), how often each extractor reads the labelled
+letter, reads another, or reads one where the label is none, and every completion where ours departs from the label;
+then the MATH-500 part. The questions' options and gold answers come from the reference copies (KLSTUDY_REFDATA),
+staged by the prepare_data rule's code with config/paper.yaml's entries; the fixture holds completions and ids only.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def main() -> None:
         raise SystemExit(f"{hub_layout.REFDATA_VARIABLE} is unset or names no directory")
     rows = labelled_completions()
     records = staged_records(refdata)
-    for part in ("mmlu", "heldout", "fresh"):
+    for part in ("mmlu", "heldout", "fresh", "again"):
         letters = [row for row in rows if row["task"] in MMLU_TASKS and row["part"] == part]
         print(f"\nPart {part}:\n")
         print("| extractor | committed read as labelled | read as another letter | unread | none read as a letter "

@@ -4,10 +4,11 @@ and MATH-500 (tests/fixtures/real_answers), labelled by LABELLING.md before the 
 The fixture holds completions and ids only; the questions' options and gold answers come from the reference copies
 (KLSTUDY_REFDATA), so the tests that need them skip, saying why, without. Three parts for letters, each generated and
 labelled before the rule met it: `mmlu`, on which the letter rule was built; `heldout`, on which it first read 45 of 58
-committed letters; `fresh` (every remaining question), on which the rule fitted to both first read 53 of 67. The forms
-of each part's departures were then taken into the rule, so the floors below are in-sample: they say what the rule
-reads, not what it will read on a new model's answers (about four in five: docs/data.md). A rule that reads fewer
-labels, reads another letter more often, or reads a letter from a completion that clearly commits to none fails here.
+committed letters; `fresh` (every remaining question), on which the rule fitted to both first read 53 of 67; `again`
+(`fresh`'s questions sampled again), on which the rule fitted to all three first read 50 of 58. The forms of the first
+three parts' departures were then taken into the rule, so their floors are in-sample; `again` was not fitted to, and
+its floors are what the rule reads on completions it had not seen (docs/data.md). A rule that reads fewer labels,
+reads another letter more often, or reads a letter from a completion that clearly commits to none fails here.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def test_the_fixture_is_whole_and_labelled(rows):
     heldout = {("heldout", task): 40 for task in real_answers.MMLU_TASKS}
     fresh = {("fresh", "mmlu_college_physics"): 38, ("fresh", "mmlu_college_chemistry"): 33}
     fresh[("fresh", "mmlu_college_biology")] = 64
-    assert counts == {**mmlu, **heldout, **fresh, ("math", "math500"): 60}
+    again = {("again", task): count for (_, task), count in fresh.items()}
+    assert counts == {**mmlu, **heldout, **fresh, **again, ("math", "math500"): 60}
     letters = [row["label"] for row in rows if row["task"] in real_answers.MMLU_TASKS]
     assert set(letters) <= {"A", "B", "C", "D", None}
     assert all(isinstance(row["label"], str | None) for row in rows)
@@ -63,6 +65,8 @@ FLOORS = {
     "mmlu": {"committed": 107, "read_as_label": 107, "read_other": 0, "clear_none": 102, "clear_none_read": 0},
     "heldout": {"committed": 58, "read_as_label": 56, "read_other": 1, "clear_none": 50, "clear_none_read": 1},
     "fresh": {"committed": 67, "read_as_label": 60, "read_other": 0, "clear_none": 46, "clear_none_read": 0},
+    # held out: read once by the rule fitted to the three parts above, and never used to change it
+    "again": {"committed": 58, "read_as_label": 50, "read_other": 2, "clear_none": 57, "clear_none_read": 4},
 }
 
 
