@@ -348,10 +348,12 @@ def test_trend_tests_the_slope_over_the_whole_beta_grid(config, kl_of_beta, expe
         assert row["effect"] == pytest.approx(-0.2 if expected == "shown" else 0.2, abs=0.01)  # per decade of β
 
 
-@pytest.mark.parametrize("change", [{}, {"baseline": "none"}, {"baseline_beta": "below"}])
+@pytest.mark.parametrize(
+    "change", [{}, {"baseline": "none"}, {"baseline_beta": "below"}, {"candidate": "none", "baseline": "none"}]
+)
 def test_trend_needs_three_betas_and_the_candidate_as_its_own_baseline(config, change):
-    """config.yaml's on-policy grid has two β: a trend over it is one step (baseline_beta below says that), and a
-    trend against another configuration is not a trend; both are refused naming the key."""
+    """config.yaml's on-policy grid has two β: a trend over it is one step (baseline_beta below says that); a trend
+    against another configuration, or of no KL (one run at β = 0), is not a trend; each is refused naming the key."""
     raw = yaml.safe_load((ROOT / "config.yaml").read_text())
     claim = {**raw["claims"]["k1_reward_falls_with_beta"], "beta": "trend", "baseline_beta": "same", **change}
     if change:  # three β, so that only the changed key is wrong

@@ -212,16 +212,23 @@ def verdict(effect: float, se: float, df: float, direction: str | None, baseline
     return z, critical, "shown" if z >= critical else "contradicted" if z <= -critical else "not shown"
 
 
-def trend_values(metric: str, tables: dict, config: dict, claim: dict, model, betas: list[float]) -> pd.DataFrame:
-    """Per seed with a value at every β of ``betas``: value, the least-squares slope of the metric over log10 β (per
-    decade of β); se NaN (the slopes' spread over seeds is their error)."""
+def trend_values(metric: str, tables: dict, config: dict, claim: dict, model, betas: list[float]):
+    """(slopes, values) for the seeds with a value at every β of ``betas``: values, the metric (a column per β);
+    slopes, its least-squares slope over log10 β (per decade of β), se NaN (the slopes' spread over seeds is their
+    error)."""
     kl, study = claim["candidate"], claim["study"]
     at = {beta: metric_values(metric, tables, config, claim, study, model, kl, beta).value for beta in betas}
     values = pd.concat(at, axis=1).dropna()
     x = np.log10(np.asarray(betas, dtype=float))
     x -= x.mean()
     slopes = values.to_numpy(dtype=float) @ x / (x @ x)
-    return pd.DataFrame({"value": slopes, "se": math.nan}, index=values.index)
+    return pd.DataFrame({"value": slopes, "se": math.nan}, index=values.index), values
+
+
+def _claim_columns(name: str, claim: dict, direction: str | None) -> dict:
+    """The columns every row of a claim shares."""
+    return dict(claim=name, text=claim["text"], paper=claim.get("paper", ""), metric=claim["metric"],
+                study=claim["study"], candidate=claim["candidate"], predicted=direction or "none")  # fmt: skip
 
 
 def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.DataFrame) -> list[dict]:
@@ -254,12 +261,10 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
                                         claim.get("margin"))  # fmt: skip
             rows.append(
                 dict(
-                    claim=name, text=claim["text"], paper=claim.get("paper", ""), metric=metric, study=claim["study"],
-                    model=model, candidate=claim["candidate"],
+                    **_claim_columns(name, claim, direction), model=model,
                     baseline=claim["baseline"] if baseline_study == claim["study"] else
                     f"{claim['baseline']} ({baseline_study})",
                     beta=beta, baseline_beta=baseline_beta if claim["baseline"] not in ("none", BASE) else "",
-                    predicted=direction or "none",
                     basis=basis + (f"; margin {claim['margin']} of the baseline" if direction == "same" else ""),
                     candidate_mean=float(candidate.loc[paired].value.mean()) if len(paired) else math.nan,
                     baseline_mean=baseline_mean, effect=effect, se=se, z=z, critical=critical, pair_by=pair_by,
@@ -273,20 +278,17 @@ def claim_rows(name: str, claim: dict, config: dict, tables: dict, tests: pd.Dat
 def trend_row(name, claim, config, tables, direction, basis, model, betas) -> dict:
     """The one row of a ``beta: trend`` claim: the mean over seeds of the metric's slope over log10 β; beta and
     baseline_beta are the grid's largest and smallest β, candidate_mean and baseline_mean the metric there."""
-    slopes = trend_values(claim["metric"], tables, config, claim, model, betas)
+    slopes, values = trend_values(claim["metric"], tables, config, claim, model, betas)
     zero = pd.DataFrame({"value": 0.0, "se": math.nan}, index=slopes.index)
     d, se, df, units, seeds, note = _paired(slopes, zero, "seeds", over_steps=True)
     effect = float(d.mean()) if len(d) else math.nan
-    at = {beta: metric_values(claim["metric"], tables, config, claim, claim["study"], model, claim["candidate"], beta)
-          for beta in (min(betas), max(betas))}  # fmt: skip
     z, critical, word = verdict(effect, se, df, direction, math.nan, config["claims_rule"])
     grid = ", ".join(f"{beta:g}" for beta in betas)
     return dict(
-        claim=name, text=claim["text"], paper=claim.get("paper", ""), metric=claim["metric"], study=claim["study"],
-        model=model, candidate=claim["candidate"], baseline=claim["candidate"], beta=max(betas),
-        baseline_beta=min(betas), predicted=direction or "none", basis=basis,
-        candidate_mean=float(at[max(betas)].loc[slopes.index].value.mean()) if len(slopes) else math.nan,
-        baseline_mean=float(at[min(betas)].loc[slopes.index].value.mean()) if len(slopes) else math.nan,
+        **_claim_columns(name, claim, direction), model=model, baseline=claim["candidate"], beta=max(betas),
+        baseline_beta=min(betas), basis=basis,
+        candidate_mean=float(values[max(betas)].mean()) if len(values) else math.nan,
+        baseline_mean=float(values[min(betas)].mean()) if len(values) else math.nan,
         effect=effect, se=se, z=z, critical=critical, pair_by="seeds", units=units, seeds=seeds,
         runs=len(slopes) * len(betas), verdict=word,
         note="; ".join(filter(None, [f"trend: slope per decade of β over β = {grid}", note])),

@@ -289,13 +289,14 @@ def check_claim(config: dict, claim: dict, where: str) -> None:
     candidate_betas = [0.0] if claim["candidate"] == "none" else selected_betas(claim["beta"], study_betas)
     if claim["beta"] == "trend" and (
         len(study_betas) < TREND_MIN_BETAS
+        or claim["candidate"] == "none"  # no KL is one run at β = 0: nothing to slope over
         or baseline != claim["candidate"]
         or baseline_study != claim["study"]
         or claim["baseline_beta"] != "same"
     ):
         refuse("beta", f"trend: the slope of the candidate's metric over log10 β needs {TREND_MIN_BETAS} or more β "
-               f"in {claim['study']} (it has {len(study_betas)}) and the candidate as its own baseline (same study, "
-               "baseline_beta same)")  # fmt: skip
+               f"in {claim['study']} (it has {len(study_betas)}), a KL configuration (not none) and the candidate as "
+               "its own baseline (same study, baseline_beta same)")  # fmt: skip
     if all(baseline_beta_of(claim["baseline_beta"], beta, baseline_betas) is None for beta in candidate_betas):
         refuse("baseline_beta", f"below: no β of the candidate has a smaller β in {baseline_study} to compare with")
     if baseline == "base" and (metric == "final_kl" or baseline_study != claim["study"]):
