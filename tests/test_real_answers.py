@@ -45,9 +45,9 @@ def test_the_fixture_is_whole_and_labelled(rows):
     counts = Counter((row["part"], row["task"]) for row in rows)
     mmlu = {("mmlu", task): 80 for task in real_answers.MMLU_TASKS}
     heldout = {("heldout", task): 40 for task in real_answers.MMLU_TASKS}
-    fresh = {("fresh", "mmlu_college_physics"): 38, ("fresh", "mmlu_college_chemistry"): 33}
-    fresh[("fresh", "mmlu_college_biology")] = 64
-    again = {("again", task): count for (_, task), count in fresh.items()}
+    remaining = dict(zip(real_answers.MMLU_TASKS, (38, 33, 64), strict=True))  # every question after the 80th
+    fresh = {("fresh", task): count for task, count in remaining.items()}
+    again = {("again", task): count for task, count in remaining.items()}
     assert counts == {**mmlu, **heldout, **fresh, **again, ("math", "math500"): 60}
     letters = [row["label"] for row in rows if row["task"] in real_answers.MMLU_TASKS]
     assert set(letters) <= {"A", "B", "C", "D", None}
@@ -102,7 +102,8 @@ def test_the_rule_depends_on_the_options_it_is_given(rows, records):
     """With each question's options shuffled, a committed completion whose labelled option moved to another letter is
     read as labelled no more often than with no options at all (the letters that need no option's text: "Answer: C",
     a letter alone on a line); with the true options nearly all are: the agreement comes from the options' texts, not
-    from reading some letter. (Measured: 122 moved, 120 read with the true options, 30 with none, 29 shuffled.)"""
+    from reading some letter. (Measured on the four parts: 231 moved, 219 read with the true options, 58 with none, 54
+    shuffled.)"""
     rng = random.Random(0)
     moved = []
     for row in _letters(rows):
