@@ -318,16 +318,17 @@ def _similarity(stated: str, option: str) -> float:
     return matcher.ratio() if matcher.real_quick_ratio() >= RIVAL_RATIO else 0.0
 
 
+def _unit_number(option: str) -> str | None:
+    """The number of an option (plain) that is a number and a unit ("66.7" of "66.7hz"), else None."""
+    number = _NUMBER.match(option)
+    return number.group() if number and _UNIT.fullmatch(option[number.end() :]) else None
+
+
 def _loosely_named(stated: str, options: dict[str, str]) -> str | None:
     """The letter of the one option that ``stated`` (plain) is short of what a model drops or slips: the option's
     number without its unit ("66.7" for "66.7 Hz"), or a long option restated with a typo or a word changed; or
     None."""
-    number = _NUMBER.fullmatch(stated) is not None
-    numbers = [
-        letter
-        for letter, option in options.items()
-        if number and option.startswith(stated) and _UNIT.fullmatch(option[len(stated) :])
-    ]
+    numbers = [letter for letter, option in options.items() if _unit_number(option) == stated]
     if numbers:
         return numbers[0] if len(numbers) == 1 else None
     similarity = {letter: _similarity(stated, option) for letter, option in options.items()}
@@ -437,19 +438,19 @@ def _leading_option(text: str, options: dict[str, str], marked: str) -> str | No
         long = len(option) >= LONG_OPTION_CHARS
         if (long or letter == marked) and re.match(_spelled(option) + _GOES_ON, sentence, re.I):
             called_wrong = _DISMISSED.search(sentence) if long else _NEGATION.search(sentence)
-            letters += [] if called_wrong or (not long and _another_letter(sentence, letter)) else [letter]
+            if not called_wrong and (long or not _another_letter(sentence, letter)):
+                letters.append(letter)
     return letters[0] if len(letters) == 1 else None
 
 
 def _stated(option: str, options: dict[str, str]) -> str:
     """A pattern for an option stated as the answer: its text (`_spelled`), or its number alone where it is a number
     with a unit and no other option has that number ("360" for "360 m")."""
-    number = _NUMBER.match(option)
-    if not number or not _UNIT.fullmatch(option[number.end() :]):
+    number = _unit_number(option)
+    leading = [match.group() for match in map(_NUMBER.match, options.values()) if match]  # bare numbers count too
+    if number is None or leading.count(number) > 1:
         return _spelled(option)
-    if [_NUMBER.match(other) and _NUMBER.match(other).group() for other in options.values()].count(number.group()) > 1:
-        return _spelled(option)
-    return rf"(?<![\d.]){re.escape(number.group())}(?![\d.])(?:[ \t]*{_spelled(option[number.end() :])})?"
+    return rf"(?<![\d.]){re.escape(number)}(?![\d.])(?:[ \t]*{_spelled(option[len(number) :])})?"
 
 
 def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
@@ -457,9 +458,9 @@ def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, s
     sentence that announces the answer ("The answer to this question falls into the category of homologous
     structures.") or says what something is ("The best laser for ... is an excimer laser."), where that sentence
     marks no letter, negates nothing and states no other option; or holding a line alone (`_option_lines`)."""
-    found = []
-    for letter, option in options.items():
-        quoted = rf"[\"“']?{_stated(option, options)}[\"”']?"
+    found, stated = [], {letter: _stated(option, options) for letter, option in options.items()}
+    for letter in options:
+        quoted = rf"[\"“']?{stated[letter]}[\"”']?"
         after = rf"(?:{_ANNOUNCEMENT})[ \t]*:?[ \t]*"
         pattern = rf"{after}{quoted}(?=[ \t]*(?:$|[.,;!]))|(?<![\w/]){quoted}(?={_ENDORSED})"
         found += [(match.start(), letter) for match in re.finditer(pattern, text, re.M | re.I)]
@@ -467,10 +468,10 @@ def _stated_option_text(text: str, options: dict[str, str]) -> list[tuple[int, s
         words = sentence.group()
         if len(words) > MAX_ANSWER_CHARS or _LETTER_MARK.search(words) or _NEGATION.search(words):
             continue
-        ending = [letter for letter, option in options.items()
+        ending = [letter for letter, pattern in stated.items()
                   if re.search(rf"(?:\b(?:is|are)[ \t]+|(?:{_ANNOUNCEMENT})\b.*[ \t])(?:(?:an?|the)[ \t]+)?"
-                               rf"{_stated(option, options)}[ \t\"”']*$", words, re.I)]  # fmt: skip
-        mentioned = [letter for letter, option in options.items() if re.search(_stated(option, options), words, re.I)]
+                               rf"{pattern}[ \t\"”']*$", words, re.I)]  # fmt: skip
+        mentioned = [letter for letter, pattern in stated.items() if re.search(pattern, words, re.I)]
         if len(ending) == 1 and mentioned == ending:
             found.append((sentence.start(), ending[0]))
     return found + _option_lines(text, options)
