@@ -31,7 +31,8 @@ def write_cell(results: Path, cell: dict, status: str, pass_at_1: list[float], s
     metrics = [{"step": s, "task_reward": 0.3, "kl_k1": 0.1, "kl_k3": 0.1, "loss": 0.0} for s in range(1, 3)]
     for name, rows in (("heldout.jsonl", heldout), ("metrics.jsonl", metrics)):
         (directory / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (directory / "summary.json").write_text(json.dumps({"status": status, "reason": "", "steps_done": 2}))
+    summary = {"status": status, "reason": "", "steps_done": 2, "base_model_sha256": "ab" * 32}
+    (directory / "summary.json").write_text(json.dumps(summary))
 
 
 def write_eval(results: Path, relative: str, score: float, status: str = "ok", unread: float = 0.25) -> None:
@@ -66,6 +67,9 @@ def test_every_grid_cell_is_a_row_and_missing_ones_say_so(config, results):
     assert (cells.status == "missing").sum() == 33
     assert set(cells[cells.kl == "none"].beta) == {0.0}
     assert {"estimator", "placement"} <= set(cells.columns)
+    recorded = cells.set_index(["study", "kl", "beta", "seed"]).base_model_sha256
+    assert recorded[("onpolicy", "k1-reward", 0.1, 0)] == "ab" * 32  # the base model each run started from
+    assert cells[cells.status == "missing"].base_model_sha256.isna().all()
 
 
 def test_evaluations_table_has_a_row_per_cell_task_and_base_model(config, results):

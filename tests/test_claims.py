@@ -361,3 +361,16 @@ def test_trend_needs_three_betas_and_the_candidate_as_its_own_baseline(config, c
     raw["claims"] = {"c": claim}
     with pytest.raises(ConfigError, match=r"claims\.c\.beta': trend"):
         validate_config(raw)
+
+
+def test_the_caption_names_the_base_models_the_runs_started_from(config):
+    """Two machines can build different embedded base models (docs/claims.md): the caption says which one each run
+    started from, and says so when one model's runs started from different weights."""
+    one = pd.DataFrame({"model": ["tiny", "tiny", "tiny"], "base_model_sha256": ["1a" * 32, "1a" * 32, None]})
+    text = claims.caption(config, one)
+    assert "tiny 1a1a1a1a1a1a." in text and "mix experiments" not in text
+    mixed = pd.DataFrame({"model": ["tiny", "tiny"], "base_model_sha256": ["1a" * 32, "2b" * 32]})
+    assert "tiny 1a1a1a1a1a1a, 2b2b2b2b2b2b" in claims.caption(config, mixed)
+    assert "mix experiments" in claims.caption(config, mixed)
+    assert "Base models" not in claims.caption(config, pd.DataFrame({"model": ["tiny"]}))  # runs before digests
+    assert "Base models" not in claims.caption(config)

@@ -26,6 +26,36 @@ def test_a_local_copy_is_used_without_the_network(tmp_path, monkeypatch):
     )
     model, _ = models.load(tmp_path / "m")
     assert model.config.hidden_size == 64
+    # the staged copy records its weights' digest, which is the source's: the same model, to the bit
+    assert (tmp_path / "m" / models.WEIGHTS_RECORD).is_file()
+    assert models.base_model_digest(tmp_path / "m") == models.weights_digest(tmp_path / "copy")
+
+
+def test_the_weights_digest_tells_models_apart_by_one_bit(tmp_path):
+    """The embedded warm start builds another model on another CPU (docs/claims.md): runs record which one."""
+    import torch
+
+    tokenizer = tiny.build_tokenizer()
+    spec = tiny.TinyModelSpec(hidden_size=64, num_heads=2, num_layers=1, intermediate_size=64)
+    model = tiny.build_model(spec, tokenizer)
+    tiny.save(model, tokenizer, tmp_path / "a", spec, {})
+    tiny.save(model, tokenizer, tmp_path / "again", spec, {"another": "build record"})  # metadata is not weights
+    assert models.weights_digest(tmp_path / "a") == models.weights_digest(tmp_path / "again")
+    with torch.no_grad():  # one weight moved by one unit in the last place
+        weight = model.model.layers[0].mlp.up_proj.weight
+        weight[0, 0] = torch.nextafter(weight[0, 0], torch.tensor(1.0))
+    tiny.save(model, tokenizer, tmp_path / "b", spec, {})
+    assert models.weights_digest(tmp_path / "b") != models.weights_digest(tmp_path / "a")
+    # sharded: every shard is read (a change in the last shard changes the digest)
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    last = models.weight_files(tmp_path / "sharded")[-1]
+    before = models.weights_digest(tmp_path / "sharded")
+    last.write_bytes(last.read_bytes()[:-1] + bytes([last.read_bytes()[-1] ^ 1]))
+    assert models.weights_digest(tmp_path / "sharded") != before
+    # recorded at staging, read back without reading the weights again; computed where none was recorded
+    assert models.base_model_digest(tmp_path / "a") == models.weights_digest(tmp_path / "a")
+    assert models.record_weights_digest(tmp_path / "a") == models.base_model_digest(tmp_path / "a")
 
 
 def test_a_local_copy_without_weights_is_refused(tmp_path):

@@ -393,6 +393,7 @@ def test_a_diverging_run_is_recorded_not_raised(model_dir, data_dir, tmp_path):
     summary = json.loads((tmp_path / "cell" / "summary.json").read_text())
     assert summary["status"] == "diverged" and "max_kl" in summary["reason"]
     assert summary["steps_done"] < 4
+    assert summary["base_model_sha256"] == models.weights_digest(model_dir)  # which base model, to the bit
     assert (tmp_path / "cell" / "final" / "config.json").is_file()
 
 

@@ -7,6 +7,8 @@ import pytest
 import yaml
 from workflow_helpers import ROOT, job_counts, snakemake
 
+from klstudy import models
+
 
 def expected_jobs(config: dict) -> dict:
     """Job counts per rule, computed from the config independently of the workflow's helpers."""
@@ -158,7 +160,13 @@ def test_every_cell_trained_and_recorded(reduced_run):
         assert snapshots == (["step~1", "step~2"] if off_policy else [])
     for name in config["data"]:
         assert (workdir / "results" / "data" / f"{name}.jsonl").stat().st_size > 0
-    assert (workdir / "results" / "models" / "tiny" / "klstudy_build.json").is_file()
+    base = workdir / "results" / "models" / "tiny"
+    assert (base / "klstudy_build.json").is_file()
+    # the stage records its base model's digest, every run names it, and the claims table's caption too
+    digest = json.loads((base / models.WEIGHTS_RECORD).read_text())["sha256"]
+    assert digest == models.weights_digest(base)
+    assert {json.loads(path.read_text())["base_model_sha256"] for path in runs} == {digest}
+    assert f"tiny {digest[:12]}." in (workdir / "figures" / "claims.md").read_text()
 
 
 def test_every_cell_and_base_model_evaluated(reduced_run):

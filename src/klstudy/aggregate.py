@@ -1,7 +1,8 @@
 """Tidy tables of everything the grid produced (``results/tables/*.csv``), the input of every figure.
 
 Tables (one row per ...):
-    cells.csv        cell: its status (ok | collapsed | diverged | missing), reason and final numbers
+    cells.csv        cell: its status (ok | collapsed | diverged | missing), reason, final numbers and the SHA-256
+                     of the base model's weights it started from
     training.csv     cell × optimiser step: the columns of metrics.jsonl
     heldout.csv      cell × evaluation step: held-out pass@1 during training, its standard error and each question's
                      score (per_prompt, a JSON list)
@@ -65,6 +66,7 @@ def cells_table(config: dict, results: Path) -> pd.DataFrame:
                 "final_task_reward": summary.get("final_task_reward"),
                 "final_kl_k3": summary.get("final_kl_k3"),
                 "final_heldout_pass_at_1": summary.get("final_heldout_pass_at_1"),
+                "base_model_sha256": summary.get("base_model_sha256"),
             }
         )
     return pd.DataFrame(rows)

@@ -465,6 +465,7 @@ def run(
     # Never a silent `ok`: every model this job hands on must load whole, in the base model's dtype.
     snapshots = sorted(recorder.snapshot_dir.glob("step~*")) if recorder.snapshot_dir.is_dir() else []
     base = models.check_saved_model(model_dir, recorder.dtype)
+    summary.update(base_model_sha256=models.base_model_digest(model_dir))  # which base model, to the bit
     for saved in (out_dir / "final", *snapshots):
         models.check_saved_model(saved, recorder.dtype, parameters=base)
     shutil.rmtree(out_dir / "snapshots", ignore_errors=True)

@@ -309,7 +309,29 @@ def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFram
     return table
 
 
-def caption(config: dict) -> str:
+def base_models_sentence(cells: pd.DataFrame) -> str:
+    """Which base models the runs started from (SHA-256 of the weights, 12 hex digits), so that two runs of one config
+    on two machines can be told apart when their base models differ (the embedded warm start does, across CPUs)."""
+    if "base_model_sha256" not in cells:
+        return ""
+    recorded = cells.dropna(subset=["base_model_sha256"])
+    digests = {
+        model: sorted({digest[:12] for digest in group["base_model_sha256"]})
+        for model, group in recorded.groupby("model", sort=True)
+    }
+    if not digests:
+        return ""
+    named = "; ".join(f"{model} {', '.join(found)}" for model, found in digests.items())
+    mixed = any(len(found) > 1 for found in digests.values())
+    return (
+        f" Base models (SHA-256 of the weights each run started from): {named}."
+        + (" One model's runs started from different weights: its comparisons mix experiments." if mixed else "")
+        + " A run whose base model has another digest (another machine's build) is another experiment."
+    )
+
+
+def caption(config: dict, cells: pd.DataFrame | None = None) -> str:
+    """The claims table's caption; with the cells table, it names the base models the runs started from."""
     rule = config["claims_rule"]
     return (
         f"Claims ({config['scale']} scale): which of the paper's claims this run shows. Each row compares a candidate "
@@ -324,4 +346,5 @@ def caption(config: dict) -> str:
         f"with probability at most {rule['alpha']}. Metrics: "
         + "; ".join(f"{name}: {text}" for name, text in METRICS.items())
         + "."
+        + (base_models_sentence(cells) if cells is not None else "")
     )

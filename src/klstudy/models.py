@@ -183,11 +183,11 @@ def build_base_model(name: str, spec: dict, warm_start_paths: list[Path], out: P
     out = Path(out)
     if spec["source"] == "hub":
         stage_hub_model(spec, out)
-        log(f"model {name}: {spec['hub_id']} staged in {out}")
+        log(f"model {name}: {spec['hub_id']} staged in {out}, weights sha256 {record_weights_digest(out)}")
         return
     if spec["source"] == "gguf":
         record = stage_gguf_model(spec, out)
-        log(f"model {name}: {json.dumps(record)}")
+        log(f"model {name}: {json.dumps(record)}, weights sha256 {record_weights_digest(out)}")
         return
     copies = spec["warm_start_data"]  # dataset name -> copies in the mixture
     unnamed = [str(path) for path in warm_start_paths if Path(path).stem not in copies]
@@ -197,7 +197,7 @@ def build_base_model(name: str, spec: dict, warm_start_paths: list[Path], out: P
         )
     records = [record for path in warm_start_paths for record in data.read_jsonl(path) * copies[Path(path).stem]]
     metadata = build_embedded(spec, records, out, log=log)
-    log(f"model {name}: {json.dumps(metadata)}")
+    log(f"model {name}: {json.dumps(metadata)}, weights sha256 {record_weights_digest(out)}")
 
 
 # ---------------------------------------------------------------------------------------------------- saved models
@@ -227,25 +227,59 @@ def safetensors_header(path: Path) -> dict:
     return header
 
 
-def saved_tensors(model_dir: Path) -> dict:
-    """Every tensor of a saved model (single file or sharded with an index), from the headers."""
+def weight_files(model_dir: Path) -> list[Path]:
+    """The .safetensors files of a saved model (single file, or the shards its index names), in name order."""
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     elif (model_dir / "model.safetensors").is_file():
-        files = ["model.safetensors"]
+        names = ["model.safetensors"]
     else:
         raise SavedModelError(
             f"{model_dir}: no weights (neither model.safetensors nor model.safetensors.index.json); found "
             f"{sorted(p.name for p in model_dir.iterdir()) if model_dir.is_dir() else 'no directory'}"
         )
-    tensors = {}
-    for name in files:
+    for name in names:
         if not (model_dir / name).is_file():
             raise SavedModelError(f"{model_dir}: the index names weight file {name}, which is missing")
-        tensors.update(safetensors_header(model_dir / name))
-    return tensors
+    return [model_dir / name for name in names]
+
+
+def saved_tensors(model_dir: Path) -> dict:
+    """Every tensor of a saved model (single file or sharded with an index), from the headers."""
+    return {name: entry for path in weight_files(model_dir) for name, entry in safetensors_header(path).items()}
+
+
+# Which base model a run started from, to the bit. The embedded warm start is not reproducible to the bit across CPUs
+# (another kernel set builds another model: docs/claims.md, "Where two machines part"), so every run records the digest
+# of its base model's weights, and the claims table names it: two runs whose digests differ are different experiments.
+WEIGHTS_RECORD = "klstudy_weights.json"
+
+
+def weights_digest(model_dir: Path) -> str:
+    """SHA-256 of a saved model's weight files, read in name order (streamed: a 7B model is read once, not held)."""
+    digest = hashlib.sha256()
+    for path in weight_files(model_dir):
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_weights_digest(model_dir: Path) -> str:
+    """Compute the digest of a base model just staged or built and write it beside the weights (WEIGHTS_RECORD)."""
+    sha256 = weights_digest(model_dir)
+    (Path(model_dir) / WEIGHTS_RECORD).write_text(json.dumps({"sha256": sha256}) + "\n")
+    return sha256
+
+
+def base_model_digest(model_dir: Path) -> str:
+    """The digest recorded when the base model was staged, or computed now for a model staged without one."""
+    record = Path(model_dir) / WEIGHTS_RECORD
+    if record.is_file():
+        return json.loads(record.read_text())["sha256"]
+    return weights_digest(model_dir)
 
 
 def check_saved_model(model_dir: Path, dtype: str, parameters: int | None = None) -> int:

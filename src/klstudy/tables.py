@@ -286,7 +286,7 @@ def study_tables(config: dict, tables: dict, tests: pd.DataFrame) -> dict[str, t
             "which the task's answer rule reads no answer at all (no letter, no mathematical answer, no expression), "
             "so that a low score from unread answers can be told from one of wrong answers.",
         ),
-        "claims": (claims_table(config, tables, tests), claims_caption(config)),
+        "claims": (claims_table(config, tables, tests), claims_caption(config, tables["cells"])),
     }
     return {name: built[name] for name in STUDY_TABLES}
 
