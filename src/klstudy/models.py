@@ -180,15 +180,19 @@ def stage_gguf_model(spec: dict, out: Path) -> dict:
 
 
 def build_base_model(name: str, spec: dict, warm_start_paths: list[Path], out: Path, log=print) -> None:
+    """Stage (hub, GGUF) or build (embedded) the base model in ``out``, then record its weights' digest there."""
     out = Path(out)
+    log(f"model {name}: {_stage_or_build(spec, warm_start_paths, out, name, log)}")
+    log(f"model {name}: weights sha256 {record_weights_digest(out)}")
+
+
+def _stage_or_build(spec: dict, warm_start_paths: list[Path], out: Path, name: str, log) -> str:
+    """Put the base model in ``out``; returns what to log of how it came."""
     if spec["source"] == "hub":
         stage_hub_model(spec, out)
-        log(f"model {name}: {spec['hub_id']} staged in {out}, weights sha256 {record_weights_digest(out)}")
-        return
+        return f"{spec['hub_id']} staged in {out}"
     if spec["source"] == "gguf":
-        record = stage_gguf_model(spec, out)
-        log(f"model {name}: {json.dumps(record)}, weights sha256 {record_weights_digest(out)}")
-        return
+        return json.dumps(stage_gguf_model(spec, out))
     copies = spec["warm_start_data"]  # dataset name -> copies in the mixture
     unnamed = [str(path) for path in warm_start_paths if Path(path).stem not in copies]
     if unnamed:
@@ -196,8 +200,7 @@ def build_base_model(name: str, spec: dict, warm_start_paths: list[Path], out: P
             f"model {name}: warm-start file(s) {unnamed} not named in its warm_start_data {sorted(copies)}"
         )
     records = [record for path in warm_start_paths for record in data.read_jsonl(path) * copies[Path(path).stem]]
-    metadata = build_embedded(spec, records, out, log=log)
-    log(f"model {name}: {json.dumps(metadata)}, weights sha256 {record_weights_digest(out)}")
+    return json.dumps(build_embedded(spec, records, out, log=log))
 
 
 # ---------------------------------------------------------------------------------------------------- saved models
