@@ -128,3 +128,69 @@ def test_the_guard_names_what_a_broken_save_lacks(tmp_path):
     (reshaped / "config.json").write_text(config)
     with pytest.raises(models.SavedModelError, match="has shape"):
         models.check_saved_model(reshaped, "float32")
+
+
+# ------------------------------------------------------------------------------------------- pinned embedded models
+SMALL_SPEC = dict(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64, sft_steps=3, sft_batch=4)
+
+
+def _warm_start_file(tmp_path):
+    path = tmp_path / "warm_math.jsonl"
+    from klstudy.config import dataset_settings
+
+    entry = {"kind": "arithmetic", "levels": ["add1"], "size": 8, "seed": 0, "split": "warmup"}
+    data.prepare("warm_math", dataset_settings("warm_math", entry), path)
+    return path
+
+
+def _pinned_build(tmp_path):
+    """A small embedded model built as base_model builds one, and the config entry that pins it."""
+    warm = _warm_start_file(tmp_path)
+    spec = {"source": "embedded", "warm_start_data": {"warm_math": 1}, "spec": SMALL_SPEC}
+    models.build_base_model("tiny", spec, [warm], tmp_path / "pinned")
+    pinned = {"path": str(tmp_path / "pinned"), "sha256": models.base_model_digest(tmp_path / "pinned")}
+    return {**spec, "pinned": pinned}, warm
+
+
+def test_a_pinned_embedded_model_is_staged_as_built_not_built_again(tmp_path, monkeypatch):
+    spec, warm = _pinned_build(tmp_path)
+    monkeypatch.setattr(tiny, "warm_start", lambda *a, **k: pytest.fail("the warm start ran"))
+    lines = []
+    models.build_base_model("tiny", spec, [warm], tmp_path / "staged", log=lines.append)
+    assert models.base_model_digest(tmp_path / "staged") == spec["pinned"]["sha256"]
+    assert models.weights_digest(tmp_path / "staged") == spec["pinned"]["sha256"]
+    assert "pinned copy of" in lines[0] and spec["pinned"]["sha256"] in lines[1]
+    model, _ = models.load(tmp_path / "staged")
+    assert model.config.hidden_size == 64
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda spec, _: spec["spec"].update(sft_steps=4), r"models\.tiny\.pinned:.*\(sft_steps: 3 there, 4 asked\)"),
+        (lambda spec, warm: spec["spec"].pop("hidden_size"), r"hidden_size: 64 there, 128 asked"),  # a default
+        (lambda spec, warm: warm.write_text(warm.read_text().replace("add", "sum", 1)), r"other data than"),
+        (lambda spec, warm: spec["pinned"].update(sha256="0" * 64), r"have SHA-256 [0-9a-f]{64}, not the sha256"),
+    ],
+    ids=["another spec", "another default", "other warm-start data", "other weights"],
+)
+def test_a_pinned_copy_that_is_not_the_configured_build_is_refused(tmp_path, change, message):
+    spec, warm = _pinned_build(tmp_path)
+    spec = {**spec, "spec": dict(spec["spec"]), "pinned": dict(spec["pinned"])}
+    change(spec, warm)
+    with pytest.raises(ValueError, match=message):
+        models.build_base_model("tiny", spec, [warm], tmp_path / "staged")
+
+
+def test_a_pinned_path_without_a_build_is_a_config_error(tmp_path):
+    import yaml
+
+    from klstudy.config import REPO_ROOT, ConfigError, validate_config
+
+    config = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    config["models"]["tiny"]["pinned"] = {"path": str(tmp_path), "sha256": "0" * 64}
+    with pytest.raises(ConfigError, match=r"models\.tiny\.pinned\.path.*no built model.*pin-base-model --model tiny"):
+        validate_config(config)
+    config["models"]["tiny"]["pinned"] = {"path": str(tmp_path), "sha256": "not hex"}
+    with pytest.raises(ConfigError, match=r"models\.tiny\.pinned\.sha256"):
+        validate_config(config)

@@ -76,33 +76,57 @@ def test_same_seed_same_weights_other_seed_other_weights(tmp_path):
     assert not all(torch.equal(first[k], other[k]) for k in first)
 
 
-@pytest.mark.slow  # 145 s (the whole build of config.yaml's base model): `make test-all`, and after any change to it
-def test_configured_base_model_starts_rl_inside_the_pass_at_1_window(tmp_path):
-    """The base model of config.yaml, built as the workflow builds it: held-out pass@1 at T = 1 in [0.15, 0.6].
-
-    Its build time is recorded in klstudy_build.json (and docs/data.md), not asserted: tests do not time things.
-    """
+def _stage_configured_base_model(tmp_path, pinned: bool):
+    """config.yaml's base model staged by the `base-model` stage as the workflow runs it (its pinned copy), or built
+    afresh on this machine from the same spec and data; returns the config (defaults filled) and the model's build."""
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))  # defaults filled, as the workflow's
-    model_spec = config["models"]["tiny"]
+    model_spec = dict(config["models"]["tiny"])
+    if not pinned:
+        model_spec.pop("pinned")
     paths = []
     for name in model_spec["warm_start_data"]:
         paths.append(tmp_path / f"{name}.jsonl")
         data.prepare(name, config["data"][name], paths[-1])
-    heldout_name = config["studies"]["onpolicy"]["heldout_data"]
-    heldout = data.prepare(heldout_name, config["data"][heldout_name], tmp_path / "heldout.jsonl")
     subprocess.run(
         [sys.executable, "-m", "klstudy", "base-model", "--name", "tiny", "--settings", json.dumps(model_spec),
          "--warm-start-data", *map(str, paths), "--out", str(tmp_path / "tiny")],
         check=True, env={"PYTHONPATH": str(ROOT / "src"), "PATH": str(Path(sys.executable).parent)}, timeout=900,
     )  # fmt: skip
-    build = json.loads((tmp_path / "tiny" / "klstudy_build.json").read_text())
-    model, tokenizer = models.load(tmp_path / "tiny")
+    return config, json.loads((tmp_path / "tiny" / "klstudy_build.json").read_text())
+
+
+def _heldout_pass_at_1(config, model_dir, tmp_path) -> float:
+    """Held-out pass@1 at T = 1 of the on-policy study's held-out questions, 4 samples each, at its token budget."""
+    heldout_name = config["studies"]["onpolicy"]["heldout_data"]
+    heldout = data.prepare(heldout_name, config["data"][heldout_name], tmp_path / "heldout.jsonl")
+    model, tokenizer = models.load(model_dir)
     samples, max_tokens = 4, config["studies"]["onpolicy"]["train"]["max_response_tokens"]
     prompts = [r["prompt"] for r in heldout] * samples
     completions = tiny.sample(model, tokenizer, prompts, max_tokens, temperature=1.0, seed=0)
     scores = [rewards.score(r, c) for r, c in zip(heldout * samples, completions, strict=True)]
-    pass_at_1 = sum(scores) / len(scores)
+    return sum(scores) / len(scores)
+
+
+def test_the_pinned_base_model_is_config_yamls_build_and_starts_rl_inside_the_pass_at_1_window(tmp_path):
+    """config.yaml's base model is its pinned copy, checked by the stage against config.yaml's spec and warm-start data
+    as they stand now (a change to either fails here until the copy is rebuilt with `klstudy pin-base-model`), and
+    RL starts from a held-out pass@1 at T = 1 in [0.15, 0.6]."""
+    config, build = _stage_configured_base_model(tmp_path, pinned=True)
+    assert models.base_model_digest(tmp_path / "tiny") == config["models"]["tiny"]["pinned"]["sha256"]
+    pass_at_1 = _heldout_pass_at_1(config, tmp_path / "tiny", tmp_path)
     print(f"held-out pass@1 at T=1: {pass_at_1:.3f}; build: {build}")
+    assert 0.15 <= pass_at_1 <= 0.6
+
+
+@pytest.mark.slow  # 145 s (the whole build of config.yaml's base model): `make test-all`, and after any change to it
+def test_configured_base_model_built_afresh_starts_rl_inside_the_pass_at_1_window(tmp_path):
+    """The base model of config.yaml built on this machine instead of staged from its pinned copy: held-out pass@1
+    at T = 1 in [0.15, 0.6]. Whether it is the pinned copy to the bit depends on the CPU (docs/claims.md): printed,
+    not asserted. Its build time is recorded in klstudy_build.json (and docs/data.md), not asserted."""
+    config, build = _stage_configured_base_model(tmp_path, pinned=False)
+    same = models.base_model_digest(tmp_path / "tiny") == config["models"]["tiny"]["pinned"]["sha256"]
+    pass_at_1 = _heldout_pass_at_1(config, tmp_path / "tiny", tmp_path)
+    print(f"held-out pass@1 at T=1: {pass_at_1:.3f}; the pinned copy to the bit: {same}; build: {build}")
     assert 0.15 <= pass_at_1 <= 0.6
 
 

@@ -65,6 +65,17 @@ def test_one_cell_is_one_target(tmp_path):
     assert "beta~0.1/seed~2" in out
 
 
+def test_the_default_base_model_is_staged_from_its_pinned_copy(tmp_path):
+    """config.yaml's base_model job, run from another directory as a user's would be: the repository's pinned copy,
+    checked against the warm-start data the job stages, with the digest config.yaml names; no warm start runs."""
+    snakemake("results/models/tiny", "--cores", "2", "--configfile", str(ROOT / "config.yaml"), cwd=tmp_path)
+    pinned = yaml.safe_load((ROOT / "config.yaml").read_text())["models"]["tiny"]["pinned"]
+    assert models.base_model_digest(tmp_path / "results/models/tiny") == pinned["sha256"]
+    assert models.weights_digest(tmp_path / "results/models/tiny") == pinned["sha256"]
+    log = (tmp_path / "logs/models/tiny.log").read_text()
+    assert f"pinned copy of {ROOT / pinned['path']}" in log and "warm start step" not in log
+
+
 @pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
 def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
     """At paper scale, generation in training and evaluation run vLLM: those jobs use the interpreter of the vLLM

@@ -121,6 +121,13 @@ def _check_references(config: dict) -> None:
     for alias, model in config["models"].items():
         for dataset in model.get("warm_start_data", {}):
             _check_name(config, "data", dataset, f"models.{alias}.warm_start_data.{dataset}")
+        pinned = model.get("pinned")
+        if pinned is not None and not (REPO_ROOT / pinned["path"] / "klstudy_build.json").is_file():
+            raise ConfigError(
+                f"config key 'models.{alias}.pinned.path': {pinned['path']} holds no built model (no "
+                f"klstudy_build.json; paths are relative to the repository root); build one with `python -m klstudy "
+                f"pin-base-model --model {alias}`, or remove 'pinned' to build the model on this machine"
+            )
     for study, kl_configs in config["evaluation"]["studies"].items():
         _check_name(config, "studies", study, f"evaluation.studies.{study}")
         for i, kl_config in enumerate(kl_configs):

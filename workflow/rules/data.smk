@@ -22,11 +22,13 @@ rule prepare_data:
 
 
 rule base_model:
-    """The base model in Hugging Face format: the tiny model built and warm-started here, or a hub model staged."""
+    """The base model in Hugging Face format: the tiny model built and warm-started here (or its pinned copy staged,
+    checked against its spec and warm-start data), or a hub or GGUF model staged."""
     input:
         warm_start=lambda wildcards: expand(
             "results/data/{dataset}.jsonl", dataset=config["models"][wildcards.model].get("warm_start_data", {})
         ),
+        pinned=pinned_files,
     output:
         directory("results/models/{model}"),
     params:
