@@ -1,10 +1,13 @@
 """The Snakemake workflow: its DAG, a reduced end-to-end run of every stage, and the report."""
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 import yaml
+from snakemake.utils import update_config
 from workflow_helpers import ROOT, job_counts, snakemake
 
 from klstudy import models
@@ -45,6 +48,26 @@ def test_dry_run_job_counts_match_the_grid(name, tmp_path):
     config = yaml.safe_load((ROOT / name).read_text())
     counts = job_counts(snakemake("-n", "--cores", "1", "--configfile", str(ROOT / name), cwd=tmp_path))
     assert counts == expected_jobs(config)
+
+
+def test_the_separation_overlay_merges_into_the_default(tmp_path):
+    """config/separation.yaml holds only what differs from config.yaml: Snakemake merges it in (mappings key by key,
+    lists replaced), and `klstudy status` merges it the same way, so both see the same grid."""
+    overlay = [str(ROOT / "config.yaml"), str(ROOT / "config/separation.yaml")]
+    merged = yaml.safe_load((ROOT / "config.yaml").read_text())
+    update_config(merged, yaml.safe_load((ROOT / "config/separation.yaml").read_text()))
+    counts = job_counts(snakemake("-n", "--cores", "1", "--configfile", *overlay, cwd=tmp_path))
+    assert counts == expected_jobs(merged)
+    assert counts["train_rl"] == (1 + 6 * 3) * 4 + 18  # on-policy: no KL and six penalties at three β, four seeds
+    onpolicy = merged["studies"]["onpolicy"]["train"]
+    assert onpolicy["batch_prompts"] == onpolicy["minibatch_prompts"] == 16  # one update a batch: still on-policy
+    assert onpolicy["learning_rate"] == 1e-4 and onpolicy["steps"] == 15  # the rest of config.yaml's settings
+    assert merged["studies"]["offpolicy_k1_loss"]["train"]["batch_prompts"] == 8  # other studies untouched
+    assert merged["claims"]["k1_reward_falls_with_beta"]["beta"] == "trend"
+    assert merged["claims"]["k1_reward_falls_with_beta"]["candidate"] == "k1-reward"  # kept from config.yaml
+    command = [sys.executable, "-m", "klstudy", "status", "--format", "csv", "--root", str(tmp_path), "--config"]
+    listed = subprocess.run(command + overlay, capture_output=True, text=True, check=True).stdout
+    assert sum(line.startswith("cell,onpolicy/") for line in listed.splitlines()) == (1 + 6 * 3) * 4
 
 
 def test_paper_grid_sizes():

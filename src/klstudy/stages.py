@@ -84,7 +84,7 @@ def _pin_base_model(args):
     settings = _read_config(args.configfile)
     spec = settings["models"].get(args.model)
     if spec is None or spec["source"] != "embedded":
-        raise SystemExit(f"{args.configfile}: no embedded model {args.model!r} under 'models'")
+        raise SystemExit(f"{' '.join(args.configfile)}: no embedded model {args.model!r} under 'models'")
     if not args.out and "pinned" not in spec:
         raise SystemExit(f"models.{args.model} has no 'pinned' entry: give --out")
     out = Path(args.out) if args.out else models.pinned_directory(spec["pinned"])
@@ -163,13 +163,19 @@ def _divergence(args):
     print(table.to_string(index=False))
 
 
-def _read_config(path: str) -> dict:
-    """A config file (the user's, or the validated one aggregate writes beside the tables), validated."""
+def _read_config(paths: str | list[str]) -> dict:
+    """Config files (the user's, or the validated one aggregate writes beside the tables), validated. Several are
+    merged in order as ``snakemake --configfile A B`` merges them (B's mappings into A's, key by key; B's lists
+    replace A's), with Snakemake's own function, so that an overlay (config/separation.yaml) reads the same here."""
     import yaml
+    from snakemake.utils import update_config
 
     from klstudy.config import validate_config
 
-    return validate_config(yaml.safe_load(Path(path).read_text()))
+    merged: dict = {}
+    for path in [paths] if isinstance(paths, str) else paths:
+        update_config(merged, yaml.safe_load(Path(path).read_text()))
+    return validate_config(merged)
 
 
 def _aggregate(args):
@@ -252,7 +258,12 @@ def add_commands(commands) -> None:
     base.set_defaults(run=_base_model)
 
     pin = commands.add_parser("pin-base-model", help="build an embedded base model as its pinned copy")
-    pin.add_argument("--configfile", default="config.yaml", help="the config naming the model (default config.yaml)")
+    pin.add_argument(
+        "--configfile",
+        nargs="+",
+        default=["config.yaml"],
+        help="the config naming the model (default config.yaml); several merge as in Snakemake",
+    )
     pin.add_argument("--model", required=True, help="the model's alias under 'models'")
     pin.add_argument("--out", help="where to write it (default: the model's pinned.path)")
     pin.add_argument("--threads", type=int)
@@ -315,7 +326,12 @@ def add_commands(commands) -> None:
     tab.set_defaults(run=_tables)
 
     stat = commands.add_parser("status", help="every cell's state (ok, collapsed, diverged, running, failed, missing)")
-    stat.add_argument("--config", default="config.yaml", help="the study's config (e.g. config/paper.yaml)")
+    stat.add_argument(
+        "--config",
+        nargs="+",
+        default=["config.yaml"],
+        help="the study's config (e.g. config/paper.yaml); several are merged as Snakemake merges them",
+    )
     stat.add_argument("--root", default=".", help="the workflow's working directory (results/ and logs/ inside)")
     stat.add_argument("--format", choices=("table", "csv"), default="table")
     stat.set_defaults(run=_status)
