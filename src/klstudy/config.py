@@ -116,13 +116,18 @@ def _check_name(config: dict, section: str, name: str, where: str) -> None:
         )
 
 
+def pinned_directory(pinned: dict) -> Path:
+    """Where a pinned model's files are: ``pinned.path``, relative to the repository root unless absolute."""
+    return REPO_ROOT / pinned["path"]  # an absolute path replaces the root
+
+
 def _check_references(config: dict) -> None:
     """What a schema cannot say: names used in one section are defined in another."""
     for alias, model in config["models"].items():
         for dataset in model.get("warm_start_data", {}):
             _check_name(config, "data", dataset, f"models.{alias}.warm_start_data.{dataset}")
         pinned = model.get("pinned")
-        if pinned is not None and not (REPO_ROOT / pinned["path"] / "klstudy_build.json").is_file():
+        if pinned is not None and not (pinned_directory(pinned) / "klstudy_build.json").is_file():
             raise ConfigError(
                 f"config key 'models.{alias}.pinned.path': {pinned['path']} holds no built model (no "
                 f"klstudy_build.json; paths are relative to the repository root); build one with `python -m klstudy "

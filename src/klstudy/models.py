@@ -28,6 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from klstudy import data, tiny
+from klstudy.config import pinned_directory
 
 
 def available_device() -> str:
@@ -72,13 +73,6 @@ def build_embedded(spec: dict, warm_start_records: list[dict], out: Path, log=pr
 def warm_start_digest(records: list[dict]) -> str:
     """SHA-256 of a warm-start mixture, records in order: what a pinned model's build is checked against."""
     return hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
-
-
-def pinned_directory(pinned: dict) -> Path:
-    """Where a pinned model's files are: ``pinned.path``, relative to the repository root unless absolute."""
-    from klstudy.config import REPO_ROOT
-
-    return REPO_ROOT / pinned["path"]  # an absolute path replaces the root
 
 
 def stage_pinned_model(name: str, spec: dict, warm_start_records: list[dict], out: Path) -> dict:

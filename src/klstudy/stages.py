@@ -215,6 +215,12 @@ def _status(args):
     print("" if args.format == "csv" else "\n", end="")
 
 
+def _config_files_option(parser, flag: str, what: str) -> None:
+    """A command's config files (default config.yaml), read by _read_config: several merge as in Snakemake."""
+    help_text = f"{what} (default config.yaml); several are merged as Snakemake merges them"
+    parser.add_argument(flag, nargs="+", default=["config.yaml"], help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The stages alone (cli.build_parser adds the warm server's commands)."""
     parser = argparse.ArgumentParser(prog="klstudy", description=__doc__)
@@ -258,12 +264,7 @@ def add_commands(commands) -> None:
     base.set_defaults(run=_base_model)
 
     pin = commands.add_parser("pin-base-model", help="build an embedded base model as its pinned copy")
-    pin.add_argument(
-        "--configfile",
-        nargs="+",
-        default=["config.yaml"],
-        help="the config naming the model (default config.yaml); several merge as in Snakemake",
-    )
+    _config_files_option(pin, "--configfile", "the config naming the model")
     pin.add_argument("--model", required=True, help="the model's alias under 'models'")
     pin.add_argument("--out", help="where to write it (default: the model's pinned.path)")
     pin.add_argument("--threads", type=int)
@@ -326,12 +327,7 @@ def add_commands(commands) -> None:
     tab.set_defaults(run=_tables)
 
     stat = commands.add_parser("status", help="every cell's state (ok, collapsed, diverged, running, failed, missing)")
-    stat.add_argument(
-        "--config",
-        nargs="+",
-        default=["config.yaml"],
-        help="the study's config (e.g. config/paper.yaml); several are merged as Snakemake merges them",
-    )
+    _config_files_option(stat, "--config", "the study's config (e.g. config/paper.yaml)")
     stat.add_argument("--root", default=".", help="the workflow's working directory (results/ and logs/ inside)")
     stat.add_argument("--format", choices=("table", "csv"), default="table")
     stat.set_defaults(run=_status)

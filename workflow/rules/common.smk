@@ -17,6 +17,7 @@ from klstudy.config import (
     divergence_targets,
     evaluation_targets,
     figure_targets,
+    pinned_directory,
     training_processes,
 )
 
@@ -70,7 +71,7 @@ def pinned_files(wildcards):
     pinned = config["models"][wildcards.model].get("pinned")
     if pinned is None:
         return []
-    return sorted(str(path) for path in (Path(workflow.basedir) / pinned["path"]).iterdir() if path.is_file())
+    return sorted(str(path) for path in pinned_directory(pinned).iterdir() if path.is_file())
 
 
 def cell_config(wildcards):
