@@ -216,6 +216,13 @@ FORMS_WRITTEN = [
     ('Then: "The correct answer is B) 66.7 Hz" - which is the simplest explanation.', "B"),  # a dash ends a clause
     ("66.7 Hz", "B"),  # a line that holds only an option's text
     ("1) 66.7 Hz\n\nThe frequency comes out at 66.7 Hz.", "B"),
+    # forms of issue #33's part `again`
+    ("B\nThis is the correct answer B. The reason for it is:", "B"),  # a full stop after a bare letter, then a sentence
+    ("B). 66.7 Hz", "B"),  # a full stop after the mark
+    ('A) The answer to the question is "B."', "B"),  # an announced letter in quotes
+    ("B) 66.7 Hz\n\nStep 1: f = v / 2L.\n\nStep 2: the options.\nA) 42.4 Hz\nB) 66.7 Hz\nC) 42.4 Hz\nD) 66.7 Hz", "B"),
+    ("C) Remove ants and measure subsequent, as the study did.", "C"),  # most of a long option, a clause ends
+    ("C) Remove ants and measure subsequent leaf because damage is what the study counts.", "C"),
 ]
 NEAR_MISSES_WRITTEN = [
     "Answer choices:\nA) 42.4 Hz, or so I thought.\nWait.\nB) 42.4 Hz",  # "Answer choices:" reaches no line
@@ -235,6 +242,12 @@ NEAR_MISSES_WRITTEN = [
     "It is 42.4 Hz or an excimer laser.",  # two options
     "1) 66.7 Hz\nis one value, and\n2) 42.4 Hz\nis another.",  # lines of two options' texts: a walk through them
     "Hz 66.7",
+    # near misses of issue #33's part `again`
+    "B) 66.7 Hz\nC) Remove ants\n\nThe answer is B (C) because both fit.",  # two letters offered last
+    "A) 42.4 Hz is far too low.\n\nB) 66.7 Hz does not fit.\n\nC) Remove ants and measure subsequent leaf damage.",
+    "To choose, here is a list:\n\n1. A.\n\n2. C.\n\n3. B.",  # numbered lines of different letters
+    "C) Remove ants and measure subsequent growth, as the study did.",  # words changed inside the clause
+    "C) Remove ants and measure, as the study did.",  # too little of the option to name it
 ]
 OPTIONS_NUMBERS = ["3", "5", "7", "1"]
 

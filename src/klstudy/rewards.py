@@ -210,11 +210,14 @@ def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MAT
 #     "choose/select (option)", "choose <one word> X", "is option X", bold or not, followed at once by a letter that
 #     ends there (end of text or line, punctuation, ")", "*", "$", "}", or a connective: "is A by considering ...",
 #     "B because"; no second letter after "or", "and", "/", ","; the same letter twice is one: "C) C)", "A) A"), or
-#     on the next line where the announcement ends its line with "is" or "be" ("the answer is" / "C)"); or a letter
-#     followed by "is correct" / "is the (correct) answer/option/choice" ("B is correct.", "Option C is correct");
+#     on the next line where the announcement ends its line with "is" or "be" ("the answer is" / "C)"), quoted or not
+#     ('is "C."'); or a letter followed by "is correct" / "is the (correct) answer/option/choice" ("B is correct.",
+#     "Option C is correct"). Two letters offered after an announcement ("The answer is A (C)", "answer: A or B"; not
+#     three or more, which list the options) are a candidate that names none;
 #   - a line that holds only a letter, possibly in parentheses, bold, "$" or \text{}, with a full stop, after a
-#     list's number or not ("1) (B)");
-#   - a marked letter with text: "X)", "X.", "X:" or "(X)", bold or not ("X," too where it opens a line), then the
+#     list's number or not ("1) (B)"); numbered lines of different letters ("1. A." / "2. C.") are a list, not answers;
+#   - a marked letter with text: "X)", "X).", "X.", "X:" or "(X)", bold or not ("X," too where it opens a line; "X."
+#     followed by a sentence that names no option is a bare letter ending its sentence, not a mark), then the
 #     rest of its line, at the start of a line (after a list number), after a sentence on the same line, after "is"
 #     ("So this is C) ..."), or after an announcement (quoted or not: 'is "Option C: ...'). The text decides: the
 #     option X's own text (case, spaces, "$", "*", quotes and final punctuation aside) up to the end of a clause
@@ -224,11 +227,15 @@ def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MAT
 #     number; a long X (16 characters or more, plain) restated with a typo or a word changed (RESTATED_RATIO, no
 #     other option within RIVAL_RATIO) in a clause that negates nothing; a long X's whole text going on in its
 #     sentence without calling itself wrong ("... is incorrect"); or X's own short text going on in a sentence that
-#     negates or rejects nothing and marks no other letter ("A) NH3 (amine) is the strongest base"). Another option's
+#     negates or rejects nothing and marks no other letter ("A) NH3 (amine) is the strongest base"); or most of X's
+#     own long option, cut where a clause ends ("A) The plant ... would be genetically defective, as it ...",
+#     BEGUN_SHARE), in a sentence that does not call it wrong. Another option's
 #     text names none (the completion contradicts itself); other text after an announcement names none; other text
 #     at a line's start is no candidate (a heading of the model's analysis). Marks of other letters on a neighbouring
-#     line (a reprint of the options), or three or more letters marked with an option's text (a walk through them),
-#     are no candidates, nor is a slip among them (a reprint that gives C the text of D contradicts nothing); an
+#     line (a reprint of the options), or three or more letters marked with an option's text or in the options' order
+#     (a walk through them), are no candidates, nor is a slip among them (a reprint that gives C the text of D
+#     contradicts nothing), except a mark that opens the completion and whose letter the walk marks again (the answer
+#     stated first, then a walk); an
 #     announced letter whose line goes on to sentences opening with other marked letters is a list, and names none;
 #   - an option's text, or its number without its unit where no other option has that number, stated as the answer
 #     without its letter: after "answer is", "answer:", "the correct option/choice is" (quoted or not), or before "is
@@ -261,8 +268,15 @@ _NEXT_LINE = r"(?:(?<=\bis|\bbe)[ \t]*\n)?"
 _ANNOUNCED = re.compile(
     _ANNOUNCEMENT
     + _NEXT_LINE
-    + r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*:?[ \t]*\$?[ \t]*(?:\\text(?:bf)?\{[ \t]*)?\(?([A-D])\)?+(?:[ \t]+\(?\1\)?)?"
+    + r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*:?[ \t]*[$\"“]?[ \t]*(?:\\text(?:bf)?\{[ \t]*)?\(?([A-D])\)?+(?:[ \t]+\(?\1\)?)?"
     + _LETTER_ENDS,
+    re.M,
+)
+# Two letters offered where one was announced ("The answer is A (C)", "answer: A or B"): a final statement that names
+# none, so a letter stated before it is no longer the answer; three or more list the options ("Choose A, B, C, or D").
+_TWO_OFFERED = re.compile(
+    _ANNOUNCEMENT + r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*\(?([A-D])\)?[ \t]*(?:[,/&]|\bor\b|\band\b)?[ \t]*\(?(?!\1)[A-D]\b"
+    r"(?![ \t]*\)?[ \t]*(?:[,/&]|\bor\b|\band\b)[ \t]*\(?[A-D]\b)",
     re.M,
 )
 _ENDORSED = r"[ \t]+(?:is|are)[ \t]+(?:the[ \t]+)?(?:correct|right|best)\b|[ \t]+is[ \t]+the[ \t]+answer\b"
@@ -276,7 +290,8 @@ _MARKED = re.compile(
     + r")"
     + _NEXT_LINE
     + r"[ \t]*:?[ \t]*[\"“]?(?:(?i:option|choice)[ \t]+)?)"
-    r"[ \t]*(?:\*\*)?[ \t]*(?:\((?P<bracketed>[A-D])\)|(?P<letter>[A-D])(?:[).:]|(?P<comma>,)(?=[ \t]+(?![A-D]\b)\w)))"
+    r"[ \t]*(?:\*\*)?[ \t]*(?:\((?P<bracketed>[A-D])\)"
+    r"|(?P<letter>[A-D])(?:\)\.?|(?P<stop>\.)|:|(?P<comma>,)(?=[ \t]+(?![A-D]\b)\w)))"
     r"(?:\*\*)?(?=(?P<text>[^\n]*))",
     re.M,
 )
@@ -367,6 +382,8 @@ def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, st
             continue  # "A, the process is exothermic." opens a line; "The answer is A, which ..." is a bare letter
         named = _named_option(rest, options) or _leading_option(rest, options, letter)
         named = letter if _SELF_ENDORSED.match(rest) else named
+        if match.group("stop") and named is None and re.match(r"[ \t]+[A-Z]", match.group("text")):
+            continue  # "... the correct answer D. The answer for ...": a full stop after a bare letter, not a mark
         line = text.count("\n", 0, match.start())
         stated = match.group("is") is not None  # "So this is C) ...": a statement, never a reprint's line
         if not announced and not stated:
@@ -382,8 +399,11 @@ def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, st
             found.append((match.start(), letter, letter, None))
         elif named is not None or announced:  # a contradiction, unless it is a reprint's slip ("C) 1.661 s" twice)
             found.append((match.start(), None, letter, where))
+    opening = text.count("\n", 0, len(text) - len(text.lstrip()))  # the line of the completion's first word
     return [
-        (start, read) for start, read, letter, line in found if line is None or not _reprint(line, letter, unannounced)
+        (start, read)
+        for start, read, letter, line in found
+        if line is None or not _reprint(line, letter, unannounced, opening)
     ]
 
 
@@ -399,11 +419,17 @@ def _another_letter(text: str, letter: str) -> bool:
     return any(other != letter for other in marked)
 
 
-def _reprint(line: int, letter: str, marks: list[tuple[int, str, bool]]) -> bool:
+def _reprint(line: int, letter: str, marks: list[tuple[int, str, bool]], opening: int) -> bool:
     """Whether an unannounced marked letter belongs to a reprint or a walk through the options: another letter is
-    marked on the same or a neighbouring line, or three or more letters are marked with an option's text."""
+    marked on the same or a neighbouring line, or three or more letters are marked with an option's text, or three or
+    more letters are marked in the options' order ("A) ... B) ... C) ...", blank lines between); but a mark
+    that opens the completion and whose letter the walk marks again on its own line is a statement of the answer
+    before the walk ("D) 1.661 s", then steps, then "A) ... B) ... C) ... D) ...")."""
     beside = any(abs(other_line - line) <= 1 and other != letter for other_line, other, _ in marks)
-    return beside or len({other for _, other, states in marks if states}) >= 3
+    stated_first = line == opening and any(other == letter and other_line != line for other_line, other, _ in marks)
+    order = list(dict.fromkeys(other for _, other, _ in marks))  # the letters in the order they are first marked
+    walked = len({other for _, other, states in marks if states}) >= 3 or (len(order) >= 3 and order == sorted(order))
+    return beside or (not stated_first and walked)
 
 
 def _spelled(option: str) -> str:
@@ -440,7 +466,31 @@ def _leading_option(text: str, options: dict[str, str], marked: str) -> str | No
             called_wrong = _DISMISSED.search(sentence) if long else _NEGATION.search(sentence)
             if not called_wrong and (long or not _another_letter(sentence, letter)):
                 letters.append(letter)
+    if not letters and not _DISMISSED.search(sentence):
+        letters = [letter for letter in _begun_options(sentence, options) if letter == marked]
     return letters[0] if len(letters) == 1 else None
+
+
+# A long option's beginning, cut where a clause ends, then the model's own reason: "A) The plant with the double
+# chromosome number would be genetically defective, as it ..." or "... defective because of ..." for "The plant with
+# the double chromosome number would be genetically defective and have no descendants." The words kept must be most of
+# the option and begin no other option; words changed inside the clause ("Remove ants and measure subsequent growth")
+# are another statement.
+BEGUN_SHARE = 0.6
+BEGUN_CHARS = 24
+_CLAUSE_BREAK = r"(?=[ \t]*[,;:(–—]|[ \t]+(?:because|as|since|which|due|given|so)\b)"
+
+
+def _begun_options(sentence: str, options: dict[str, str]) -> list[str]:
+    """The letters of the options whose leading words, at least BEGUN_SHARE of the option and BEGUN_CHARS long (plain),
+    begin ``sentence`` up to a clause's end and begin no other option."""
+    begun = set()
+    for end in re.finditer(r"(?<=\w)" + _CLAUSE_BREAK, sentence):
+        stated = _plain(sentence[: end.start()])
+        starts = [letter for letter, option in options.items() if option.startswith(stated)]
+        if len(starts) == 1 and len(stated) >= max(BEGUN_CHARS, BEGUN_SHARE * len(options[starts[0]])):
+            begun.add(starts[0])
+    return sorted(begun)
 
 
 def _stated(option: str, options: dict[str, str]) -> str:
@@ -490,13 +540,23 @@ def _option_lines(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
     return stated if len({letter for _, letter in stated}) == 1 else []
 
 
+def _letter_lines(text: str) -> list[tuple[int, str]]:
+    """Lines that hold only a letter; numbered lines that give different letters ("1. A." / "2. C." / "3. B.") are a
+    list of letters, not an answer, and none of them counts."""
+    lines = [(match.start(), match.group(1), bool(re.match(r"[ \t*$]*\d", match.group()))) for match in
+             _LETTER_LINE.finditer(text)]  # fmt: skip
+    listed = len({letter for _, letter, numbered in lines if numbered}) >= 2
+    return [(start, letter) for start, letter, numbered in lines if not (numbered and listed)]
+
+
 def extract_letter(completion: str, choices=None) -> str | None:
     """The letter A-D the completion gives last, or None (the rule above). ``choices``: the question's four options."""
     text = tail(completion)
     candidates = [(start, _boxed_choice(content)) for start, content in boxes(text)]
     candidates += [(match.start(), match.group(1)) for match in _ANNOUNCED.finditer(text)]
     candidates += [(match.start(), match.group(1)) for match in _LETTER_ENDORSED.finditer(text)]
-    candidates += [(match.start(), match.group(1)) for match in _LETTER_LINE.finditer(text)]
+    candidates += _letter_lines(text)
+    candidates += [(match.start(), None) for match in _TWO_OFFERED.finditer(text)]
     if choices:  # after the others: where both read one place, the reading that checked the option's text wins
         options = {letter: _plain(str(option)) for letter, option in zip("ABCD", choices, strict=False)}
         candidates += _marked_candidates(text, options) + _stated_option_text(text, options)
