@@ -48,7 +48,8 @@ def test_the_fixture_is_whole_and_labelled(rows):
     remaining = dict(zip(real_answers.MMLU_TASKS, (38, 33, 64), strict=True))  # every question after the 80th
     fresh = {("fresh", task): count for task, count in remaining.items()}
     again = {("again", task): count for task, count in remaining.items()}
-    assert counts == {**mmlu, **heldout, **fresh, **again, ("math", "math500"): 60}
+    seed2 = {("seed2", task): 80 for task in real_answers.MMLU_TASKS}
+    assert counts == {**mmlu, **heldout, **fresh, **again, **seed2, ("math", "math500"): 60}
     letters = [row["label"] for row in rows if row["task"] in real_answers.MMLU_TASKS]
     assert set(letters) <= {"A", "B", "C", "D", None}
     assert all(isinstance(row["label"], str | None) for row in rows)
