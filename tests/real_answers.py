@@ -183,7 +183,7 @@ def main() -> None:
         raise SystemExit(f"{hub_layout.REFDATA_VARIABLE} is unset or names no directory")
     rows = labelled_completions()
     records = staged_records(refdata)
-    for part in ("mmlu", "heldout", "fresh", "again"):
+    for part in ("mmlu", "heldout", "fresh", "again", "seed2"):
         letters = [row for row in rows if row["task"] in MMLU_TASKS and row["part"] == part]
         print(f"\nPart {part}:\n")
         print("| extractor | committed read as labelled | read as another letter | unread | none read as a letter "

@@ -5,10 +5,12 @@ The fixture holds completions and ids only; the questions' options and gold answ
 (KLSTUDY_REFDATA), so the tests that need them skip, saying why, without. Three parts for letters, each generated and
 labelled before the rule met it: `mmlu`, on which the letter rule was built; `heldout`, on which it first read 45 of 58
 committed letters; `fresh` (every remaining question), on which the rule fitted to both first read 53 of 67; `again`
-(`fresh`'s questions sampled again), on which the rule fitted to all three first read 50 of 58. The forms of the first
-three parts' departures were then taken into the rule, so their floors are in-sample; `again` was not fitted to, and
-its floors are what the rule reads on completions it had not seen (docs/data.md). A rule that reads fewer labels,
-reads another letter more often, or reads a letter from a completion that clearly commits to none fails here.
+(`fresh`'s questions sampled again), on which the rule fitted to all three first read 50 of 58; `seed2` (the first 80
+questions of each subject sampled with a third seed), on which the rule fitted to all four first read 87 of 113. The
+forms of the first four parts' departures were then taken into the rule, so their floors are in-sample; `seed2` was
+not fitted to, and its floors are what the rule reads on completions it had not seen (docs/data.md). A rule that reads
+fewer labels, reads another letter more often, or reads a letter from a completion that clearly commits to none fails
+here.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ FLOORS = {
     "fresh": {"committed": 67, "read_as_label": 62, "read_other": 0, "clear_none": 46, "clear_none_read": 0},
     # read once by the rule fitted to the three parts above (50 of 58, 2 other, 4 clear nones read), then fitted to
     "again": {"committed": 58, "read_as_label": 54, "read_other": 2, "clear_none": 57, "clear_none_read": 2},
+    # held out: read once by the rule fitted to the four parts above (2bf4042), and never used to change it
+    "seed2": {"committed": 113, "read_as_label": 87, "read_other": 2, "clear_none": 106, "clear_none_read": 13},
 }
 
 
@@ -85,8 +89,8 @@ def test_the_letter_rule_reads_what_the_model_commits_to(rows, records, part):
 @pytest.mark.parametrize("part", FLOORS)
 def test_no_letter_is_read_where_the_model_commits_to_none(rows, records, part):
     """Completions labelled none without doubt (no answer, two letters, a letter with another option's text, a reprint
-    of the options) read as no letter, so they score 0 for every gold; the held-out part's one exception
-    (biology-0052: "Identify the correct option (B): This is the incorrect option ...") is listed in docs/data.md."""
+    of the options) read as no letter, so they score 0 for every gold; the exceptions (one in `heldout`, two in `again`,
+    13 in `seed2`) are listed in docs/data.md."""
     clear = [row for row in _letters(rows, part) if row["label"] is None and not row["doubtful"]]
     assert len(clear) == FLOORS[part]["clear_none"]
     read = {
@@ -103,7 +107,7 @@ def test_the_rule_depends_on_the_options_it_is_given(rows, records):
     """With each question's options shuffled, a committed completion whose labelled option moved to another letter is
     read as labelled no more often than with no options at all (the letters that need no option's text: "Answer: C",
     a letter alone on a line); with the true options nearly all are: the agreement comes from the options' texts, not
-    from reading some letter. (Measured on the four parts: 231 moved, 219 read with the true options, 58 with none, 54
+    from reading some letter. (Measured on the five parts: 314 moved, 285 read with the true options, 82 with none, 73
     shuffled.)"""
     rng = random.Random(0)
     moved = []
