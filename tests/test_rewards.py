@@ -248,6 +248,7 @@ NEAR_MISSES_WRITTEN = [
     "To choose, here is a list:\n\n1. A.\n\n2. C.\n\n3. B.",  # numbered lines of different letters
     "C) Remove ants and measure subsequent growth, as the study did.",  # words changed inside the clause
     "C) Remove ants and measure, as the study did.",  # too little of the option to name it
+    "A. The first is far too low.\nB) 66.7 Hz",  # "A." with a sentence still marks a line of a list of the options
 ]
 OPTIONS_NUMBERS = ["3", "5", "7", "1"]
 

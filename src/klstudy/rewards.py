@@ -382,14 +382,14 @@ def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, st
             continue  # "A, the process is exothermic." opens a line; "The answer is A, which ..." is a bare letter
         named = _named_option(rest, options) or _leading_option(rest, options, letter)
         named = letter if _SELF_ENDORSED.match(rest) else named
-        if match.group("stop") and named is None and re.match(r"[ \t]+[A-Z]", match.group("text")):
-            continue  # "... the correct answer D. The answer for ...": a full stop after a bare letter, not a mark
         line = text.count("\n", 0, match.start())
         stated = match.group("is") is not None  # "So this is C) ...": a statement, never a reprint's line
         if not announced and not stated:
-            unannounced.append((line, letter, named is not None))
+            unannounced.append((line, letter, named is not None))  # "B. Foo" opening a line still marks a list
         if not _plain(rest):  # a bare marked letter: the letter rules above read it where it counts
             continue
+        if match.group("stop") and named is None and re.match(r"[ \t]+[A-Z]", match.group("text")):
+            continue  # "... the correct answer D. The answer for ...": a full stop after a bare letter, not a mark
         where = None if announced or stated else line  # where a mark may belong to a reprint of the options
         if named == letter and announced and _another_letter(rest, letter):  # "A) x, and the correct answer, C) y"
             found.append((match.start(), None, letter, None))
