@@ -251,8 +251,9 @@ _WRAPPERS = re.compile(r"[$*\s]+")
 _BOXED_CHOICE = re.compile(r"\(([A-D])\)(?:\s.*)?|([A-D])(?:[.:)](?:\s.*)?)?", re.S)
 # A letter ends at the end of the text or line, or at punctuation, ")", "*", "$" or "}", and no second one follows.
 # A connective may follow instead: "The correct option is A by considering ...", "... is B because ...".
+_JOINED = r"(?:[,/&]|\bor\b|\band\b)"  # what joins two letters offered together: "A or B", "A, C", "A/B"
 _LETTER_ENDS = (
-    r"(?![ \t]*(?:[,/&]|\bor\b|\band\b)[ \t]*\(?[A-D]\b)"
+    rf"(?![ \t]*{_JOINED}[ \t]*\(?[A-D]\b)"
     r"(?=[ \t]*(?:$|[\n.,;:!?)\]}*$])|[ \t]+(?:by|because|since|as|for|which|considering)\b)"
 )
 _ANNOUNCEMENT = (
@@ -275,14 +276,16 @@ _ANNOUNCED = re.compile(
 # Two letters offered where one was announced ("The answer is A (C)", "answer: A or B"): a final statement that names
 # none, so a letter stated before it is no longer the answer; three or more list the options ("Choose A, B, C, or D").
 _TWO_OFFERED = re.compile(
-    _ANNOUNCEMENT + r"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*\(?([A-D])\)?[ \t]*(?:[,/&]|\bor\b|\band\b)?[ \t]*\(?(?!\1)[A-D]\b"
-    r"(?![ \t]*\)?[ \t]*(?:[,/&]|\bor\b|\band\b)[ \t]*\(?[A-D]\b)",
+    _ANNOUNCEMENT + rf"[ \t]*:?[ \t]*(?:\*\*)?[ \t]*\(?([A-D])\)?[ \t]*{_JOINED}?[ \t]*\(?(?!\1)[A-D]\b"
+    rf"(?![ \t]*\)?[ \t]*{_JOINED}[ \t]*\(?[A-D]\b)",
     re.M,
 )
 _ENDORSED = r"[ \t]+(?:is|are)[ \t]+(?:the[ \t]+)?(?:correct|right|best)\b|[ \t]+is[ \t]+the[ \t]+answer\b"
 _LETTER_ENDORSED = re.compile(r"(?<![\w(])(?:(?i:option|answer|choice)[ \t]+)?\(?([A-D])\)?" + _ENDORSED)
 _LIST_NUMBER = r"(?:\d+[.)][ \t]+)?"  # "1) (B)": a list's number before what the line says
-_LETTER_LINE = re.compile(r"^[ \t*$]*" + _LIST_NUMBER + r"(?:\\text(?:bf)?\{)?\(?([A-D])\)?\}?\.?[ \t*$]*$", re.M)
+_LETTER_LINE = re.compile(
+    r"^[ \t*$]*(?P<number>" + _LIST_NUMBER + r")(?:\\text(?:bf)?\{)?\(?(?P<letter>[A-D])\)?\}?\.?[ \t*$]*$", re.M
+)
 # A marked letter and the rest of its line; `announced` is set when an announcement stands right before it.
 _MARKED = re.compile(
     r"(?P<where>^[ \t]*(?:[-•]|\d+[.)])?|(?<=[.!?])[ \t]+|(?P<is>(?<=\bis)[ \t]+)|(?P<announced>"
@@ -543,8 +546,8 @@ def _option_lines(text: str, options: dict[str, str]) -> list[tuple[int, str]]:
 def _letter_lines(text: str) -> list[tuple[int, str]]:
     """Lines that hold only a letter; numbered lines that give different letters ("1. A." / "2. C." / "3. B.") are a
     list of letters, not an answer, and none of them counts."""
-    lines = [(match.start(), match.group(1), bool(re.match(r"[ \t*$]*\d", match.group()))) for match in
-             _LETTER_LINE.finditer(text)]  # fmt: skip
+    matches = list(_LETTER_LINE.finditer(text))
+    lines = [(match.start(), match.group("letter"), bool(match.group("number"))) for match in matches]
     listed = len({letter for _, letter, numbered in lines if numbered}) >= 2
     return [(start, letter) for start, letter, numbered in lines if not (numbered and listed)]
 
