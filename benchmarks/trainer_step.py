@@ -128,10 +128,14 @@ def main():
     for which, label in ((0, "whole step"), (1, "update")):
         ours = statistics.median(t[which] for t in times["ours"])
         stock = statistics.median(t[which] for t in times["stock"])
-        print(f"{label}: median seconds KLTrainer {ours:.4f}, stock GRPOTrainer {stock:.4f}; ratio KLTrainer / "
-              f"GRPOTrainer of paired runs {_paired(times, which)}, of medians {ours / stock:.3f} (target <= 1.05)")
-    print(f"device {args.device}, model {args.model or args.shape}, {args.prompts} prompts x 5 x "
-          f"{args.completion_tokens} tokens, {args.steps} steps per run, {args.repeats} pairs")
+        print(
+            f"{label}: median seconds KLTrainer {ours:.4f}, stock GRPOTrainer {stock:.4f}; ratio KLTrainer / "
+            f"GRPOTrainer of paired runs {_paired(times, which)}, of medians {ours / stock:.3f} (target <= 1.05)"
+        )
+    print(
+        f"device {args.device}, model {args.model or args.shape}, {args.prompts} prompts x 5 x "
+        f"{args.completion_tokens} tokens, {args.steps} steps per run, {args.repeats} pairs"
+    )
 
 
 if __name__ == "__main__":
