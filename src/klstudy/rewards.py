@@ -410,7 +410,7 @@ def _marked_candidates(text: str, options: dict[str, str]) -> list[tuple[int, st
     ]
 
 
-_SECOND_LETTER = re.compile(r"[ \t]*(?:(?:or|and|/|,)[ \t]*)?\(?[A-D]\b")  # "(A) and (B)", "(A) B."
+_SECOND_LETTER = re.compile(rf"[ \t]*(?:{_JOINED}[ \t]*)?\(?[A-D]\b")  # "(A) and (B)", "(A) B."
 
 
 def _another_letter(text: str, letter: str) -> bool:
