@@ -365,7 +365,8 @@ def test_trend_needs_three_betas_and_the_candidate_as_its_own_baseline(config, c
 
 def test_the_caption_names_the_base_models_the_runs_started_from(config):
     """Two machines can build different embedded base models (docs/claims.md): the caption says which one each run
-    started from, and says so when one model's runs started from different weights."""
+    started from, and says so when one model's runs started from different weights. The table carries it in a column
+    too: the report shows the CSV, whose caption is rendered from the config alone."""
     one = pd.DataFrame({"model": ["tiny", "tiny", "tiny"], "base_model_sha256": ["1a" * 32, "1a" * 32, None]})
     text = claims.caption(config, one)
     assert "tiny 1a1a1a1a1a1a." in text and "mix experiments" not in text
@@ -374,3 +375,10 @@ def test_the_caption_names_the_base_models_the_runs_started_from(config):
     assert "mix experiments" in claims.caption(config, mixed)
     assert "Base models" not in claims.caption(config, pd.DataFrame({"model": ["tiny"]}))  # runs before digests
     assert "Base models" not in claims.caption(config)
+    single = one_claim(config, "k1_reward_regularises")
+    tables = synthetic_tables(single, lambda *_: 1.0)
+    model = single["studies"]["onpolicy"]["models"][0]
+    tables["cells"] = pd.DataFrame({"model": [model, model], "base_model_sha256": ["1a" * 32, "2b" * 32]})
+    table = claims.claims_table(single, tables, TOY_TESTS)
+    assert len(table) and set(table.base_model) == {"1a1a1a1a1a1a, 2b2b2b2b2b2b"}
+    assert set(claims.claims_table(single, synthetic_tables(single, lambda *_: 1.0), TOY_TESTS).base_model) == {""}

@@ -196,11 +196,12 @@ def test_every_cell_trained_and_recorded(reduced_run):
         assert (workdir / "results" / "data" / f"{name}.jsonl").stat().st_size > 0
     base = workdir / "results" / "models" / "tiny"
     assert (base / "klstudy_build.json").is_file()
-    # the stage records its base model's digest, every run names it, and the claims table's caption too
+    # the stage records its base model's digest, every run names it, and the claims table's caption and column too
     digest = json.loads((base / models.WEIGHTS_RECORD).read_text())["sha256"]
     assert digest == models.weights_digest(base)
     assert {json.loads(path.read_text())["base_model_sha256"] for path in runs} == {digest}
     assert f"tiny {digest[:12]}." in (workdir / "figures" / "claims.md").read_text()
+    assert set(pd.read_csv(workdir / "figures" / "claims.csv", dtype={"base_model": str}).base_model) == {digest[:12]}
 
 
 def test_every_cell_and_base_model_evaluated(reduced_run):

@@ -48,9 +48,9 @@ METRICS = {
 }
 BASE = "base"  # the baseline "base": the base model (a run's step 0, or its lm-eval evaluation)
 COLUMNS = [
-    "claim", "text", "paper", "metric", "study", "model", "candidate", "baseline", "beta", "baseline_beta",
-    "predicted", "basis", "candidate_mean", "baseline_mean", "effect", "se", "z", "critical", "pair_by", "units",
-    "seeds", "runs", "verdict", "note",
+    "claim", "text", "paper", "metric", "study", "model", "base_model", "candidate", "baseline", "beta",
+    "baseline_beta", "predicted", "basis", "candidate_mean", "baseline_mean", "effect", "se", "z", "critical",
+    "pair_by", "units", "seeds", "runs", "verdict", "note",
 ]  # fmt: skip
 
 
@@ -304,27 +304,34 @@ def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFram
         for row in claim_rows(name, claim, config, tables, tests)
     ]
     table = pd.DataFrame(rows, columns=COLUMNS)
+    table["base_model"] = table.model.map(base_model_digests(tables["cells"])).fillna("")  # in the CSV: the report's
     numbers = ["candidate_mean", "baseline_mean", "effect", "se", "z", "critical"]
     table[numbers] = table[numbers].astype(float).round(4)
     return table
 
 
-def base_models_sentence(cells: pd.DataFrame) -> str:
-    """Which base models the runs started from (SHA-256 of the weights, 12 hex digits), so that two runs of one config
-    on two machines can be told apart when their base models differ (the embedded warm start does, across CPUs)."""
+def base_model_digests(cells: pd.DataFrame) -> dict[str, str]:
+    """Per model, the base models its runs started from: SHA-256 of the weights, 12 hex digits, comma-separated (more
+    than one when its runs started from different weights); models whose runs recorded none are left out."""
     if "base_model_sha256" not in cells:
-        return ""
+        return {}
     recorded = cells.dropna(subset=["base_model_sha256"])
-    digests = {
-        model: sorted({digest[:12] for digest in group["base_model_sha256"]})
+    return {
+        model: ", ".join(sorted({digest[:12] for digest in group["base_model_sha256"]}))
         for model, group in recorded.groupby("model", sort=True)
     }
+
+
+def base_models_sentence(cells: pd.DataFrame) -> str:
+    """Which base models the runs started from, so that two runs of one config on two machines can be told apart when
+    their base models differ (the embedded warm start does, across CPUs)."""
+    digests = base_model_digests(cells)
     if not digests:
         return ""
-    named = "; ".join(f"{model} {', '.join(found)}" for model, found in digests.items())
-    mixed = any(len(found) > 1 for found in digests.values())
+    named = "; ".join(f"{model} {found}" for model, found in digests.items())
+    mixed = any("," in found for found in digests.values())
     return (
-        f" Base models (SHA-256 of the weights each run started from): {named}."
+        f" Base models (SHA-256 of the weights each run started from, also the column base_model): {named}."
         + (" One model's runs started from different weights: its comparisons mix experiments." if mixed else "")
         + " A run whose base model has another digest (another machine's build) is another experiment."
     )
