@@ -304,7 +304,8 @@ def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFram
         for row in claim_rows(name, claim, config, tables, tests)
     ]
     table = pd.DataFrame(rows, columns=COLUMNS)
-    table["base_model"] = table.model.map(base_model_digests(tables["cells"])).fillna("")  # in the CSV: the report's
+    digests = base_model_digests(tables["cells"])  # a column, since the report shows the CSV, not the caption
+    table["base_model"] = [digests.get(model, "") for model in table.model]
     numbers = ["candidate_mean", "baseline_mean", "effect", "se", "z", "critical"]
     table[numbers] = table[numbers].astype(float).round(4)
     return table
