@@ -305,20 +305,20 @@ def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFram
     ]
     table = pd.DataFrame(rows, columns=COLUMNS)
     digests = base_model_digests(tables["cells"])  # a column, since the report shows the CSV, not the caption
-    table["base_model"] = [digests.get(model, "") for model in table.model]
+    table["base_model"] = [", ".join(digests.get(model, [])) for model in table.model]
     numbers = ["candidate_mean", "baseline_mean", "effect", "se", "z", "critical"]
     table[numbers] = table[numbers].astype(float).round(4)
     return table
 
 
-def base_model_digests(cells: pd.DataFrame) -> dict[str, str]:
-    """Per model, the base models its runs started from: SHA-256 of the weights, 12 hex digits, comma-separated (more
-    than one when its runs started from different weights); models whose runs recorded none are left out."""
+def base_model_digests(cells: pd.DataFrame) -> dict[str, list[str]]:
+    """Per model, the base models its runs started from: SHA-256 of the weights, 12 hex digits (more than one when its
+    runs started from different weights); models whose runs recorded none are left out."""
     if "base_model_sha256" not in cells:
         return {}
     recorded = cells.dropna(subset=["base_model_sha256"])
     return {
-        model: ", ".join(sorted({digest[:12] for digest in group["base_model_sha256"]}))
+        model: sorted({digest[:12] for digest in group["base_model_sha256"]})
         for model, group in recorded.groupby("model", sort=True)
     }
 
@@ -329,8 +329,8 @@ def base_models_sentence(cells: pd.DataFrame) -> str:
     digests = base_model_digests(cells)
     if not digests:
         return ""
-    named = "; ".join(f"{model} {found}" for model, found in digests.items())
-    mixed = any("," in found for found in digests.values())
+    named = "; ".join(f"{model} {', '.join(found)}" for model, found in digests.items())
+    mixed = any(len(found) > 1 for found in digests.values())
     return (
         f" Base models (SHA-256 of the weights each run started from, also the column base_model): {named}."
         + (" One model's runs started from different weights: its comparisons mix experiments." if mixed else "")
