@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("warm-serve", help="the warm server itself (started by `drive --warm`)")
     serve.add_argument("--socket", required=True, help="the Unix socket to serve")
     serve.set_defaults(run=_warm_serve)
+    reference = commands.add_parser(
+        "config-reference", help="the configuration reference (config/README.md), written from the schema"
+    )
+    reference.add_argument("--out", help="write it to this file (default: print it)")
+    reference.set_defaults(run=_config_reference)
     return parser
 
 
@@ -51,6 +56,16 @@ def _warm_serve(args) -> None:
     from klstudy import warm
 
     warm.serve(args.socket)
+
+
+def _config_reference(args) -> None:
+    from klstudy import config_reference
+
+    text = config_reference.reference()
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
 
 
 def run(argv: list[str]) -> int:
