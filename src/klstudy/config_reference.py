@@ -57,20 +57,25 @@ class Table:
 
 def reference(schema: dict | None = None) -> str:
     """The whole reference as Markdown."""
+    return "\n".join([INTRO, *(_render(table) for table in tables(schema))])
+
+
+def tables(schema: dict | None = None) -> list[Table]:
+    """The reference's tables: one per top-level key, then one per branch of a key's allOf."""
     schema = schema or configuration.load_schema()
     definitions = schema.get("$defs", {})
-    parts = [INTRO]
+    found = []
     for key, sub in schema["properties"].items():
         row = _row(sub, key, key in schema.get("required", []), definitions)
         opening = Table(f"`{key}`")
-        tables = [opening]
-        _walk_contents(_resolve(sub, definitions)[0], key, definitions, tables, opening)
-        if opening.rows or len(tables) > 1:  # a section: what it is, then its keys
+        section = [opening]
+        _walk_contents(_resolve(sub, definitions)[0], key, definitions, section, opening)
+        if opening.rows or len(section) > 1:  # a section: what it is, then its keys
             opening.about = f"{row[3]} ({row[1]}; {'default ' if row[2].startswith('`') else ''}{row[2]})"
         else:  # a single setting: its own row
             opening.rows.append(row)
-        parts.extend(_render(table) for table in tables)
-    return "\n".join(parts)
+        found += section
+    return found
 
 
 def _resolve(sub: dict, definitions: dict) -> tuple[dict, str | None]:

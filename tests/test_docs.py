@@ -1,0 +1,274 @@
+"""The documentation says what the code does: the README's size and its words, every command, path and link in the
+user docs, the configuration reference against the schema, the paper's SLURM commands, and the citation files."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from klstudy import config_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+USER_DOCS = [README, ROOT / "config" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+ALL_DOCS = [*USER_DOCS, *sorted((ROOT / "docs" / "record").glob("*.md"))]
+SLURM_MARK = "<!-- the paper on SLURM"
+
+# How a page tells its history instead of the project's use: issue numbers, work sessions, pilots, items of an issue.
+HISTORY = re.compile(
+    r"\bissue #?\d+|(?<![\w/&#])#\d+\b|\bstop \d+\b|\bpilots?\b|\bitem \d+\b"
+    r"|\b(?:this|that|the next|the previous|the last|an earlier|our) sessions?\b",
+    re.IGNORECASE,
+)
+HEX_WORD = re.compile(r"\b[0-9a-f]{7,40}\b")
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+# ---------------------------------------------------------------------------------------------- the README's size
+
+
+def table_cells(text: str) -> list[str]:
+    """Every cell of every Markdown table in ``text`` (header and separator rows included)."""
+    cells = []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cells += [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+    return cells
+
+
+def test_the_readme_is_a_five_minute_read():
+    text = README.read_text()
+    assert len(text.split()) <= 1200, f"README.md is {len(text.split())} words; at most 1,200"
+    longest = max(table_cells(text), key=lambda cell: len(cell.split()))
+    assert len(longest.split()) <= 40, f"a README table cell of {len(longest.split())} words: {longest[:80]}…"
+
+
+def test_table_cells_are_found():
+    cells = table_cells("| a | b \\| c |\n|---|---|\n| one two | three |\n")
+    assert cells == ["a", "b \\| c", "---", "---", "one two", "three"]
+
+
+# ------------------------------------------------------------------------------------------- history words
+
+
+def known_digests() -> set[str]:
+    """Weight digests the configs pin (SHA-256, and the 12-digit prefix the claims captions print): not commits."""
+    text = "\n".join(p.read_text() for p in [ROOT / "config.yaml", *(ROOT / "config").glob("*.yaml")])
+    digests = set(re.findall(r"\b[0-9a-f]{64}\b", text))
+    return digests | {d[:12] for d in digests}
+
+
+def history_in(text: str, digests: set[str]) -> list[str]:
+    """The words of ``text`` that tell how the project got here: issue numbers, sessions, pilots, commit hashes."""
+    found = [m.group(0) for m in HISTORY.finditer(text)]
+    found += [w for w in HEX_WORD.findall(text) if re.search(r"\d", w) and re.search(r"[a-f]", w) and w not in digests]
+    return found
+
+
+def test_the_history_finder_finds_history():
+    text = "Fixed in issue #34 (stop 46, item 2): pilot M9 of this session, commit 2bf4042. The weights 1458aa9dfeb9."
+    assert history_in(text, {"1458aa9dfeb9"}) == ["issue #34", "stop 46", "item 2", "pilot", "this session", "2bf4042"]
+    assert history_in("data.md#gold-answers, β = 0.1, a100, 1e-4, `k3-loss`, sha256 deadbeef", set()) == []
+
+
+@pytest.mark.parametrize("page", USER_DOCS, ids=rel)
+def test_user_docs_tell_no_history(page):
+    """The README, docs/*.md and the configuration reference say what the project does and how to use it; how it got
+    here is in docs/record/."""
+    assert history_in(page.read_text(), known_digests()) == []
+
+
+# ----------------------------------------------------------------------------- commands, paths and links exist
+
+
+def code_of(text: str) -> list[str]:
+    """The code of a Markdown page: its fenced blocks and inline code spans."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S)
+    prose = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.M | re.S)
+    return blocks + re.findall(r"`([^`\n]+)`", prose)
+
+
+def make_targets() -> set[str]:
+    makefile = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", makefile, re.M))
+
+
+def tracked_top_level() -> set[str]:
+    """The repository's own top-level files and folders (generated ones such as results/ and .venv/ are not)."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: cannot tell the repository's files from generated ones")
+    return {line.split("/")[0] for line in listed.stdout.splitlines()}
+
+
+def repository_paths(code: str, top_level: set[str]) -> list[str]:
+    """Tokens of ``code`` that name a file or folder of the repository (a generated path, a placeholder such as
+    {study} or <cell>, or an ellipsis is not one)."""
+    paths = []
+    for token in re.split(r"[\s=,;()'\"]+", code):
+        token = token.split("::")[0].rstrip(".:")
+        if re.fullmatch(r"[\w.\-/*]+", token) and (token.split("/")[0] in top_level) and ("/" in token or "." in token):
+            paths.append(token)
+    return paths
+
+
+def links_of(text: str) -> list[str]:
+    return re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", text)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    return {slug(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}
+
+
+def broken_links(page: Path) -> list[str]:
+    broken = []
+    for link in links_of(page.read_text()):
+        if re.match(r"[a-z]+:", link):
+            continue  # https:, mailto:
+        target, _, anchor = link.partition("#")
+        path = (page.parent / target).resolve() if target else page
+        if not path.exists():
+            broken.append(link)
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(link)
+    return broken
+
+
+def test_the_finders_find_commands_paths_and_links():
+    assert slug("The paper's study on a SLURM cluster") == "the-papers-study-on-a-slurm-cluster"
+    assert slug("The §3 analysis (Figure 1, Table 1)") == "the-3-analysis-figure-1-table-1"
+    text = "Run `make study` and `make nonsense`; see [cost](docs/cost.md#time) and `src/klstudy/kl.py`.\n"
+    assert re.findall(r"\bmake ([a-z][\w-]*)", "\n".join(code_of(text))) == ["study", "nonsense"]
+    assert links_of(text) == ["docs/cost.md#time"]
+    top = {"src", "docs", "config.yaml"}
+    code = "snakemake CONFIG=config.yaml results/runs/x tests/a.py src/klstudy/{kl}.py src/klstudy/kl.py:"
+    assert repository_paths(code, top) == ["config.yaml", "src/klstudy/kl.py"]
+
+
+@pytest.mark.parametrize("page", ALL_DOCS, ids=rel)
+def test_every_make_target_path_and_link_exists(page):
+    text = page.read_text()
+    code = "\n".join(code_of(text))
+    missing_targets = set(re.findall(r"\bmake ([a-z][\w-]*)", code)) - make_targets()
+    assert not missing_targets, f"{rel(page)} names make targets the Makefile lacks: {sorted(missing_targets)}"
+    missing = [p for p in repository_paths(code, tracked_top_level()) if not list(ROOT.glob(p.rstrip("/")))]
+    assert not missing, f"{rel(page)} names paths that do not exist: {missing}"
+    assert broken_links(page) == [], f"{rel(page)} links to what does not exist"
+
+
+# ------------------------------------------------------------------------------------- the configuration reference
+
+
+def test_the_configuration_reference_is_the_schemas():
+    expected = config_reference.reference()
+    assert (ROOT / "config" / "README.md").read_text() == expected, (
+        "config/README.md and workflow/schemas/config.schema.yaml disagree: run "
+        "`python -m klstudy config-reference --out config/README.md`"
+    )
+
+
+def test_every_key_of_the_schema_has_its_meaning():
+    rows = [row for table in config_reference.tables() for row in table.rows]
+    assert len(rows) > 150
+    assert [row[0] for row in rows if not row[3]] == [], "keys without a description in the schema"
+
+
+def test_the_reference_follows_the_schema():
+    """A key added to the schema, with its type, default and description, appears in the reference; one without a
+    description is caught."""
+    from klstudy import config as configuration
+
+    schema = configuration.load_schema()
+    toy = schema["properties"]["toy"]["properties"]
+    toy["jitter"] = {"description": "how much to shake", "type": "number", "minimum": 0, "default": 0.5}
+    row = "| `toy.jitter` | number ≥ 0 | `0.5` | how much to shake |"
+    assert row in config_reference.reference(schema)
+    toy["quiet"] = {"type": "boolean"}
+    assert ("toy.quiet", "boolean", "unset", "") in [r for t in config_reference.tables(schema) for r in t.rows]
+
+
+# ------------------------------------------------------------------------------------------ the paper on SLURM
+
+
+def slurm_block(page: Path) -> list[str]:
+    """The lines of the fenced block after the SLURM marker of ``page``."""
+    text = page.read_text()
+    assert SLURM_MARK in text, f"{rel(page)} has no block of the paper's SLURM commands"
+    block = re.search(r"```[^\n]*\n(.*?)```", text[text.index(SLURM_MARK) :], re.S)
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def slurm_commands() -> list[str]:
+    """docs/running.md's commands for the paper on SLURM: set-up, dry run, run, status, report."""
+    return slurm_block(ROOT / "docs" / "running.md")
+
+
+def test_the_readme_gives_the_papers_slurm_commands_of_running_md():
+    assert slurm_block(README) == slurm_commands()
+
+
+def test_the_slurm_commands_run_snakemake_from_the_main_environment():
+    commands = slurm_commands()
+    snakemake = [c for c in commands if "snakemake" in c]
+    assert snakemake and all(shlex.split(c)[0] == ".venv/bin/snakemake" for c in snakemake), snakemake
+    assert all("--profile slurm" in c for c in snakemake)
+    assert commands[:2] == ["make venv", "make vllm-env VLLM_FLAVOUR=gpu"], "the two environments first"
+
+
+def test_the_papers_dry_run_is_the_documented_one(tmp_path):
+    """The dry run of docs/running.md, on config/paper.yaml as the profile selects it, in an empty directory: it
+    lists the paper's grid, and every job that runs vLLM starts with the vLLM environment's interpreter."""
+    dry_run = next(c for c in slurm_commands() if re.search(r"\s-n(\s|$)", c))
+    words = [w.replace("ACCOUNT", "klstudy").replace("PARTITION", "gpu") for w in shlex.split(dry_run)]
+    run = subprocess.run(
+        [str(ROOT / words[0]), *words[1:], "--directory", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = run.stdout + run.stderr
+    paper = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    vllm = str(ROOT / paper.get("vllm_python", ".venv-vllm/bin/python"))
+    commands = [line.split("Shell command: ", 1)[1] for line in out.splitlines() if "Shell command: " in line]
+    train = [c for c in commands if " -m klstudy train " in c]
+    evaluate = [c for c in commands if " -m klstudy evaluate " in c]
+    assert len(train) > 100 and len(evaluate) > 100, out[-3000:]
+    vllm_studies = {name for name, study in paper["studies"].items() if study["train"].get("generation") == "vllm"}
+    assert vllm_studies == set(paper["studies"]), "config/paper.yaml generates every rollout with vLLM"
+    assert paper["evaluation"]["backend"] == "vllm"
+    assert all(c.startswith(vllm) for c in train + evaluate), [c[:120] for c in train + evaluate if vllm not in c][:3]
+    others = [c for c in commands if c not in train + evaluate]
+    assert others and not any(vllm in c for c in others), "jobs without vLLM run with the interpreter of Snakemake"
+
+
+# -------------------------------------------------------------------------------------- licence and citation
+
+
+def test_the_citation_file_cites_the_paper_and_the_project():
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0" and citation["type"] == "software" and citation["authors"]
+    paper = citation["preferred-citation"]
+    assert paper["title"] == "A Comedy of Estimators: On KL Regularization in RL Training of LLMs"
+    assert [a["family-names"] for a in paper["authors"][:3]] == ["Shah", "Obando-Ceron", "Jain"]
+    assert paper["doi"] == "10.48550/arXiv.2512.21852"
+    bibtex = README.read_text().split("```bibtex")[1]
+    assert paper["title"] in bibtex and "2512.21852" in bibtex
+    project = __import__("tomllib").loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert citation["version"] == project["version"]
+    assert citation["license"] == "MIT" and (ROOT / "LICENSE").read_text().startswith("MIT License")
+
+
+if __name__ == "__main__":  # the words of a page that tell history: python tests/test_docs.py PAGE...
+    for name in sys.argv[1:]:
+        print(name, history_in(Path(name).read_text(), known_digests()))
