@@ -14,7 +14,8 @@ PIP_FLAGS ?=  # e.g. --no-compile: CI's throwaway venvs of other Pythons skip wr
 
 venv: $(INSTALLED)
 
-# torch first and alone: the CPU build of 2.13.0 (an unpinned torch would pull a multi-GB CUDA build).
+# torch first and alone, pinned: pip takes the build it finds (from PyPI on Linux the CUDA build; the CPU build with
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu or a local wheel: docs/paper-scale.md, "Environments").
 $(INSTALLED): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check $(PIP_FLAGS) torch==2.13.0
@@ -29,7 +30,7 @@ $(INSTALLED): pyproject.toml requirements.lock
 ## CONFIG=config/paper.yaml: the paper's study on this machine's GPUs, each job on GPUs of its own (klstudy/devices.py):
 ## all that CUDA_VISIBLE_DEVICES or nvidia-smi shows (GPUS=auto, none on a CPU), or GPUS=0,1,3; GPUS= turns it off.
 ## CONFIG="config.yaml config/separation.yaml": an overlay merged into the default (the design that separates the
-## penalties, about 4x the cost); run it in its own clone, as it writes the same results/ and figures/.
+## penalties, about 4.5x the cost); run it in its own clone, as it writes the same results/ and figures/.
 WARM ?= --warm
 GPUS ?= auto
 study: $(INSTALLED)
