@@ -1,7 +1,9 @@
 """The claims table (klstudy.claims): every claim of config.yaml is called shown on results built to show it and
-contradicted on results built to contradict it; results with no difference, or with the configuration labels
-permuted at random, are called shown no more often than the rule's error rate; the rule and the pairing by seed
-and by question compute what their docstring says."""
+contradicted on results built to contradict it; results with no difference (seeds apart, runs stopped early or
+non-finite), or with the configuration labels permuted at random, are called shown no more often than the rule's
+error rate; one seed is never judged; a run that did not finish whole moves or leaves its comparison, and the row says
+so; the pairings by seed, by question and against one evaluation of the base model compute what their docstring says.
+The calibration of each path on many simulated rows is in test_claims_calibration.py."""
 
 import json
 import math
@@ -11,9 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from scipy.stats import binom
 
-from klstudy import claims
-from klstudy.aggregate import CELL_COLUMNS, cell_columns
+from klstudy import aggregate, claims
+from klstudy.aggregate import cell_columns
+from klstudy.claims import METRICS
 from klstudy.config import ConfigError, all_cells, divergence_cells, evaluated_cells, selected_betas, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,23 +49,36 @@ def config():
     return validate_config(config)
 
 
-def synthetic_tables(config: dict, level, sigma: float = 0.01, seed: int = 0) -> dict:
-    """The aggregated tables of a run in which each measured value is level(metric, cell, base) plus normal noise
-    of standard deviation sigma; base: the base model's measurement (a run's step 0, its evaluation)."""
+def synthetic_tables(
+    config: dict, level, sigma: float = 0.01, seed: int = 0, seed_sd: float = 0.0, stopped: dict | None = None
+) -> dict:
+    """The aggregated tables of a run in which each measured value is level(metric, cell, base) plus a run's own
+    offset (normal, standard deviation seed_sd: what another training seed changes) plus normal noise of standard
+    deviation sigma; base: the base model's measurement (a run's step 0, its evaluation). Each run logs the K3 at
+    every step and held-out pass@1 every 5 steps up to its study's planned steps, cells.csv says ok; ``stopped``:
+    (study, kl, beta, seed) -> (status, last step) for runs that stopped early (their rows end there)."""
     rng = np.random.default_rng(seed)
-    training, heldout, evaluations, divergence = [], [], [], []
+    stopped = stopped or {}
+    training, heldout, evaluations, divergence, cells = [], [], [], [], []
     for cell in all_cells(config):
         identity = cell_columns(cell)
-        for step in range(FINAL_STEP - 4, FINAL_STEP + 1):  # the steps final_values averages (final_steps 5)
-            training.append({**identity, "step": step, "kl_k3": level("final_kl", cell, False) + sigma * rng.normal()})
-        for step, base in ((0, True), (FINAL_STEP, False)):
-            scores = level("heldout", cell, base) + sigma * rng.normal(size=QUESTIONS)
-            stderr = sigma / math.sqrt(QUESTIONS)
-            heldout.append({**identity, "step": step, "pass_at_1": scores.mean(), "stderr": stderr,
-                            "per_prompt": json.dumps(scores.tolist())})  # fmt: skip
+        planned = config["studies"][cell["study"]]["train"]["steps"]
+        status, end = stopped.get((cell["study"], cell["kl"], float(cell["beta"]), cell["seed"]), ("ok", planned))
+        cells.append({**identity, "status": status, "steps_done": end, "steps_planned": planned})
+        offset = {metric: seed_sd * rng.normal() for metric in METRICS}
+        for step in range(1, end + 1):
+            value = level("final_kl", cell, False) + offset["final_kl"] + sigma * rng.normal()
+            training.append({**identity, "step": step, "kl_k3": value})
+        for step in range(0, end + 1, 5):
+            base = step == 0
+            shift = level("heldout", cell, base) + (0 if base else offset["heldout"])
+            scores = shift + sigma * rng.normal(size=QUESTIONS)
+            heldout.append({**identity, "step": step, "pass_at_1": scores.mean(), "stderr": sigma / QUESTIONS**0.5,
+                            "per_prompt": json.dumps(list(scores))})  # fmt: skip
     for cell in evaluated_cells(config):
+        offset = seed_sd * rng.normal()
         for task in config["evaluation"]["tasks"]:
-            value = level("evaluation", cell, False) + sigma * rng.normal()
+            value = level("evaluation", cell, False) + offset + sigma * rng.normal()
             evaluations.append({**cell_columns(cell), "chat_template": "on", "task": task, "mean_at_k": value,
                                 "stderr": sigma})  # fmt: skip
     for model in config["studies"]["onpolicy"]["models"]:
@@ -70,15 +87,16 @@ def synthetic_tables(config: dict, level, sigma: float = 0.01, seed: int = 0) ->
             value = level("evaluation", {**base, "study": "onpolicy"}, True) + sigma * rng.normal()
             evaluations.append({**base, "task": task, "mean_at_k": value, "stderr": sigma})
     for cell in divergence_cells(config):
+        offset = {metric: seed_sd * rng.normal() for metric in ("forward_kl", "entropy")}
         for task in config["divergence"]["tasks"]:
             for step, base in ((0, True), (FINAL_STEP, False)):
                 row = {**cell_columns(cell), "task": task, "step": step}
                 for metric in ("forward_kl", "entropy"):
-                    row[metric] = level(metric, cell, base) + sigma * rng.normal()
+                    row[metric] = level(metric, cell, base) + (0 if base else offset[metric]) + sigma * rng.normal()
                     row[f"{metric}_stderr"] = sigma
                 divergence.append(row)
     return dict(
-        cells=pd.DataFrame(columns=CELL_COLUMNS), training=pd.DataFrame(training), heldout=pd.DataFrame(heldout),
+        cells=pd.DataFrame(cells), training=pd.DataFrame(training), heldout=pd.DataFrame(heldout),
         evaluations=pd.DataFrame(evaluations), divergence=pd.DataFrame(divergence),
     )  # fmt: skip
 
@@ -139,25 +157,37 @@ def test_a_claim_of_no_difference_is_shown_inside_its_margin_and_contradicted_fa
     assert set(verdicts(single, synthetic_tables(single, built_for(config, claim, 1.0, delta=2.0)))) == {"contradicted"}
     # Inside the margin (0.5 of a baseline of 1), but by fewer than critical standard errors: not shown; outside it,
     # but not by critical standard errors: not shown either.
-    rule = config["claims_rule"]
-    assert claims.verdict(0.45, 0.05, 5, "same", 1.0, rule, margin=0.5)[2] == "not shown"
-    assert claims.verdict(-0.6, 0.05, 5, "same", 1.0, rule, margin=0.5)[2] == "not shown"
-    assert claims.verdict(-0.8, 0.05, 5, "same", 1.0, rule, margin=0.5)[2] == "contradicted"
+    judged = claims.judge([0.45, -0.6, -0.8], [0.05] * 3, [5] * 3, ["same"] * 3, [0.5] * 3, config["claims_rule"])
+    assert list(judged["verdict"]) == ["not shown", "not shown", "contradicted"]
 
 
-def test_results_with_no_difference_are_shown_no_more_often_than_the_rules_error_rate(config):
-    """Every measurement the same in distribution (level 1, noise 0.1): each directional claim row is a test of a
-    true null; over 20 such runs the fraction called shown is within binomial noise of at most alpha."""
+@pytest.mark.parametrize("six_seeds", [True, False])
+def test_results_with_no_difference_are_shown_no_more_often_than_the_rules_error_rate(config, six_seeds):
+    """Every measurement the same in distribution (level 1, noise 0.1), the seeds apart by twice that, a collapsed and
+    a diverged run in each grid (stopped at step 8 and 12); six seeds everywhere, or config.yaml's own (one or two):
+    each directional claim row is a test of a true null; over 8 such runs the rows called shown stay within a
+    binomial bound of alpha (the rule before showed 31 of 232 at config.yaml's seeds), every row that a stopped run
+    touches says so, and none is judged on one seed."""
+    if not six_seeds:
+        config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
     names = directional(config)
     selected = {**config, "claims": {name: config["claims"][name] for name in names}}
+    stopped = {("onpolicy", "k1-reward", 1.0, 1): ("collapsed", 8), ("onpolicy", "none", 0.0, 0): ("diverged", 12)}
     table = pd.concat(
-        claims.claims_table(selected, synthetic_tables(selected, lambda *_: 1.0, sigma=0.1, seed=s), TOY_TESTS)
-        for s in range(20)
+        claims.claims_table(
+            selected,
+            synthetic_tables(selected, lambda *_: 1.0, sigma=0.1, seed=s, seed_sd=0.2, stopped=stopped),
+            TOY_TESTS,
+        )
+        for s in range(8)
     )
     alpha, rows = config["claims_rule"]["alpha"], len(table)
-    shown = (table.verdict == "shown").sum()
-    assert rows >= 400
-    assert shown <= alpha * rows + 3 * math.sqrt(alpha * rows), (shown, rows)
+    assert rows >= 200
+    assert (table.verdict == "shown").sum() <= binom.ppf(1 - 1e-4, rows, alpha), table.verdict.value_counts()
+    touched = table[(table.study == "onpolicy") & table.metric.isin(["final_kl", "heldout"])
+                    & ((table.candidate == "none") | (table.baseline == "none"))]  # fmt: skip
+    assert len(touched) and touched.note.str.contains("none seed 0 diverged at step 12").all()
+    assert not table[table.seeds < 2].verdict.isin(["shown", "contradicted"]).any()
 
 
 def test_with_the_configuration_labels_permuted_nothing_is_shown_beyond_the_error_rate(config):
@@ -205,29 +235,34 @@ def test_with_the_configuration_labels_permuted_nothing_is_shown_beyond_the_erro
 
 
 def test_the_rule_asks_for_more_standard_errors_where_few_units_make_the_error_uncertain():
-    rule = {"alpha": 0.01, "min_z": 3}
-    z, critical, word = claims.verdict(-1.0, 0.1, 1, "lower", 2.0, rule)  # two seeds: t(0.99, 1) = 31.8
-    assert z == pytest.approx(10) and critical == pytest.approx(31.82, abs=0.01) and word == "not shown"
-    z, critical, word = claims.verdict(-1.0, 0.1, 39, "lower", 2.0, rule)  # forty questions: t ≈ 2.43 < 3
-    assert critical == 3 and word == "shown"
-    assert claims.verdict(1.0, 0.1, 39, "lower", 2.0, rule)[2] == "contradicted"
-    assert claims.verdict(1.0, float("nan"), 0, "lower", 2.0, rule)[2] == "not shown"
-    assert claims.verdict(1.0, 0.1, 39, None, 2.0, rule)[2] == "no prediction"
+    rule = {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}
+    assert claims.critical_value([1, 3, 39], rule) == pytest.approx([31.82, 4.54, 3.0], abs=0.01)
+    judged = claims.judge([-1.0, -1.0, 1.0, 1.0, 1.0], [0.1, 0.1, 0.1, math.nan, 0.1], [1, 39, 39, 0, 39],
+                          ["lower", "lower", "lower", "lower", None], [math.nan] * 5, rule)  # fmt: skip
+    assert judged["z"][0] == pytest.approx(10) and judged["critical"][0] == pytest.approx(31.82, abs=0.01)
+    assert list(judged["verdict"]) == ["not shown", "shown", "contradicted", "not shown", "not shown"]
+    assert np.isnan(judged["z"][3]) and np.isnan(judged["z"][4])
 
 
-def test_pairing_by_question_uses_each_questions_difference_averaged_over_seeds():
-    """Two seeds, four questions: d_q = mean over seeds of (candidate − base) for question q."""
+def test_pairing_by_question_uses_seeds_and_questions_both():
+    """Two seeds, four questions: d_sq = candidate − base for seed s and question q; the error over seeds (row
+    means, never below the residual's share) plus the error over questions (column means): two levels."""
     candidate = pd.DataFrame({"value": [0.5, 0.75], "se": [0.1, 0.1],
                               "per_question": [[1, 0, 1, 0], [1, 1, 1, 0]]}, index=[0, 1])  # fmt: skip
     base = pd.DataFrame({"value": [0.25, 0.25], "se": [0.1, 0.1],
                          "per_question": [[0, 0, 1, 0], [1, 0, 0, 0]]}, index=[0, 1])  # fmt: skip
-    d, se, df, units, seeds, note = claims._paired(candidate, base, "questions")
-    assert list(d) == [0.5, 0.5, 0.5, 0.0] and df == 3 and units == 4 and seeds == 2 and not note
-    assert se == pytest.approx(np.std([0.5, 0.5, 0.5, 0.0], ddof=1) / 2)
-    by_seed = claims._paired(candidate, base, "seeds")
-    assert list(by_seed[0]) == [0.25, 0.5] and by_seed[2] == 1
-    one_seed = claims._paired(candidate.loc[[0]], base.loc[[0]], "seeds")
-    assert one_seed[1] == pytest.approx(math.sqrt(0.02)) and one_seed[2] == math.inf and "one seed" in one_seed[5]
+    test = claims.paired_test(candidate, base, "questions")
+    d = np.array([[1, 0, 0, 0], [0, 1, 1, 0]], dtype=float)
+    rows, columns = d.mean(axis=1), d.mean(axis=0)
+    residual = d - rows[:, None] - columns[None, :] + d.mean()
+    ms_residual = (residual**2).sum() / (1 * 3)
+    expected = math.sqrt(max(rows.var(ddof=1), ms_residual / 4) / 2 + columns.var(ddof=1) / 4)
+    assert test["effect"] == pytest.approx(0.375) and test["se"] == pytest.approx(expected)
+    assert (test["df"], test["units"], test["seeds"], test["why"]) == (1, 4, 2, None)
+    by_seed = claims.paired_test(candidate, base, "seeds")
+    assert by_seed["effect"] == pytest.approx(0.375) and by_seed["df"] == 1
+    assert claims.paired_test(candidate.loc[[0]], base.loc[[0]], "questions")["why"] == "one seed"
+    assert claims.paired_test(candidate.loc[[0]], base.loc[[0]], "seeds")["why"] == "one seed"
 
 
 def test_table1_predictions_follow_the_exact_computation():
@@ -242,12 +277,23 @@ def test_table1_predictions_follow_the_exact_computation():
     )
 
 
+def test_a_projection_of_zero_somewhere_and_a_pull_elsewhere_is_no_push():
+    """min projection 0 (no pull in some setting) and max > 0 (a pull in another): the expected gradient never
+    opposes the KL's, so Table 1 predicts a lower KL, not "may push away"."""
+    tests = pd.DataFrame([dict(config="k2-loss", exact_unbiased=False, min_projection=0.0, max_projection=0.6)])
+    pull = claims.expected_pull(tests, "k2-loss")
+    assert "push" not in pull and pull.startswith("pulls towards π_ref in some settings")
+    assert claims.predicted_direction({"predicted": "table1", "candidate": "k2-loss"}, tests)[0] == "lower"
+
+
 def test_missing_runs_give_rows_that_say_so(config):
     single = one_claim(config, "k1_reward_regularises")
     tables = synthetic_tables(single, lambda *_: 1.0)
     tables["training"] = tables["training"][tables["training"].kl != "none"]
     table = claims.claims_table(single, tables, TOY_TESTS)
-    assert set(table.verdict) == {"not shown"} and set(table.note) == {"no paired runs"} and (table.seeds == 0).all()
+    assert set(table.verdict) == {"not testable: no paired runs"} and (table.seeds == 0).all()
+    assert table.note.str.contains("no results: none seed 0, 1, 2, 3, 4, 5").all()
+    assert set(table.verdict) <= set(claims.VERDICTS)
 
 
 @pytest.mark.parametrize(
@@ -284,26 +330,23 @@ def test_every_config_claims_table_is_built_by_the_same_code():
 
 def test_seeds_that_agree_by_chance_do_not_make_the_error_zero():
     """Two seeds whose differences are equal (held-out scores are multiples of 1/questions): the spread over seeds is
-    0, and the error is the measurement's own, so one question's difference is not 'shown'."""
+    0, and the error is the measurements' own, so one question's difference is not 'shown'."""
     candidate = pd.DataFrame({"value": [0.34, 0.35], "se": [0.05, 0.05]}, index=[0, 1])
     baseline = pd.DataFrame({"value": [0.35, 0.36], "se": [0.05, 0.05]}, index=[0, 1])
-    d, se, df, *_, note = claims._paired(candidate, baseline, "seeds")
-    assert se == pytest.approx(math.sqrt(4 * 0.05**2) / 2) and df == 1 and "own error" in note
-    assert claims.verdict(d.mean(), se, df, "lower", 0.355, {"alpha": 0.01, "min_z": 3})[2] == "not shown"
-    # One seed of final_kl: its steps' spread says nothing of another seed.
-    one = claims._paired(candidate.loc[[0]], baseline.loc[[0]], "seeds", over_steps=True)
-    assert math.isnan(one[1]) and "no error over seeds" in one[5]
+    test = claims.paired_test(candidate, baseline, "seeds")
+    assert test["se"] == pytest.approx(math.sqrt(4 * 0.05**2) / 2) and test["df"] == 1 and "own error" in test["note"]
+    rule = {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}
+    assert claims.judge([test["effect"]], [test["se"]], [1], ["lower"], [math.nan], rule)["verdict"][0] == "not shown"
 
 
 def test_an_unknown_measurement_error_is_no_floor_at_all():
     """A run whose own error is unknown (NaN) leaves the floor unknown, not smaller: two seeds fall back to their
-    spread, and one seed has no error to judge by."""
+    spread."""
     candidate = pd.DataFrame({"value": [0.30, 0.40], "se": [math.nan, 0.5]}, index=[0, 1])
     baseline = pd.DataFrame({"value": [0.20, 0.20], "se": [0.5, 0.5]}, index=[0, 1])
-    d, se, df, *_, note = claims._paired(candidate, baseline, "seeds")
-    assert se == pytest.approx(d.std(ddof=1) / math.sqrt(2)) and note == ""
-    one = claims._paired(candidate.loc[[0]], baseline.loc[[0]], "seeds")
-    assert math.isnan(one[1]) and "no error over seeds" in one[5]
+    test = claims.paired_test(candidate, baseline, "seeds")
+    assert test["se"] == pytest.approx(np.std([0.1, 0.2], ddof=1) / math.sqrt(2)) and test["note"] == ""
+    assert claims.paired_test(candidate.assign(value=0.3), baseline, "seeds")["why"] == "no error estimate"
 
 
 def test_below_compares_each_beta_with_the_next_smaller_one(config):
@@ -378,7 +421,148 @@ def test_the_caption_names_the_base_models_the_runs_started_from(config):
     single = one_claim(config, "k1_reward_regularises")
     tables = synthetic_tables(single, lambda *_: 1.0)
     model = single["studies"]["onpolicy"]["models"][0]
-    tables["cells"] = pd.DataFrame({"model": [model, model], "base_model_sha256": ["1a" * 32, "2b" * 32]})
+    digests = ["1a" * 32 if i % 2 else "2b" * 32 for i in range(len(tables["cells"]))]
+    tables["cells"] = tables["cells"].assign(model=model, base_model_sha256=digests)
     table = claims.claims_table(single, tables, TOY_TESTS)
     assert len(table) and set(table.base_model) == {"1a1a1a1a1a1a, 2b2b2b2b2b2b"}
     assert set(claims.claims_table(single, synthetic_tables(single, lambda *_: 1.0), TOY_TESTS).base_model) == {""}
+
+
+def test_the_caption_states_each_paths_promise_and_the_false_shown_rows_to_expect(config):
+    names = directional(config)
+    selected = {**config, "claims": {name: config["claims"][name] for name in names}}
+    table = claims.claims_table(selected, synthetic_tables(selected, lambda *_: 1.0), TOY_TESTS)
+    text = claims.caption(config, None, table)
+    judged = int((table.predicted.isin(["higher", "lower"]) & table.q_value.notna()).sum())
+    assert judged >= 20 and f"{judged} higher/lower rows judged" in text
+    assert f"at most 0.01 × {judged} = {0.01 * judged:.2g} false shown rows expected" in text
+    assert "Benjamini–Hochberg" in text and "q = 0.05" in text and "not testable" in text
+
+
+def test_one_seed_is_not_testable_however_large_the_effect(config):
+    """With one seed the spread between seeds is unknown: a claim built to be shown by 50 measurement errors is not
+    testable, where the rule before called it shown (critical 3 on the measurement's error alone), and a second seed
+    lost to a stopped run never makes it easier."""
+    name = "k1_loss_offpolicy_below_k1_reward"  # one seed in config.yaml
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    single = validate_config({**raw, "claims": {name: raw["claims"][name]}})
+    tables = synthetic_tables(single, built_for(single, single["claims"][name], -1.0))
+    table = claims.claims_table(single, tables, TOY_TESTS)
+    assert set(table.verdict) == {"not testable: one seed"} and (table.seeds == 1).all()
+    assert (table.effect < -0.4).all() and table.z.isna().all()
+
+
+def test_a_table1_claim_that_resolves_to_no_difference_without_a_margin_is_not_testable(config):
+    """A table1 claim without a margin whose configuration Table 1 finds no pull for: the row says so (it raised a
+    TypeError before)."""
+    claim = {**config["claims"]["k1_reward_regularises"], "candidate": "k1-loss"}
+    single = {**config, "claims": {"c": claim}}
+    table = claims.claims_table(single, synthetic_tables(single, lambda *_: 1.0), TOY_TESTS)
+    assert set(table.predicted) == {"same"} and set(table.verdict) == {"not testable: no margin"}
+
+
+def test_one_evaluation_of_the_base_model_enters_the_error_once(config):
+    """Against the base model's one lm-eval evaluation (error 0.05), six seeds that agree closely: the error of the
+    difference is at least the base model's own, not that error averaged over six copies of it."""
+    claim = {"text": "t", "metric": "evaluation", "study": "onpolicy", "candidate": "k1-reward", "baseline": "base",
+             "predicted": "higher"}  # fmt: skip
+    single = validate_config({**config, "claims": {"c": claim}})
+    table = claims.claims_table(single, synthetic_tables(single, lambda *_: 1.0, sigma=0.05), TOY_TESTS)
+    base_error = 0.05 / math.sqrt(len(config["evaluation"]["tasks"]))  # the mean over the tasks
+    assert (table.se >= base_error).all() and (table.seeds == len(SEEDS)).all(), table[["se", "seeds"]]
+
+
+def test_pairing_by_question_needs_the_same_questions(config):
+    """Held-out pass@1 of async_math (math500) against the on-policy study (math_test): two question sets of the same
+    length in these tables, which pairing by position would have matched question by question."""
+    claim = {"text": "t", "metric": "heldout", "study": "async_math", "candidate": "k1-reward",
+             "baseline": "k1-reward", "baseline_study": "onpolicy", "baseline_beta": "min", "predicted": "higher",
+             "pair_by": "questions"}  # fmt: skip
+    single = validate_config({**config, "claims": {"c": claim}})
+    table = claims.claims_table(single, synthetic_tables(single, lambda *_: 1.0), TOY_TESTS)
+    assert set(table.verdict) == {"not testable: different questions"}
+    assert claims.heldout_questions(config, "async_math") != claims.heldout_questions(config, "onpolicy")
+    assert claims.heldout_questions(config, "unbiased") == claims.heldout_questions(config, "onpolicy")
+
+
+def test_a_run_stopped_early_moves_the_comparison_to_a_common_step_and_the_row_says_so(config):
+    """K1 in the reward at β = 1, seed 2, collapsed after step 8 of 15: its KL claims are compared at step 8 (the K3
+    of every run averaged over steps 4-8) and its held-out claims at step 5, the last evaluation every run made; the
+    note names the run. A seed of an evaluated configuration that did not finish is left out of its evaluation claims,
+    and the note says which."""
+    names = ["k1_reward_regularises", "k1_loss_below_k1_reward", "k1_reward_beats_k3_loss_in_domain"]
+    single = {**config, "claims": {name: config["claims"][name] for name in names}}
+    stopped = {("onpolicy", "k1-reward", 1.0, 2): ("collapsed", 8)}
+    table = claims.claims_table(single, synthetic_tables(single, lambda *_: 1.0, stopped=stopped), TOY_TESTS)
+    at_one = table[table.beta == 1.0].set_index("claim")
+    assert at_one.loc["k1_reward_regularises", "step"] == 8
+    assert at_one.loc["k1_loss_below_k1_reward", "step"] == 5
+    for name in names[:2]:
+        assert "k1-reward β 1 seed 2 collapsed at step 8" in at_one.loc[name, "note"]
+    evaluation = at_one.loc["k1_reward_beats_k3_loss_in_domain"]
+    assert "left out seed 2" in evaluation.note and evaluation.seeds == len(SEEDS) - 1
+    at_small = table[table.beta == 0.1]
+    assert (at_small.step.fillna(15) == 15).all() and not at_small.note.str.contains("compared at|left out").any()
+
+
+def test_a_non_finite_value_is_named_never_dropped(config):
+    """No KL seed 3 logs a NaN K3 at step 12 (and the run goes on): the KL claims stop at step 11 and say why; the
+    window mean of a run with a non-finite step is not the mean of the others."""
+    single = one_claim(config, "k1_reward_regularises")
+    tables = synthetic_tables(single, lambda *_: 1.0)
+    training = tables["training"]
+    bad = (training.kl == "none") & (training.seed == 3) & (training.step == 12)
+    training.loc[bad, "kl_k3"] = math.nan
+    table = claims.claims_table(single, tables, TOY_TESTS)
+    assert (table.step == 11).all() and table.note.str.contains("none seed 3 non-finite final_kl at step 12").all()
+    none = training[(training.kl == "none") & (training.study == "onpolicy")]
+    final = aggregate.final_values(none, single).set_index("seed").kl_k3
+    assert math.isnan(final[3]) and not math.isnan(final[2])
+
+
+def test_a_row_shown_alone_but_not_within_the_tables_false_discovery_rate_is_not_shown():
+    """z above critical (p below alpha) on its own, but one of 40 rows whose others are noise: the step-up procedure
+    needs p ≤ q/40 of the smallest, and the row is not shown; alone in its table, it is."""
+    rule = {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}
+    effect = np.array([3.6] + [0.1] * 39)
+    judged = claims.judge(effect, np.ones(40), np.full(40, 5), ["higher"] * 40, np.full(40, np.nan), rule)
+    assert judged["z"][0] >= judged["critical"][0] and judged["p"][0] <= rule["alpha"]
+    assert judged["verdict"][0] == "not shown" and judged["q_value"][0] > rule["q"]
+    alone = claims.judge(effect[:1], [1.0], [5], ["higher"], [np.nan], rule)
+    assert alone["verdict"][0] == "shown" and alone["q_value"][0] == pytest.approx(alone["p"][0])
+
+
+@pytest.mark.parametrize(("rule", "message"), [({"q": 0}, "claims_rule.q"), ({"q": 0.7}, "claims_rule.q"),
+                                               ({"fdr": "holm"}, "claims_rule.fdr")])  # fmt: skip
+def test_the_claims_rule_is_checked_and_its_table_wide_rate_has_a_default(rule, message):
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    defaults = validate_config({**raw, "claims_rule": {}})["claims_rule"]
+    assert defaults == {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        validate_config({**raw, "claims_rule": rule})
+
+
+def test_a_one_question_heldout_evaluation_has_an_unknown_standard_error():
+    """One held-out prompt: no spread to estimate an error from, so the stderr is unknown (NaN: heldout.jsonl and the
+    trackers take it as a number), not 0.0, which the claims table would have taken for an exact measurement."""
+    from klstudy import cell
+
+    class Model:
+        training = True
+
+        def eval(self):
+            self.training = False
+
+        def train(self, mode=True):
+            self.training = mode
+
+    class Trainer:
+        accelerator = type("Accelerator", (), {"process_index": 0, "num_processes": 1})()
+        model = Model()
+
+        def _generate(self, prompts):
+            return (None, None, None, ["The answer is \\boxed{7}."] * len(prompts), None, None, None, None)
+
+    record = {"prompt": "3+4=?", "answer": "7", "reward": "math", "numbers": [], "target": 0, "choices": []}
+    result = cell.heldout_pass_at_1(Trainer(), [record], seed=0, samples=2)
+    assert result["pass_at_1"] == 1.0 and result["prompts"] == 1 and math.isnan(result["stderr"])

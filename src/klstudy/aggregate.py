@@ -18,8 +18,10 @@ missing is a row with status "missing", so figures and tables show the gap inste
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from klstudy.config import (
@@ -160,18 +162,41 @@ def read_tables(directory: Path) -> dict[str, pd.DataFrame]:
     return {name: pd.read_csv(Path(directory) / f"{name}.csv") for name in AGGREGATED_TABLES}
 
 
+def step_values(run: pd.DataFrame, column: str) -> pd.Series:
+    """One run's ``column`` per logged step (several updates a step log it once: the step's first value), NaN at a
+    step that logged none: a step's value is never dropped, so that a non-finite one stays visible."""
+    return run.groupby("step")[column].first().sort_index()
+
+
+def window_mean(values: pd.Series) -> tuple[float, float]:
+    """(mean, its standard error) of a run's steps: non-finite if any step is. The error is the residual standard
+    deviation about the steps' least-squares line, over √n (NaN under three steps). Each logged K3 is the policy's KL
+    at that step plus the Monte Carlo error of that step's fresh batch, errors uncorrelated from step to step (each
+    has mean zero given the run so far, although the next update uses it); what makes successive values correlated
+    is the policy's own KL moving, which the line takes out instead of counting it as noise."""
+    y = values.to_numpy(dtype=float)
+    mean = float(y.mean()) if len(y) else math.nan
+    if len(y) < 3 or not np.isfinite(y).all():
+        return mean, math.nan
+    x = values.index.to_numpy(dtype=float)
+    residuals = y - np.polyval(np.polyfit(x, y, 1), x)
+    return mean, float(np.sqrt((residuals**2).sum() / (len(y) - 2) / len(y)))
+
+
 def final_values(training: pd.DataFrame, config: dict, column: str = "kl_k3") -> pd.DataFrame:
     """Per cell that logged steps: ``column`` at the end of training, the mean over its last ``final_steps`` logged
-    steps (the study's setting, fixed before the runs; a run that stopped early ends where it stopped), and
-    ``<column>_stderr``, the standard error of that mean from the steps' spread (NaN from one step)."""
-    columns = CELL_COLUMNS + [column, f"{column}_stderr"]
+    steps (the study's setting, fixed before the runs; a run that stopped early ends where it stopped; non-finite if
+    any of those steps is), ``<column>_stderr``, that mean's error (window_mean), and last_step, where the window
+    ends."""
+    columns = CELL_COLUMNS + [column, f"{column}_stderr", "last_step"]
     rows = []
     if column not in training:  # nothing logged yet
         return pd.DataFrame(columns=columns)
-    for keys, run in training.dropna(subset=[column]).groupby(CELL_COLUMNS, sort=False):
-        last = run.sort_values("step")[column].tail(config["studies"][keys[0]].get("final_steps", 5))
-        stderr = last.std() / len(last) ** 0.5
-        rows.append({**dict(zip(CELL_COLUMNS, keys, strict=True)), column: last.mean(), f"{column}_stderr": stderr})
+    for keys, run in training.groupby(CELL_COLUMNS, sort=False):
+        last = step_values(run, column).tail(config["studies"][keys[0]].get("final_steps", 5))
+        mean, stderr = window_mean(last)
+        rows.append({**dict(zip(CELL_COLUMNS, keys, strict=True)), column: mean, f"{column}_stderr": stderr,
+                     "last_step": last.index.max()})  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
 
 

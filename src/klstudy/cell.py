@@ -343,7 +343,7 @@ def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, sample
     scores = [gathered[i] for i in range(len(requests))]
     mean = sum(scores) / len(scores)
     per_prompt = [sum(scores[i :: len(records)]) / samples for i in range(len(records))]
-    stderr = statistics.stdev(per_prompt) / math.sqrt(len(per_prompt)) if len(per_prompt) > 1 else 0.0
+    stderr = statistics.stdev(per_prompt) / math.sqrt(len(per_prompt)) if len(per_prompt) > 1 else math.nan  # unknown
     # per_prompt: each question's score, in the held-out set's order, so that two runs (or a run and its own step 0,
     # the base model) can be compared question by question (claims.py pairs them).
     return {
