@@ -40,6 +40,8 @@ localrules:
     fig01,
     aggregate,
     figure,
+    claims_figure,
+    training_figure,
     study_tables,
 
 

@@ -5,11 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 import yaml
 
 from klstudy import aggregate, figures, kl, tables
+from klstudy import tables as tables_module
 from klstudy.config import all_cells, run_path, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,37 +94,22 @@ def test_write_tables_and_every_configured_figure_draws_with_gaps(config, result
     ]  # fmt: skip
     assert len(tables["heldout"]) == 8 and len(tables["training"]) == 6 and tables["divergence"].empty
     read = aggregate.read_tables(tmp_path / "tables")
-    for name in config["figures"]:
-        figures.paper_figure(name, config, read, tmp_path / "figures" / f"{name}.png")
-        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 0
-        assert (tmp_path / "figures" / f"{name}.pdf").stat().st_size > 0
-
-
-def test_curves_mark_runs_that_stopped_early(config, results, tmp_path):
-    aggregate.write_tables(config, results, tmp_path / "tables")
-    tables = aggregate.read_tables(tmp_path / "tables")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots()
-    figures.curves_panel(
-        ax, {"kind": "curves", "study": "onpolicy", "model": "tiny", "kl": ["k3-reward"]}, config, tables
-    )
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "K3 in reward, β = 1 (1/2 collapsed, 1/2 missing)" in labels
-    assert "K3 in reward, β = 0.1 (2/2 missing) - no data" in labels
-    assert any(c.get_offsets().shape[0] == 1 for c in ax.collections)  # the cross at its last point
-    plt.close(fig)
-
-
-def test_bars_use_the_spread_over_seeds(config, results, tmp_path):
-    aggregate.write_tables(config, results, tmp_path / "tables")
-    rows = aggregate.read_tables(tmp_path / "tables")["evaluations"]
-    rows = rows[(rows.kl == "k1-reward") & (rows.beta == 0.1) & (rows.task == "math500") & (rows.study == "onpolicy")]
-    spread = figures.seed_spread(rows, "mean_at_k", "stderr")
-    assert spread["mean"] == pytest.approx(0.4) and spread["seeds"] == 2
-    assert spread["error"] == pytest.approx(pd.Series([0.5, 0.3]).std())
-    one = figures.seed_spread(rows.head(1), "mean_at_k", "stderr")
-    assert one["error"] == pytest.approx(0.01)  # one seed: lm-eval's own standard error
+    out = tmp_path / "figures"
+    toy = pd.DataFrame([{"config": "k1-reward", "estimator": "k1", "expression": "-log r", "placement": "reward",
+                         "loss_gradient": "pathwise", "framework": "", "unbiased": True, "exact_unbiased": True,
+                         "max_abs_exact_bias": 0.0, "max_abs_exact_bias_T1": 0.0, "max_abs_z": 1.0, "z_critical": 3.0,
+                         "worst_case": "", "alpha": 0.01}])  # fmt: skip
+    toy.to_csv(tmp_path / "toy.csv", index=False)
+    tables_module.write_study_tables(config, read, tmp_path / "toy.csv", out)
+    claims = figures.read_claims(out / "claims.csv")  # the verdicts the figures print, as the workflow passes them
+    for name in config["figures"]:  # drawn in memory (writing each costs a second or two); two written below
+        plt.close(figures.draw_paper_figure(name, config, read, claims))
+    for study in config["studies"]:
+        plt.close(figures.draw_training_figure(study, config, read))
+    figures.paper_figure("fig02_k1_in_loss", config, read, out / "fig02_k1_in_loss.png", claims)
+    figures.claims_forest(claims, config, out / "claims_forest.png")
+    for name in ("fig02_k1_in_loss", "claims_forest"):
+        assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.pdf").stat().st_size > 0, name
 
 
 def heldout_rows(kl_config, seed, values):
@@ -155,32 +142,37 @@ def test_onpolicy_studies_are_those_with_one_update_and_no_asynchrony(config):
     assert tables.onpolicy_studies(config) == ["onpolicy", "unbiased"]
 
 
-def test_relative_improvement_by_hand():
+def test_evaluation_differences_by_hand(config):
+    """K1 in the reward − K3 in the loss in points, paired by seed, and each against the base model's one
+    evaluation (whose error is added once, not averaged away over seeds)."""
     rows = [  # kl, task, seed, mean@k, lm-eval stderr
         ("k1-reward", "math500", 0, 0.6, 0.03), ("k1-reward", "math500", 1, 0.4, 0.04),
         ("k3-loss", "math500", 0, 0.4, 0.02), ("k3-loss", "math500", 1, 0.4, 0.02),
-        ("k1-reward", "mmlu_college_biology", 0, 0.3, 0.1), ("k3-loss", "mmlu_college_biology", 0, 0.2, 0.1),
-        ("k1-reward", "mmlu_college_physics", 0, 0.2, 0.1), ("k3-loss", "mmlu_college_physics", 0, 0.4, 0.1),
     ]  # fmt: skip
     evaluations = pd.DataFrame(
-        [dict(study="onpolicy", model="m", kl=k, beta=0.05, task=t, seed=s, mean_at_k=v, stderr=e)
+        [dict(study="onpolicy", model="tiny", kl=k, beta=0.1, task=t, seed=s, mean_at_k=v, stderr=e)
          for k, t, s, v, e in rows]
+        + [dict(study="base", model="tiny", kl="base", beta=0.0, task="math500", seed=0, mean_at_k=0.3, stderr=0.05)]
     )  # fmt: skip
-    table = tables.relative_improvement(evaluations, in_domain=["math500"])
-    ours = table[table.source == "this run"].set_index("domain")
-    assert ours.loc["in-domain", "relative_improvement_pct"] == pytest.approx(25.0)  # (0.5 - 0.4) / 0.4
-    assert ours.loc["out-of-domain", "relative_improvement_pct"] == pytest.approx((50.0 - 50.0) / 2)
-    # seed by seed: +50 % and 0 %; one seed out of domain has no spread
-    assert ours.loc["in-domain", "seed_std_pct"] == pytest.approx(50 / 2**0.5, abs=0.01)
-    assert list(ours.seeds) == [2, 1] and pd.isna(ours.loc["out-of-domain", "seed_std_pct"])
-    # lm-eval's stderr through c / b: seed-mean stderrs 0.025 and 0.02 / √2, c / b = 1.25
-    in_domain = 100 / 0.4 * (0.025**2 + 1.25**2 * 0.02**2 / 2) ** 0.5
-    out_of_domain = ((100 / 0.2) ** 2 * (0.01 + 1.5**2 * 0.01) + (100 / 0.4) ** 2 * (0.01 + 0.5**2 * 0.01)) ** 0.5 / 2
-    assert ours.loc["in-domain", "lm_eval_stderr_pct"] == pytest.approx(in_domain, abs=0.01)
-    assert ours.loc["out-of-domain", "lm_eval_stderr_pct"] == pytest.approx(out_of_domain, abs=0.01)
-    paper = table[table.source != "this run"].set_index(["model", "domain"]).relative_improvement_pct
-    assert paper[("Qwen2.5-7B", "out-of-domain")] == 19.06 and paper[("Llama-3.1-8B-Instruct", "in-domain")] == 15.94
-    assert tables.relative_improvement(evaluations[evaluations.kl == "k3-loss"], ["math500"]).empty
+    config = {**config, "evaluation": {**config["evaluation"], "tasks": ["math500"], "in_domain": ["math500"]}}
+    table = tables.evaluation_differences(evaluations, config).set_index(["candidate", "baseline"])
+    paper = table.loc[("k1-reward", "k3-loss")]
+    assert paper.difference_pts == pytest.approx(10.0) and paper.seeds == 2  # (0.2 + 0.0) / 2
+    assert paper.se_pts == pytest.approx(10.0)  # the seeds' spread, 0.1414 / √2, above the questions' 0.025
+    assert paper.critical == pytest.approx(31.82, abs=0.01)  # the claims rule: max(3, t(0.99, 1 df))
+    assert paper.low_pts == pytest.approx(10 - 318.2, abs=0.1)
+    base = table.loc[("k1-reward", "base")]
+    assert base.difference_pts == pytest.approx(20.0)
+    assert base.se_pts == pytest.approx(100 * (0.1**2 + 0.05**2) ** 0.5)
+    sections = tables.differences_sections(table.reset_index())
+    assert "± 10" in sections[0][1]["difference (points)"].iloc[0]
+
+
+def test_numbers_to_three_significant_figures():
+    assert [tables.sig(v) for v in (8772.1, 0.04567, 3.6e-15, 2.0, 0.0, float("nan"))] == [
+        "8770", "0.0457", "3.6e-15", "2.00", "0", "",
+    ]  # fmt: skip
+    assert tables.plus_minus(0.3083, 0.0118) == "0.308 ± 0.012" and tables.plus_minus(0.5, float("nan")) == "0.500 ± ?"
 
 
 def test_table1_gets_the_behaviour_column(tmp_path):
@@ -193,13 +185,18 @@ def test_table1_gets_the_behaviour_column(tmp_path):
          for e in ("k3", "k1")]
     )  # fmt: skip
     table = tables.table1(tests, {"k1-reward": "stable (0 collapsed, 0 unstable of 3 runs)"})
-    assert list(table.estimator) == ["K1", "K1", "K1", "K3", "K3", "K3"]
-    assert list(table.config) == ["k1-reward", "k1-loss", "k1-loss-ratio", "k3-reward", "k3-loss", "k3-loss-ratio"]
+    # the paper's four rows first, in its order; then the frameworks' variants, by estimator
+    assert list(table.config) == ["k1-reward", "k1-loss", "k3-reward", "k3-loss", "k1-loss-ratio", "k3-loss-ratio"]
     assert "use_bias_correction_kl=True" in table.set_index("config").framework["k3-loss-ratio"]
     assert list(table.exact_unbiased) == ["yes", "no", "no", "no", "no", "no"]
-    assert list(table.expression) == ["-log r"] * 3 + ["r - 1 - log r"] * 3
+    assert list(table.expression) == ["-log r", "-log r", "r - 1 - log r", "r - 1 - log r", "-log r", "r - 1 - log r"]
     assert table.set_index("config").behaviour["k1-reward"].startswith("stable")
     assert table.set_index("config").behaviour["k3-loss"] == "not trained"
+    sections = tables.table1_sections(table)
+    assert [list(part.config) for _, part in sections] == [
+        ["k1-reward", "k1-loss", "k3-reward", "k3-loss"], [], ["k1-loss-ratio", "k3-loss-ratio"],
+    ]  # fmt: skip
+    assert "loss gradient: framework" in sections[2][1] and "loss gradient: framework" not in sections[0][1]
 
 
 def test_aggregation_and_figure_jobs_do_not_import_torch():
@@ -259,20 +256,28 @@ def test_the_regularisation_table_compares_each_beta_with_no_kl_and_states_the_p
         [dict(config="k1-reward", exact_unbiased=True, min_projection=1.0, max_projection=1.0),
          dict(config="k1-loss", exact_unbiased=False, min_projection=0.0, max_projection=0.0)]
     )  # fmt: skip
-    table = tables.regularisation(training, cells, config, tests, ["onpolicy"]).set_index(["kl", "beta"])
+    claims = pd.DataFrame(  # the claims table's verdicts, whatever the means say
+        [dict(claim="k1_reward_regularises", study="onpolicy", model="tiny", metric="final_kl", candidate="k1-reward",
+              baseline="none", beta=b, verdict="not shown", note="") for b in (0.1, 1.0)]
+        + [dict(claim="k1_reward_falls_with_beta", study="onpolicy", model="tiny", metric="final_kl",
+                candidate="k1-reward", baseline="k1-reward", beta=1.0, verdict="contradicted", note="")]
+    )  # fmt: skip
+    table = tables.regularisation(training, cells, config, tests, ["onpolicy"], claims).set_index(["kl", "beta"])
     assert table.loc[("k1-reward", 1.0), "final_kl"] == pytest.approx(0.3)
-    assert table.loc[("k1-reward", 1.0), "seed_std"] == pytest.approx(0.0707, abs=1e-4)
+    assert table.loc[("k1-reward", 1.0), "final_kl_se"] == pytest.approx(0.05)  # the seeds' spread: 0.0707 / √2
     assert table.loc[("k1-reward", 0.1), "no_kl_final_kl"] == pytest.approx(1.0)
-    assert list(table.below_no_kl) == ["yes", "yes", "no", "no"]
-    assert list(table.falls_as_beta_grows) == ["yes", "yes", "no", "no"]
+    # the means fall with β and lie below no KL; the columns say what the claims table says, nothing else
+    assert list(table.claim_below_no_kl) == ["not shown (k1_reward_regularises)"] * 2 + ["no claim"] * 2
+    assert table.loc[("k1-reward", 1.0), "claim_lower_at_larger_beta"] == "contradicted (k1_reward_falls_with_beta)"
+    assert table.loc[("k1-reward", 0.1), "claim_lower_at_larger_beta"] == "no claim"
     assert table.loc[("k1-reward", 0.1), "predicted"].startswith("pulls towards π_ref (the KL's own")
     assert table.loc[("k1-loss", 0.1), "predicted"].startswith("no pull")
     # paired by seed, the shared seed effect (±0.05 in every run of a seed) cancels: no spread left
     assert table.loc[("k1-reward", 1.0), "minus_no_kl"] == pytest.approx(-0.7)
     assert table.loc[("k1-loss", 1.0), "minus_no_kl"] == pytest.approx(0.5)
-    assert table.minus_no_kl_std.abs().max() < 1e-9
-    alone = training[(training.kl != "none") & (training.beta == 1.0)]  # no no-KL run, one β: nothing to compare
+    assert table.minus_no_kl_se.abs().max() < 1e-9 and set(table.paired_seeds) == {2}
+    alone = training[(training.kl != "none") & (training.beta == 1.0)]  # no no-KL run: nothing to pair with
     table = tables.regularisation(alone, cells, config, tests, ["onpolicy"])
-    assert set(table.below_no_kl) == {"n/a"} and set(table.falls_as_beta_grows) == {"n/a"}
-    figures.paper_figure("fig13_regularisation", config, {"training": training, "cells": cells}, tmp_path / "fig13.png")
-    assert (tmp_path / "fig13.png").stat().st_size > 10_000 and (tmp_path / "fig13.pdf").is_file()
+    assert table.minus_no_kl.isna().all() and set(table.claim_below_no_kl) == {"no claim"}
+    compact = tables.regularisation_sections(table)[0][1]
+    assert "claims table: below no KL" in compact and "below_no_kl" not in compact

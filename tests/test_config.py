@@ -128,8 +128,8 @@ BAD = [
     ),
     (
         "figure panel with a β the study lacks",
-        lambda c: set_key(c, ["figures", "fig05_eval_qwen", "panels", 0, "betas"], [0.3]),
-        "figures.fig05_eval_qwen.panels[0].betas[0]",
+        lambda c: set_key(c, ["figures", "fig05_eval_k1_reward_vs_k3_loss", "panels", 0, "betas"], [0.3]),
+        "figures.fig05_eval_k1_reward_vs_k3_loss.panels[0].betas[0]",
     ),
     (
         "figure panel with an unknown kind",
@@ -140,10 +140,10 @@ BAD = [
         "bars of a study that is not evaluated",
         lambda c: set_key(
             c,
-            ["figures", "fig05_eval_qwen", "panels", 0],
+            ["figures", "fig05_eval_k1_reward_vs_k3_loss", "panels", 0],
             {"kind": "bars", "study": "offpolicy_k1_loss", "model": "tiny"},
         ),
-        "figures.fig05_eval_qwen.panels[0].study",
+        "figures.fig05_eval_k1_reward_vs_k3_loss.panels[0].study",
     ),
     (
         "divergence panel without its metric",

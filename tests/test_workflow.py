@@ -38,6 +38,8 @@ def expected_jobs(config: dict) -> dict:
         "divergence": len(div_models) * len(div["kl"]) * len(div["betas"]) * len(div["seeds"]) * len(div["tasks"]),
         "aggregate": 1,
         "figure": len(config["figures"]),
+        "claims_figure": 1,
+        "training_figure": len(config["studies"]),
         "study_tables": 1,
         "all": 1,
     }
@@ -143,10 +145,10 @@ def test_lint_is_clean():
 
 def test_end_to_end_outputs(reduced_run):
     workdir, config = reduced_run
-    for name in ("fig01_toy_bias_variance", "fig_curves", "fig_bars", "fig_divergence"):
+    for name in ("fig01_toy_bias_variance", "fig_curves", "fig_bars", "fig_divergence", "claims_forest"):
         for ext in ("png", "pdf"):
             assert (workdir / "figures" / f"{name}.{ext}").stat().st_size > 0, name
-    for name in ("table1", "table2", "relative_improvement", "evaluations"):
+    for name in ("table1", "table2", "evaluation_differences", "evaluations"):
         assert (workdir / "figures" / f"{name}.md").stat().st_size > 0, name
     table = pd.read_csv(workdir / "figures" / "table1.csv")
     assert len(table) == 9 + 3 * 4  # 3 estimators × reward/loss/both, then × the 4 frameworks' loss gradients

@@ -204,3 +204,41 @@ def stderr_of_mean(stderrs: pd.Series) -> float:
     """The standard error of the mean of independent estimates with these standard errors; unknown (NaN) if any
     one is unknown."""
     return (stderrs.astype(float) ** 2).sum(min_count=len(stderrs)) ** 0.5 / len(stderrs)
+
+
+# The one uncertainty convention of every figure and table (figures.py, tables.py): a quantity measured once per
+# training seed, each measurement with its own standard error (over questions, prompts or a run's last steps), is
+# shown as the mean over the n seeds ± one standard error of that mean, se = max(s/√n, √(Σ eᵢ²)/n): the seeds' spread
+# (s, the standard deviation over seeds), never below what the measurements' own errors eᵢ alone give (two or three
+# seeds can agree by chance). With one seed, its own error alone. The claims table's se of a paired difference is
+# the same rule applied to the differences.
+UNCERTAINTY = (
+    "mean over n seeds ± 1 standard error, se = max(s/√n, √(Σ eᵢ²)/n): s the standard deviation over seeds, eᵢ seed "
+    "i's own standard error (over questions, prompts or steps); one seed: its own error"
+)
+
+
+def mean_and_se(values, own_se=None) -> tuple[float, float, int]:
+    """(mean, se, n) of one value per seed by the UNCERTAINTY convention; NaN values are left out, and se is NaN where
+    neither the seeds' spread (one seed) nor the measurements' own errors (some unknown, or none given) give one."""
+    values = np.asarray(values, dtype=float)
+    known = ~np.isnan(values)
+    n = int(known.sum())
+    if n == 0:
+        return math.nan, math.nan, 0
+    spread = values[known].std(ddof=1) / math.sqrt(n) if n > 1 else math.nan
+    own = math.nan
+    if own_se is not None:
+        errors = np.asarray(own_se, dtype=float)[known]
+        own = math.sqrt((errors**2).sum()) / n  # NaN if any one is unknown
+    candidates = [x for x in (spread, own) if not math.isnan(x)]
+    return float(values[known].mean()), max(candidates) if candidates else math.nan, n
+
+
+def trailing_mean(run: pd.DataFrame, column: str, window: int) -> pd.DataFrame:
+    """One run's ``column`` at each logged step as final_values measures the end of training, over the last ``window``
+    logged steps up to it (step_values, window_mean), so that a curve's last point is the run's final value: columns
+    step, value, se (NaN under three steps)."""
+    logged = step_values(run, column).dropna()  # several updates a batch: steps that logged no value are skipped
+    rows = [(step, *window_mean(logged.iloc[max(0, i + 1 - window) : i + 1])) for i, step in enumerate(logged.index)]
+    return pd.DataFrame(rows, columns=["step", "value", "se"])

@@ -436,7 +436,7 @@ def checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
 
 AGGREGATED_TABLES = ("cells", "training", "heldout", "evaluations", "divergence")  # results/tables/<name>.csv
 # figures/<name>.csv and .md (tables.py)
-STUDY_TABLES = ("table1", "table2", "relative_improvement", "evaluations", "regularisation", "claims")
+STUDY_TABLES = ("table1", "table2", "evaluation_differences", "evaluations", "regularisation", "claims")
 
 
 def evaluation_targets(config: dict) -> list[str]:
@@ -455,8 +455,18 @@ def divergence_targets(config: dict) -> list[str]:
             for cell in divergence_cells(config) for task in config["divergence"]["tasks"]]  # fmt: skip
 
 
+CLAIMS_FIGURE = "claims_forest"  # figures/claims_forest.png: every claim's effect ± critical·se
+
+
+def training_figures(config: dict) -> list[str]:
+    """Each study's training dynamics (reward, KL, gradient norm): figures/training_<study>, without extension."""
+    return [f"figures/training_{study}" for study in config["studies"]]
+
+
 def figure_targets(config: dict) -> list[str]:
-    """Figures 2-12 (PNG and PDF) and the tables of the study (Markdown and CSV)."""
-    return [f"figures/{name}.{ext}" for name in config["figures"] for ext in ("png", "pdf")] + [
+    """The config's figures, the claims figure and each study's training figure (PNG and PDF), and the tables of the
+    study (Markdown and CSV)."""
+    figures = [f"figures/{name}" for name in config["figures"]] + [f"figures/{CLAIMS_FIGURE}"]
+    return [f"{name}.{ext}" for name in figures + training_figures(config) for ext in ("png", "pdf")] + [
         f"figures/{table}.{ext}" for table in STUDY_TABLES for ext in ("md", "csv")
     ]

@@ -196,7 +196,21 @@ def _figure(args):
 
     config = _read_config(args.config)
     tables = aggregate.read_tables(Path(args.tables))
-    figures.paper_figure(args.name, config, tables, Path(args.out))
+    claims = figures.read_claims(Path(args.claims)) if args.claims else None
+    figures.paper_figure(args.name, config, tables, Path(args.out), claims)
+
+
+def _training_figure(args):
+    from klstudy import aggregate, figures
+
+    config = _read_config(args.config)
+    figures.training_figure(args.study, config, aggregate.read_tables(Path(args.tables)), Path(args.out))
+
+
+def _claims_figure(args):
+    from klstudy import figures
+
+    figures.claims_forest(figures.read_claims(Path(args.claims)), _read_config(args.config), Path(args.out))
 
 
 def _tables(args):
@@ -312,14 +326,28 @@ def add_commands(commands) -> None:
     agg.add_argument("--out-dir", required=True)
     agg.set_defaults(run=_aggregate)
 
-    fig = commands.add_parser("figure", help="one of the paper's figures 2-12, as configured under 'figures'")
+    fig = commands.add_parser("figure", help="one of the paper's figures 2-13, as configured under 'figures'")
     fig.add_argument("--name", required=True, help="a key of the config's figures section, e.g. fig02_k1_in_loss")
     fig.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
     fig.add_argument("--tables", required=True, help="the directory of the aggregated tables")
+    fig.add_argument("--claims", help="figures/claims.csv: the verdicts printed under the panels they concern")
     fig.add_argument("--out", required=True, help="PNG path (a PDF is written beside it)")
     fig.set_defaults(run=_figure)
 
-    tab = commands.add_parser("tables", help="Table 1 (with the runs' behaviour), Table 2, relative improvements")
+    train_fig = commands.add_parser("training-figure", help="a study's training reward, KL and gradient norm")
+    train_fig.add_argument("--study", required=True, help="a key of the config's studies section")
+    train_fig.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
+    train_fig.add_argument("--tables", required=True, help="the directory of the aggregated tables")
+    train_fig.add_argument("--out", required=True, help="PNG path (a PDF is written beside it)")
+    train_fig.set_defaults(run=_training_figure)
+
+    claims_fig = commands.add_parser("claims-figure", help="every claim's effect ± critical·se, by verdict")
+    claims_fig.add_argument("--claims", required=True, help="figures/claims.csv")
+    claims_fig.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
+    claims_fig.add_argument("--out", required=True, help="PNG path (a PDF is written beside it)")
+    claims_fig.set_defaults(run=_claims_figure)
+
+    tab = commands.add_parser("tables", help="Table 1 (with the runs' behaviour), Table 2, evaluations, claims")
     tab.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
     tab.add_argument("--tables", required=True, help="the directory of the aggregated tables")
     tab.add_argument("--toy-tests", required=True, help="results/toy/unbiasedness.csv")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 
 from snakemake.settings.types import DeploymentMethod
@@ -9,6 +10,7 @@ from snakemake.settings.types import DeploymentMethod
 from klstudy.kl import NAME_PATTERN
 from klstudy.config import (
     AGGREGATED_TABLES,
+    CLAIMS_FIGURE,
     RUN_DIR,
     RUN_PATH,
     STUDY_TABLES,

@@ -23,10 +23,12 @@ rule aggregate:
 
 
 rule figure:
-    """One of the paper's figures 2-12, as the config's `figures` section arranges it."""
+    """One of the paper's figures 2-13, as the config's `figures` section arranges it; under its panels, the verdicts of
+    the claims about them, from the claims table."""
     input:
         tables=rules.aggregate.output,
         config=rules.aggregate.output.config,
+        claims="figures/claims.csv",
     output:
         png=report(
             "figures/{figure}.png",
@@ -37,18 +39,61 @@ rule figure:
         pdf="figures/{figure}.pdf",
     params:
         tables=lambda wildcards, input: os.path.dirname(input.config),
+    wildcard_constraints:
+        figure="|".join(re.escape(name) for name in config["figures"]),  # not the claims or training figures
     log:
         "logs/figures/{figure}.log",
     conda:
         "../../envs/klstudy.yaml"
     shell:
         "python -m klstudy figure --name {wildcards.figure} --config {input.config}"
+        " --tables {params.tables} --claims {input.claims} --out {output.png} > {log} 2>&1"
+
+
+rule claims_figure:
+    """Every claim of the claims table: effect ± critical·se, coloured by verdict (the report's first figure)."""
+    input:
+        claims="figures/claims.csv",
+        config=rules.aggregate.output.config,
+    output:
+        png=report(f"figures/{CLAIMS_FIGURE}.png", caption="../report/claims_forest.rst", category="Claims"),
+        pdf=f"figures/{CLAIMS_FIGURE}.pdf",
+    log:
+        "logs/figures/claims_forest.log",
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy claims-figure --claims {input.claims} --config {input.config} --out {output.png} > {log} 2>&1"
+
+
+rule training_figure:
+    """A study's training reward, KL to the reference and gradient norm over steps."""
+    input:
+        tables=rules.aggregate.output,
+        config=rules.aggregate.output.config,
+    output:
+        png=report(
+            "figures/training_{study}.png",
+            caption="../report/training.rst",
+            category="§4 Training dynamics",
+            labels={"study": "{study}"},
+        ),
+        pdf="figures/training_{study}.pdf",
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.config),
+    log:
+        "logs/figures/training_{study}.log",
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy training-figure --study {wildcards.study} --config {input.config}"
         " --tables {params.tables} --out {output.png} > {log} 2>&1"
 
 
 rule study_tables:
-    """Table 1 (bias from the toy model, behaviour from the runs), Table 2, §4.1's relative improvements, the evaluation
-    summary, the regularisation table and the claims table (which of the paper's claims the run shows)."""
+    """Table 1 (bias from the toy model, behaviour from the runs), Table 2, the evaluation differences and summary, the
+    claims table (which of the paper's claims the run shows) and the regularisation table, whose verdicts are that
+    table's."""
     input:
         tables=rules.aggregate.output,
         config=rules.aggregate.output.config,
