@@ -450,6 +450,10 @@ def test_one_seed_is_not_testable_however_large_the_effect(config):
     table = claims.claims_table(single, tables, TOY_TESTS)
     assert set(table.verdict) == {"not testable: one seed"} and (table.seeds == 1).all()
     assert (table.effect < -0.4).all() and table.z.isna().all()
+    # Fig. 12's one seed is the divergence section's whole grid: no run of it is missing.
+    fig12 = validate_config({**raw, "claims": {"f": raw["claims"]["forward_kl_lower_with_k3_loss"]}})
+    row = claims.claims_table(fig12, synthetic_tables(fig12, lambda *_: 1.0), TOY_TESTS).iloc[0]
+    assert row.verdict == "not testable: one seed" and "no results" not in row.note
 
 
 def test_a_table1_claim_that_resolves_to_no_difference_without_a_margin_is_not_testable(config):

@@ -297,7 +297,7 @@ class RunTables:
             self._cache[key] = training_series(metric, self.rows(table, study, model, kl, beta))
         return self._cache[key]
 
-    def status(self, study, model, kl, beta) -> pd.DataFrame:
+    def status(self, study, model, kl, beta) -> dict:
         key = ("status", *self._key(study, model, kl, beta))
         if key not in self._cache:
             self._cache[key] = run_status(self.rows("cells", study, model, kl, beta))
@@ -322,7 +322,8 @@ def _problem(label: str, status: dict | None, bad_step: float, metric: str) -> s
     if status is None:
         return f"{label} has no status in cells.csv"
     if status["status"] != "ok":
-        return f"{label} {status['status']} at step {status['steps_done']:g}"
+        done = status["steps_done"]
+        return f"{label} {status['status']}" + (f" at step {done:g}" if np.isfinite(done) else "")
     if not status["whole"]:
         return f"{label} stopped at step {status['steps_done']:g} of {status['steps_planned']:g}"
     return None
@@ -362,9 +363,11 @@ class Sides:
 
     def _seeds(self, sides: list[tuple], found: list) -> list:
         """The seeds with results on every side; names the grid's runs that have none."""
-        grid = sorted(set.intersection(*(set(self.config["studies"][study]["seeds"]) for study, _, _ in sides)))
+        grid = set.intersection(*(set(self.config["studies"][study]["seeds"]) for study, _, _ in sides))
+        if self.metric in ("forward_kl", "entropy"):  # only the divergence section's seeds save snapshots
+            grid &= set(self.config["divergence"]["seeds"])
         for (study, kl, beta), seeds in zip(sides, found, strict=True):
-            absent = [s for s in grid if s not in seeds]
+            absent = [s for s in sorted(grid) if s not in seeds]
             if absent:
                 self.notes.append(f"no results: {self._label(study, kl, beta, absent)}")
         return sorted(set.intersection(*(set(seeds) for seeds in found)))
@@ -510,7 +513,9 @@ def paired_test(candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str, s
         if not same_questions:
             return {**out, "effect": float(d.mean()), "why": "different questions"}
         scores = (_per_question(c, seeds), _per_question(b, seeds))
-        if scores[0] is not None and scores[1] is not None and scores[0].shape == scores[1].shape:
+        if scores[0] is not None and scores[1] is not None:
+            if scores[0].shape != scores[1].shape:  # as many scores a seed on each side, but not the same questions
+                return {**out, "effect": float(d.mean()), "why": "different questions"}
             effect, se, df = (x[0] for x in question_level(scores[0] - scores[1]))
             units = scores[0].shape[1]
             return {**out, "effect": effect, "se": se, "df": df, "units": units, "why": _why(len(seeds), se)}
