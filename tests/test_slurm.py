@@ -1,14 +1,17 @@
 """`snakemake --profile slurm` against a real single-node SLURM brought up by tests/slurm/local-slurm.sh.
 
-The reduced embedded study runs through sbatch with the account and partition given on the command line, as
-docs/running.md tells users to; every job must show in `sacct` and every output must equal a local run's. Then a
-training job is killed by SLURM at its time limit once it has saved a checkpoint, resubmitted by the profile's
-`retries` with twice the runtime, and resumes from its checkpoint to the metrics of an uninterrupted run.
-Needs root (the script installs slurm-wlm, slurmdbd, munge and MariaDB if missing); `make test` runs it.
+docs/running.md's commands for the paper (dry run, run, status, report) run as written, in a directory laid out as a
+clone whose config/paper.yaml is the reduced embedded study, with the local cluster's account and partition; every
+job must show in `sacct` and every output must equal a local run's. Then a training job is killed by SLURM at its time
+limit once it has saved a checkpoint, resubmitted by the profile's `retries` with twice the runtime, and resumes from
+its checkpoint to the metrics of an uninterrupted run. Needs root (the script installs slurm-wlm, slurmdbd, munge and
+MariaDB if missing); `make test` runs it.
 """
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from test_docs import slurm_commands
 from workflow_helpers import (
     ROOT,
     SNAKEMAKE,
@@ -49,21 +53,50 @@ def cluster(tmp_path_factory):
         subprocess.run(["timeout", "-s", "KILL", "120", str(SCRIPT), "down", str(base)], check=False)
 
 
+# The documented commands with this cluster's account and partition; Snakemake polls this small cluster more often.
+THIS_CLUSTER = {"ACCOUNT": "klstudy", "PARTITION": "debug"}
+QUICK_POLLS = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
+               "--latency-wait", "5"]  # fmt: skip
+
+
+def documented(kind: str) -> list[str]:
+    """docs/running.md's line of this kind (dryrun, run, status, report), split into words, on this cluster."""
+    lines = slurm_commands()
+    setup, (dry_run, run, status, report) = lines[:2], lines[2:]
+    assert setup == ["make venv", "make vllm-env VLLM_FLAVOUR=gpu"], setup  # what make test and make test-vllm build
+    line = {"dryrun": dry_run, "run": run, "status": status, "report": report}[kind]
+    return [re.sub(r"\b(ACCOUNT|PARTITION)\b", lambda m: THIS_CLUSTER[m.group(1)], w) for w in shlex.split(line)]
+
+
 def profile_command(workdir: Path, config_path: Path, *targets: str) -> list[str]:
-    """The cluster command of docs/running.md, with this cluster's account and partition on the command line."""
+    """docs/running.md's run command for the workflow of this repository, run in ``workdir`` on ``config_path``."""
+    words = documented("run")
+    assert words[0] == ".venv/bin/snakemake", words  # Snakemake from the main environment, as the docs say
     return [
-        "timeout", "-s", "KILL", str(HARD_LIMIT), SNAKEMAKE, *targets, "--profile", "slurm",
+        "timeout", "-s", "KILL", str(HARD_LIMIT), SNAKEMAKE, *targets, *words[1:], *QUICK_POLLS,
         "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir), "--configfile", str(config_path),
-        "--default-resources", "slurm_account=klstudy", "slurm_partition=debug",
-        "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
-        "--latency-wait", "5",
     ]  # fmt: skip
 
 
-def profile_run(env, workdir: Path, config_path: Path, *targets: str) -> str:
-    command = profile_command(workdir, config_path, *targets)
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+def like_a_clone(workdir: Path, config: dict) -> None:
+    """``workdir`` laid out as a clone of this repository (its files linked) whose config/paper.yaml is ``config``:
+    the documented commands then run there as they are written."""
+    generated = {"results", "figures", "logs", "report.html", ".snakemake", ".git"}
+    for entry in ROOT.iterdir():
+        if entry.name not in generated and entry.name != "config" and not entry.name.startswith(".venv-"):
+            (workdir / entry.name).symlink_to(entry)
+    (workdir / "config").mkdir()
+    for entry in (ROOT / "config").iterdir():
+        if entry.name != "paper.yaml":
+            (workdir / "config" / entry.name).symlink_to(entry)
+    (workdir / "config" / "paper.yaml").write_text(yaml.safe_dump(config))
+
+
+def documented_run(env, workdir: Path, kind: str, *extra: str) -> str:
+    words = documented(kind)
+    command = ["timeout", "-s", "KILL", str(HARD_LIMIT), *words, *extra]
+    run = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, f"{' '.join(words)}:\n" + run.stdout[-3000:] + run.stderr[-5000:]
     return run.stdout + run.stderr
 
 
@@ -79,11 +112,14 @@ def sacct(env) -> pd.DataFrame:
 SUBMITTED_RULES = ("toy_bias_variance", "train_rl", "evaluate_cell", "evaluate_base", "divergence")
 
 
-def test_the_reduced_study_runs_through_sbatch_and_equals_a_local_run(cluster, reduced_run, tmp_path):
+def test_the_documented_commands_run_the_study_through_sbatch_and_equal_a_local_run(cluster, reduced_run, tmp_path):
+    """docs/running.md's dry run, run, status and report, as written, on the reduced study."""
     local, config = reduced_run
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    like_a_clone(tmp_path, config)
     before = set(sacct(cluster).job_id)
-    output = profile_run(cluster, tmp_path, tmp_path / "config.yaml")
+    planned = documented_run(cluster, tmp_path, "dryrun")
+    assert "train_rl" in planned and set(sacct(cluster).job_id) == before, "a dry run submits nothing"
+    output = documented_run(cluster, tmp_path, "run", *QUICK_POLLS)
 
     jobs = sacct(cluster)
     jobs = jobs[~jobs.job_id.isin(before)]
@@ -94,6 +130,10 @@ def test_the_reduced_study_runs_through_sbatch_and_equals_a_local_run(cluster, r
     assert sorted(p.stem for p in logs) == sorted(jobs.job_id)  # one SLURM log per job, named by its job id
 
     assert_same_results(local, tmp_path, config)
+    cells = len(pd.read_csv(tmp_path / "results" / "tables" / "cells.csv"))
+    assert f"cells: {cells}, {cells} ok" in documented_run(cluster, tmp_path, "status")
+    documented_run(cluster, tmp_path, "report")
+    assert (tmp_path / "report.html").stat().st_size > 0
 
 
 def time_limit_config() -> dict:
