@@ -172,7 +172,9 @@ def test_numbers_to_three_significant_figures():
     assert [tables.sig(v) for v in (8772.1, 0.04567, 3.6e-15, 2.0, 0.0, float("nan"))] == [
         "8770", "0.0457", "3.6e-15", "2.00", "0", "",
     ]  # fmt: skip
-    assert tables.plus_minus(0.3083, 0.0118) == "0.308 ± 0.012" and tables.plus_minus(0.5, float("nan")) == "0.500 ± ?"
+    assert (
+        tables.plus_minus(0.3083, 0.0118) == "0.308 ± 0.012" and tables.plus_minus(0.5, float("nan")) == "0.50 (no se)"
+    )
 
 
 def test_table1_gets_the_behaviour_column(tmp_path):
@@ -281,3 +283,19 @@ def test_the_regularisation_table_compares_each_beta_with_no_kl_and_states_the_p
     assert table.minus_no_kl.isna().all() and set(table.claim_below_no_kl) == {"no claim"}
     compact = tables.regularisation_sections(table)[0][1]
     assert "claims table: below no KL" in compact and "below_no_kl" not in compact
+
+
+def test_the_short_claims_table_takes_every_number_and_verdict_from_the_claims_table():
+    claims = pd.DataFrame(
+        [dict(claim="a", beta=1.0, baseline_beta=0.1, candidate="k1-reward", baseline="k1-reward", predicted="lower",
+              effect=-0.2, se=0.1, z=2.0, critical=31.82, units=2, verdict="not shown", note=""),
+         dict(claim="b", beta=0.1, baseline_beta="", candidate="k1-both", baseline="k3-loss", predicted="higher",
+              effect=0.02, se=float("nan"), z=float("nan"), critical=float("nan"), units=1,
+              verdict="not testable: one seed", note="")]
+    )  # fmt: skip
+    short = tables.claims_summary(claims).set_index("claim")
+    assert list(short.verdict) == ["not shown", "not testable: one seed"]
+    assert short.loc["a", "β"] == "1 vs 0.1" and short.loc["b", "β"] == "0.1"
+    assert short.loc["a", "effect ± se"] == "-0.20 ± 0.10"
+    assert short.loc["a", "effect ± critical·se"] == "[-3.4, 3.0]" and short.loc["a", "z / critical"] == "2.0 / 31.8"
+    assert short.loc["b", "effect ± critical·se"] == "" and short.loc["b", "effect ± se"] == "0.020 (no se)"

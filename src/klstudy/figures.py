@@ -156,7 +156,7 @@ def figure_legend(fig, axes) -> None:
             if not label.startswith("_"):
                 seen.setdefault(label, handle)
     if seen:
-        fig.legend(list(seen.values()), list(seen), loc="outside right upper", fontsize=8, frameon=False)
+        fig.legend(list(seen.values()), list(seen), loc="outside right center", fontsize=8, frameon=False)
 
 
 def say_why_empty(ax, reason: str) -> None:
@@ -446,6 +446,8 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     metric = panel["metric"]
     # forward KL starts at 0 on every task: one scale; an entropy's level is the task's, so one scale per task
     drawn = Drawn(metric if metric == "forward_kl" else f"{metric} on {panel['task']}")
+    if metric != "forward_kl":
+        drawn.notes.append("its own y range (an entropy's level is its task's)")
     grid = beta_grid(config)
     lines = list(rows.groupby(["kl", "beta"], sort=False))
     steps = sorted(rows.step.unique())
@@ -580,19 +582,17 @@ def _share_y(axes, drawn: list[Drawn]) -> None:
 
 
 def coinciding(ax) -> list[str]:
-    """Groups of a panel's labelled lines that lie exactly on each other (one hides the others), as notes."""
+    """Groups of a panel's labelled lines with the same values at every point (drawn over one another but for the
+    sideways dodge), as notes."""
     groups: dict[tuple, list[str]] = {}
     for line in ax.get_lines():
         if not line.get_label().startswith("_"):
-            key = tuple(np.round(np.asarray(line.get_xdata(), dtype=float), 9)) + tuple(
-                np.round(np.asarray(line.get_ydata(), dtype=float), 9)
-            )
+            key = tuple(np.round(np.asarray(line.get_ydata(), dtype=float), 9))
             groups.setdefault(key, []).append(line.get_label())
     notes = []
     for key, labels in groups.items():
         if len(labels) > 1:
-            zero = not np.any(key[len(key) // 2 :])
-            notes.append(f"{', '.join(labels)} lie on one line{' (0 at every step)' if zero else ''}")
+            notes.append(f"{', '.join(labels)} lie on one line{' (0 at every step)' if not np.any(key) else ''}")
     return notes
 
 
@@ -677,7 +677,7 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         rows = training[(training.kl == NO_KL) | np.isclose(training.beta, beta)]
         for row, metric in enumerate(metrics):
             ax = axes[row, col]
-            seeds = step_curves(ax, rows, metric, window, grid) if metric in rows else set()
+            seeds = step_curves(ax, rows, metric, window, grid, dodge_width=0.3) if metric in rows else set()
             notes += [f"{TRAINING_METRICS[metric]}, β = {beta:g}: {note}." for note in coinciding(ax)]
             ax.grid(alpha=0.3)
             title = "" if row else f"β = {beta:g}" + (" (and no KL)" if NO_KL in spec["kl"] else "")
@@ -699,6 +699,7 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         [f"Each run's value at a step is the mean of its last {window} logged steps up to it (the window that defines "
          "the end of training), with that mean's error from their spread; lines and bands: the "
          f"{UNCERTAINTY}. A run with one seed has no band over its first two steps (under three steps, no error). "
+         "Lines are dodged sideways by up to 0.15 steps so that equal values do not hide each other. "
          "Rewards logged only on the first update of a batch (several updates per batch) are drawn where logged.",
          *notes],
         width,
@@ -795,7 +796,7 @@ def _forest_panel(ax, key: str, rows: pd.DataFrame) -> None:
         if pd.notna(half) and pd.notna(x):
             low, high = max(x - half, -limit), min(x + half, limit)
             ax.plot([low, high], [y, y], color=colour, linewidth=1.2)  # ± critical·se: what the rule reads
-            ax.plot([x - row["se"], x + row["se"]], [y, y], color=colour, linewidth=4, alpha=0.6)  # ± 1 se
+            ax.plot([x - row["se"], x + row["se"]], [y, y], color=colour, linewidth=3.5, alpha=0.35)  # ± 1 se
             for end, edge, marker in ((x - half, -limit, "<"), (x + half, limit, ">")):
                 if abs(end) > limit and np.sign(end) == np.sign(edge):
                     ax.plot(edge, y, marker=marker, color=colour, markersize=6)

@@ -41,11 +41,11 @@ def sig(value, digits: int = 3) -> str:
 
 
 def plus_minus(mean, se, digits: int = 2) -> str:
-    """'0.31 ± 0.012': the mean to the se's last significant digit (at least ``digits`` figures of the mean)."""
+    """'0.31 ± 0.012': the mean to the se's second significant digit; '0.02 (no se)' where the se is unknown."""
     if pd.isna(mean):
         return ""
     if pd.isna(se) or se == 0:
-        return f"{sig(mean, digits + 1)} ± ?" if pd.isna(se) else sig(mean, digits + 1)
+        return f"{sig(mean, digits)} (no se)" if pd.isna(se) else sig(mean, digits + 1)
     decimals = max(1 - math.floor(math.log10(abs(se))), 0)  # two significant figures of the se
     return f"{mean:.{decimals}f} ± {se:.{decimals}f}"
 
@@ -449,7 +449,7 @@ def claims_summary(claims: pd.DataFrame) -> pd.DataFrame:
             "predicted": claims.predicted,
             "effect ± se": [plus_minus(r["effect"], r["se"]) for r in rows],
             "effect ± critical·se": [_interval(r["effect"], r["critical"] * r["se"]) for r in rows],
-            "z / critical": [f"{sig(r['z'], 2)} / {sig(r['critical'], 3)}" for r in rows],
+            "z / critical": ["" if pd.isna(r["z"]) else f"{sig(r['z'], 2)} / {sig(r['critical'], 3)}" for r in rows],
             "n": claims.get("units", pd.Series("", index=claims.index)),
             "verdict": claims.verdict,
         }
