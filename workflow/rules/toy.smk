@@ -53,3 +53,79 @@ rule fig01:
     shell:
         "python -m klstudy fig01 --inputs {input.results} --tests {input.tests} --out {output.png} > {log} 2>&1"
 
+
+
+# Where each configuration's training ends: exact fixed points against the optimum of J_β, and Monte Carlo training.
+FIXED_POINTS = TOY["fixed_points"]
+
+
+rule toy_fixed_points:
+    """Exact fixed points of every Table 1 configuration × β, and the reward–KL frontier, for one policy family."""
+    output:
+        points="results/toy/fixed_points/{family}.csv",
+        frontier="results/toy/frontier/{family}.csv",
+    params:
+        settings=json.dumps(TOY),
+    log:
+        "logs/toy/fixed_points/{family}.log",
+    benchmark:
+        "results/benchmarks/toy/fixed_points/{family}.tsv"
+    threads: 1
+    resources:
+        **job_resources("toy"),
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy toy-fixed-points --family {wildcards.family} --settings {params.settings:q} --threads 1"
+        " --out {output.points} --frontier {output.frontier} > {log} 2>&1"
+
+
+rule toy_monte_carlo:
+    """Training by sampled updates through the trainer's loss: every seed and β of one family, on- or off-policy."""
+    output:
+        "results/toy/monte_carlo/{family}/{mode}.csv",
+    params:
+        settings=json.dumps(TOY),
+    log:
+        "logs/toy/monte_carlo/{family}/{mode}.log",
+    benchmark:
+        "results/benchmarks/toy/monte_carlo/{family}/{mode}.tsv"
+    wildcard_constraints:
+        mode="on-policy|off-policy",
+    threads: 1
+    resources:
+        **job_resources("toy"),
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy toy-monte-carlo --family {wildcards.family} --mode {wildcards.mode}"
+        " --settings {params.settings:q} --threads 1 --out {output} > {log} 2>&1"
+
+
+rule toy_fixed_points_report:
+    """The fixed-point figure, its table and the toy's claims."""
+    input:
+        points=expand("results/toy/fixed_points/{family}.csv", family=FIXED_POINTS["families"]),
+        frontiers=expand("results/toy/frontier/{family}.csv", family=FIXED_POINTS["families"]),
+        monte_carlo=expand(
+            "results/toy/monte_carlo/{family}/{mode}.csv",
+            family=FIXED_POINTS["monte_carlo"]["families"],
+            mode=["on-policy", "off-policy"],
+        ),
+    output:
+        png=report("figures/toy_fixed_points.png", caption="../report/toy_fixed_points.rst", category="§3 Analysis"),
+        pdf="figures/toy_fixed_points.pdf",
+        table=report("figures/toy_fixed_points.csv", caption="../report/toy_fixed_points.rst", category="§3 Analysis"),
+        markdown="figures/toy_fixed_points.md",
+        agreement="figures/toy_monte_carlo.csv",
+        claims=report("figures/toy_claims.csv", caption="../report/toy_claims.rst", category="Claims"),
+        claims_markdown="figures/toy_claims.md",
+    params:
+        settings=lambda wildcards: json.dumps({"toy": TOY, "claims_rule": config["claims_rule"]}),
+    log:
+        "logs/toy/fixed_points_report.log",
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy toy-fixed-points-report --points {input.points} --frontiers {input.frontiers}"
+        " --monte-carlo {input.monte_carlo} --settings {params.settings:q} --png {output.png} > {log} 2>&1"

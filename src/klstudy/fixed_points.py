@@ -1,0 +1,691 @@
+"""Where each KL configuration leads: the toy model of §3.3 trained to its fixed point, against the exact optimum.
+
+Table 1 says which way each configuration's gradient points at one policy. This module says where training with it
+*ends*. The objective a KL penalty is meant to optimise is
+
+    J_β(π) = E_π[R] − β·KL(π ‖ π_ref),
+
+with R(y) a task reward on the toy's binary sequences y_1..y_T (config ``toy.fixed_points.reward``). Its optimum over
+all distributions is π*_β(y) ∝ π_ref(y)·exp(R(y)/β), with J_β(π*) = β·log E_ref[exp(R/β)].
+
+Two policy families, both starting from the reference (RL fine-tuning starts from the base model):
+
+    parametric   §3.3's model, θ = (a, b): p_t = σ(a + b·c_{t−1}); π*_β is out of its reach, so its own optimum
+                 argmax_θ J_β is found numerically (Newton's method on the exact gradient, float64).
+    tabular      a free Bernoulli logit for each of the 2^T − 1 prefixes: every distribution with full support,
+                 so π*_β itself is its optimum.
+
+A configuration's *expected update* u(θ) is minus the gradient of the exact expectation of ``kl.reinforce_loss``
+(RLOO over groups of G = 2 sequences, every group enumerated, divided by T as the trainer's token-sum normalisation
+divides it): the mean of what the trainer's on-policy step does. Its *fixed point* is where u vanishes. They are
+found by continuation in β: Newton's method on u from the reference at the largest β, then from each β's fixed point
+at the next smaller one, so each branch is the one connected to the reference; each is checked to be stable (every
+eigenvalue of ∂u/∂θ has a negative real part, so the update's flow is drawn to it). Where Newton's method finds no
+stable zero, the update is followed (Euler steps of the flow) from the reference and the result says where it goes
+(``status``): a configuration whose expected update never vanishes (no KL; K1 in the loss, whose term has mean zero)
+drifts towards the reward's maximum with KL(π‖π_ref) growing without bound.
+
+Monte Carlo training follows the same update from sampled sequences, as the trainer does: the per-token loss is the
+trainer's (``kl.clipped_surrogate`` plus ``kl.loss_penalty``, advantages from ``kl.shaped_rewards`` and RLOO),
+on-policy (one update per batch) or off-policy (several minibatch updates per batch, clipped ratios, the reward's KL
+taken from the sampling policy). Adam, as the trainer, with a step that decays as 1/(1 + k/k0), so that the last
+iterate settles on a fixed point instead of hovering around it; many seeds at once.
+β enters the shaped reward and the loss term only as a factor (kl.reward_penalty and kl.loss_penalty are β times
+their value at β = 1: tests/test_fixed_points.py), which lets one batched step train every β of the grid together.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+import torch
+
+from klstudy import kl
+
+DTYPE = torch.float64
+FAMILIES = ("tabular", "parametric")
+EXACT_GROUP = 2  # RLOO's group size in the exact expectation (every pair enumerated); the expectation is G-free
+NEWTON_STEP = 1e-10  # the largest Newton step |Δθ| at an accepted fixed point
+# A token logit beyond this (p within 2e-9 of 0 or 1) is at the boundary: the update vanishes there to rounding error
+# without a fixed point, so a zero found beyond it is not accepted and a followed update that passes it "drifts".
+DRIFT_BOUND = 20.0
+
+
+# ------------------------------------------------------------------------------------------------ the task reward
+
+
+def task_reward(sequences: torch.Tensor, reward: dict) -> torch.Tensor:
+    """R(y) for binary sequences (..., T), as config ``toy.fixed_points.reward`` names it.
+
+    ``ones_at_least``: 1 when the sequence has at least ``threshold`` ones, else 0 (a verifiable reward: right or
+    wrong, as the paper's MATH reward)."""
+    if reward["kind"] == "ones_at_least":
+        return (sequences.sum(-1) >= reward["threshold"]).to(DTYPE)
+    raise ValueError(f"toy.fixed_points.reward.kind {reward['kind']!r} is not one of ['ones_at_least']")
+
+
+# ------------------------------------------------------------------------------------------------ the two families
+
+
+def _all_sequences(length: int) -> torch.Tensor:
+    codes = torch.arange(2**length).unsqueeze(-1)
+    return ((codes >> torch.arange(length)) & 1).to(DTYPE)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A policy family over binary sequences of length ``length`` with the reference p_t = σ(a_ref + b_ref·c_{t−1}).
+
+    θ has shape (..., n_params); every sequence's token logits are ``token_logits(θ)``: (..., 2^T, T)."""
+
+    name: str
+    length: int
+    a_ref: float
+    b_ref: float
+
+    def __post_init__(self):
+        if self.name not in FAMILIES:
+            raise ValueError(f"toy family {self.name!r} is not one of {FAMILIES}")
+
+    @cached_property
+    def sequences(self) -> torch.Tensor:
+        """Every sequence, (2^T, T); sampled sequences are indices into it."""
+        return _all_sequences(self.length)
+
+    @cached_property
+    def _counts(self) -> torch.Tensor:
+        return torch.cumsum(self.sequences, -1) - self.sequences  # c_{t−1}: ones strictly before t
+
+    @cached_property
+    def _prefix_index(self) -> torch.Tensor:
+        """The tabular parameter of each (sequence, position): prefixes of length t are numbered from 2^t − 1."""
+        t = torch.arange(self.length)
+        bits_before = torch.tril(torch.ones(self.length, self.length), -1)  # (t, k): 1 where k < t
+        code = (self.sequences.long() * (1 << t)) @ bits_before.long().T  # Σ_{k<t} y_k 2^k
+        return (1 << t) - 1 + code
+
+    @property
+    def n_params(self) -> int:
+        return 2 if self.name == "parametric" else 2**self.length - 1
+
+    def token_logits(self, theta: torch.Tensor) -> torch.Tensor:
+        if self.name == "parametric":
+            return theta[..., 0, None, None] + theta[..., 1, None, None] * self._counts
+        return theta[..., self._prefix_index]
+
+    def reference_theta(self) -> torch.Tensor:
+        """θ of the reference policy: where training starts."""
+        if self.name == "parametric":
+            return torch.tensor([self.a_ref, self.b_ref], dtype=DTYPE)
+        prefix_ones = torch.zeros(self.n_params, dtype=DTYPE)
+        prefix_ones[self._prefix_index] = self._counts
+        return self.a_ref + self.b_ref * prefix_ones
+
+    def token_logprobs(self, theta: torch.Tensor) -> torch.Tensor:
+        """log π(y_t | y_<t) of every token of every sequence: (..., 2^T, T)."""
+        logits = self.token_logits(theta)
+        y = self.sequences
+        return y * torch.nn.functional.logsigmoid(logits) + (1 - y) * torch.nn.functional.logsigmoid(-logits)
+
+    def reference_logprobs(self) -> torch.Tensor:
+        return self.token_logprobs(self.reference_theta())
+
+    def sequence_logprobs(self, theta: torch.Tensor) -> torch.Tensor:
+        return self.token_logprobs(theta).sum(-1)
+
+
+# ------------------------------------------------------------------------------------------------ exact quantities
+
+
+def policy_metrics(family: Family, seq_logp: torch.Tensor, rewards: torch.Tensor, beta: float) -> dict:
+    """E_π[R], KL(π‖π_ref) and J_β of a distribution over the sequences given by its log-probabilities (2^T,)."""
+    prob = seq_logp.exp()
+    kl_ref = float((prob * (seq_logp - family.reference_logprobs().sum(-1))).sum())
+    reward = float((prob * rewards).sum())
+    return {"reward": reward, "kl": kl_ref, "objective": reward - beta * kl_ref}
+
+
+def optimum_logprobs(family: Family, rewards: torch.Tensor, beta: float) -> torch.Tensor:
+    """log π*_β(y) = log π_ref(y) + R(y)/β − log E_ref[exp(R/β)]: the optimum over every distribution."""
+    unnormalised = family.reference_logprobs().sum(-1) + rewards / beta
+    return unnormalised - torch.logsumexp(unnormalised, 0)
+
+
+def unconstrained_objective(family: Family, rewards: torch.Tensor, beta: float) -> float:
+    """J_β(π*_β) = β·log E_ref[exp(R/β)]: the best any policy can do."""
+    return beta * float(torch.logsumexp(family.reference_logprobs().sum(-1) + rewards / beta, 0))
+
+
+def kl_between(seq_logp: torch.Tensor, other_logp: torch.Tensor) -> float:
+    """KL(p ‖ q) of two distributions over the sequences, from their log-probabilities."""
+    return float((seq_logp.exp() * (seq_logp - other_logp)).sum())
+
+
+def _objective(family: Family, theta: torch.Tensor, rewards: torch.Tensor, beta: float) -> torch.Tensor:
+    """J_β(π_θ), exact; θ may carry batch dimensions (one value each)."""
+    seq_logp = family.sequence_logprobs(theta)
+    prob = seq_logp.exp()
+    return (prob * (rewards - beta * (seq_logp - family.reference_logprobs().sum(-1)))).sum(-1)
+
+
+def family_optimum(family: Family, rewards: torch.Tensor, beta: float, start: torch.Tensor) -> torch.Tensor:
+    """θ of argmax J_β within the family. Tabular: π*_β itself (the family holds every distribution with full
+    support), each prefix's logit read from π*_β's marginals. Parametric: Newton's method on ∇J_β from ``start``
+    (the optimum of the previous β in a sweep)."""
+    if family.name == "tabular":
+        return _tabular_theta(family, optimum_logprobs(family, rewards, beta))
+
+    ascent = ObjectiveAscent(family, rewards, beta)
+    theta, converged = _newton(ascent, start)
+    if not converged:
+        raise RuntimeError(f"no optimum of J_β found in the parametric family at β = {beta}")
+    return theta.detach()
+
+
+class ObjectiveAscent:
+    """∇_θ J_β(π_θ), exact by enumeration; the parametric family's optimum is where it vanishes."""
+
+    def __init__(self, family: Family, rewards: torch.Tensor, beta: float):
+        self.family, self.rewards, self.beta = family, rewards, beta
+
+    def __call__(self, theta: torch.Tensor) -> torch.Tensor:
+        theta = theta.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(_objective(self.family, theta, self.rewards, self.beta).sum(), theta)
+        return grad
+
+    def jacobian(self, theta: torch.Tensor) -> torch.Tensor:
+        return jacobian(self, theta)
+
+
+def _tabular_theta(family: Family, seq_logp: torch.Tensor) -> torch.Tensor:
+    """Each prefix's logit log P(prefix, 1) − log P(prefix, 0) under a distribution over the sequences."""
+    theta = torch.empty(family.n_params, dtype=DTYPE)
+    index, y = family._prefix_index, family.sequences
+    for prefix in range(family.n_params):
+        rows, position = (index == prefix).nonzero(as_tuple=True)
+        ones = y[rows, position] == 1
+        theta[prefix] = torch.logsumexp(seq_logp[rows[ones]], 0) - torch.logsumexp(seq_logp[rows[~ones]], 0)
+    return theta
+
+
+# ------------------------------------------------------------------------------------------------ expected updates
+
+
+class ExpectedUpdate:
+    """u(θ) = −∇_θ E[loss]/T for one configuration: kl.reinforce_loss with RLOO, every group of ``EXACT_GROUP``
+    sequences enumerated and weighted by its probability under π_θ (held fixed: it is the sampling distribution).
+    θ may carry leading batch dimensions (..., n_params): each row's update is its own."""
+
+    def __init__(self, family: Family, rewards: torch.Tensor, spec: kl.KLSpec, group: int = EXACT_GROUP):
+        self.family, self.spec = family, spec
+        n = 2**family.length
+        self.groups = torch.cartesian_prod(*[torch.arange(n)] * group).reshape(-1, group)  # (n^G, G)
+        self.rewards = rewards[self.groups]
+        self.ref_logp = family.reference_logprobs()[self.groups]
+        self.mask = torch.ones_like(self.ref_logp)
+
+    def __call__(self, theta: torch.Tensor) -> torch.Tensor:
+        theta = theta.detach().requires_grad_(True)
+        token_logp = self.family.token_logprobs(theta)[..., self.groups, :]  # (..., n^G, G, T)
+        weights = token_logp.sum((-1, -2)).exp().detach()
+        loss = kl.reinforce_loss(token_logp, self.ref_logp, self.mask, self.rewards, self.spec, "rloo")
+        (grad,) = torch.autograd.grad((weights * loss).sum() / self.family.length, theta)
+        return -grad
+
+    def jacobian(self, theta: torch.Tensor) -> torch.Tensor:
+        return jacobian(self, theta)
+
+
+def jacobian(field, theta: torch.Tensor, step: float = 1e-6) -> torch.Tensor:
+    """∂field/∂θ by central differences, every column in one batched call. Not autograd: u(θ) is built from
+    stop-gradients (the reward's KL, the advantages, the sampling weights), constants for u itself but functions of θ
+    for its Jacobian."""
+    shifts = step * torch.eye(len(theta), dtype=DTYPE)
+    values = field(torch.cat([theta + shifts, theta - shifts]))
+    return ((values[: len(theta)] - values[len(theta) :]) / (2 * step)).T
+
+
+def _newton(update, theta: torch.Tensor, iterations: int = 40) -> tuple[torch.Tensor, bool]:
+    """A zero of ``update`` by Newton's method with backtracking on ‖u‖; (θ, converged). Converged means the Newton
+    step itself is below NEWTON_STEP in every coordinate: a criterion in θ, since near the boundary u is below any
+    absolute tolerance without vanishing (there the step stays of order one, along the drift)."""
+    value = update(theta)
+    for _ in range(iterations):
+        try:
+            step = torch.linalg.solve(update.jacobian(theta), value)
+        except RuntimeError:  # singular: no isolated zero here
+            return theta, False
+        if not torch.isfinite(step).all():
+            return theta, False
+        if step.abs().max() < NEWTON_STEP:
+            return theta, not _saturated(update.family, theta)
+        scale = 1.0
+        while scale > 1e-4:
+            candidate = theta - scale * step
+            candidate_value = update(candidate)
+            if candidate_value.norm() < value.norm():
+                theta, value = candidate, candidate_value
+                break
+            scale /= 2
+        else:
+            return theta, False
+        if _saturated(update.family, theta):
+            return theta, False
+    return theta, False
+
+
+def _saturated(family: Family, theta: torch.Tensor) -> bool:
+    return bool(family.token_logits(theta).abs().max() > DRIFT_BOUND)
+
+
+def is_stable(update: ExpectedUpdate, theta: torch.Tensor) -> bool:
+    """Every eigenvalue of ∂u/∂θ has a negative real part: the expected update's flow is drawn to θ."""
+    return bool(torch.linalg.eigvals(update.jacobian(theta)).real.max() < 0)
+
+
+def follow(update, theta: torch.Tensor, flow: dict) -> tuple[torch.Tensor, str]:
+    """Follow the expected update's flow from θ along its path, ``flow['step']`` in the largest logit a step (the
+    flow slows as logits grow, so the path, not the clock, is followed), trying Newton's method every
+    ``flow['newton_every']`` steps. "stable": it reached a stable zero; "drifts": a logit passed DRIFT_BOUND;
+    "still moving": neither within ``flow['steps']`` steps."""
+    for step in range(flow["steps"]):
+        if step % flow["newton_every"] == 0:
+            candidate, converged = _newton(update, theta, iterations=12)
+            if converged and is_stable(update, candidate):
+                return candidate, "stable"
+        value = update(theta)
+        theta = theta + flow["step"] * value / value.abs().max()
+        if _saturated(update.family, theta):
+            return theta, "drifts"
+    return theta, "still moving"
+
+
+@dataclass
+class FixedPoint:
+    theta: torch.Tensor
+    status: str  # "stable" (a stable zero of u), or where the followed update goes: "drifts" / "still moving"
+
+
+def beta_ladder(betas, rungs: int = 13) -> list[float]:
+    """The β grid with rungs from strong regularisation (β ≥ 30, where every end point neighbours the reference)
+    down to its smallest β, largest first: the path of a continuation."""
+    return sorted(set(np.geomspace(max(30.0, *betas), min(betas), rungs).tolist()) | set(betas), reverse=True)
+
+
+def fixed_point_branch(family: Family, rewards: torch.Tensor, spec_name: str, betas, flow: dict) -> dict:
+    """{β: FixedPoint} for one configuration, by continuation from the reference down ``beta_ladder(betas)``:
+    Newton's method from the previous rung's fixed point. At a β of ``betas`` where it finds no stable zero, the
+    update is followed from the reference instead (``follow``)."""
+    points, start = {}, family.reference_theta()
+    for beta in beta_ladder(betas):
+        update = ExpectedUpdate(family, rewards, kl.KLSpec.from_name(spec_name, beta))
+        theta, converged = _newton(update, start)
+        if converged and is_stable(update, theta):
+            points[beta], start = FixedPoint(theta, "stable"), theta
+        elif beta in betas:
+            theta, status = follow(update, family.reference_theta(), flow)
+            points[beta] = FixedPoint(theta, status)
+            if status == "stable":
+                start = theta
+    return {beta: points[beta] for beta in betas}
+
+
+def fixed_point_table(family: Family, reward: dict, configs, betas, flow: dict) -> pd.DataFrame:
+    """One row per (configuration, β): the fixed point (or where the update goes) against the family's optimum.
+
+    Columns: reward, kl (to the reference), objective J_β, the optimum's reward, kl and objective, the gap
+    J_β(optimum) − J_β(fixed point) and KL(π_fixed ‖ π_optimum); with the status and the unconstrained optimum's
+    objective (π*_β, which the parametric family cannot reach)."""
+    rewards = task_reward(family.sequences, reward)
+    optima = optimum_sweep(family, rewards, betas)
+    rows = []
+    for config in configs:
+        for beta, point in fixed_point_branch(family, rewards, config, betas, flow).items():
+            seq_logp = family.sequence_logprobs(point.theta).detach()
+            fixed = policy_metrics(family, seq_logp, rewards, beta)
+            optimum_logp = family.sequence_logprobs(optima[beta])
+            best = policy_metrics(family, optimum_logp, rewards, beta)
+            rows.append(
+                dict(
+                    family=family.name,
+                    config=config,
+                    beta=beta,
+                    status=point.status,
+                    reward=fixed["reward"],
+                    kl=fixed["kl"],
+                    objective=fixed["objective"],
+                    optimum_reward=best["reward"],
+                    optimum_kl=best["kl"],
+                    optimum_objective=best["objective"],
+                    objective_gap=best["objective"] - fixed["objective"],
+                    kl_to_optimum=kl_between(seq_logp, optimum_logp),
+                    unconstrained_objective=unconstrained_objective(family, rewards, beta),
+                    theta=" ".join(f"{v:.6g}" for v in point.theta.tolist()),
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def optimum_sweep(family: Family, rewards: torch.Tensor, betas) -> dict:
+    """{β: θ of the family's optimum}, by continuation down ``beta_ladder(betas)``, each search started from the
+    previous rung's optimum."""
+    optima, start = {}, family.reference_theta()
+    for beta in beta_ladder(betas, rungs=25):
+        optima[beta] = start = family_optimum(family, rewards, beta, start)
+    return {beta: optima[beta] for beta in betas}
+
+
+def frontier(family: Family, reward: dict, betas) -> pd.DataFrame:
+    """The exact reward–KL frontier: the family's optimum for each β."""
+    rewards = task_reward(family.sequences, reward)
+    return pd.DataFrame(
+        [
+            dict(
+                family=family.name, beta=beta, **policy_metrics(family, family.sequence_logprobs(theta), rewards, beta)
+            )
+            for beta, theta in optimum_sweep(family, rewards, betas).items()
+        ]
+    )
+
+
+# ------------------------------------------------------------------------------------------------ Monte Carlo training
+
+
+def _gather_tokens(per_sequence: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(..., 2^T, T) token values of every sequence, at the sampled sequence indices (..., n): (..., n, T)."""
+    return torch.gather(per_sequence, -2, index.unsqueeze(-1).expand(*index.shape, per_sequence.shape[-1]))
+
+
+def _run_seed(seed: int, family: str, config: str, mode: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(f"{family}/{config}/{mode}".encode())) % 2**63
+
+
+def train_monte_carlo(family: Family, reward: dict, config: str, betas, settings: dict, mode: str) -> pd.DataFrame:
+    """Train the configuration from the reference by sampled updates, every β of ``betas`` × ``settings['seeds']``
+    seeds in one batch; one row per (β, seed) with the end point (the last iterate).
+
+    ``mode``: "on-policy" (one update per generation batch) or "off-policy" (``settings['updates_per_batch']``
+    minibatch updates per batch, the trainer's clipped ratios, the reward's KL from the sampling policy)."""
+    updates = 1 if mode == "on-policy" else settings["updates_per_batch"]
+    seeds, steps, groups, group_size = settings["seeds"], settings["steps"], settings["groups"], settings["group_size"]
+    if groups % updates:
+        raise ValueError(f"toy.fixed_points.monte_carlo.groups ({groups}) must split into {updates} minibatches")
+    spec = kl.KLSpec.from_name(config, 1.0)  # β = 1: β itself is the factor below (kl's penalties are linear in it)
+    beta = torch.tensor(sorted(betas), dtype=DTYPE)
+    beta_seq, beta_tok = beta.view(-1, 1, 1, 1), beta.view(-1, 1, 1, 1, 1)
+    rewards = task_reward(family.sequences, reward)
+    ref_token_logp = family.reference_logprobs()
+    generator = torch.Generator().manual_seed(_run_seed(settings["seed"], family.name, config, mode))
+    theta = family.reference_theta().expand(len(beta), seeds, -1).clone().requires_grad_(True)
+    # Adam, as the trainer (element-wise, so every (β, seed) run is its own), with a step that decays as 1/(1 + k/k0)
+    # so that the last iterate settles on a fixed point instead of hovering around it.
+    optimizer = torch.optim.Adam([theta], lr=settings["learning_rate"])
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step / settings["decay_steps"]))
+    per_update = groups // updates
+    for _ in range(steps):
+        with torch.no_grad():
+            token_logp = family.token_logprobs(theta)  # (B, S, 2^T, T)
+            probs = token_logp.sum(-1).exp().reshape(-1, token_logp.shape[-2])
+            index = torch.multinomial(probs, groups * group_size, True, generator=generator)
+            index = index.reshape(len(beta), seeds, groups * group_size)
+            old_logp = _gather_tokens(token_logp, index).reshape(len(beta), seeds, groups, group_size, -1)
+            ref_logp = ref_token_logp[index].reshape(old_logp.shape)
+            mask = torch.ones_like(old_logp)
+            task = rewards[index].reshape(old_logp.shape[:-1])
+            advantages = kl.rloo_advantages(task - beta_seq * kl.reward_penalty(old_logp, ref_logp, mask, spec))
+        for update in range(updates):
+            part = slice(update * per_update, (update + 1) * per_update)
+            logp = _gather_tokens(family.token_logprobs(theta), index).reshape(old_logp.shape)[:, :, part]
+            old = old_logp[:, :, part] if updates > 1 else None  # on-policy: π_old = sg[π_θ], as the trainer
+            per_token = kl.clipped_surrogate(
+                logp, logp.detach() if old is None else old, advantages[:, :, part], *[settings["epsilon"]] * 2
+            ) + beta_tok * kl.loss_penalty(logp, ref_logp[:, :, part], mask[:, :, part], spec, old_logp=old)
+            tokens = per_token[0, 0].numel()  # the trainer's token-sum normalisation: all tokens of the minibatch
+            optimizer.zero_grad()
+            (per_token.sum() / tokens).backward()
+            optimizer.step()
+        schedule.step()
+    return _end_points(family, rewards, config, mode, beta, theta.detach())
+
+
+def _end_points(family, rewards, config, mode, beta, theta) -> pd.DataFrame:
+    rows = []
+    for b, value in enumerate(beta.tolist()):
+        for seed, end in enumerate(theta[b]):
+            metrics = policy_metrics(family, family.sequence_logprobs(end), rewards, value)
+            rows.append(dict(family=family.name, config=config, mode=mode, beta=value, seed=seed, **metrics))
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------ the whole section
+
+
+def family_of(section: dict, name: str) -> Family:
+    """The family ``name`` of config ``toy.fixed_points``."""
+    return Family(name, section["length"], **section["reference"])
+
+
+def frontier_betas(section: dict) -> list[float]:
+    grid = section["frontier_betas"]
+    return np.geomspace(grid["min"], grid["max"], grid["points"]).tolist()
+
+
+def exact_tables(section: dict, configs, family_name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fixed points of every configuration × β, the frontier) for one family."""
+    family = family_of(section, family_name)
+    points = fixed_point_table(family, section["reward"], configs, section["betas"], section["flow"])
+    return points, frontier(family, section["reward"], frontier_betas(section))
+
+
+# Agreement of a Monte Carlo end point with the exact fixed point: within AGREEMENT_Z standard errors of the seeds'
+# mean, or within AGREEMENT_ABS (a last iterate at a decaying step keeps a residual of this order where the seeds'
+# spread is smaller still).
+AGREEMENT_Z, AGREEMENT_ABS = 4.0, 2e-3
+
+
+def agreement(end_points: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
+    """Per (family, mode, configuration, β): the seeds' mean end reward and KL with their standard errors, the exact
+    fixed point's, z and whether they agree (only where the exact update has a stable fixed point)."""
+    keys = ["family", "config", "beta"]
+    summary = end_points.groupby(["family", "mode", "config", "beta"]).agg(
+        seeds=("seed", "nunique"),
+        mc_reward=("reward", "mean"),
+        mc_reward_se=("reward", "sem"),
+        mc_kl=("kl", "mean"),
+        mc_kl_se=("kl", "sem"),
+    )
+    merged = summary.reset_index().merge(points[keys + ["status", "reward", "kl"]], on=keys, how="left")
+    for metric in ("reward", "kl"):
+        difference = merged[f"mc_{metric}"] - merged[metric]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            merged[f"z_{metric}"] = difference / merged[f"mc_{metric}_se"]
+        merged[f"agrees_{metric}"] = (merged[f"z_{metric}"].abs() <= AGREEMENT_Z) | (difference.abs() <= AGREEMENT_ABS)
+    stable = merged.status == "stable"
+    merged["agrees"] = np.where(stable, merged.agrees_reward & merged.agrees_kl, np.nan)
+    return merged
+
+
+def toy_claims(end_points: pd.DataFrame, points: pd.DataFrame, claims: dict, rule: dict) -> pd.DataFrame:
+    """The toy's claims (config ``toy.fixed_points.claims``), judged by the claims table's rule (claims.judge) on
+    the Monte Carlo end points: per seed u, d_u = J_β(candidate's end point u) − J_β(baseline), the baseline being
+    the family's optimum (exact) or another configuration's end point of the same seed index; with the exact fixed
+    points' own difference beside it (``exact_effect``: what the seeds estimate)."""
+    from klstudy import claims as claims_rule
+
+    exact = points.set_index(["family", "config", "beta"])
+    rows = []
+    for (family, mode, beta), runs in end_points.groupby(["family", "mode", "beta"]):
+        by_config = runs.set_index(["config", "seed"]).objective
+        optimum = float(points[(points.family == family) & (points.beta == beta)].optimum_objective.iloc[0])
+        for name, claim in claims.items():
+            if claim["candidate"] not in by_config.index.get_level_values(0):
+                continue
+            candidate = by_config.loc[claim["candidate"]]
+            if claim["baseline"] == "optimum":
+                baseline, exact_baseline = pd.Series(optimum, index=candidate.index), optimum
+            elif claim["baseline"] in by_config.index.get_level_values(0):
+                baseline = by_config.loc[claim["baseline"]]
+                exact_baseline = exact.loc[(family, claim["baseline"], beta), "objective"]
+            else:
+                continue
+            differences = (candidate - baseline).dropna()
+            rows.append(
+                dict(
+                    claim=name, text=claim["text"], family=family, mode=mode, beta=beta,
+                    candidate=claim["candidate"], baseline=claim["baseline"], predicted=claim["predicted"],
+                    margin=claim.get("margin", np.nan), candidate_mean=candidate.mean(), baseline_mean=baseline.mean(),
+                    effect=differences.mean(), se=differences.sem(), seeds=len(differences),
+                    exact_effect=exact.loc[(family, claim["candidate"], beta), "objective"] - exact_baseline,
+                    exact_status=exact.loc[(family, claim["candidate"], beta), "status"],
+                )
+            )  # fmt: skip
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    verdicts = claims_rule.judge(
+        table.effect, table.se, table.seeds - 1, table.predicted, table.margin.fillna(0.0), rule
+    )
+    return table.assign(**{key: verdicts[key] for key in ("z", "critical", "q_value", "verdict")})
+
+
+# ------------------------------------------------------------------------------------------------ figure and tables
+
+STATUS_MARKERS = {"stable": "o", "drifts": ">", "still moving": "d"}
+
+
+def draw(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, section: dict, png) -> None:
+    """One row per family, two panels: the paper's configurations (and K2), the frameworks' per-token corrections.
+    Each panel: the exact reward–KL frontier (the family's optimum over β; for the parametric family also the
+    unconstrained one, which it cannot reach), each configuration's exact end point at every β of the grid (filled:
+    a stable fixed point; ▶: the update drifts to the boundary, drawn where the followed flow stopped), joined over β,
+    and the Monte Carlo end points of the on-policy runs (hollow, ± the seeds' standard deviation)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from klstudy import figures
+
+    families = list(dict.fromkeys(points.family))
+    fig, axes = plt.subplots(
+        len(families), 2, figsize=(13, 4.6 * len(families)), squeeze=False, sharex=True, sharey=True
+    )
+    for row, family in enumerate(families):
+        for col, variants in enumerate((False, True)):
+            ax = axes[row, col]
+            rows = points[(points.family == family) & (points.config.str.count("-") == (2 if variants else 1))]
+            if not variants:
+                rows = pd.concat([points[(points.family == family) & (points.config == kl.NO_KL)], rows])
+            _draw_frontier(ax, fronts[fronts.family == family], section, family)
+            for config, group in rows.groupby("config", sort=False):
+                _draw_config(ax, config, group.sort_values("beta"), figures)
+            mc = agreed[(agreed.family == family) & (agreed["mode"] == "on-policy") & agreed.config.isin(rows.config)]
+            for _, point in mc.iterrows():
+                ax.errorbar(
+                    point.mc_kl, point.mc_reward, xerr=point.mc_kl_se * np.sqrt(point.seeds),
+                    yerr=point.mc_reward_se * np.sqrt(point.seeds), fmt="o", mfc="none", ms=10, capsize=2,
+                    color=figures.config_colour(point.config), lw=0.8,
+                )  # fmt: skip
+            kind = (
+                "frameworks' per-token KL-loss corrections (many coincide: one expected update)"
+                if variants
+                else "the paper's configurations, K2, no KL"
+            )
+            ax.set_title(f"{family} policy, T = {section['length']}: {kind}", fontsize=10)
+            ax.set_xlabel("KL(π ‖ π_ref) at the end point")
+            ax.set_ylabel("task reward E_π[R]")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    reward = section["reward"]
+    fig.suptitle(
+        f"Where each KL configuration's training ends (toy model, R = [≥ {reward['threshold']} ones of "
+        f"{section['length']}], β ∈ {section['betas']}): exact, and Monte Carlo (hollow, ± seeds' sd, "
+        f"n = {int(agreed.seeds.max()) if len(agreed) else 0} seeds)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    figures.save(fig, png)
+
+
+def _draw_frontier(ax, front: pd.DataFrame, section: dict, family: str) -> None:
+    front = front.sort_values("kl")
+    ax.plot(front.kl, front.reward, color="black", lw=2, alpha=0.35, label="optimum of J_β over β (frontier)")
+    if family == "parametric":
+        tabular = frontier(family_of(section, "tabular"), section["reward"], frontier_betas(section)).sort_values("kl")
+        ax.plot(tabular.kl, tabular.reward, color="black", lw=1, ls=":", alpha=0.5, label="unconstrained optimum π*_β")
+
+
+def _draw_config(ax, config: str, group: pd.DataFrame, figures) -> None:
+    colour = figures.config_colour(config)
+    ax.plot(group.kl, group.reward, color=colour, lw=0.8, alpha=0.6)
+    for status, at in group.groupby("status"):
+        ax.scatter(at.kl, at.reward, color=colour, marker=STATUS_MARKERS[status], s=28, zorder=3)
+    drift = "" if (group.status == "stable").all() else f" ({', '.join(sorted(set(group.status) - {'stable'}))})"
+    ax.plot([], [], color=colour, marker="o", lw=0.8, label=f"{config}{drift}")
+
+
+def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFrame, out_dir) -> None:
+    """figures/toy_fixed_points.{csv,md} (every configuration × β × family against the optimum, with the Monte Carlo
+    agreement) and figures/toy_claims.{csv,md}."""
+    from pathlib import Path
+
+    out_dir = Path(out_dir)
+    table = points.merge(
+        agreed.pivot_table(index=["family", "config", "beta"], columns="mode", values="agrees", aggfunc="first")
+        .add_prefix("mc_agrees_")
+        .reset_index(),
+        on=["family", "config", "beta"],
+        how="left",
+    )
+    table.to_csv(out_dir / "toy_fixed_points.csv", index=False)
+    agreed.to_csv(out_dir / "toy_monte_carlo.csv", index=False)
+    shown = table.assign(
+        end=lambda t: t.status,
+        reward=lambda t: t.reward.map("{:.3g}".format),
+        kl=lambda t: t.kl.map("{:.3g}".format),
+        optimum=lambda t: [f"{r:.3g} / {k:.3g}" for r, k in zip(t.optimum_reward, t.optimum_kl, strict=True)],
+        gap=lambda t: t.objective_gap.map("{:.2g}".format),
+        kl_to_optimum=lambda t: t.kl_to_optimum.map("{:.2g}".format),
+    )
+    columns = ["family", "config", "beta", "end", "reward", "kl", "optimum", "gap", "kl_to_optimum"]
+    (out_dir / "toy_fixed_points.md").write_text(
+        "Where each configuration's expected update ends (exact, float64), against the optimum of J_β = E[R] − β·KL "
+        "in the same family: reward and KL(π‖π_ref) at the end point, the optimum's reward / KL, the gap "
+        "J_β(optimum) − J_β(end) and KL(π_end ‖ π_optimum). 'drifts': no fixed point; the update drives a logit past "
+        f"±{DRIFT_BOUND:g} (reward and KL where it stopped). docs/fixed-points.md explains the table.\n\n"
+        + shown[columns].to_markdown(index=False)
+        + "\n"
+    )
+    claims.to_csv(out_dir / "toy_claims.csv", index=False)
+    readable = claims.assign(
+        effect=lambda t: [f"{e:+.2g} ± {s:.1g}" for e, s in zip(t.effect, t.se, strict=True)],
+        exact=lambda t: t.exact_effect.map("{:+.2g}".format),
+        z=lambda t: t.z.map("{:.1f}".format),
+    )
+    (out_dir / "toy_claims.md").write_text(
+        "The toy's claims, judged by the claims table's rule (config claims_rule) on the Monte Carlo end points: "
+        "effect = mean over seeds of J_β(candidate's end point) − J_β(baseline) ± its standard error; 'exact': the "
+        "same "
+        "difference between the exact end points, which the seeds estimate.\n\n"
+        + readable[
+            [
+                "claim",
+                "family",
+                "mode",
+                "beta",
+                "candidate",
+                "baseline",
+                "predicted",
+                "effect",
+                "exact",
+                "z",
+                "seeds",
+                "verdict",
+            ]
+        ].to_markdown(index=False)  # fmt: skip
+        + "\n"
+    )
