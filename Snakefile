@@ -37,6 +37,7 @@ localrules:
     prepare_data,
     base_model,
     toy_unbiasedness,
+    toy_fixed_points_report,
     fig01,
     aggregate,
     figure,

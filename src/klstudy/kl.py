@@ -212,6 +212,18 @@ def loss_penalty(logp, ref_logp, mask, spec: KLSpec, old_logp=None) -> torch.Ten
     return spec.beta * per_token * mask
 
 
+def clipped_surrogate(logp, old_logp, advantages, epsilon_low: float, epsilon_high: float):
+    """The trainer's per-token policy loss, TRL's clipped surrogate −min(ω·A, clip(ω, 1−ε_low, 1+ε_high)·A) with
+    ω_t = π_θ/π_old per token. ``advantages`` has one value per sequence (shape ``logp.shape[:-1]``). On-policy
+    (``old_logp`` = sg[logp]) its gradient is −A·∇log π_θ per token, the score term of ``reinforce_loss``."""
+    import torch
+
+    ratio = torch.exp(logp - old_logp.detach())
+    advantages = advantages.unsqueeze(-1)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    return -torch.min(ratio * advantages, clipped * advantages)
+
+
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """REINFORCE leave-one-out: A_i = R_i − mean_{j≠i} R_j within each group (the last dimension).
 

@@ -50,6 +50,64 @@ def _toy_tests(args):
     print(tests.to_string(index=False))
 
 
+def _toy_configs(section: dict) -> list[str]:
+    """Table 1's configurations (the toy section's estimators × placements and loss gradients), by name."""
+    from klstudy import toy
+
+    specs = toy.config_specs(section["estimators"], section["placements"], section["loss_gradients"])
+    return [spec.name for spec in specs]
+
+
+def _toy_fixed_points(args):
+    from klstudy import fixed_points
+
+    _threads(args.threads)
+    section = json.loads(args.settings)
+    start = time.perf_counter()
+    points, front = fixed_points.exact_tables(section["fixed_points"], _toy_configs(section), args.family)
+    for table, out in ((points, args.out), (front, args.frontier)):
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out, index=False)
+    print(points.drop(columns="theta").to_string(index=False))
+    print(f"toy fixed points, {args.family}: {len(points)} rows in {time.perf_counter() - start:.2f}s -> {args.out}")
+
+
+def _toy_monte_carlo(args):
+    import pandas as pd
+
+    from klstudy import fixed_points
+
+    _threads(args.threads)
+    section = json.loads(args.settings)["fixed_points"]
+    carlo, family = section["monte_carlo"], fixed_points.family_of(section, args.family)
+    start = time.perf_counter()
+    runs = pd.concat(
+        fixed_points.train_monte_carlo(family, section["reward"], config, carlo["betas"], carlo, args.mode)
+        for config in carlo["configs"]
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    runs.to_csv(args.out, index=False)
+    print(f"toy Monte Carlo, {args.family} {args.mode}: {len(runs)} runs in {time.perf_counter() - start:.2f}s")
+
+
+def _toy_fixed_points_report(args):
+    import pandas as pd
+
+    from klstudy import fixed_points
+
+    config = json.loads(args.settings)
+    section = config["toy"]["fixed_points"]
+    points = pd.concat([pd.read_csv(path) for path in args.points], ignore_index=True)
+    fronts = pd.concat([pd.read_csv(path) for path in args.frontiers], ignore_index=True)
+    end_points = pd.concat([pd.read_csv(path) for path in args.monte_carlo], ignore_index=True)
+    agreed = fixed_points.agreement(end_points, points)
+    claims = fixed_points.toy_claims(end_points, points, section["claims"], config["claims_rule"])
+    out = Path(args.png)
+    fixed_points.draw(points, fronts, agreed, section, out)
+    fixed_points.write_tables(points, agreed, claims, out.parent)
+    print(claims.to_string(index=False))
+
+
 def _fig01(args):
     import pandas as pd
 
@@ -256,6 +314,30 @@ def add_commands(commands) -> None:
     tests.add_argument("--settings", required=True, help="the config's toy section, as JSON (its alpha)")
     tests.add_argument("--out", required=True)
     tests.set_defaults(run=_toy_tests)
+
+    points = commands.add_parser("toy-fixed-points", help="exact fixed points and frontier of one toy policy family")
+    points.add_argument("--family", required=True, help="tabular or parametric")
+    points.add_argument("--settings", required=True, help="the config's toy section, as JSON")
+    points.add_argument("--threads", type=int, help="torch CPU threads")
+    points.add_argument("--out", required=True, help="the fixed points (CSV)")
+    points.add_argument("--frontier", required=True, help="the family's reward-KL frontier (CSV)")
+    points.set_defaults(run=_toy_fixed_points)
+
+    carlo = commands.add_parser("toy-monte-carlo", help="toy training by sampled updates, every seed and β at once")
+    carlo.add_argument("--family", required=True, help="tabular or parametric")
+    carlo.add_argument("--mode", required=True, choices=["on-policy", "off-policy"])
+    carlo.add_argument("--settings", required=True, help="the config's toy section, as JSON")
+    carlo.add_argument("--threads", type=int, help="torch CPU threads")
+    carlo.add_argument("--out", required=True)
+    carlo.set_defaults(run=_toy_monte_carlo)
+
+    report = commands.add_parser("toy-fixed-points-report", help="the fixed-point figure, tables and toy claims")
+    report.add_argument("--points", nargs="+", required=True)
+    report.add_argument("--frontiers", nargs="+", required=True)
+    report.add_argument("--monte-carlo", nargs="+", required=True)
+    report.add_argument("--settings", required=True, help="the config's toy section and claims_rule, as JSON")
+    report.add_argument("--png", required=True, help="the figure (a PDF is written beside it)")
+    report.set_defaults(run=_toy_fixed_points_report)
 
     fig01 = commands.add_parser("fig01", help="Figure 1 (PNG, and PDF beside it)")
     fig01.add_argument("--inputs", nargs="+", required=True)

@@ -348,9 +348,10 @@ class KLTrainer(GRPOTrainer):
         )
         old_logps = inputs.get("old_per_token_logps", logps.detach())
         ratio = torch.exp(logps - old_logps)  # ω_t = π_θ / π_old per token: 1 (with gradient) on-policy
-        clipped = torch.clamp(ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
         advantages = inputs["advantages"].unsqueeze(1)
-        per_token_loss = -torch.min(ratio * advantages, clipped * advantages)
+        per_token_loss = kl.clipped_surrogate(
+            logps, old_logps, inputs["advantages"], self.epsilon_low, self.epsilon_high
+        )
         if "importance_sampling_ratio" in inputs:  # vLLM's sampling vs training mismatch, as TRL corrects it
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         if self.kl_spec.in_loss:
