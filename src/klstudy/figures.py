@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from klstudy.aggregate import UNCERTAINTY, final_values, mean_and_se, trailing_mean  # noqa: E402
+from klstudy.aggregate import UNCERTAINTY, final_values, mean_and_se, step_values, trailing_mean  # noqa: E402
 from klstudy.kl import NO_KL, PATHWISE, KLSpec  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------
@@ -508,7 +508,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
 
 def step_curves(ax, rows: pd.DataFrame, column: str, window: int, grid: list[float], dodge_width: float = 0.0):
     """Per configuration × β: a logged per-step column as each run's trailing mean over ``window`` steps
-    (aggregate.trailing_mean), then the mean over seeds ± 1 se; returns the seeds per line."""
+    (aggregate.trailing_mean), then the mean over seeds ± 1 se (thick, labelled, with a band), and each step as logged,
+    the mean over seeds (thin); returns the seeds per line."""
     seeds = set()
     lines = list(rows.groupby(["kl", "beta"], sort=False))
     for i, ((kl_config, beta), runs) in enumerate(lines):
@@ -520,9 +521,14 @@ def step_curves(ax, rows: pd.DataFrame, column: str, window: int, grid: list[flo
             continue
         stats = _seed_stats(smoothed, "step", "value", "se")
         style = {**style_of(kl_config, beta, grid), "marker": None}
-        x = stats.step + _dodge(i, len(lines), dodge_width)
+        offset = _dodge(i, len(lines), dodge_width)
+        x = stats.step + offset
         ax.plot(x, stats["mean"], label=kl_label(kl_config, None if kl_config == NO_KL else beta), **style)
         _band(ax, x, stats["mean"], stats.se, style["color"])
+        # each step as logged (mean over seeds), thin: a spike the window spreads over several steps stays visible
+        raw = pd.concat([step_values(run, column).rename("value").reset_index() for _, run in runs.groupby("seed")])
+        raw = raw.dropna().groupby("step").value.mean()
+        ax.plot(raw.index + offset, raw.to_numpy(), color=style["color"], linewidth=0.6, alpha=0.45)
         seeds.update(stats.n)
     return seeds
 
@@ -696,8 +702,9 @@ def draw_training_figure(study: str, config: dict, tables: dict):
     fig.suptitle(figure_title(f"Training dynamics: {study}", config, spec["models"]) + f"\n{design}", fontsize=11)
     footnote(
         fig,
-        [f"Each run's value at a step is the mean of its last {window} logged steps up to it (the window that defines "
-         "the end of training), with that mean's error from their spread; lines and bands: the "
+        [f"Thick lines: each run's value at a step is the mean of its last {window} logged steps up to it (the window "
+         "that defines the end of training), with that mean's error from their spread; thin lines: each step as "
+         "logged (mean over seeds); thick lines and bands: the "
          f"{UNCERTAINTY}. A run with one seed has no band over its first two steps (under three steps, no error). "
          "Lines are dodged sideways by up to 0.15 steps so that equal values do not hide each other. "
          "Rewards logged only on the first update of a batch (several updates per batch) are drawn where logged.",
