@@ -167,6 +167,9 @@ def say_why_empty(ax, reason: str) -> None:
     ax.set_yticks([])
 
 
+DODGED = "Series at the same x are dodged sideways a little, so that none hides another (x: their shared step or β)."
+
+
 def _dodge(index: int, count: int, width: float) -> float:
     """The x offset of the index-th of count series, so that points at the same x do not hide each other."""
     return (index - (count - 1) / 2) * width / max(count, 1)
@@ -243,6 +246,7 @@ def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Pat
     results = results[(results.placement != "none") & (results.get("loss_gradient", PATHWISE) == PATHWISE)]
     critical = tests.set_index("config")["z_critical"]
     settings = list(dict.fromkeys(results.setting))
+    trials = int(results.trials.iloc[0]) if "trials" in results and len(results) else 0
     panels = [("squared_bias", "a"), ("squared_bias", "b"), ("variance", "a"), ("variance", "b")]
     fig, axes = plt.subplots(len(settings), 4, figsize=(15, 3.1 * len(settings)), squeeze=False, layout="constrained")
     for row, setting in enumerate(settings):
@@ -250,13 +254,12 @@ def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Pat
             _toy_panel(axes[row, col], results[(results.setting == setting) & (results.param == param)], metric,
                        critical)  # fmt: skip
             what = "squared bias" if metric == "squared_bias" else "variance"
-            axes[row, col].set_title(f"{setting}: {what} of ∂/∂{param}", fontsize=9)
+            axes[row, col].set_title(f"{setting}: {what} of ∂/∂{param}\nn = {trials} trials per point", fontsize=9)
             if col in (0, 2):
                 axes[row, col].set_ylabel(what)
     for first in (0, 2):  # one y range per quantity: squared bias panels together, variance panels together
         _share_log_limits([ax for r in axes for ax in r[first : first + 2]])
     figure_legend(fig, axes.ravel())
-    trials = int(results.trials.iloc[0]) if "trials" in results and len(results) else 0
     fig.suptitle("Bias and variance of KL-gradient estimates in the parametric autoregressive model (§3.3)")
     footnote(
         fig,
@@ -328,6 +331,7 @@ class Drawn:
     empty: str | None = None
     notes: list[str] = field(default_factory=list)
     n_text: str | None = None  # the title's n, where seeds alone do not say it
+    unit: str = "point"  # what one n is of: a point (curves) or a bar
 
 
 def select(table: pd.DataFrame, panel: dict, config: dict) -> pd.DataFrame:
@@ -412,7 +416,7 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         label = kl_label(kl_config, None if kl_config == NO_KL else beta) + _status_suffix(status)
         style = {"color": config_colour(kl_config), "edgecolor": "black", "hatch": beta_hatch(beta, grid)}
         groups.append((label, rows, style))
-    drawn = Drawn("accuracy")
+    drawn = Drawn("accuracy", unit="bar")
     width = 0.8 / max(len(groups), 1)
     any_value = False
     for g, (label, rows, style) in enumerate(groups):
@@ -563,11 +567,12 @@ def _grid_shape(count: int) -> tuple[int, int]:
     return math.ceil(count / columns), columns
 
 
-def _seeds_text(seeds: set[int]) -> str:
+def _seeds_text(seeds: set[int], unit: str = "point") -> str:
+    """'n = 2 seeds per point', 'n = 1–2 seeds per bar': the title line that gives a panel's n."""
     if not seeds:
         return ""
     low, high = min(seeds), max(seeds)
-    return f"n = {low} seed{'s' if high > 1 else ''} per {'point' if low == high else 'point (' + str(high) + ' most)'}"
+    return f"n = {low}{'' if low == high else f'–{high}'} seed{'s' if high > 1 else ''} per {unit}"
 
 
 PROPORTIONS = ("pass@1", "accuracy", "task_reward")  # in [0, 1]: at least 0 to 0.05 shown
@@ -611,7 +616,7 @@ def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claim
         title = panel.get("title", panel["study"])
         if ax.get_title():
             title = f"{title}: {ax.get_title()}"
-        ax.set_title("\n".join(filter(None, [title, d.n_text or _seeds_text(d.seeds)])), fontsize=9)
+        ax.set_title("\n".join(filter(None, [title, d.n_text or _seeds_text(d.seeds, d.unit)])), fontsize=9)
         if d.empty:
             say_why_empty(ax, d.empty)
         else:
@@ -645,7 +650,8 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     claim_lines = draw_panels(fig, axes, panels, config, tables, claims)
     figure_legend(fig, axes)
     fig.suptitle(figure_title(spec["title"], config, [p["model"] for p in panels], width - 2.6), fontsize=11)
-    footnote(fig, [f"Lines, points and bars: the {UNCERTAINTY}.", *claim_lines], width)
+    dodged = DODGED if any(panel["kind"] != "bars" for panel in panels) else ""
+    footnote(fig, [f"Lines, points and bars: the {UNCERTAINTY}. {dodged}", *claim_lines], width)
     return fig
 
 
