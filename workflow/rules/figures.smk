@@ -9,7 +9,7 @@ rule aggregate:
         divergence_outputs(),
     output:
         expand("results/tables/{table}.csv", table=AGGREGATED_TABLES),
-        config=report("results/tables/config.yaml", caption="../report/config.rst", category="Configuration"),
+        config=report("results/tables/config.yaml", caption="../report/config.rst", category="6 Configuration"),
     params:
         settings=json.dumps(config),
         out_dir=lambda wildcards, output: os.path.dirname(output.config),
@@ -33,7 +33,7 @@ rule figure:
         png=report(
             "figures/{figure}.png",
             caption="../report/figure.rst",
-            category="§4 Experiments",
+            category="3 Experiments (§4)",
             labels={"figure": "{figure}"},
         ),
         pdf="figures/{figure}.pdf",
@@ -56,7 +56,12 @@ rule claims_figure:
         claims="figures/claims.csv",
         config=rules.aggregate.output.config,
     output:
-        png=report(f"figures/{CLAIMS_FIGURE}.png", caption="../report/claims_forest.rst", category="Claims"),
+        png=report(
+            f"figures/{CLAIMS_FIGURE}.png",
+            caption="../report/claims_forest.rst",
+            category="1 Claims",
+            subcategory="Every claim at a glance",
+        ),
         pdf=f"figures/{CLAIMS_FIGURE}.pdf",
     log:
         "logs/figures/claims_forest.log",
@@ -75,7 +80,7 @@ rule training_figure:
         png=report(
             "figures/training_{study}.png",
             caption="../report/training.rst",
-            category="§4 Training dynamics",
+            category="4 Training dynamics (§4)",
             labels={"study": "{study}"},
         ),
         pdf="figures/training_{study}.pdf",
@@ -105,7 +110,9 @@ rule study_tables:
             name: report(
                 f"figures/{name}.csv",
                 caption=f"../report/{name}.rst",
-                category="Claims" if name == "claims" else "Tables",  # the report's first question: what did it show?
+                # the report's first question: what did the run show? (the menu sorts categories by name)
+                category="1 Claims" if name == "claims" else "5 Tables",
+                subcategory="The claims table" if name == "claims" else None,
             )
             for name in STUDY_TABLES
         },
