@@ -260,3 +260,9 @@ def test_lines_that_lie_on_one_another_are_named(config, tables):
     assert "lie on one line (0 at every step)" in seen
     assert "gradient norm (before clipping), β" not in seen  # distinct lines are not named
     plt.close(fig)
+
+
+def test_a_config_without_claims_gets_a_forest_that_says_so(config):
+    fig = figures.draw_claims_forest(claims_rows("shown").iloc[:0], config)
+    assert "the config names no claims" in texts(fig)
+    plt.close(fig)

@@ -768,7 +768,7 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict):
     heights = [len(rows) + 1.2 for _, rows in groups] or [1]
     fig, axes = plt.subplots(len(heights), 1, figsize=(12, 0.3 * sum(heights) + 1.6), squeeze=False,
                              height_ratios=heights, layout="constrained")  # fmt: skip
-    for ax, (key, rows) in zip(axes[:, 0], groups, strict=True):
+    for ax, (key, rows) in zip(axes[:, 0], groups, strict=False):  # no claims: one empty panel, said below
         _forest_panel(ax, key, rows)
     if not groups:
         say_why_empty(axes[0, 0], "the config names no claims")
