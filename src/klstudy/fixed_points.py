@@ -557,12 +557,16 @@ def toy_claims(end_points: pd.DataFrame, points: pd.DataFrame, claims: dict, rul
 STATUS_MARKERS = {"stable": "o", "drifts": ">", "still moving": "d"}
 
 
+GAP_FLOOR = 1e-12  # J_β(optimum) − J_β(end) below this is drawn at it: on the optimum to rounding error
+
+
 def draw(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, section: dict, png) -> None:
-    """One row per family, two panels: the paper's configurations (and K2), the frameworks' per-token corrections.
-    Each panel: the exact reward–KL frontier (the family's optimum over β; for the parametric family also the
-    unconstrained one, which it cannot reach), each configuration's exact end point at every β of the grid (filled:
-    a stable fixed point; ▶: the update drifts to the boundary, drawn where the followed flow stopped), joined over β,
-    and the Monte Carlo end points of the on-policy runs (hollow, ± the seeds' standard deviation)."""
+    """One row per family. Left and centre: the reward–KL plane, with the exact frontier (the family's optimum over β;
+    for the parametric family also the unconstrained one, which it cannot reach), each configuration's exact end
+    point at every β of the grid (●: a stable fixed point, joined over β; ▶: the update drifts to the boundary, drawn
+    where the followed flow stopped; ◆: still moving when the flow was stopped) and the on-policy Monte Carlo end
+    points (hollow, ± the seeds' standard deviation); the paper's configurations left, the frameworks' per-token
+    corrections centre. Right: the gap J_β(optimum) − J_β(end) against β, the distance to the optimum at a glance."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -572,14 +576,13 @@ def draw(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, secti
 
     families = list(dict.fromkeys(points.family))
     fig, axes = plt.subplots(
-        len(families), 2, figsize=(13, 4.6 * len(families)), squeeze=False, sharex=True, sharey=True
+        len(families), 3, figsize=(19, 4.8 * len(families)), squeeze=False, gridspec_kw={"width_ratios": [1, 1, 0.9]}
     )
     for row, family in enumerate(families):
-        for col, variants in enumerate((False, True)):
+        mine = points[points.family == family]
+        variants = mine.config.str.count("-") == 2
+        for col, rows in enumerate((mine[~variants], mine[variants])):
             ax = axes[row, col]
-            rows = points[(points.family == family) & (points.config.str.count("-") == (2 if variants else 1))]
-            if not variants:
-                rows = pd.concat([points[(points.family == family) & (points.config == kl.NO_KL)], rows])
             _draw_frontier(ax, fronts[fronts.family == family], section, family)
             for config, group in rows.groupby("config", sort=False):
                 _draw_config(ax, config, group.sort_values("beta"), figures)
@@ -590,25 +593,55 @@ def draw(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, secti
                     yerr=point.mc_reward_se * np.sqrt(point.seeds), fmt="o", mfc="none", ms=10, capsize=2,
                     color=figures.config_colour(point.config), lw=0.8,
                 )  # fmt: skip
-            kind = (
-                "frameworks' per-token KL-loss corrections (many coincide: one expected update)"
-                if variants
-                else "the paper's configurations, K2, no KL"
-            )
-            ax.set_title(f"{family} policy, T = {section['length']}: {kind}", fontsize=10)
+            kind = "frameworks' per-token KL-loss corrections (several coincide)" if col else "the paper's, K2, no KL"
+            ax.set_title(f"{family} policy: {kind}", fontsize=10)
             ax.set_xlabel("KL(π ‖ π_ref) at the end point")
             ax.set_ylabel("task reward E_π[R]")
+            ax.set_xlim(right=max(3.7, float(mine.kl.max()) + 0.2))
+            ax.set_ylim(-0.05, 1.08)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+            ax.legend(fontsize=7, loc="lower right", ncol=2, framealpha=0.9)
+        _draw_gaps(axes[row, 2], mine, family, figures)
     reward = section["reward"]
+    carlo = section["monte_carlo"]
     fig.suptitle(
-        f"Where each KL configuration's training ends (toy model, R = [≥ {reward['threshold']} ones of "
-        f"{section['length']}], β ∈ {section['betas']}): exact, and Monte Carlo (hollow, ± seeds' sd, "
-        f"n = {int(agreed.seeds.max()) if len(agreed) else 0} seeds)",
+        f"Where each KL configuration's training ends, against the optimum of J_β = E[R] − β·KL (toy model, T = "
+        f"{section['length']}, R = 1 with ≥ {reward['threshold']} ones). Exact (float64); Monte Carlo: hollow, mean ± "
+        f"sd of n = {carlo['seeds']} seeds, on-policy, β ∈ {carlo['betas']}",
         fontsize=10,
     )
     fig.tight_layout()
     figures.save(fig, png)
+
+
+def _draw_gaps(ax, points: pd.DataFrame, family: str, figures) -> None:
+    shown = points[(points.config.str.count("-") == 1) | points.config.isin([kl.NO_KL, "k3-loss-ratio"])]
+    for config, group in shown.groupby("config", sort=False):
+        group = group.sort_values("beta")
+        colour = figures.config_colour(config)
+        gap = group.objective_gap.clip(lower=GAP_FLOOR)
+        stable = group.status == "stable"
+        ax.plot(
+            group.beta[stable],
+            gap[stable],
+            color=colour,
+            marker="o",
+            ms=4,
+            lw=1,
+            label=config if stable.any() else None,
+        )
+        ax.scatter(group.beta[~stable], gap[~stable], color=colour, marker=">", s=28, zorder=3)
+        if not stable.any():
+            ax.plot([], [], color=colour, marker=">", lw=0, label=f"{config} (no fixed point)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.axhline(GAP_FLOOR, color="0.5", lw=0.8, ls=":")
+    ax.text(ax.get_xlim()[0], GAP_FLOOR * 2, " on the optimum (gap < 1e-12)", fontsize=7, color="0.4", va="bottom")
+    ax.set_xlabel("β")
+    ax.set_ylabel("J_β(optimum) − J_β(end point)")
+    ax.set_title(f"{family} policy: distance to the optimum (▶: no fixed point)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
 
 def _draw_frontier(ax, front: pd.DataFrame, section: dict, family: str) -> None:
@@ -620,12 +653,27 @@ def _draw_frontier(ax, front: pd.DataFrame, section: dict, family: str) -> None:
 
 
 def _draw_config(ax, config: str, group: pd.DataFrame, figures) -> None:
+    """A configuration's end points over β: stable fixed points joined by a line, the others marked alone."""
     colour = figures.config_colour(config)
-    ax.plot(group.kl, group.reward, color=colour, lw=0.8, alpha=0.6)
+    stable = group[group.status == "stable"]
+    ax.plot(stable.kl, stable.reward, color=colour, lw=0.8, alpha=0.7)
     for status, at in group.groupby("status"):
         ax.scatter(at.kl, at.reward, color=colour, marker=STATUS_MARKERS[status], s=28, zorder=3)
-    drift = "" if (group.status == "stable").all() else f" ({', '.join(sorted(set(group.status) - {'stable'}))})"
-    ax.plot([], [], color=colour, marker="o", lw=0.8, label=f"{config}{drift}")
+    others = sorted(set(group.status) - {"stable"})
+    ax.plot([], [], color=colour, marker="o", lw=0.8, label=f"{config}" + (f" ({', '.join(others)})" if others else ""))
+
+
+def below_frontier(points: pd.DataFrame, fronts: pd.DataFrame) -> pd.Series:
+    """How far below the frontier each end point lies: the frontier's reward at the end point's KL (interpolated
+    over the frontier's β grid) minus its reward. 0 on the frontier; NaN beyond the frontier's range of KL (a point
+    that drifted there is off it by construction: the frontier's reward is 1 at finite KL)."""
+    gaps = pd.Series(np.nan, index=points.index)
+    for family, front in fronts.groupby("family"):
+        front = front.sort_values("kl")
+        rows = points.family == family
+        inside = rows & points.kl.between(front.kl.min(), front.kl.max())
+        gaps[inside] = np.interp(points.kl[inside], front.kl, front.reward) - points.reward[inside]
+    return gaps
 
 
 def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFrame, out_dir) -> None:
@@ -650,12 +698,14 @@ def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFram
         optimum=lambda t: [f"{r:.3g} / {k:.3g}" for r, k in zip(t.optimum_reward, t.optimum_kl, strict=True)],
         gap=lambda t: t.objective_gap.map("{:.2g}".format),
         kl_to_optimum=lambda t: t.kl_to_optimum.map("{:.2g}".format),
+        below_frontier=lambda t: t.below_frontier.map("{:.2g}".format),
     )
-    columns = ["family", "config", "beta", "end", "reward", "kl", "optimum", "gap", "kl_to_optimum"]
+    columns = ["family", "config", "beta", "end", "reward", "kl", "optimum", "gap", "kl_to_optimum", "below_frontier"]
     (out_dir / "toy_fixed_points.md").write_text(
         "Where each configuration's expected update ends (exact, float64), against the optimum of J_β = E[R] − β·KL "
         "in the same family: reward and KL(π‖π_ref) at the end point, the optimum's reward / KL, the gap "
-        "J_β(optimum) − J_β(end) and KL(π_end ‖ π_optimum). 'drifts': no fixed point; the update drives a logit past "
+        "J_β(optimum) − J_β(end), KL(π_end ‖ π_optimum) and the reward below the frontier at the end point's KL (0 on "
+        "the frontier: the optimum of another β). 'drifts': no fixed point; the update drives a logit past "
         f"±{DRIFT_BOUND:g} (reward and KL where it stopped). docs/fixed-points.md explains the table.\n\n"
         + shown[columns].to_markdown(index=False)
         + "\n"
@@ -664,7 +714,7 @@ def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFram
     readable = claims.assign(
         effect=lambda t: [f"{e:+.2g} ± {s:.1g}" for e, s in zip(t.effect, t.se, strict=True)],
         exact=lambda t: t.exact_effect.map("{:+.2g}".format),
-        z=lambda t: t.z.map("{:.1f}".format),
+        z=lambda t: t.z.map("{:.3g}".format),
     )
     (out_dir / "toy_claims.md").write_text(
         "The toy's claims, judged by the claims table's rule (config claims_rule) on the Monte Carlo end points: "

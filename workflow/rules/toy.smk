@@ -44,7 +44,7 @@ rule fig01:
         results=expand("results/toy/{setting}.csv", setting=TOY["settings"]),
         tests="results/toy/unbiasedness.csv",
     output:
-        png=report("figures/fig01_toy_bias_variance.png", caption="../report/fig01.rst", category="§3 Analysis"),
+        png=report("figures/fig01_toy_bias_variance.png", caption="../report/fig01.rst", category="2 Analysis (§3)"),
         pdf="figures/fig01_toy_bias_variance.pdf",
     log:
         "logs/figures/fig01.log",
@@ -113,12 +113,12 @@ rule toy_fixed_points_report:
             mode=["on-policy", "off-policy"],
         ),
     output:
-        png=report("figures/toy_fixed_points.png", caption="../report/toy_fixed_points.rst", category="§3 Analysis"),
+        png=report("figures/toy_fixed_points.png", caption="../report/toy_fixed_points.rst", category="2 Analysis (§3)"),
         pdf="figures/toy_fixed_points.pdf",
-        table=report("figures/toy_fixed_points.csv", caption="../report/toy_fixed_points.rst", category="§3 Analysis"),
+        table=report("figures/toy_fixed_points.csv", caption="../report/toy_fixed_points.rst", category="2 Analysis (§3)"),
         markdown="figures/toy_fixed_points.md",
         agreement="figures/toy_monte_carlo.csv",
-        claims=report("figures/toy_claims.csv", caption="../report/toy_claims.rst", category="Claims"),
+        claims=report("figures/toy_claims.csv", caption="../report/toy_claims.rst", category="1 Claims"),
         claims_markdown="figures/toy_claims.md",
     params:
         settings=lambda wildcards: json.dumps({"toy": TOY, "claims_rule": config["claims_rule"]}),
