@@ -11,6 +11,7 @@ from snakemake.utils import update_config
 from workflow_helpers import ROOT, job_counts, snakemake
 
 from klstudy import models
+from klstudy.claims import VERDICTS
 
 
 def expected_jobs(config: dict) -> dict:
@@ -26,10 +27,15 @@ def expected_jobs(config: dict) -> dict:
     base_models = {m for s in config["evaluation"]["studies"] for m in config["studies"][s]["models"]}
     div = config["divergence"]
     div_models = div.get("models") or config["studies"][div["study"]]["models"]
+    fixed_points = config["toy"].get("fixed_points", {})  # every key has a default: the two families, MC on tabular
+    monte_carlo = fixed_points.get("monte_carlo", {})
     return {
         "toy_bias_variance": len(config["toy"]["settings"]),
         "toy_unbiasedness": 1,
         "fig01": 1,
+        "toy_fixed_points": len(fixed_points.get("families", ["tabular", "parametric"])),
+        "toy_monte_carlo": 2 * len(monte_carlo.get("families", ["tabular"])),  # on- and off-policy
+        "toy_fixed_points_report": 1,
         "prepare_data": len(config["data"]),
         "base_model": len(config["models"]),
         "train_rl": trained,
@@ -164,7 +170,7 @@ def test_end_to_end_outputs(reduced_run):
     # question's score), K1 in the reward against no KL paired by seed.
     claims = pd.read_csv(workdir / "figures" / "claims.csv").set_index("claim")
     assert sorted(claims.index) == sorted(config["claims"])
-    assert set(claims.verdict) <= {"shown", "not shown", "contradicted"}
+    assert set(claims.verdict) <= set(VERDICTS)
     assert claims.loc["rl_beats_base", "units"] == config["data"]["math_test"]["size"]  # questions
     assert claims.loc["k1_reward_regularises", "runs"] == 2 and claims.loc["k1_reward_regularises", "seeds"] == 1
     results = pd.read_csv(workdir / "results" / "toy" / "apart.csv")
