@@ -555,6 +555,11 @@ def toy_claims(end_points: pd.DataFrame, points: pd.DataFrame, claims: dict, rul
 # ------------------------------------------------------------------------------------------------ figure and tables
 
 STATUS_MARKERS = {"stable": "o", "drifts": ">", "still moving": "d"}
+STATUS_WORDS = {
+    "stable": "exact: stable fixed point (labelled β)",
+    "drifts": "exact: no fixed point, drifts (where stopped)",
+    "still moving": "exact: still moving when stopped",
+}
 
 
 GAP_FLOOR = 1e-12  # J_β(optimum) − J_β(end) below this is drawn at it: on the optimum to rounding error
@@ -576,7 +581,7 @@ def draw(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, secti
 
     families = list(dict.fromkeys(points.family))
     fig, axes = plt.subplots(
-        len(families), 3, figsize=(19, 4.8 * len(families)), squeeze=False, gridspec_kw={"width_ratios": [1, 1, 0.9]}
+        len(families), 3, figsize=(20, 5.6 * len(families)), squeeze=False, gridspec_kw={"width_ratios": [1, 1, 0.9]}
     )
     for row, family in enumerate(families):
         mine = points[points.family == family]
@@ -593,55 +598,66 @@ def draw(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, secti
                     yerr=point.mc_reward_se * np.sqrt(point.seeds), fmt="o", mfc="none", ms=10, capsize=2,
                     color=figures.config_colour(point.config), lw=0.8,
                 )  # fmt: skip
-            kind = "frameworks' per-token KL-loss corrections (several coincide)" if col else "the paper's, K2, no KL"
+            kind = (
+                "frameworks' per-token KL-loss corrections (K1's and K3's coincide: one expected update)"
+                if col
+                else "the paper's configurations, K2, no KL"
+            )
             ax.set_title(f"{family} policy: {kind}", fontsize=10)
             ax.set_xlabel("KL(π ‖ π_ref) at the end point")
             ax.set_ylabel("task reward E_π[R]")
             ax.set_xlim(right=max(3.7, float(mine.kl.max()) + 0.2))
             ax.set_ylim(-0.05, 1.08)
             ax.grid(alpha=0.3)
+            for status, marker in STATUS_MARKERS.items():
+                ax.scatter([], [], color="0.3", marker=marker, s=28, label=STATUS_WORDS[status])
+            ax.errorbar([], [], xerr=[], yerr=[], fmt="o", mfc="none", color="0.3", label="Monte Carlo, mean ± sd")
             ax.legend(fontsize=7, loc="lower right", ncol=2, framealpha=0.9)
         _draw_gaps(axes[row, 2], mine, family, figures)
     reward = section["reward"]
     carlo = section["monte_carlo"]
     fig.suptitle(
         f"Where each KL configuration's training ends, against the optimum of J_β = E[R] − β·KL (toy model, T = "
-        f"{section['length']}, R = 1 with ≥ {reward['threshold']} ones). Exact (float64); Monte Carlo: hollow, mean ± "
-        f"sd of n = {carlo['seeds']} seeds, on-policy, β ∈ {carlo['betas']}",
+        f"{section['length']}, R = 1 with ≥ {reward['threshold']} ones). Exact (float64) at β ∈ "
+        f"{{{', '.join(f'{b:g}' for b in section['betas'])}}}; Monte Carlo (hollow): mean ± sd of n = {carlo['seeds']} "
+        f"seeds, on-policy, at β ∈ {{{', '.join(f'{b:g}' for b in carlo['betas'])}}}",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     figures.save(fig, png)
 
 
 def _draw_gaps(ax, points: pd.DataFrame, family: str, figures) -> None:
+    """J_β(optimum) − J_β(end) against β for the paper's configurations, K2, no KL and TRL's default. End points on
+    the optimum (gap below GAP_FLOOR) are listed, not drawn over each other; configurations with no fixed point at a
+    β are listed under the axes: they have no gap to draw."""
     shown = points[(points.config.str.count("-") == 1) | points.config.isin([kl.NO_KL, "k3-loss-ratio"])]
+    on_optimum, no_fixed_point = [], []
     for config, group in shown.groupby("config", sort=False):
         group = group.sort_values("beta")
-        colour = figures.config_colour(config)
-        gap = group.objective_gap.clip(lower=GAP_FLOOR)
-        stable = group.status == "stable"
-        ax.plot(
-            group.beta[stable],
-            gap[stable],
-            color=colour,
-            marker="o",
-            ms=4,
-            lw=1,
-            label=config if stable.any() else None,
-        )
-        ax.scatter(group.beta[~stable], gap[~stable], color=colour, marker=">", s=28, zorder=3)
-        if not stable.any():
-            ax.plot([], [], color=colour, marker=">", lw=0, label=f"{config} (no fixed point)")
+        stable = group[group.status == "stable"]
+        off = stable[stable.objective_gap >= GAP_FLOOR]
+        if len(off):
+            ax.plot(
+                off.beta, off.objective_gap, color=figures.config_colour(config), marker="o", ms=4, lw=1, label=config
+            )
+        if len(stable) and (stable.objective_gap < GAP_FLOOR).all():
+            on_optimum.append(config)
+        unsettled = group[group.status != "stable"]
+        if len(unsettled):
+            no_fixed_point.append(f"{config} (β {', '.join(f'{b:g}' for b in unsettled.beta)})")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.axhline(GAP_FLOOR, color="0.5", lw=0.8, ls=":")
-    ax.text(ax.get_xlim()[0], GAP_FLOOR * 2, " on the optimum (gap < 1e-12)", fontsize=7, color="0.4", va="bottom")
     ax.set_xlabel("β")
-    ax.set_ylabel("J_β(optimum) − J_β(end point)")
-    ax.set_title(f"{family} policy: distance to the optimum (▶: no fixed point)", fontsize=10)
+    ax.set_ylabel("J_β(family's optimum) − J_β(end point)")
+    ax.set_title(f"{family} policy: distance to the family's optimum", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, title="stable, off the optimum")
+    listed = (
+        f"On the optimum (gap < {GAP_FLOOR:g}) at every β: {', '.join(on_optimum) or 'none'}.\n"
+        f"No fixed point (drifts or still moving): {'; '.join(no_fixed_point) or 'none'}."
+    )
+    ax.text(0.0, -0.22, listed, transform=ax.transAxes, fontsize=7, va="top", wrap=True)
 
 
 def _draw_frontier(ax, front: pd.DataFrame, section: dict, family: str) -> None:
@@ -657,6 +673,9 @@ def _draw_config(ax, config: str, group: pd.DataFrame, figures) -> None:
     colour = figures.config_colour(config)
     stable = group[group.status == "stable"]
     ax.plot(stable.kl, stable.reward, color=colour, lw=0.8, alpha=0.7)
+    for _, point in stable.iterrows():
+        ax.annotate(f"{point.beta:g}", (point.kl, point.reward), textcoords="offset points", xytext=(4, -8), fontsize=6,
+                    color=colour)  # fmt: skip
     for status, at in group.groupby("status"):
         ax.scatter(at.kl, at.reward, color=colour, marker=STATUS_MARKERS[status], s=28, zorder=3)
     others = sorted(set(group.status) - {"stable"})
