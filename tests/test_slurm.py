@@ -109,7 +109,10 @@ def sacct(env) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["job_id", "name", "state", "elapsed", "comment"])
 
 
-SUBMITTED_RULES = ("toy_bias_variance", "train_rl", "evaluate_cell", "evaluate_base", "divergence")
+SUBMITTED_RULES = (
+    "toy_bias_variance", "toy_fixed_points", "toy_monte_carlo",
+    "train_rl", "evaluate_cell", "evaluate_base", "divergence",
+)  # fmt: skip
 
 
 def test_the_documented_commands_run_the_study_through_sbatch_and_equal_a_local_run(cluster, reduced_run, tmp_path):
