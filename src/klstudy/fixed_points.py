@@ -588,7 +588,7 @@ def draw(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, secti
         variants = mine.config.str.count("-") == 2
         for col, rows in enumerate((mine[~variants], mine[variants])):
             ax = axes[row, col]
-            _draw_frontier(ax, fronts[fronts.family == family], section, family)
+            _draw_frontier(ax, fronts, section, family)
             for config, group in rows.groupby("config", sort=False):
                 _draw_config(ax, config, group.sort_values("beta"), figures)
             mc = agreed[(agreed.family == family) & (agreed["mode"] == "on-policy") & agreed.config.isin(rows.config)]
@@ -660,11 +660,16 @@ def _draw_gaps(ax, points: pd.DataFrame, family: str, figures) -> None:
     ax.text(0.0, -0.22, listed, transform=ax.transAxes, fontsize=7, va="top", wrap=True)
 
 
-def _draw_frontier(ax, front: pd.DataFrame, section: dict, family: str) -> None:
-    front = front.sort_values("kl")
+def _draw_frontier(ax, fronts: pd.DataFrame, section: dict, family: str) -> None:
+    """The family's frontier; beside the parametric one, the tabular family's, which is the unconstrained π*_β's
+    (taken from ``fronts`` when the tabular family was run, else computed: it is exact and cheap)."""
+    front = fronts[fronts.family == family].sort_values("kl")
     ax.plot(front.kl, front.reward, color="black", lw=2, alpha=0.35, label="optimum of J_β over β (frontier)")
     if family == "parametric":
-        tabular = frontier(family_of(section, "tabular"), section["reward"], frontier_betas(section)).sort_values("kl")
+        tabular = fronts[fronts.family == "tabular"]
+        if tabular.empty:
+            tabular = frontier(family_of(section, "tabular"), section["reward"], frontier_betas(section))
+        tabular = tabular.sort_values("kl")
         ax.plot(tabular.kl, tabular.reward, color="black", lw=1, ls=":", alpha=0.5, label="unconstrained optimum π*_β")
 
 
