@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from klstudy import kl
+from klstudy import kl, toy
 
 DTYPE = torch.float64
 FAMILIES = ("tabular", "parametric")
@@ -71,11 +71,6 @@ def task_reward(sequences: torch.Tensor, reward: dict) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------ the two families
 
 
-def _all_sequences(length: int) -> torch.Tensor:
-    codes = torch.arange(2**length).unsqueeze(-1)
-    return ((codes >> torch.arange(length)) & 1).to(DTYPE)
-
-
 @dataclass(frozen=True)
 class Family:
     """A policy family over binary sequences of length ``length`` with the reference p_t = σ(a_ref + b_ref·c_{t−1}).
@@ -94,11 +89,11 @@ class Family:
     @cached_property
     def sequences(self) -> torch.Tensor:
         """Every sequence, (2^T, T); sampled sequences are indices into it."""
-        return _all_sequences(self.length)
+        return toy.all_sequences(self.length)
 
     @cached_property
     def _counts(self) -> torch.Tensor:
-        return torch.cumsum(self.sequences, -1) - self.sequences  # c_{t−1}: ones strictly before t
+        return toy.counts_before(self.sequences)  # c_{t−1}: ones strictly before t
 
     @cached_property
     def _prefix_index(self) -> torch.Tensor:
@@ -129,7 +124,7 @@ class Family:
         """log π(y_t | y_<t) of every token of every sequence: (..., 2^T, T)."""
         logits = self.token_logits(theta)
         y = self.sequences
-        return y * torch.nn.functional.logsigmoid(logits) + (1 - y) * torch.nn.functional.logsigmoid(-logits)
+        return toy.bernoulli_logprobs(logits, y)
 
     def reference_logprobs(self) -> torch.Tensor:
         return self.token_logprobs(self.reference_theta())
@@ -197,9 +192,6 @@ class ObjectiveAscent:
         (grad,) = torch.autograd.grad(_objective(self.family, theta, self.rewards, self.beta).sum(), theta)
         return grad
 
-    def jacobian(self, theta: torch.Tensor) -> torch.Tensor:
-        return jacobian(self, theta)
-
 
 def _tabular_theta(family: Family, seq_logp: torch.Tensor) -> torch.Tensor:
     """Each prefix's logit log P(prefix, 1) − log P(prefix, 0) under a distribution over the sequences."""
@@ -236,9 +228,6 @@ class ExpectedUpdate:
         (grad,) = torch.autograd.grad((weights * loss).sum() / self.family.length, theta)
         return -grad
 
-    def jacobian(self, theta: torch.Tensor) -> torch.Tensor:
-        return jacobian(self, theta)
-
 
 def jacobian(field, theta: torch.Tensor, step: float = 1e-6) -> torch.Tensor:
     """∂field/∂θ by central differences, every column in one batched call. Not autograd: u(θ) is built from
@@ -256,7 +245,7 @@ def _newton(update, theta: torch.Tensor, iterations: int = 40) -> tuple[torch.Te
     value = update(theta)
     for _ in range(iterations):
         try:
-            step = torch.linalg.solve(update.jacobian(theta), value)
+            step = torch.linalg.solve(jacobian(update, theta), value)
         except RuntimeError:  # singular: no isolated zero here
             return theta, False
         if not torch.isfinite(step).all():
@@ -284,7 +273,7 @@ def _saturated(family: Family, theta: torch.Tensor) -> bool:
 
 def is_stable(update: ExpectedUpdate, theta: torch.Tensor) -> bool:
     """Every eigenvalue of ∂u/∂θ has a negative real part: the expected update's flow is drawn to θ."""
-    return bool(torch.linalg.eigvals(update.jacobian(theta)).real.max() < 0)
+    return bool(torch.linalg.eigvals(jacobian(update, theta)).real.max() < 0)
 
 
 def follow(update, theta: torch.Tensor, flow: dict) -> tuple[torch.Tensor, str]:

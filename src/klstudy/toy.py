@@ -47,10 +47,14 @@ class ToySetting:
     b_ref: float
 
 
+def bernoulli_logprobs(logits, y):
+    """log p(y_t) of binary tokens y under Bernoulli(σ(logits)), stable for large logits."""
+    return y * torch.nn.functional.logsigmoid(logits) + (1 - y) * torch.nn.functional.logsigmoid(-logits)
+
+
 def token_logprobs(a, b, y, counts):
     """log p(y_t | c_{t-1}) for each token; a and b broadcast against y."""
-    logits = a + b * counts
-    return y * torch.nn.functional.logsigmoid(logits) + (1 - y) * torch.nn.functional.logsigmoid(-logits)
+    return bernoulli_logprobs(a + b * counts, y)
 
 
 def counts_before(y):
