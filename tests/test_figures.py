@@ -266,3 +266,83 @@ def test_a_config_without_claims_gets_a_forest_that_says_so(config):
     fig = figures.draw_claims_forest(claims_rows("shown").iloc[:0], config)
     assert "the config names no claims" in texts(fig)
     plt.close(fig)
+
+
+def test_a_panel_title_counts_its_claims_verdicts(config, tables):
+    """A difference the eye sees is read beside the rule's count: 'claims: 0 of 3 shown', the closest by z/critical."""
+    fig = figures.draw_paper_figure("fig13_regularisation", config, tables, claims_rows("not shown"))
+    (ax,) = data_axes(fig)
+    assert "claims: 0 of 3 shown (closest not shown: z 5 of 3)" in ax.get_title()
+    plt.close(fig)
+    claims = claims_rows("not shown")
+    claims.loc[1, "verdict"] = "shown"
+    claims.loc[2, "verdict"] = "contradicted"
+    fig = figures.draw_paper_figure("fig13_regularisation", config, tables, claims)
+    assert "claims: 1 of 3 shown, 1 contradicted (closest not shown: z 3 of 31.8)" in data_axes(fig)[0].get_title()
+    plt.close(fig)
+    plain = figures.draw_paper_figure("fig13_regularisation", config, tables)
+    assert "claims:" not in data_axes(plain)[0].get_title()  # no claims table, no count
+    plt.close(plain)
+
+
+def filled_markers(ax) -> list:
+    """The point markers drawn filled (an error bar's caps are markers too: "_")."""
+    return [line for line in ax.lines if line.get_marker() not in (None, "None", "", "_", "|") and
+            line.get_markerfacecolor() != "white"]  # fmt: skip
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_fig13_fills_only_the_points_the_claims_table_shows(config, tables, shown):
+    """K3 in the loss ends far below no KL in means (0.2 against 1.0): hollow all the same, since no claim shows it;
+    K1 in the reward at β = 0.1 filled, with its verdict beside it, only where its claim is shown."""
+    claims = claims_rows("not shown")
+    if shown:
+        claims.loc[1, "verdict"] = "shown"
+    fig = figures.draw_paper_figure("fig13_regularisation", config, tables, claims)
+    (ax,) = data_axes(fig)
+    filled = filled_markers(ax)
+    if shown:
+        assert len(filled) == 1 and filled[0].get_color() == figures.config_colour("k1-reward")
+        assert filled[0].get_xdata()[0] == pytest.approx(0.1, rel=0.1)
+        assert [t.get_text() for t in ax.texts] == ["shown"]
+    else:
+        assert filled == [] and not ax.texts
+    assert "hollow: it does not" in texts(fig)
+    plt.close(fig)
+
+
+def test_a_bar_too_short_to_see_carries_its_value(config, tables):
+    """The base model without its chat template scores 0 on every task: each of its bars is labelled, no other is."""
+    fig = figures.draw_paper_figure("fig05_eval_k1_reward_vs_k3_loss", config, tables)
+    for ax in data_axes(fig):
+        labels = [t.get_text() for t in ax.texts]
+        assert labels == ["0"] * len(TASKS), ax.get_title()
+    plt.close(fig)
+
+
+def test_a_crowded_panel_draws_no_raw_steps(config, tables):
+    """Five lines with a band each and their raw steps hide one another: past RAW_LINES_UP_TO lines, bands alone."""
+    window, grid = 5, figures.beta_grid(config)
+    training = tables["training"]
+    for kls, raw in ((["none", "k1-reward", "k1-loss", "k3-reward", "k3-loss"], False), (["none", "k1-reward"], True)):
+        fig, ax = plt.subplots()
+        rows = training[training.kl.isin(kls) & training.beta.isin([0.0, 1.0])]
+        figures.step_curves(ax, rows, "task_reward", window, grid)
+        thin = [line for line in ax.lines if line.get_label().startswith("_")]
+        assert len(thin) == (len(kls) if raw else 0)
+        assert len(ax.collections) == len(kls)  # a band for every line either way
+        plt.close(fig)
+
+
+def test_the_forest_says_why_an_interval_spans_the_axis_and_names_a_margin_z(config):
+    claims = claims_rows("not shown")
+    fig = figures.draw_claims_forest(claims, config)
+    seen = texts(fig)
+    assert "An arrow: the interval runs past the panel" in seen and "(n = 2: ± 31.8 se)" in seen
+    assert "not shown margin z 5 / 3 n 2" in seen  # the same claim's z is its distance inside the margin
+    assert "not shown z 3 / 31.8 n 2" in seen
+    plt.close(fig)
+    narrow = claims.assign(se=0.001, critical=3.0)  # every interval inside its panel: no arrow, no note
+    fig = figures.draw_claims_forest(narrow, config)
+    assert "An arrow" not in texts(fig)
+    plt.close(fig)

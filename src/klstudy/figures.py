@@ -175,9 +175,9 @@ def _dodge(index: int, count: int, width: float) -> float:
     return (index - (count - 1) / 2) * width / max(count, 1)
 
 
-def _band(ax, x, mean, se, colour) -> None:
+def _band(ax, x, mean, se, colour, alpha: float = 0.18) -> None:
     mean, se = np.asarray(mean, dtype=float), np.asarray(se, dtype=float)
-    ax.fill_between(x, mean - se, mean + se, color=colour, alpha=0.18, linewidth=0)
+    ax.fill_between(x, mean - se, mean + se, color=colour, alpha=alpha, linewidth=0)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -225,6 +225,25 @@ def panel_claims(claims: pd.DataFrame | None, panel: dict, config: dict) -> pd.D
     kls = panel.get("kl", config["studies"][panel["study"]]["kl"])
     rows = claims[(claims.study == panel["study"]) & (claims.metric == metric) & claims.candidate.isin(kls)]
     return rows[rows.model == panel["model"]] if "model" in rows else rows
+
+
+def verdicts_text(rows: pd.DataFrame) -> str:
+    """A panel's title line from the claims table's verdicts on it, 'claims: 0 of 4 shown (closest not shown: z 4.9
+    of 31.8)', so that a difference the eye sees between bars or points is read beside what the rule says of it."""
+    if rows.empty:
+        return ""
+    judged = rows[rows.verdict.isin(VERDICT_COLOURS)]  # shown, not shown, contradicted: the rows with a test
+    if judged.empty:
+        return f"claims: none of {len(rows)} testable here"
+    contradicted = (judged.verdict == "contradicted").sum()
+    counts = f"{(judged.verdict == 'shown').sum()} of {len(judged)} shown"
+    counts += f", {contradicted} contradicted" if contradicted else ""
+    unshown = judged[(judged.verdict == "not shown") & judged.z.notna() & (judged.critical > 0)]
+    closest = ""
+    if len(unshown):
+        row = unshown.loc[(unshown.z / unshown.critical).idxmax()]
+        closest = f" (closest not shown: z {_number(row.z)} of {_number(row.critical, 3)})"
+    return f"claims: {counts}{closest}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -418,13 +437,14 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         groups.append((label, rows, style))
     drawn = Drawn("accuracy", unit="bar")
     width = 0.8 / max(len(groups), 1)
-    any_value = False
+    any_value, drawn_bars = False, []
     for g, (label, rows, style) in enumerate(groups):
         stats = [mean_and_se(r.mean_at_k, r.stderr) for r in (rows[rows.task == task] for task in tasks)]
         x = [t + _dodge(g, len(groups), 0.8) for t in range(len(tasks))]
         heights = [s[0] for s in stats]
         ax.bar(x, heights, width, yerr=[s[1] for s in stats], linewidth=0.5, capsize=2, label=label,
                error_kw={"elinewidth": 1}, **style)  # fmt: skip
+        drawn_bars += [(xi, mean, se) for xi, (mean, se, _) in zip(x, stats, strict=True)]
         if not label.startswith("base"):
             drawn.seeds.update(s[2] for s in stats if s[2])
         for xi, (mean, _, _) in zip(x, stats, strict=True):
@@ -432,6 +452,7 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                 ax.text(xi, 0.005, "n/a", rotation=90, ha="center", va="bottom", fontsize=6)
             else:
                 any_value = True
+    _label_short_bars(ax, drawn_bars)
     ax.set_xticks(range(len(tasks)), [t.replace("mmlu_college_", "MMLU ") for t in tasks], rotation=20, fontsize=8)
     ax.set_ylabel(f"mean@{config['evaluation']['k']} accuracy")
     ax.grid(alpha=0.3, axis="y")
@@ -440,6 +461,19 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     if not drawn.seeds:
         drawn.n_text = "n = 1 evaluation of the base model; no trained run evaluated yet"
     return drawn
+
+
+SHORT_BAR = 0.04  # of the panel's tallest bar: a bar this short carries its value, or the eye misses it
+
+
+def _label_short_bars(ax, bars: list[tuple[float, float, float]]) -> None:
+    """Write the value above each bar (x, height, se) shorter than SHORT_BAR of the tallest, over its error bar (a base
+    model without its chat template scores near 0: its bar is a line on the axis)."""
+    top = max([h for _, h, _ in bars if np.isfinite(h)] or [0.0])
+    for x, height, se in bars:
+        if top > 0 and np.isfinite(height) and height < SHORT_BAR * top:
+            y = height + (se if np.isfinite(se) else 0.0) + 0.01 * top
+            ax.text(x, y, f"{height:.2g}", rotation=90, ha="center", va="bottom", fontsize=6)
 
 
 def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
@@ -488,14 +522,22 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             ax.axhspan(mean - se, mean + se, color="black", alpha=0.1, linewidth=0)
         drawn.seeds.add(n)
     configs = [k for k in dict.fromkeys(final.kl) if k != NO_KL]
+    claims = tables.get("claims")
     for i, kl_config in enumerate(configs):
         rows = final[final.kl == kl_config]
         stats = _seed_stats(rows, "beta", "kl_k3", "kl_k3_stderr")
         factor = 10 ** _dodge(i, len(configs), 0.12)  # dodged sideways on the log axis
         style = {**style_of(kl_config), "linestyle": "-"}
+        if claims is not None:  # hollow unless the claims table shows this point apart from no KL
+            style["markerfacecolor"] = "white"
         ax.errorbar(stats.beta * factor, stats["mean"], yerr=stats.se, capsize=3, label=kl_label(kl_config), **style)
         ax.scatter(rows.beta * factor, rows.kl_k3, s=8, alpha=0.5, color=style["color"], zorder=3)
+        if claims is not None:
+            _mark_verdicts(ax, stats.assign(x=stats.beta * factor), claims, kl_config, style)
         drawn.seeds.update(stats.n)
+    if claims is not None and configs:
+        drawn.notes.append("a filled marker: the claims table shows that configuration's KL apart from no KL's at "
+                           "that β (verdict beside it); hollow: it does not (not shown, not testable or no claim)")
     if final.empty:
         drawn.empty = "no run of this panel has logged a KL yet"
         return drawn
@@ -510,12 +552,32 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     return drawn
 
 
+# A panel of more lines than this draws no thin per-step lines, and lighter bands: five or more overlapping bands
+# with their raw steps over them hide every line (a reviewer could not read the training reward row).
+RAW_LINES_UP_TO = 3
+
+
+def _mark_verdicts(ax, stats: pd.DataFrame, claims: pd.DataFrame, kl_config: str, style: dict) -> None:
+    """Fill the marker of each β at which a claim of this configuration against no KL is shown, and write the verdict
+    of any shown or contradicted one beside its point."""
+    against_none = claims[(claims.candidate == kl_config) & (claims.baseline == NO_KL)]
+    for point in stats.itertuples():
+        verdicts = set(against_none[np.isclose(against_none.beta.astype(float), point.beta)].verdict)
+        decided = [v for v in ("shown", "contradicted") if v in verdicts]
+        if "shown" in decided:
+            ax.plot(point.x, point.mean, linestyle="", marker=style["marker"], color=style["color"], zorder=4)
+        if decided:
+            ax.annotate(" / ".join(decided), (point.x, point.mean), xytext=(6, 4), textcoords="offset points",
+                        fontsize=7, color=VERDICT_COLOURS[decided[0]])  # fmt: skip
+
+
 def step_curves(ax, rows: pd.DataFrame, column: str, window: int, grid: list[float], dodge_width: float = 0.0):
     """Per configuration × β: a logged per-step column as each run's trailing mean over ``window`` steps
-    (aggregate.trailing_mean), then the mean over seeds ± 1 se (thick, labelled, with a band), and each step as logged,
-    the mean over seeds (thin); returns the seeds per line."""
+    (aggregate.trailing_mean), then the mean over seeds ± 1 se (thick, labelled, with a band), and, in a panel of at
+    most RAW_LINES_UP_TO lines, each step as logged, the mean over seeds (thin); returns the seeds per line."""
     seeds = set()
     lines = list(rows.groupby(["kl", "beta"], sort=False))
+    crowded = len(lines) > RAW_LINES_UP_TO
     for i, ((kl_config, beta), runs) in enumerate(lines):
         smoothed = pd.concat(
             [trailing_mean(run, column, window).assign(seed=seed) for seed, run in runs.groupby("seed")],
@@ -528,12 +590,14 @@ def step_curves(ax, rows: pd.DataFrame, column: str, window: int, grid: list[flo
         offset = _dodge(i, len(lines), dodge_width)
         x = stats.step + offset
         ax.plot(x, stats["mean"], label=kl_label(kl_config, None if kl_config == NO_KL else beta), **style)
-        _band(ax, x, stats["mean"], stats.se, style["color"])
+        _band(ax, x, stats["mean"], stats.se, style["color"], alpha=0.08 if crowded else 0.18)
+        seeds.update(stats.n)
+        if crowded:
+            continue
         # each step as logged (mean over seeds), thin: a spike the window spreads over several steps stays visible
         raw = pd.concat([step_values(run, column).rename("value").reset_index() for _, run in runs.groupby("seed")])
         raw = raw.dropna().groupby("step").value.mean()
         ax.plot(raw.index + offset, raw.to_numpy(), color=style["color"], linewidth=0.6, alpha=0.45)
-        seeds.update(stats.n)
     return seeds
 
 
@@ -608,20 +672,24 @@ def coinciding(ax) -> list[str]:
 
 
 def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claims) -> list[str]:
-    """Draw each panel; titles carry the panel's n; returns the footnote's lines about claims and panels."""
-    drawn = [PANELS[panel["kind"]](ax, panel, config, tables) for ax, panel in zip(axes, panels, strict=True)]
+    """Draw each panel (given the claims table, each panel function sees its rows as tables["claims"]); titles carry
+    the panel's n and a count of its claims' verdicts; returns the footnote's lines about claims and panels."""
+    about = [panel_claims(claims, panel, config) if claims is not None else None for panel in panels]
+    drawn = [PANELS[panel["kind"]](ax, panel, config, {**tables, "claims": rows})
+             for ax, panel, rows in zip(axes, panels, about, strict=True)]  # fmt: skip
     _share_y(axes, drawn)
     lines, listed, notes = [], set(), []
-    for ax, panel, d in zip(axes, panels, drawn, strict=True):
+    for ax, panel, d, rows in zip(axes, panels, drawn, about, strict=True):
         title = panel.get("title", panel["study"])
         if ax.get_title():
             title = f"{title}: {ax.get_title()}"
-        ax.set_title("\n".join(filter(None, [title, d.n_text or _seeds_text(d.seeds, d.unit)])), fontsize=9)
+        verdicts = "" if rows is None or d.empty else verdicts_text(rows)
+        ax.set_title("\n".join(filter(None, [title, d.n_text or _seeds_text(d.seeds, d.unit), verdicts])), fontsize=9)
         if d.empty:
             say_why_empty(ax, d.empty)
         else:
             notes += [f"{title}: {note}." for note in d.notes if f"{title}: {note}." not in notes]
-        for row in panel_claims(claims, panel, config).to_dict("records"):
+        for row in (rows if rows is not None else panel_claims(None, panel, config)).to_dict("records"):
             line = claim_line(row)
             if line not in listed:
                 listed.add(line)
@@ -709,8 +777,9 @@ def draw_training_figure(study: str, config: dict, tables: dict):
     footnote(
         fig,
         [f"Thick lines: each run's value at a step is the mean of its last {window} logged steps up to it (the window "
-         "that defines the end of training), with that mean's error from their spread; thin lines: each step as "
-         "logged (mean over seeds); thick lines and bands: the "
+         "that defines the end of training), with that mean's error from their spread; thin lines, in panels of at "
+         f"most {RAW_LINES_UP_TO} lines (more hide one another): each step as logged (mean over seeds); thick lines and "
+         "bands: the "
          f"{UNCERTAINTY}. A run with one seed has no band over its first two steps (under three steps, no error). "
          "Lines are dodged sideways by up to 0.15 steps so that equal values do not hide each other. "
          "Rewards logged only on the first update of a batch (several updates per batch) are drawn where logged.",
@@ -768,8 +837,8 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict):
     heights = [len(rows) + 1.2 for _, rows in groups] or [1]
     fig, axes = plt.subplots(len(heights), 1, figsize=(12, 0.3 * sum(heights) + 1.6), squeeze=False,
                              height_ratios=heights, layout="constrained")  # fmt: skip
-    for ax, (key, rows) in zip(axes[:, 0], groups, strict=False):  # no claims: one empty panel, said below
-        _forest_panel(ax, key, rows)
+    clipped = pd.concat([_forest_panel(ax, key, rows) for ax, (key, rows) in zip(axes[:, 0], groups, strict=False)]
+                        or [claims.iloc[:0]])  # no claims: one empty panel, said below  # fmt: skip
     if not groups:
         say_why_empty(axes[0, 0], "the config names no claims")
     handles = [plt.Line2D([], [], color=c, marker="o", linestyle="-", label=v) for v, c in VERDICT_COLOURS.items()]
@@ -785,7 +854,10 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict):
          "direction is to the right of 0. Thick bar: ± 1 se; thin line: effect ± critical·se, as the claims table's "
          "verdict rule reads it "
          "(figures/claims.csv; its caption gives the rule). Right: verdict, z against its critical value, and n, the "
-         "paired units."],
+         "paired units. A claim of no difference (green band: ± its margin) is shown when the whole interval lies "
+         "inside the band; its z (\"margin z\") is (margin − |effect|)/se, the standard errors by which the effect "
+         "lies inside the margin.",
+         clipped_text(clipped)],
         12,
     )  # fmt: skip
     return fig
@@ -796,8 +868,22 @@ def claims_forest(claims: pd.DataFrame, config: dict, png: Path) -> None:
     save(draw_claims_forest(claims, config), png)
 
 
-def _forest_panel(ax, key: str, rows: pd.DataFrame) -> None:
+def clipped_text(clipped: pd.DataFrame) -> str:
+    """The footnote's line on intervals that run past their panel (arrows): how wide the rule's interval is at their
+    n, so that an axis-wide line reads as what few seeds allow, not as a drawing error."""
+    if clipped.empty:
+        return ""
+    widths = "; ".join(f"n = {int(n)}: ± {_number(c, 3)} se" for n, c in
+                       clipped.groupby("units").critical.min().items())  # fmt: skip
+    return ("An arrow: the interval runs past the panel (which spans every effect ± 3 se). The rule's interval "
+            f"is effect ± critical·se, with critical the larger of min_z and Student's t at n − 1 degrees of freedom "
+            f"({widths}): with so few units it spans the axis, and only an effect that many se from 0 can be shown.")
+
+
+def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
+    """One metric's claims (see draw_claims_forest); returns the rows whose interval runs past the panel."""
     metric, _, trend = key.partition(" ")
+    clipped = []
     signed = [_signed(row) for row in rows.to_dict("records")]
     spans = [abs(x) + 3 * se for (x, _, _), se in zip(signed, rows.se.fillna(0), strict=True)]  # to 3 se
     spans += [m for _, _, m in signed]
@@ -813,10 +899,12 @@ def _forest_panel(ax, key: str, rows: pd.DataFrame) -> None:
             for end, edge, marker in ((x - half, -limit, "<"), (x + half, limit, ">")):
                 if abs(end) > limit and np.sign(end) == np.sign(edge):
                     ax.plot(edge, y, marker=marker, color=colour, markersize=6)
+                    clipped.append(y)
             ax.plot(x, y, "o", color=colour)
         elif pd.notna(x):
             ax.plot(max(min(x, limit), -limit), y, "o", color=colour, markerfacecolor="white")
-        score = "" if pd.isna(row["z"]) else f"   z {_number(row['z'])} / {_number(row['critical'], 3)}"
+        z_name = "margin z" if row.get("predicted") == "same" else "z"
+        score = "" if pd.isna(row["z"]) else f"   {z_name} {_number(row['z'])} / {_number(row['critical'], 3)}"
         text = f"{row['verdict']}{score}   n {row.get('units', '')}"
         ax.annotate(text, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=7, color=colour)
     ax.axvline(0, color="black", linewidth=0.8)
@@ -826,6 +914,7 @@ def _forest_panel(ax, key: str, rows: pd.DataFrame) -> None:
     unit = CLAIM_METRIC_UNITS.get(metric, metric)
     ax.set_title(f"{unit}{': slope per decade of β' if trend else ''}", fontsize=9, loc="left")
     ax.grid(alpha=0.3, axis="x")
+    return rows.iloc[sorted(set(clipped))]
 
 
 def _claim_label(row) -> str:
