@@ -536,8 +536,10 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             _mark_verdicts(ax, stats.assign(x=stats.beta * factor), claims, kl_config, style)
         drawn.seeds.update(stats.n)
     if claims is not None and configs:
-        drawn.notes.append("a filled marker: the claims table shows that configuration's KL apart from no KL's at "
-                           "that β (verdict beside it); hollow: it does not (not shown, not testable or no claim)")
+        drawn.notes.append(
+            "a filled marker: the claims table shows that configuration's KL apart from no KL's at "
+            "that β (verdict beside it); hollow: it does not (not shown, not testable or no claim)"
+        )
     if final.empty:
         drawn.empty = "no run of this panel has logged a KL yet"
         return drawn
@@ -778,8 +780,8 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         fig,
         [f"Thick lines: each run's value at a step is the mean of its last {window} logged steps up to it (the window "
          "that defines the end of training), with that mean's error from their spread; thin lines, in panels of at "
-         f"most {RAW_LINES_UP_TO} lines (more hide one another): each step as logged (mean over seeds); thick lines and "
-         "bands: the "
+         f"most {RAW_LINES_UP_TO} lines (more hide one another): each step as logged (mean over seeds); thick lines "
+         "and bands: the "
          f"{UNCERTAINTY}. A run with one seed has no band over its first two steps (under three steps, no error). "
          "Lines are dodged sideways by up to 0.15 steps so that equal values do not hide each other. "
          "Rewards logged only on the first update of a batch (several updates per batch) are drawn where logged.",
@@ -875,9 +877,11 @@ def clipped_text(clipped: pd.DataFrame) -> str:
         return ""
     widths = "; ".join(f"n = {int(n)}: ± {_number(c, 3)} se" for n, c in
                        clipped.groupby("units").critical.min().items())  # fmt: skip
-    return ("An arrow: the interval runs past the panel (which spans every effect ± 3 se). The rule's interval "
-            f"is effect ± critical·se, with critical the larger of min_z and Student's t at n − 1 degrees of freedom "
-            f"({widths}): with so few units it spans the axis, and only an effect that many se from 0 can be shown.")
+    return (
+        "An arrow: the interval runs past the panel (which spans every effect ± 3 se). The rule's interval "
+        f"is effect ± critical·se, with critical the larger of min_z and Student's t at n − 1 degrees of freedom "
+        f"({widths}): with so few units it spans the axis, and only an effect that many se from 0 can be shown."
+    )
 
 
 def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
