@@ -346,3 +346,14 @@ def test_the_forest_says_why_an_interval_spans_the_axis_and_names_a_margin_z(con
     fig = figures.draw_claims_forest(narrow, config)
     assert "An arrow" not in texts(fig)
     plt.close(fig)
+
+
+def test_a_panel_of_one_beta_counts_that_betas_claims(config, tables):
+    """fig05 draws β = 0.1 and β = 1 apart: each panel's title counts the claims at its own β only."""
+    claims = claims_rows("not shown").iloc[:2].assign(metric="evaluation", candidate="k1-reward", baseline="k3-loss",
+                                                       predicted="higher", beta=[0.1, 1.0])  # fmt: skip
+    claims.loc[1, "verdict"] = "shown"
+    fig = figures.draw_paper_figure("fig05_eval_k1_reward_vs_k3_loss", config, tables, claims)
+    titles = [ax.get_title() for ax in data_axes(fig)]
+    assert "claims: 0 of 1 shown" in titles[0] and "claims: 1 of 1 shown" in titles[1]
+    plt.close(fig)

@@ -222,8 +222,11 @@ def panel_claims(claims: pd.DataFrame | None, panel: dict, config: dict) -> pd.D
     if claims is None or claims.empty:
         return pd.DataFrame(columns=CLAIM_COLUMNS)
     metric = panel.get("metric") if panel["kind"] == "divergence" else PANEL_METRICS.get(panel["kind"])
-    kls = panel.get("kl", config["studies"][panel["study"]]["kl"])
+    spec = config["studies"][panel["study"]]
+    kls, betas = panel.get("kl", spec["kl"]), [float(b) for b in panel.get("betas", spec["betas"])]
     rows = claims[(claims.study == panel["study"]) & (claims.metric == metric) & claims.candidate.isin(kls)]
+    beta = pd.to_numeric(rows.beta, errors="coerce")
+    rows = rows[beta.isna() | (beta == 0) | beta.isin(betas)]  # a panel of one β: that β's claims (and trends)
     return rows[rows.model == panel["model"]] if "model" in rows else rows
 
 
