@@ -294,7 +294,7 @@ def filled_markers(ax) -> list:
 @pytest.mark.parametrize("shown", [False, True])
 def test_fig13_fills_only_the_points_the_claims_table_shows(config, tables, shown):
     """K3 in the loss ends far below no KL in means (0.2 against 1.0): hollow all the same, since no claim shows it;
-    K1 in the reward at β = 0.1 filled, with its verdict beside it, only where its claim is shown."""
+    K1 in the reward at β = 0.1 filled only where its claim is shown; a contradicted claim named beside its point."""
     claims = claims_rows("not shown")
     if shown:
         claims.loc[1, "verdict"] = "shown"
@@ -304,10 +304,14 @@ def test_fig13_fills_only_the_points_the_claims_table_shows(config, tables, show
     if shown:
         assert len(filled) == 1 and filled[0].get_color() == figures.config_colour("k1-reward")
         assert filled[0].get_xdata()[0] == pytest.approx(0.1, rel=0.1)
-        assert [t.get_text() for t in ax.texts] == ["shown"]
+        assert not ax.texts  # the fill says it
     else:
         assert filled == [] and not ax.texts
     assert "hollow: it does not" in texts(fig)
+    plt.close(fig)
+    claims.loc[2, "verdict"] = "contradicted"  # K1 in the loss at β = 0.1 against no KL
+    fig = figures.draw_paper_figure("fig13_regularisation", config, tables, claims)
+    assert [t.get_text() for t in data_axes(fig)[0].texts] == ["contradicted"]
     plt.close(fig)
 
 

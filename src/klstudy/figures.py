@@ -541,7 +541,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     if claims is not None and configs:
         drawn.notes.append(
             "a filled marker: the claims table shows that configuration's KL apart from no KL's at "
-            "that β (verdict beside it); hollow: it does not (not shown, not testable or no claim)"
+            "that β; hollow: it does not (not shown, not testable or no claim); a contradicted claim is named beside "
+            "its point"
         )
     if final.empty:
         drawn.empty = "no run of this panel has logged a KL yet"
@@ -563,17 +564,16 @@ RAW_LINES_UP_TO = 3
 
 
 def _mark_verdicts(ax, stats: pd.DataFrame, claims: pd.DataFrame, kl_config: str, style: dict) -> None:
-    """Fill the marker of each β at which a claim of this configuration against no KL is shown, and write the verdict
-    of any shown or contradicted one beside its point."""
+    """Fill the marker of each β at which a claim of this configuration against no KL is shown; write "contradicted"
+    beside a point a claim contradicts (rare, and a fill cannot say it)."""
     against_none = claims[(claims.candidate == kl_config) & (claims.baseline == NO_KL)]
     for point in stats.itertuples():
         verdicts = set(against_none[np.isclose(against_none.beta.astype(float), point.beta)].verdict)
-        decided = [v for v in ("shown", "contradicted") if v in verdicts]
-        if "shown" in decided:
+        if "shown" in verdicts:
             ax.plot(point.x, point.mean, linestyle="", marker=style["marker"], color=style["color"], zorder=4)
-        if decided:
-            ax.annotate(" / ".join(decided), (point.x, point.mean), xytext=(6, 4), textcoords="offset points",
-                        fontsize=7, color=VERDICT_COLOURS[decided[0]])  # fmt: skip
+        if "contradicted" in verdicts:
+            ax.annotate("contradicted", (point.x, point.mean), xytext=(6, 4), textcoords="offset points", fontsize=7,
+                        color=VERDICT_COLOURS["contradicted"])  # fmt: skip
 
 
 def step_curves(ax, rows: pd.DataFrame, column: str, window: int, grid: list[float], dodge_width: float = 0.0):
