@@ -883,7 +883,7 @@ def clipped_text(clipped: pd.DataFrame) -> str:
     return (
         "An arrow: the interval runs past the panel (which spans every effect ± 3 se). The rule's interval "
         f"is effect ± critical·se, with critical the larger of min_z and Student's t at n − 1 degrees of freedom "
-        f"({widths}): with so few units it spans the axis, and only an effect that many se from 0 can be shown."
+        f"({widths}): the fewer the units, the wider it is, and only an effect that many se from 0 can be shown."
     )
 
 
