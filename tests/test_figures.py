@@ -256,7 +256,7 @@ def test_lines_that_lie_on_one_another_are_named(config, tables):
     flat = tables["training"].assign(task_reward=0.0)
     fig = figures.draw_training_figure("onpolicy", config, {**tables, "training": flat})
     seen = texts(fig)
-    assert "training reward (batch mean), β = 0.1: no KL (β = 0), K1 in reward, β = 0.1" in seen
+    assert "task reward (batch mean, no KL term), β = 0.1: no KL (β = 0), K1 in reward, β = 0.1" in seen
     assert "lie on one line (0 at every step)" in seen
     assert "gradient norm (before clipping), β" not in seen  # distinct lines are not named
     plt.close(fig)
@@ -287,8 +287,13 @@ def test_a_panel_title_counts_its_claims_verdicts(config, tables):
 
 def filled_markers(ax) -> list:
     """The point markers drawn filled (an error bar's caps are markers too: "_")."""
-    return [line for line in ax.lines if line.get_marker() not in (None, "None", "", "_", "|") and
-            line.get_markerfacecolor() != "white"]  # fmt: skip
+    return [
+        line
+        for line in ax.lines
+        if line.get_marker() not in (None, "None", "", "_", "|")
+        and line.get_markerfacecolor() != "white"
+        and len(line.get_xdata())
+    ]  # fmt: skip (no legend proxies)
 
 
 @pytest.mark.parametrize("shown", [False, True])
@@ -342,7 +347,7 @@ def test_the_forest_says_why_an_interval_spans_the_axis_and_names_a_margin_z(con
     claims = claims_rows("not shown")
     fig = figures.draw_claims_forest(claims, config)
     seen = texts(fig)
-    assert "An arrow: the interval runs past the panel" in seen and "(n = 2: ± 31.8 se)" in seen
+    assert "An arrow: the interval runs past the panel" in seen and "(2 seeds: ± 31.8 se)" in seen
     assert "not shown margin z 5 / 3 n 2" in seen  # the same claim's z is its distance inside the margin
     assert "not shown z 3 / 31.8 n 2" in seen
     plt.close(fig)
@@ -360,4 +365,17 @@ def test_a_panel_of_one_beta_counts_that_betas_claims(config, tables):
     fig = figures.draw_paper_figure("fig05_eval_k1_reward_vs_k3_loss", config, tables, claims)
     titles = [ax.get_title() for ax in data_axes(fig)]
     assert "claims: 0 of 1 shown" in titles[0] and "claims: 1 of 1 shown" in titles[1]
+    plt.close(fig)
+
+
+def test_gradient_norms_are_drawn_on_a_log_axis_and_question_pairs_name_their_seeds(config, tables):
+    """A gradient norm of 0.2 beside one of 6 is a flat line at 0 on a linear axis shared across β."""
+    fig = figures.draw_training_figure("onpolicy", config, tables)
+    scales = {ax.get_ylabel(): ax.get_yscale() for ax in fig.axes if ax.get_ylabel()}
+    assert scales["gradient norm (before clipping, log scale)"] == "log"
+    assert scales["task reward (batch mean, no KL term)"] == "linear"
+    plt.close(fig)
+    questions = claims_rows("not shown").head(1).assign(pair_by="questions", units=100, seeds=4)
+    fig = figures.draw_claims_forest(questions, config)
+    assert "n 100 questions × 4 seeds" in texts(fig)
     plt.close(fig)

@@ -539,6 +539,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             _mark_verdicts(ax, stats.assign(x=stats.beta * factor), claims, kl_config, style)
         drawn.seeds.update(stats.n)
     if claims is not None and configs:
+        for fill, what in (("0.4", "filled: shown below or above no KL"), ("white", "hollow: not shown")):
+            ax.plot([], [], "o", color="0.4", markerfacecolor=fill, linestyle="", label=what)
         drawn.notes.append(
             "a filled marker: the claims table shows that configuration's KL apart from no KL's at "
             "that β; hollow: it does not (not shown, not testable or no claim); a contradicted claim is named beside "
@@ -553,7 +555,7 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     ax.minorticks_off()
     ax.set_xlabel("β (no KL: the black line)")
     last = config["studies"][panel["study"]].get("final_steps", 5)
-    ax.set_ylabel(f"KL(π_θ‖π_ref), last {last} steps (nats)")
+    ax.set_ylabel(f"KL(π_θ‖π_ref), K3, last {last} steps (nats)")
     ax.grid(alpha=0.3)
     return drawn
 
@@ -737,10 +739,15 @@ def paper_figure(name: str, config: dict, tables: dict, png: Path, claims: pd.Da
 # Training dynamics: what a researcher checks first.
 
 TRAINING_METRICS = {
-    "task_reward": "training reward (batch mean)",
+    "task_reward": "task reward (batch mean, no KL term)",
     "kl_k3": "KL(π_θ‖π_ref), K3 (nats)",
-    "grad_norm": "gradient norm (before clipping)",
+    "grad_norm": "gradient norm (before clipping, log scale)",
 }
+
+
+# A gradient norm spans orders of magnitude across β (0.2 without a penalty, 6 at β = 10): on a shared linear axis the
+# small ones are flat lines at 0.
+LOG_METRICS = {"grad_norm"}
 
 
 def draw_training_figure(study: str, config: dict, tables: dict):
@@ -774,6 +781,9 @@ def draw_training_figure(study: str, config: dict, tables: dict):
             if row == len(metrics) - 1:
                 ax.set_xlabel("training step")
     for row in range(len(metrics)):
+        if metrics[row] in LOG_METRICS:
+            for ax in axes[row]:
+                ax.set_yscale("log")
         _share_y(list(axes[row]), [Drawn(metrics[row], empty=None if ax.lines else "") for ax in axes[row]])
     figure_legend(fig, axes.ravel())
     train = spec["train"]
@@ -859,7 +869,8 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict):
          "direction is to the right of 0. Thick bar: ± 1 se; thin line: effect ± critical·se, as the claims table's "
          "verdict rule reads it "
          "(figures/claims.csv; its caption gives the rule). Right: verdict, z against its critical value, and n, the "
-         "paired units. A claim of no difference (green band: ± its margin) is shown when the whole interval lies "
+         "paired units. The figures' footnotes and the claims table give the effect unsigned (candidate − baseline). A "
+         "claim of no difference (green band: ± its margin) is shown when the whole interval lies "
          "inside the band; its z (\"margin z\") is (margin − |effect|)/se, the standard errors by which the effect "
          "lies inside the margin.",
          clipped_text(clipped)],
@@ -878,11 +889,12 @@ def clipped_text(clipped: pd.DataFrame) -> str:
     n, so that an axis-wide line reads as what few seeds allow, not as a drawing error."""
     if clipped.empty:
         return ""
-    widths = "; ".join(f"n = {int(n)}: ± {_number(c, 3)} se" for n, c in
-                       clipped.groupby("units").critical.min().items())  # fmt: skip
+    by = "seeds" if "seeds" in clipped else "units"
+    widths = "; ".join(f"{int(n)} seeds: ± {_number(c, 3)} se" for n, c in
+                       clipped.groupby(by).critical.min().items())  # fmt: skip
     return (
         "An arrow: the interval runs past the panel (which spans every effect ± 3 se). The rule's interval "
-        f"is effect ± critical·se, with critical the larger of min_z and Student's t at n − 1 degrees of freedom "
+        f"is effect ± critical·se, with critical the larger of min_z and Student's t at seeds − 1 degrees of freedom "
         f"({widths}): the fewer the units, the wider it is, and only an effect that many se from 0 can be shown."
     )
 
@@ -912,7 +924,7 @@ def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
             ax.plot(max(min(x, limit), -limit), y, "o", color=colour, markerfacecolor="white")
         z_name = "margin z" if row.get("predicted") == "same" else "z"
         score = "" if pd.isna(row["z"]) else f"   {z_name} {_number(row['z'])} / {_number(row['critical'], 3)}"
-        text = f"{row['verdict']}{score}   n {row.get('units', '')}"
+        text = f"{row['verdict']}{score}   {_units_text(row)}"
         ax.annotate(text, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=7, color=colour)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlim(-limit, limit)
@@ -922,6 +934,15 @@ def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
     ax.set_title(f"{unit}{': slope per decade of β' if trend else ''}", fontsize=9, loc="left")
     ax.grid(alpha=0.3, axis="x")
     return rows.iloc[sorted(set(clipped))]
+
+
+def _units_text(row) -> str:
+    """'n 4 seeds', or 'n 100 questions × 4 seeds' for a claim paired by question (its degrees of freedom are the
+    seeds')."""
+    seeds = row.get("seeds")
+    if pd.isna(seeds) or row.get("pair_by") != "questions":
+        return f"n {row.get('units', '')}"
+    return f"n {row.get('units', '')} questions × {int(seeds)} seeds"
 
 
 def _claim_label(row) -> str:
