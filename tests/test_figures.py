@@ -379,3 +379,11 @@ def test_gradient_norms_are_drawn_on_a_log_axis_and_question_pairs_name_their_se
     fig = figures.draw_claims_forest(questions, config)
     assert "n 100 questions × 4 seeds" in texts(fig)
     plt.close(fig)
+
+
+def test_a_training_figure_keys_colour_and_line_style_apart(config, tables):
+    """One legend entry per configuration and one per β (9 lines, 7 entries), not one per configuration × β."""
+    fig = figures.draw_training_figure("onpolicy", config, tables)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["no KL (β = 0)", "K1 in reward", "K1 in loss", "K3 in reward", "K3 in loss", "β = 0.1", "β = 1"]
+    plt.close(fig)

@@ -23,6 +23,7 @@ import matplotlib.colors as mcolors  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 from klstudy.aggregate import UNCERTAINTY, final_values, mean_and_se, step_values, trailing_mean  # noqa: E402
 from klstudy.kl import NO_KL, PATHWISE, KLSpec  # noqa: E402
@@ -784,8 +785,12 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         if metrics[row] in LOG_METRICS:
             for ax in axes[row]:
                 ax.set_yscale("log")
+                ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))  # plain numbers: 0.2, 0.5, 1, 2, 5
+                ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+                ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         _share_y(list(axes[row]), [Drawn(metrics[row], empty=None if ax.lines else "") for ax in axes[row]])
-    figure_legend(fig, axes.ravel())
+    fig.legend(handles=_key_handles(spec["kl"], betas if any(b > 0 for b in betas) else [], grid),
+               loc="outside right center", fontsize=8, frameon=False)  # fmt: skip
     train = spec["train"]
     design = f"{train['batch_prompts']} prompts × {train['rollouts']} completions a batch, {train['steps']} steps"
     fig.suptitle(figure_title(f"Training dynamics: {study}", config, spec["models"]) + f"\n{design}", fontsize=11)
@@ -802,6 +807,15 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         width,
     )  # fmt: skip
     return fig
+
+
+def _key_handles(kls: list[str], betas: list[float], grid: list[float]) -> list:
+    """A training figure's legend: one entry per configuration (its colour) and one per β (its line style), not one
+    per configuration × β: the columns already say β, and a 19-entry legend is not read."""
+    handles = [plt.Line2D([], [], **{**style_of(kl), "marker": None, "linestyle": "-"}, label=kl_label(kl))
+               for kl in kls]  # fmt: skip
+    handles += [plt.Line2D([], [], color="0.3", linestyle=beta_linestyle(b, grid), label=f"β = {b:g}") for b in betas]
+    return handles
 
 
 def training_figure(study: str, config: dict, tables: dict, png: Path) -> None:
