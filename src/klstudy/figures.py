@@ -682,8 +682,8 @@ def coinciding(ax) -> list[str]:
 def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claims) -> list[str]:
     """Draw each panel (given the claims table, each panel function sees its rows as tables["claims"]); titles carry
     the panel's n and a count of its claims' verdicts; returns the footnote's lines about claims and panels."""
-    about = [panel_claims(claims, panel, config) if claims is not None else None for panel in panels]
-    drawn = [PANELS[panel["kind"]](ax, panel, config, {**tables, "claims": rows})
+    about = [panel_claims(claims, panel, config) for panel in panels]  # empty without a claims table
+    drawn = [PANELS[panel["kind"]](ax, panel, config, {**tables, "claims": rows if claims is not None else None})
              for ax, panel, rows in zip(axes, panels, about, strict=True)]  # fmt: skip
     _share_y(axes, drawn)
     lines, listed, notes = [], set(), []
@@ -691,13 +691,13 @@ def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claim
         title = panel.get("title", panel["study"])
         if ax.get_title():
             title = f"{title}: {ax.get_title()}"
-        verdicts = "" if rows is None or d.empty else verdicts_text(rows)
+        verdicts = "" if claims is None or d.empty else verdicts_text(rows)
         ax.set_title("\n".join(filter(None, [title, d.n_text or _seeds_text(d.seeds, d.unit), verdicts])), fontsize=9)
         if d.empty:
             say_why_empty(ax, d.empty)
         else:
             notes += [f"{title}: {note}." for note in d.notes if f"{title}: {note}." not in notes]
-        for row in (rows if rows is not None else panel_claims(None, panel, config)).to_dict("records"):
+        for row in rows.to_dict("records"):
             line = claim_line(row)
             if line not in listed:
                 listed.add(line)
@@ -951,7 +951,7 @@ def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _units_text(row) -> str:
-    """'n 4 seeds', or 'n 100 questions × 4 seeds' for a claim paired by question (its degrees of freedom are the
+    """'n 4', or 'n 100 questions × 4 seeds' for a claim paired by question (its degrees of freedom are the
     seeds')."""
     seeds = row.get("seeds")
     if pd.isna(seeds) or row.get("pair_by") != "questions":
