@@ -34,20 +34,26 @@ configuration must be judged against, and one run says nothing of it.
 
 Per row: critical = max(min_z, Student's t quantile at 1 − alpha, df); z = effect / se, signed towards the prediction;
 p = P(T_df ≥ z), one-sided.
-    same       shown if |effect| + critical·se ≤ m, m = margin × |baseline mean| (the whole interval inside ±m);
-               contradicted if |effect| − critical·se > m; else not shown
+    same       m = margin × |B|, B the baseline's mean; two one-sided tests, each paired like the effect itself:
+               above_s = c_s − (1 + margin·sign B)·b_s and below_s = c_s − (1 − margin·sign B)·b_s per seed (a trend:
+               its slope ∓ margin × the metric at the smallest β), so that the margin's own noise is in their errors;
+               shown if mean(above) + critical·se(above) ≤ 0 and mean(below) − critical·se(below) ≥ 0 (with an
+               exact margin: the whole interval effect ± critical·se inside ±m); z = the smaller of the two, in se;
+               contradicted if either end is crossed by more than critical·se; else not shown
     higher, lower   judged together, over the table's m rows that could be judged: p' = p where z ≥ min_z, else 1;
                shown when the step-up procedure with thresholds min(q·k/m, alpha) on the k-th smallest p' (fdr: bh,
                Benjamini–Hochberg capped at alpha; fdr: by, Benjamini–Yekutieli, q·k/(m·H_m)) takes the row in;
                contradicted: the same over the opposite direction's p'; else not shown. q_value: the smallest q at
-               which the row would be shown (contradicted where z < 0); 1 where no q would
+               which the row would be shown (contradicted where z < 0); 1 where no q would. A row given a bound m
+               (the toy's tolerance) is judged on z = (effect − m)/se (higher) or −(effect + m)/se (lower): beyond m
 
 Promises (normal d_s, independent seeds): a higher/lower row whose claim is false (no difference, or the other way)
 is shown with probability at most alpha, on every path (a row shown has p ≤ alpha and z ≥ min_z, so z ≥ critical; the
 floor, the two-level error and the base model's error only make se larger); hence at most alpha × m false shown rows
 are expected in the table, whatever the rows' dependence. Of the rows shown, the expected fraction false is at most q
 (bh: rows independent or positively dependent; by: any dependence). A same row whose true difference lies outside its
-margin is shown with probability at most alpha. Losing a run never makes shown easier: the critical value does not
+margin (margin × the baseline's true mean) is shown with probability at most alpha: each one-sided test holds alpha
+with the margin's noise in its error. Losing a run never makes shown easier: the critical value does not
 fall as seeds go, and one seed is not testable.
 """
 
@@ -82,6 +88,7 @@ NOT_TESTABLE = {
     "no common step": "the runs share no evaluation after step 0",
     "different questions": "the two sides were evaluated on different held-out questions",
     "no margin": "Table 1 predicts no difference, and the claim gives no margin to judge it by",
+    "no fixed point": "the exact expected update has no stable fixed point: the runs have no end point to compare",
 }
 FDR_NAMES = {"bh": "Benjamini–Hochberg", "by": "Benjamini–Yekutieli"}
 FDR_VALID_UNDER = {"bh": "rows independent or positively dependent", "by": "any dependence between rows"}
@@ -168,23 +175,36 @@ def q_values(p, rule: dict):
     return out
 
 
-def judge(effect, se, df, direction, margin_bound, rule: dict) -> dict:
-    """Per row (arrays; direction higher, lower or same, anything else none; margin_bound: a same row's m): z,
-    critical, p, q_value and the verdict by the module's rule. A row without a finite, positive se and df ≥ 1 gets
-    NaN and "not shown": the caller names why it could not be judged."""
+def judge(effect, se, df, direction, margin_bound, rule: dict, at_margin=None) -> dict:
+    """Per row (arrays; direction higher, lower or same, anything else none; margin_bound: the row's m, NaN or 0 for
+    none): z, critical, p, q_value and the verdict by the module's rule. A row without a finite, positive se and
+    df ≥ 1 gets NaN and "not shown": the caller names why it could not be judged.
+
+    Each row is judged on its distance to each end of its margin: above = effect − m (beyond +m when positive) and
+    below = effect + m (beyond −m when negative), with their standard errors. ``at_margin``: (above, se_above, below,
+    se_below) measured seed by seed, for a margin taken from an estimated baseline (c_s − (1 ± m)·b_s: its noise is
+    then in the error); NaN entries, or None, fall back to effect ∓ m with se (a margin known exactly)."""
     effect, se, df = (np.asarray(x, dtype=float) for x in (effect, se, df))
-    margin_bound = np.asarray(margin_bound, dtype=float)
+    bound = np.nan_to_num(np.broadcast_to(np.asarray(margin_bound, dtype=float), effect.shape))
+    above, se_above, below, se_below = effect - bound, se, effect + bound, se
+    if at_margin is not None:
+        measured = [np.asarray(x, dtype=float) for x in at_margin]
+        known = np.isfinite(measured[0]) & np.isfinite(measured[2])
+        above, se_above, below, se_below = (np.where(known, m, x) for m, x in
+                                            zip(measured, (above, se_above, below, se_below), strict=True))  # fmt: skip
     direction = np.array([x if x in ("higher", "lower", "same") else "" for x in direction], dtype=object)
-    testable = np.isfinite(se) & (se > 0) & (df >= 1) & (direction != "")
+    testable = np.isfinite(se) & (se > 0) & np.isfinite(se_above) & np.isfinite(se_below) & (df >= 1)
+    testable &= direction != ""
     directional = testable & (direction != "same")
     same = testable & (direction == "same")
-    sign = np.where(direction == "lower", -1.0, 1.0)
     critical = np.where(testable, critical_value(df, rule), np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
-        z = np.where(same, (margin_bound - np.abs(effect)) / se, sign * effect / se)
+        beyond_above, beyond_below = above / se_above, -below / se_below  # in se: beyond +m, beyond −m
+        z = np.where(direction == "higher", beyond_above, beyond_below)
+        z = np.where(same, np.minimum(-beyond_above, -beyond_below), z)  # two one-sided tests: inside both ends
         z = np.where(testable, z, np.nan)
         p = np.where(testable, student_t.sf(z, np.where(testable, df, 1.0)), np.nan)
-        outside = np.abs(effect) - critical * se > margin_bound
+        outside = np.maximum(beyond_above, beyond_below) > critical
     q_shown = q_values(np.where(directional, one_sided_p(z, df, rule), np.nan), rule)
     q_contradicted = q_values(np.where(directional, one_sided_p(-z, df, rule), np.nan), rule)
     verdict = np.full(len(effect), NOT_SHOWN, dtype=object)
@@ -498,9 +518,12 @@ def heldout_questions(config: dict, study: str) -> str:
     return f"{name} {json.dumps(config['data'].get(name), sort_keys=True)}"
 
 
-def paired_test(candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str, same_questions: bool = True) -> dict:
+def paired_test(
+    candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str, same_questions: bool = True, scale: float = 1.0
+) -> dict:
     """effect, se, df, units, seeds, note and why (not testable: the key of NOT_TESTABLE, or None) of the paired
-    comparison (module docstring). A baseline indexed ["base"] is one measurement shared by every seed."""
+    comparison (module docstring) of candidate − scale × baseline. A baseline indexed ["base"] is one measurement
+    shared by every seed."""
     shared = list(baseline.index) == [BASE]
     seeds = list(candidate.index) if shared else list(candidate.index.intersection(baseline.index))
     out = dict(effect=math.nan, se=math.nan, df=0, units=len(seeds), seeds=len(seeds), note="", why=None)
@@ -508,7 +531,7 @@ def paired_test(candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str, s
         return {**out, "why": "no paired runs"}
     c = candidate.loc[seeds]
     b = baseline if shared else baseline.loc[seeds]
-    d = (c.value.to_numpy(float) - (b.value.iloc[0] if shared else b.value.to_numpy(float)))[None]
+    d = (c.value.to_numpy(float) - scale * (b.value.iloc[0] if shared else b.value.to_numpy(float)))[None]
     if pair_by == "questions":
         if not same_questions:
             return {**out, "effect": float(d.mean()), "why": "different questions"}
@@ -516,21 +539,36 @@ def paired_test(candidate: pd.DataFrame, baseline: pd.DataFrame, pair_by: str, s
         if scores[0] is not None and scores[1] is not None:
             if scores[0].shape != scores[1].shape:  # as many scores a seed on each side, but not the same questions
                 return {**out, "effect": float(d.mean()), "why": "different questions"}
-            effect, se, df = (x[0] for x in question_level(scores[0] - scores[1]))
+            effect, se, df = (x[0] for x in question_level(scores[0] - scale * scores[1]))
             units = scores[0].shape[1]
             return {**out, "effect": effect, "se": se, "df": df, "units": units, "why": _why(len(seeds), se)}
         out["note"] = "no per-question scores on both sides: paired by seed"
     own = c.se.astype(float) ** 2
     if not shared:
-        own = own + b.se.astype(float).to_numpy() ** 2
+        own = own + scale**2 * b.se.astype(float).to_numpy() ** 2
     floor = math.sqrt(own.sum(skipna=False)) / len(seeds)  # NaN where some run's error is unknown: no floor
-    shared_var = float(b.se.iloc[0]) ** 2 if shared else 0.0
+    shared_var = scale**2 * float(b.se.iloc[0]) ** 2 if shared else 0.0
     effect, se, df = (x[0] for x in seed_level(d, floor, shared_var))
     if shared and math.isnan(shared_var):
         se = math.nan
     if len(seeds) > 1 and not math.isnan(floor) and floor**2 > np.var(d, ddof=1) / len(seeds):
         out["note"] = "; ".join(filter(None, [out["note"], "the measurements' own error exceeds the seeds' spread"]))
     return {**out, "effect": effect, "se": se, "df": df, "why": _why(len(seeds), se)}
+
+
+def margin_ends(candidate, reference, pair_by, margin, same_questions=True, offset=1.0) -> dict:
+    """above, se_above, below, se_below of a same claim whose margin m·|B| is taken from the reference's mean B over
+    the paired seeds: candidate − (offset ± m·sign B) × reference, paired seed by seed as the effect itself (offset
+    1: the effect is candidate − reference; 0: the effect is the candidate itself, a trend's slope). The margin's own
+    noise is then in each end's error, so a true difference on the margin is shown at most at rate alpha; a margin
+    from the mean alone, its noise left out, is shown more often (tests/test_claims_calibration.py)."""
+    shared = list(reference.index) == [BASE]
+    paired = reference.index if shared else candidate.index.intersection(reference.index)
+    sign = float(np.sign(reference.loc[paired].value.mean())) if len(paired) else math.nan
+    if not np.isfinite(margin) or not np.isfinite(sign):
+        return dict(above=math.nan, se_above=math.nan, below=math.nan, se_below=math.nan)
+    ends = [paired_test(candidate, reference, pair_by, same_questions, offset + s * margin * sign) for s in (1, -1)]
+    return dict(above=ends[0]["effect"], se_above=ends[0]["se"], below=ends[1]["effect"], se_below=ends[1]["se"])
 
 
 def _why(seeds: int, se: float) -> str | None:
@@ -577,7 +615,9 @@ def claim_rows(name: str, claim: dict, config: dict, runs: RunTables, tests: pd.
                 continue
             sides = Sides(metric, runs, config, claim, model)
             candidate, baseline = _measured(sides, claim, baseline_study, model, beta, baseline_beta)
-            test = paired_test(candidate, baseline, pair_by, same_questions or metric != "heldout")
+            comparable = same_questions or metric != "heldout"
+            test = paired_test(candidate, baseline, pair_by, comparable)
+            ends = margin_ends(candidate, baseline, pair_by, _margin(claim, direction), comparable)
             paired = candidate.index if list(baseline.index) == [BASE] else candidate.index.intersection(baseline.index)
             baseline_mean = float(baseline.value.mean()) if list(baseline.index) == [BASE] else (
                 float(baseline.loc[paired].value.mean()) if len(paired) else math.nan)  # fmt: skip
@@ -591,16 +631,23 @@ def claim_rows(name: str, claim: dict, config: dict, runs: RunTables, tests: pd.
                     candidate_mean=float(candidate.loc[paired].value.mean()) if len(paired) else math.nan,
                     baseline_mean=baseline_mean, pair_by=pair_by, margin=claim.get("margin"),
                     runs=len(paired) * (1 if claim["baseline"] == BASE else 2), step=sides.step,
-                    **{k: test[k] for k in ("effect", "se", "df", "units", "seeds", "why")},
+                    **{k: test[k] for k in ("effect", "se", "df", "units", "seeds", "why")}, **ends,
                     note="; ".join(filter(None, [test["note"], *sides.notes])),
                 )
             )  # fmt: skip
     return rows
 
 
+def _margin(claim: dict, direction: str | None) -> float:
+    """A same claim's margin (a fraction of the baseline); NaN for a directional claim, or none given."""
+    margin = claim.get("margin") if direction == "same" else None
+    return math.nan if margin is None else float(margin)
+
+
 def trend_values(metric: str, runs: RunTables, config: dict, claim: dict, model, betas: list[float]):
-    """(slopes, values, sides): values, the metric per seed (a column per β, at a common step); slopes, each seed's
-    least-squares slope over log10 β (per decade of β) and its own error from each β's (se)."""
+    """(slopes, values, errors, sides): values, the metric per seed (a column per β, at a common step), errors their
+    own errors; slopes, each seed's least-squares slope over log10 β (per decade of β) and its own error from each
+    β's (se)."""
     sides = Sides(metric, runs, config, claim, model)
     side_list = [(claim["study"], claim["candidate"], beta) for beta in betas]
     measured = sides.during_training(side_list, False) if metric in DURING_TRAINING else sides.final_policy(side_list)
@@ -610,15 +657,17 @@ def trend_values(metric: str, runs: RunTables, config: dict, claim: dict, model,
     weights = (x - x.mean()) / ((x - x.mean()) @ (x - x.mean()))
     slopes = values.to_numpy(dtype=float) @ weights
     slope_se = np.sqrt((errors.to_numpy(dtype=float) ** 2) @ weights**2)
-    return pd.DataFrame({"value": slopes, "se": slope_se}, index=values.index), values, sides
+    return pd.DataFrame({"value": slopes, "se": slope_se}, index=values.index), values, errors, sides
 
 
 def trend_row(name, claim, config, runs: RunTables, direction, basis, model, betas) -> dict:
     """The one row of a ``beta: trend`` claim: the mean over seeds of the metric's slope over log10 β; beta and
     baseline_beta are the grid's largest and smallest β, candidate_mean and baseline_mean the metric there."""
-    slopes, values, sides = trend_values(claim["metric"], runs, config, claim, model, betas)
+    slopes, values, errors, sides = trend_values(claim["metric"], runs, config, claim, model, betas)
     zero = pd.DataFrame({"value": 0.0, "se": 0.0}, index=slopes.index)
     test = paired_test(slopes, zero, "seeds")
+    smallest = pd.DataFrame({"value": values[min(betas)], "se": errors[min(betas)]}) if len(values) else zero
+    ends = margin_ends(slopes, smallest, "seeds", _margin(claim, direction), offset=0.0)
     grid = ", ".join(f"{beta:g}" for beta in betas)
     return dict(
         **_claim_columns(name, claim, direction), model=model, baseline=claim["candidate"], beta=max(betas),
@@ -626,20 +675,30 @@ def trend_row(name, claim, config, runs: RunTables, direction, basis, model, bet
         candidate_mean=float(values[max(betas)].mean()) if len(values) else math.nan,
         baseline_mean=float(values[min(betas)].mean()) if len(values) else math.nan,
         pair_by="seeds", margin=claim.get("margin"), runs=len(slopes) * len(betas), step=sides.step,
-        **{k: test[k] for k in ("effect", "se", "df", "units", "seeds", "why")},
+        **{k: test[k] for k in ("effect", "se", "df", "units", "seeds", "why")}, **ends,
         note="; ".join(filter(None, [f"trend: slope per decade of β over β = {grid}", test["note"], *sides.notes])),
     )  # fmt: skip
 
 
+MARGIN_ENDS = ["above", "se_above", "below", "se_below"]  # margin_ends' columns: a same row's two one-sided tests
+
+
 def judged(rows: pd.DataFrame, rule: dict) -> pd.DataFrame:
-    """The rows with z, critical, p, q_value and verdict (module docstring): one table-wide judgement."""
+    """The rows with z, critical, p, q_value and verdict (module docstring): one table-wide judgement, the one every
+    table of claims goes through (the toy's too). ``rows``: predicted, effect, se, df, why (a key of NOT_TESTABLE, or
+    NaN), and a same row's margin: ``bound`` (m in the metric's units) or ``margin`` × |baseline_mean|, with
+    MARGIN_ENDS where the margin comes from an estimated baseline (margin_ends)."""
     direction = rows.predicted.where(rows.predicted != "none", None)
-    margin = pd.to_numeric(rows.margin, errors="coerce")
-    no_margin = (direction == "same") & margin.isna() & rows.why.isna()
+    if "bound" in rows:  # given for every row (the toy's tolerance: a directional row must go beyond it)
+        bound = pd.to_numeric(rows.bound, errors="coerce")
+    else:  # the claims table: a same claim's margin, a fraction of the baseline
+        bound = (pd.to_numeric(rows.margin, errors="coerce") * rows.baseline_mean.abs()).where(direction == "same")
+    no_margin = (direction == "same") & bound.isna() & rows.why.isna()
     why = rows.why.where(~no_margin, "no margin")
     testable = why.isna()
     se = rows.se.where(testable, np.nan)
-    out = judge(rows.effect, se, rows.df, direction.where(testable, None), margin * rows.baseline_mean.abs(), rule)
+    ends = [rows[c] for c in MARGIN_ENDS] if set(MARGIN_ENDS) <= set(rows) else None
+    out = judge(rows.effect, se, rows.df, direction.where(testable, None), bound, rule, ends)
     verdict = pd.Series(out.pop("verdict"), index=rows.index)
     verdict[~testable] = "not testable: " + why[~testable]
     verdict[direction.isna()] = NO_PREDICTION
@@ -652,7 +711,7 @@ def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFram
     rows = [
         row for name, claim in config.get("claims", {}).items() for row in claim_rows(name, claim, config, runs, tests)
     ]
-    work = pd.DataFrame(rows, columns=[*COLUMNS, "margin", "why"])
+    work = pd.DataFrame(rows, columns=[*COLUMNS, "margin", "why", *MARGIN_ENDS])
     table = judged(work, config["claims_rule"]) if len(work) else work
     table = table[COLUMNS].copy()
     digests = base_model_digests(tables["cells"])  # a column, since the report shows the CSV, not the caption
@@ -723,7 +782,9 @@ def caption(config: dict, cells: pd.DataFrame | None = None, table: pd.DataFrame
         f"higher/lower: shown when z ≥ critical and {fdr}'s step-up procedure over the table's judged higher/lower "
         f"rows, at false-discovery rate q = {rule['q']} with thresholds capped at {rule['alpha']}, takes the row in "
         "(q_value: the smallest q at which it would); contradicted likewise the other way; else not shown. same: "
-        "shown if effect ± critical·se lies inside ± margin × |baseline mean|, contradicted if outside. Promised: a "
+        "shown if candidate − (1 ± margin)·baseline, paired by seed, lies below zero at +margin and above it at −margin, "
+        "each by critical·se (two one-sided tests: the margin's own noise in their errors), contradicted if either "
+        "end is crossed by critical·se the other way. Promised: a "
         f"row whose claim is false is shown with probability at most {rule['alpha']}, so at most {rule['alpha']} × "
         "the rows judged are expected false shown; of the rows shown, the expected fraction false is at most "
         f"{rule['q']} ({FDR_VALID_UNDER[rule['fdr']]})."
