@@ -188,3 +188,57 @@ def test_the_window_means_error_holds_where_the_kl_trends_and_the_steps_spread_d
     assert np.sqrt(np.mean(old**2)) / spread > 2.5
     assert np.isnan(window_mean(pd.Series([0.1, np.inf, 0.2], index=[1, 2, 3]))[1])
     assert np.isnan(window_mean(pd.Series([0.1, np.nan, 0.2], index=[1, 2, 3]))[0])  # not the mean of the others
+
+
+def on_the_margin(rng, seeds: int, correlation: float, end: int, margin: float = 0.5):
+    """Candidate and baseline runs (rows × seeds) whose true difference lies exactly on one end of a same claim's
+    margin (candidate mean (1 + end·margin) × baseline mean, baseline mean 1): each seed's offset shared by both sides
+    (a fraction ``correlation`` of a run's variance: the same data order), so that the differences vary far less than
+    the baseline, from whose mean the margin is taken."""
+    spread = 0.3
+    offset = rng.normal(0, spread * np.sqrt(correlation), size=(ROWS, seeds))
+    run = lambda mean: mean + offset + rng.normal(0, spread * np.sqrt(1 - correlation), size=(ROWS, seeds))  # noqa: E731
+    return run(1 + end * margin), run(1.0)
+
+
+def same_verdicts(candidate, baseline, margin: float, paired_ends: bool):
+    """The same claim's verdicts, its margin taken from the baseline's mean: judged on the two ends c − (1 ± m)·b paired
+    seed by seed (claims.margin_ends, vectorised here), or (paired_ends False: the rule this replaces) on the effect's
+    interval against m × |mean b|, the margin's noise left out."""
+    effect, se, df = claims.seed_level(candidate - baseline)
+    sign = np.sign(baseline.mean(axis=1, keepdims=True))
+    ends = None
+    if paired_ends:
+        above, below = (claims.seed_level(candidate - (1 + s * margin * sign) * baseline) for s in (1, -1))
+        ends = (above[0], above[1], below[0], below[1])
+    bound = margin * np.abs(baseline.mean(axis=1))
+    return claims.judge(effect, se, df, ["same"] * len(effect), bound, RULE, ends)["verdict"]
+
+
+@pytest.mark.parametrize("seeds", [2, 3, 5, 10])
+def test_a_same_claim_on_its_margin_is_shown_at_most_at_alpha_and_a_margin_from_the_mean_alone_fails(seeds):
+    """A true difference exactly on the margin (either end; seeds independent or sharing 90 % of a run's variance):
+    the two paired one-sided tests show it at most at rate alpha. The margin m × |mean of the baseline| judged with the
+    effect's own error (the noise of the baseline's mean left out) shows it at 2-5 % with correlated seeds."""
+    rng = np.random.default_rng(80 + seeds)
+    for correlation in (0.0, 0.9):
+        for end in (1, -1):
+            candidate, baseline = on_the_margin(rng, seeds, correlation, end)
+            shown = int((same_verdicts(candidate, baseline, 0.5, True) == claims.SHOWN).sum())
+            assert within_promise(shown, ROWS), (correlation, end, shown)
+    if seeds >= 3:
+        candidate, baseline = on_the_margin(rng, seeds, 0.9, 1)
+        assert not within_promise(int((same_verdicts(candidate, baseline, 0.5, False) == claims.SHOWN).sum()), ROWS)
+
+
+def test_margin_ends_is_what_the_calibration_simulates():
+    """claims.margin_ends, which the claims table calls per row, gives the vectorised ends above, row by row."""
+    rng = np.random.default_rng(90)
+    candidate, baseline = on_the_margin(rng, 4, 0.9, 1)
+    for c, b in zip(candidate[:20], baseline[:20], strict=True):
+        ends = claims.margin_ends(pd.DataFrame({"value": c, "se": np.nan}), pd.DataFrame({"value": b, "se": np.nan}),
+                                  "seeds", 0.5)  # fmt: skip
+        above = claims.seed_level(c - 1.5 * b)
+        below = claims.seed_level(c - 0.5 * b)
+        assert ends["above"] == pytest.approx(above[0][0]) and ends["se_above"] == pytest.approx(above[1][0])
+        assert ends["below"] == pytest.approx(below[0][0]) and ends["se_below"] == pytest.approx(below[1][0])
