@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
+from klstudy import claims as claims_module
 from klstudy import fixed_points as fp
 from klstudy import kl, toy
 
@@ -178,3 +179,96 @@ def test_the_numbers_are_the_same_run_after_run_and_thread_count():
 def test_a_bad_reward_kind_is_named():
     with pytest.raises(ValueError, match="toy.fixed_points.reward.kind"):
         fp.task_reward(torch.zeros(2, 3), {"kind": "longest_run", "threshold": 2})
+
+
+DIRECTIONS = {"same": "ends at the optimum", "higher": "ends above it", "lower": "ends below it"}
+TOLERANCE = 0.01  # the default toy.fixed_points.tolerance
+RULE = {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}
+
+
+@pytest.fixture(scope="module")
+def default_runs():
+    """The default's Monte Carlo runs, on- and off-policy at its three β, of a configuration on the optimum (K3 in
+    both) and two off it (K3 in the loss; TRL's default), with their exact end points."""
+    fam, configs, betas = family("tabular"), ["k3-both", "k3-loss", "k3-loss-ratio"], [0.3, 1.0, 3.0]
+    points = fp.fixed_point_table(fam, REWARD, configs, betas, FLOW)
+    runs = pd.concat(
+        fp.train_monte_carlo(fam, REWARD, config, betas, MC, mode)
+        for config in configs
+        for mode in ("on-policy", "off-policy")
+    )
+    return points, runs
+
+
+def test_every_toy_claim_can_fail_on_the_optimum_never_off_it_and_off_it_never_on_it(default_runs):
+    """Against the optimum, at every β and in both modes: K3 in both (exactly on it) is never shown above or below it;
+    K3 in the loss and TRL's default (off it) are never shown on it; and no row is shown both on it and off it."""
+    points, runs = default_runs
+    claims = {
+        f"{config} {direction}": dict(
+            text=f"{config} {words}", candidate=config, baseline="optimum", predicted=direction
+        )
+        for config in ("k3-both", "k3-loss", "k3-loss-ratio")
+        for direction, words in DIRECTIONS.items()
+    }
+    table = fp.toy_claims(runs, points, claims, RULE, TOLERANCE)
+    assert len(table) == 9 * 3 * 2 and (table.exact_status == "stable").all()
+    shown = table[table.verdict == "shown"]
+    assert not ((shown.candidate == "k3-both") & (shown.predicted != "same")).any(), shown
+    assert not ((shown.candidate != "k3-both") & (shown.predicted == "same")).any(), shown
+    per_row = shown.groupby(["candidate", "mode", "beta"]).predicted.agg(set)
+    assert not per_row.map(lambda said: "same" in said and len(said) > 1).any(), per_row
+    # the claims can pass too: K3 in the loss is below the optimum at β = 0.3 and TRL's default above it at β = 1
+    assert set(shown.claim) >= {"k3-loss lower", "k3-loss-ratio higher"}
+
+
+def test_runs_on_the_optimum_do_not_agree_with_a_fixed_point_off_it(default_runs):
+    """K3 in both's runs (on the optimum, seeds spread as they are) taken for K3 in the loss's or TRL's default's: they
+    agree with neither's fixed point at any β, while the runs of each agree with its own."""
+    points, runs = default_runs
+    on_optimum = runs[runs.config == "k3-both"]
+    for biased in ("k3-loss", "k3-loss-ratio"):
+        disguised = fp.agreement(on_optimum.assign(config=biased), points)
+        assert not disguised.agrees.astype(bool).any(), disguised[["mode", "beta", "z_reward", "nearer_than_optimum"]]
+        assert fp.agreement(runs[runs.config == biased], points).agrees.astype(bool).all()
+
+
+def synthetic(statuses: dict, rewards: dict, seeds: int = 5):
+    """(exact points, Monte Carlo end points) of one family at β = 1: each configuration's exact status and reward,
+    its runs' rewards (a list per seed, or one value for every seed); optimum reward 0.5, reference 0.3."""
+    points = pd.DataFrame(
+        [dict(family="tabular", config=c, beta=1.0, status=s, reward=0.5, optimum_reward=0.5, reference_reward=0.3)
+         for c, s in statuses.items()]
+    )  # fmt: skip
+    runs = pd.DataFrame(
+        [dict(family="tabular", mode="on-policy", beta=1.0, config=c, seed=u, reward=r[u] if isinstance(r, list) else r)
+         for c, r in rewards.items() for u in range(seeds if isinstance(r, float) else len(r))]
+    )  # fmt: skip
+    return points, runs
+
+
+def test_toy_claims_go_through_the_claims_tables_judgement_with_every_reason_it_cannot_judge():
+    """No fixed point on either side (drifts, still moving), identical differences and one seed are not testable,
+    with the claims table's own words; a testable row's verdict is claims.judged's."""
+    points, runs = synthetic(
+        {"none": "drifts", "k1-loss": "drifts", "k2-both": "still moving", "k1-reward": "stable", "k3-both": "stable"},
+        {"none": [0.9, 0.95, 0.97], "k1-loss": [0.8, 0.9, 0.93], "k2-both": [0.6, 0.62, 0.61],
+         "k1-reward": [0.5, 0.5, 0.5], "k3-both": [0.501, 0.499, 0.5005]},
+    )  # fmt: skip
+    claims = {
+        "drift": dict(text="", candidate="k1-loss", baseline="none", predicted="same"),
+        "moving": dict(text="", candidate="k2-both", baseline="optimum", predicted="higher"),
+        "baseline drifts": dict(text="", candidate="k1-reward", baseline="none", predicted="lower"),
+        "exact": dict(text="", candidate="k1-reward", baseline="optimum", predicted="same"),
+        "judged": dict(text="", candidate="k3-both", baseline="optimum", predicted="same"),
+    }
+    table = fp.toy_claims(runs, points, claims, RULE, TOLERANCE).set_index("claim")
+    assert table.verdict["drift"] == table.verdict["moving"] == table.verdict["baseline drifts"]
+    assert table.verdict["drift"] == "not testable: no fixed point" and "no fixed point" in claims_module.NOT_TESTABLE
+    assert table.verdict["exact"] == "not testable: no error estimate"
+    assert table.bound["judged"] == pytest.approx(TOLERANCE * 0.2)
+    rows = table.loc[["judged"]].reset_index().drop(columns=["z", "critical", "p", "q_value", "verdict"])
+    assert table.verdict["judged"] == claims_module.judged(rows, RULE).verdict.iloc[0] == "not shown"
+    points, runs = synthetic({"k3-both": "stable"}, {"k3-both": [0.5]})
+    one = fp.toy_claims(runs, points, {"judged": claims["judged"]}, RULE, TOLERANCE)
+    assert one.verdict.iloc[0] == "not testable: one seed"

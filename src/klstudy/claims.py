@@ -541,7 +541,7 @@ def paired_test(
                 return {**out, "effect": float(d.mean()), "why": "different questions"}
             effect, se, df = (x[0] for x in question_level(scores[0] - scale * scores[1]))
             units = scores[0].shape[1]
-            return {**out, "effect": effect, "se": se, "df": df, "units": units, "why": _why(len(seeds), se)}
+            return {**out, "effect": effect, "se": se, "df": df, "units": units, "why": why_untestable(len(seeds), se)}
         out["note"] = "no per-question scores on both sides: paired by seed"
     own = c.se.astype(float) ** 2
     if not shared:
@@ -553,7 +553,7 @@ def paired_test(
         se = math.nan
     if len(seeds) > 1 and not math.isnan(floor) and floor**2 > np.var(d, ddof=1) / len(seeds):
         out["note"] = "; ".join(filter(None, [out["note"], "the measurements' own error exceeds the seeds' spread"]))
-    return {**out, "effect": effect, "se": se, "df": df, "why": _why(len(seeds), se)}
+    return {**out, "effect": effect, "se": se, "df": df, "why": why_untestable(len(seeds), se)}
 
 
 def margin_ends(candidate, reference, pair_by, margin, same_questions=True, offset=1.0) -> dict:
@@ -571,7 +571,9 @@ def margin_ends(candidate, reference, pair_by, margin, same_questions=True, offs
     return dict(above=ends[0]["effect"], se_above=ends[0]["se"], below=ends[1]["effect"], se_below=ends[1]["se"])
 
 
-def _why(seeds: int, se: float) -> str | None:
+def why_untestable(seeds: int, se: float) -> str | None:
+    """Why paired differences of ``seeds`` seeds with standard error ``se`` cannot be judged (a key of NOT_TESTABLE),
+    or None."""
     if seeds == 0:
         return "no paired runs"
     if seeds == 1:

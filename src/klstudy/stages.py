@@ -102,7 +102,7 @@ def _toy_fixed_points_report(args):
     end_points = pd.concat([pd.read_csv(path) for path in args.monte_carlo], ignore_index=True)
     points = points.assign(below_frontier=fixed_points.below_frontier(points, fronts))
     agreed = fixed_points.agreement(end_points, points)
-    claims = fixed_points.toy_claims(end_points, points, section["claims"], config["claims_rule"])
+    claims = fixed_points.toy_claims(end_points, points, section["claims"], config["claims_rule"], section["tolerance"])
     out = Path(args.png)
     fixed_points.draw(points, fronts, agreed, section, out)
     fixed_points.write_tables(points, agreed, claims, out.parent)
