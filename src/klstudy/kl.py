@@ -15,11 +15,17 @@ Placement (eqs. 7–9). With sequence estimate K = Σ_t K_t (masked), task rewar
 
     reward: A = R − β·sg[K] − b          the score-function term  β·K·∇log π_θ(y)        (eq. 8)
     loss:   L = L_pg + β·Σ_t K_t          the path-wise term       β·Σ_t ∇K_t               (eq. 9)
-    both:   both terms; on-policy their sum is ∇E[K], so unbiased whenever K is unbiased (eq. 6)
+    both:   both terms; on-policy their sum is ∇E[K], so unbiased whenever K is unbiased (eq. 6; the loss
+            term path-wise)
     none:   no KL term (β is ignored)
 
-Only K1-in-reward, and "both" with an estimator unbiased in value, give unbiased gradients of the
-sequence-level reverse KL (§3.2; checked exactly in tests/test_toy.py).
+Only K1-in-reward, and "both" with an estimator unbiased in value and its loss term differentiated path-wise
+(k1-both, k3-both), give unbiased gradients of the sequence-level reverse KL (§3.2; checked exactly in
+tests/test_toy.py). "both" with a per-token correction of the loss term (k1-both-ratio, k3-both-st, ...) is biased,
+even at T = 1: eq. 6 needs the path-wise ∇K_t beside the reward's score-function term, and on-policy every
+correction has the gradient K1_t·∇log π_t instead, whose expectation differs (Table 1's exact bias at T = 1 and 4,
+setting "apart": 0.29 and 1.1 for K1, 0.059 and 0.17 for K3; at the optimum of the toy in fixed_points.py at
+β = 0.3 the expected update of k3-both-ratio is 5.8e-3 and of k1-both-ratio 2.2e-2, where k3-both's is 1e-17).
 
 How the loss term is differentiated (``loss_gradient``). The paper differentiates β·K_t path-wise. Frameworks
 now ship per-token corrections, each with value β·K_t on-policy and a score-function part added to the
@@ -30,8 +36,8 @@ gradient. With ω_t = π_θ/π_old per token (1 on-policy, with gradient ∇log 
     ratio     β·ω_t·K_t                      ∇: β·ω_t·(∇K_t + K_t·∇log π)  TRL use_bias_correction_kl=True,
                                                                            slime --use-unbiased-kl
     score     β·exp(log π − sg[log π])·K_t   ∇: β·(∇K_t + K_t·∇log π)      NeMo-RL
-    st        β·(K_t + K2_t − sg[K2_t])       ∇: β·K1_t·∇log π               verl k1+ / k3+
-    isst      β·(K_t + sg[ω_t·K1_t]·(log π − sg[log π]))   ∇: β·sg[ω_t]·K1_t·∇log π   OpenRLHF
+    st        β·(sg[K_t] + K2_t − sg[K2_t])   ∇: β·K1_t·∇log π               verl k1+ / k3+
+    isst      β·(sg[K_t] + sg[ω_t·K1_t]·(log π − sg[log π]))   ∇: β·sg[ω_t]·K1_t·∇log π   OpenRLHF
                                                                            --algo.kl.unbiased_gradient
 
 On-policy every correction of K3 (and st, isst of any estimator) has the per-token gradient K1_t·∇log π_t,
