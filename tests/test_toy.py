@@ -121,6 +121,16 @@ def test_both_is_biased_for_an_estimator_biased_in_value(setting):
     assert np.abs(mean - toy.exact_reverse_kl_grad(setting, 4)).max() > 1e-3
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+@pytest.mark.parametrize("loss_gradient", ["ratio", "score", "st", "isst"])
+def test_both_with_a_frameworks_correction_of_the_loss_term_is_biased_even_at_t1(estimator, loss_gradient):
+    """eq. (6) needs the path-wise ∇K_t beside the reward's score-function term; every correction replaces it."""
+    setting = SETTINGS[1]
+    spec = kl.KLSpec.from_name(f"{estimator}-both-{loss_gradient}", 1.0)
+    bias = toy.exact_estimator_mean(setting, 1, spec) - toy.exact_reverse_kl_grad(setting, 1)
+    assert np.abs(bias).max() > 1e-2
+
+
 def test_no_kl_gives_no_gradient():
     assert np.array_equal(expectation(SETTINGS[1], 4, "k1", "none"), [0.0, 0.0])
 
