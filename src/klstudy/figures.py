@@ -884,9 +884,9 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict):
          "verdict rule reads it "
          "(figures/claims.csv; its caption gives the rule). Right: verdict, z against its critical value, and n, the "
          "paired units. The figures' footnotes and the claims table give the effect unsigned (candidate − baseline). A "
-         "claim of no difference (green band: ± its margin) is shown when the whole interval lies "
-         "inside the band; its z (\"margin z\") is (margin − |effect|)/se, the standard errors by which the effect "
-         "lies inside the margin.",
+         "claim of no difference (green band: ± its margin) is shown when the effect lies inside the band by "
+         "critical standard errors at both ends, each end tested seed by seed so that the margin's own noise (it is "
+         "a fraction of the estimated baseline) is in its error; its z (\"margin z\") is the smaller of the two.",
          clipped_text(clipped)],
         12,
     )  # fmt: skip

@@ -457,7 +457,8 @@ def claims_summary(claims: pd.DataFrame) -> pd.DataFrame:
 
 
 SHORT_CLAIMS = (
-    "This Markdown shows each claim's effect ± se, the interval effect ± critical·se that the verdict rule reads, z "
+    "This Markdown shows each claim's effect ± se, the interval effect ± critical·se that the verdict rule reads (a "
+    "same claim's reads its two one-sided tests against the margin's ends, paired by seed; z is the smaller), z "
     "against its critical value, n the paired units (seeds or questions) and the verdict; β 'a vs b': the "
     "configuration at β = a against itself at b, 'trend': the slope over the β grid. claims.csv has every column."
 )
