@@ -68,7 +68,7 @@ test-all: $(INSTALLED)
 vllm-env: $(VLLM_VENV)/.installed
 
 $(VLLM_VENV)/.installed: envs/make-vllm-env.sh envs/vllm-common.txt envs/vllm-cpu.txt envs/vllm-cpu.lock envs/vllm-gpu.txt pyproject.toml
-	PIP_FLAGS="$(PIP_FLAGS)" envs/make-vllm-env.sh $(VLLM_FLAVOUR) $(VLLM_VENV)
+	PYTHON="$(PYTHON)" PIP_FLAGS="$(PIP_FLAGS)" envs/make-vllm-env.sh $(VLLM_FLAVOUR) $(VLLM_VENV)
 	touch $@
 
 ## The vLLM tests (lm-eval's vllm backend, TRL's colocated vLLM), in the vLLM environment.

@@ -33,7 +33,7 @@ DEFINED_TYPES = {
 INTRO = """\
 # Configuration reference
 
-Written by `python -m klstudy config-reference --out config/README.md` from
+Written by `.venv/bin/python -m klstudy config-reference --out config/README.md` from
 [`workflow/schemas/config.schema.yaml`](../workflow/schemas/config.schema.yaml), the one place where keys are defined;
 `tests/test_docs.py` fails when this file and the schema disagree. Edit the schema, then run the command.
 
