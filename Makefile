@@ -30,7 +30,7 @@ $(INSTALLED): pyproject.toml requirements.lock
 ## CONFIG=config/paper.yaml: the paper's study on this machine's GPUs, each job on GPUs of its own (klstudy/devices.py):
 ## all that CUDA_VISIBLE_DEVICES or nvidia-smi shows (GPUS=auto, none on a CPU), or GPUS=0,1,3; GPUS= turns it off.
 ## CONFIG="config.yaml config/separation.yaml": an overlay merged into the default (the design that separates the
-## penalties, about 4.5x the cost); run it in its own clone, as it writes the same results/ and figures/.
+## penalties; its cost: docs/cost.md); run it in its own clone, as it writes the same results/ and figures/.
 WARM ?= --warm
 GPUS ?= auto
 study: $(INSTALLED)
