@@ -126,7 +126,10 @@ def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
         launch_config = ROOT / "config/accelerate/fsdp.yaml"
         # On one node, each GPU job first claims its own GPUs (klstudy.devices) and each launch its own port.
         claim = f"{vllm_python} -m klstudy.devices --count {{}} -- {vllm_python}"
-        launch = f"{claim.format(8)} -m accelerate.commands.launch --config_file {launch_config} --num_processes 8"
+        # --num_processes: what SLURM allocated (klstudy.devices --processes checks it is the config's 8).
+        processes = "$(python -m klstudy.devices --processes 8)"
+        launch = f"{claim.format(8)} -m accelerate.commands.launch --config_file {launch_config}"
+        launch += f" --num_processes {processes}"
         assert f"{launch} --main_process_port 0 -m klstudy train" in out
         assert f"{claim.format(1)} -m klstudy evaluate" in out
     else:
@@ -141,7 +144,9 @@ def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(tmp_path):
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
     cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
     out = snakemake(cell, "-n", "-p", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
-    assert "srun --nodes 2 --ntasks-per-node 1" in out and "--num_processes 16 --num_machines $SLURM_NNODES" in out
+    processes = "$(python -m klstudy.devices --processes 16)"  # SLURM's 2 nodes × 8 GPUs, checked against the config
+    assert "srun --nodes 2 --ntasks-per-node 1" in out
+    assert f"--num_processes {processes} --num_machines $SLURM_NNODES" in out
 
 
 def test_lint_is_clean():
