@@ -209,10 +209,14 @@ def account_check(account: str | None, run=subprocess.run) -> Check:
     if account is None:
         return Check("SLURM account", OK, "unset: SLURM's default for this user", "")
     user = getpass.getuser()
-    out = run(
-        ["sacctmgr", "-n", "-P", "show", "assoc", f"where user={user}", "format=Account"],
+    done = run(
+        ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=Account"],
         capture_output=True, text=True, timeout=30,
-    ).stdout  # fmt: skip
+    )  # fmt: skip
+    if done.returncode:
+        return Check(f"SLURM account {account}", FAIL, f"sacctmgr failed: {done.stderr.strip()[:200]}",
+                     "run where the cluster's commands work")  # fmt: skip
+    out = done.stdout
     accounts = sorted({line.strip() for line in out.splitlines() if line.strip()})
     if account in accounts:
         return Check(f"SLURM account {account}", OK, f"{user} may use it")
