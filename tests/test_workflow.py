@@ -1,6 +1,7 @@
 """The Snakemake workflow: its DAG, a reduced end-to-end run of every stage, and the report."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -253,3 +254,33 @@ def test_report_contains_figure_table_captions_and_config(reduced_run):
     assert "Figure 1" in html and "Table 1" in html
     assert "embedded" in html
     assert "Docutils System Messages" not in html  # every caption is valid reStructuredText
+
+
+class _Resources(dict):
+    __getattr__ = dict.__getitem__
+
+
+def test_the_sbatch_line_of_a_two_node_training_job_asks_gpus_per_node(tmp_path):
+    """The local SLURM has one node, so a job on two cannot run here: the sbatch line that the SLURM plugin builds from
+    the resources Snakemake gives a training job with resources.train.nodes = 2 asks for 8 GPUs on each of 2 nodes
+    (--gres, per node; not --gpus, per job) and one task per node (the rule's srun starts a launch on each)."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    config["resources"]["train"]["nodes"] = 2
+    config["cluster"].update(gpu_model="h100", gpu_partition="gpu")
+    (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
+    cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
+    out = snakemake(cell, "-n", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
+    line = re.search(r"rule train_rl:.*?\n\s+resources: (.*?)\n", out, re.S).group(1)
+    resources = _Resources(
+        (key, int(value) if value.isdigit() else value)
+        for key, value in (item.split("=", 1) for item in line.split(", "))
+    )
+    job = type("Job", (), {"resources": resources, "threads": resources["cpus_per_task"]})()
+    params = dict(run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=None)
+    words = (get_submit_command(job, params) + set_gres_string(job)).split()  # as the plugin's run_job joins them
+    assert {"--gres=gpu:h100:8", "--nodes=2", "--ntasks=2", "-t", "2880"} <= set(words), words
+    assert not any(w.startswith(("--gpus", "--ntasks-per-gpu")) for w in words), words
+    assert resources["slurm_partition"] == "gpu", resources
