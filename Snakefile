@@ -36,7 +36,7 @@ if workflow.is_main_process and any("parameters_b" in model for model in config[
 
 
 # On a cluster, before the first job is submitted: hub access, data sources, SLURM account, partitions, time limits,
-# GPUs and disk (klstudy/preflight.py); a failing check stops the run. `--config preflight=false` skips it.
+# GPUs and disk (klstudy/preflight.py); a failing check stops the run. `--config preflight=False` skips it.
 onstart:
     if workflow.non_local_exec:
         from klstudy.preflight import run_before_submitting

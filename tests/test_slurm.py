@@ -55,19 +55,20 @@ def cluster(tmp_path_factory):
         subprocess.run(["timeout", "-s", "KILL", "120", str(SCRIPT), "down", str(base)], check=False)
 
 
-# The documented commands with this cluster's account and partition; Snakemake polls this small cluster more often.
-THIS_CLUSTER = {"ACCOUNT": "klstudy", "PARTITION": "debug"}
+# Snakemake polls this small cluster more often. (The documented commands name no account or partition: the config's
+# `cluster` keys do, and unset, as here, SLURM's defaults for the user are used.)
 QUICK_POLLS = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
                "--latency-wait", "5"]  # fmt: skip
 
 
 def documented(kind: str) -> list[str]:
-    """docs/running.md's line of this kind (dryrun, run, status, report), split into words, on this cluster."""
+    """docs/running.md's line of this kind (dryrun, run, status, report) for the paper, split into words."""
     lines = slurm_commands()
-    setup, (dry_run, run, status, report) = lines[:2], lines[2:]
+    setup, pilot, (dry_run, run, status, report) = lines[:2], lines[2:4], lines[4:]
     assert setup == ["make venv", "make vllm-env VLLM_FLAVOUR=gpu"], setup  # what make test and make test-vllm build
+    assert all("config/pilot.yaml" in line for line in pilot), pilot  # the first GPU run: not on this CPU
     line = {"dryrun": dry_run, "run": run, "status": status, "report": report}[kind]
-    return [re.sub(r"\b(ACCOUNT|PARTITION)\b", lambda m: THIS_CLUSTER[m.group(1)], w) for w in shlex.split(line)]
+    return shlex.split(line)
 
 
 def profile_command(workdir: Path, config_path: Path, *targets: str) -> list[str]:
@@ -155,7 +156,8 @@ def time_limit_config() -> dict:
     # In the `short` partition (MaxTime 20 minutes, local-slurm.sh): a retry at twice the runtime would ask 24, which
     # SLURM refuses (EnforcePartLimits=ALL); capped at the partition's MaxTime, it asks 20. The test cuts the first
     # attempt's limit.
-    config["resources"]["train"]["runtime"] = 12
+    for spec in config["resources"].values():
+        spec["runtime"] = 12  # every kind of job must fit the partition (the preflight checks it)
     config["cluster"] = {"cpu_partition": "short"}
     # 30 steps an epoch (120 prompts, 4 a step), so that the resumed run crosses epoch boundaries.
     config["data"]["math_train"].update(levels=["add2", "sub2"], size=120)

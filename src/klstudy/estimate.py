@@ -112,6 +112,10 @@ def gpu_hours(config: dict) -> Estimate:
     return estimate
 
 
+def _hours(hours: float) -> str:
+    return f"{hours:,.0f}" if hours >= 10 else f"{hours:.1f}"
+
+
 def summary(config: dict) -> list[str]:
     """The lines the preflight and the dry run print."""
     disk, hours = peak_disk(config), gpu_hours(config)
@@ -120,7 +124,7 @@ def summary(config: dict) -> list[str]:
         + ", ".join(f"{what} {size / GB:,.0f} GB" for what, size in disk.parts.items())
         + f"){disk.note()}",
         f"GPU-hours (upper bound, every response at its maximum length, {config['cluster']['gpu_tflops']:g} TFLOP/s "
-        f"sustained per GPU: cluster.gpu_tflops): {hours.total:,.0f} ("
-        + ", ".join(f"{what} {h:,.0f}" for what, h in hours.parts.items())
+        f"sustained per GPU: cluster.gpu_tflops): {_hours(hours.total)} ("
+        + ", ".join(f"{what} {_hours(h)}" for what, h in hours.parts.items())
         + f"){hours.note()}",
     ]

@@ -8,7 +8,7 @@ job is submitted, in one table with a remedy per failing row.
   against the partition's MaxTime, and GPUs of the asked kind in the GPU partition.
 - disk: free space under results/ against the run's peak (estimate.py), which is printed with the GPU-hours.
 
-`snakemake --profile slurm` runs it (the Snakefile's ``onstart``) unless ``--config preflight=false``.
+`snakemake --profile slurm` runs it (the Snakefile's ``onstart``) unless ``--config preflight=False``.
 """
 
 from __future__ import annotations
@@ -335,10 +335,10 @@ def report(config: dict, root: Path, hub: bool = True, client=None) -> tuple[boo
 def run_before_submitting(config: dict, root: Path) -> None:
     """The Snakefile's onstart: the preflight, or a line that says what is skipped; a failure stops the run."""
     if not config["preflight"]:
-        print("preflight skipped (preflight=false): hub access, data sources, SLURM account, partitions, time limits,"
+        print("preflight skipped (preflight=False): hub access, data sources, SLURM account, partitions, time limits,"
               " GPUs and disk are not checked", flush=True)  # fmt: skip
         return
     passed, text = report(config, root)
     print(text, flush=True)
     if not passed:
-        raise SystemExit("preflight failed: fix the rows marked FAIL, or run with --config preflight=false")
+        raise SystemExit("preflight failed: fix the rows marked FAIL, or run with --config preflight=False")
