@@ -307,9 +307,9 @@ def test_the_preflight_checks_the_local_cluster(cluster, tmp_path):
     assert " FAIL " in rows["train: GPUs"] and "gpu:a100:2 per node; gpu has gpu:4" in rows["train: GPUs"]
 
 
-def submit_driver(env, workdir: Path) -> str:
+def submit_driver(env, workdir: Path, targets: list[Path]) -> str:
     command = ["sbatch", "--parsable", "--partition=debug", "--time=30", "--mem=1000", "slurm/driver.sbatch",
-               *QUICK_POLLS]  # fmt: skip
+               *(str(t.relative_to(workdir)) for t in targets), *QUICK_POLLS]  # fmt: skip
     out = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, check=True).stdout
     return out.strip()
 
@@ -336,12 +336,19 @@ def test_the_driver_as_a_slurm_job_resumes_after_a_kill_with_no_job_run_twice(cl
     (tmp_path / "logs").mkdir()
     cells = [tmp_path / f"results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}/summary.json" for seed in (0, 1)]
     deadline = time.monotonic() + HARD_LIMIT
-    first = submit_driver(cluster, tmp_path)
-    wait_for("a first cell", lambda: any(cell.exists() for cell in cells), deadline)
+    first = submit_driver(cluster, tmp_path, cells)
+    running = ("RUNNING", "PENDING", "")
+
+    def first_cell_done() -> bool:
+        log = tmp_path / "logs" / f"driver-{first}.log"
+        assert job_state(cluster, first) in running, log.read_text()[-5000:] if log.exists() else first
+        return any(cell.exists() for cell in cells)
+
+    wait_for("a first cell", first_cell_done, deadline)
     subprocess.run(["scancel", first], env=cluster, check=True)
-    wait_for("the driver's end", lambda: job_state(cluster, first) not in ("RUNNING", "PENDING", ""), deadline)
-    second = submit_driver(cluster, tmp_path)
-    wait_for("the second driver's end", lambda: job_state(cluster, second) not in ("RUNNING", "PENDING", ""), deadline)
+    wait_for("the driver's end", lambda: job_state(cluster, first) not in running, deadline)
+    second = submit_driver(cluster, tmp_path, cells)
+    wait_for("the second driver's end", lambda: job_state(cluster, second) not in running, deadline)
     log = (tmp_path / "logs" / f"driver-{second}.log").read_text()
     assert job_state(cluster, second) == "COMPLETED", log[-5000:]
     assert all(json.loads(cell.read_text())["status"] == "ok" for cell in cells)

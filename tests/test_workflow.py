@@ -284,3 +284,18 @@ def test_the_sbatch_line_of_a_two_node_training_job_asks_gpus_per_node(tmp_path)
     assert {"--gres=gpu:h100:8", "--nodes=2", "--ntasks=2", "-t", "2880"} <= set(words), words
     assert not any(w.startswith(("--gpus", "--ntasks-per-gpu")) for w in words), words
     assert resources["slurm_partition"] == "gpu", resources
+
+
+def test_training_slots_cap_the_cells_training_at_once(tmp_path):
+    """Each training job holds one `training_slots`; the Snakefile provides cluster.training_slots of them (the
+    command line's --resources wins), so at most that many cells train, and hold checkpoints, at once."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["cluster"] = {"training_slots": 2}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    data = ["results/data/math500.jsonl", "--cores", "1", "--configfile", str(tmp_path / "config.yaml")]
+    assert 'Provided resources: training_slots=Resource("training_slots", 2)' in snakemake(*data, cwd=tmp_path)
+    out = snakemake(*data, "--forcerun", "prepare_data", "--resources", "training_slots=3", cwd=tmp_path)
+    assert 'training_slots=Resource("training_slots", 3)' in out
+    cell = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/summary.json"
+    dry = snakemake(cell, "-n", "--cores", "1", "--configfile", str(tmp_path / "config.yaml"), cwd=tmp_path)
+    assert re.search(r"rule train_rl:.*?resources: [^\n]*training_slots=1", dry, re.S), dry[-2000:]
