@@ -326,9 +326,17 @@ def job_state(env, job: str) -> str:
     return out.strip().split(" ")[0]
 
 
+def job_spans(env, jobs: list[str]) -> list[tuple[str, str]]:
+    """(start, end) of each job, ISO times as sacct prints them, in start order."""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(jobs), "--format=Start,End"], env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return sorted(tuple(line.split("|")) for line in out.splitlines() if line.strip())
+
+
 def test_the_driver_as_a_slurm_job_resumes_after_a_kill_with_no_job_run_twice(cluster, tmp_path):
-    """slurm/driver.sbatch runs Snakemake as a SLURM job; cancelled once a first cell has finished (SIGTERM, as at
-    its time limit), it cancels its running jobs; resubmitted, it finishes the grid and reruns no finished job."""
+    """slurm/driver.sbatch runs Snakemake as a SLURM job. Cancelled outright (`scancel`) once a first cell's job has
+    completed, it leaves the other cell's job behind; resubmitted, it cancels that job, reruns it (from its
+    checkpoint) and finishes the grid: no completed job runs again, and no cell ever has two jobs at once."""
     config = small_grid(cells=2, steps=20)
     for spec in config["resources"].values():
         spec["cpus"] = 1  # the node's other core runs the driver
@@ -342,9 +350,9 @@ def test_the_driver_as_a_slurm_job_resumes_after_a_kill_with_no_job_run_twice(cl
     def first_cell_done() -> bool:
         log = tmp_path / "logs" / f"driver-{first}.log"
         assert job_state(cluster, first) in running, log.read_text()[-5000:] if log.exists() else first
-        return any(cell.exists() for cell in cells)
+        return "COMPLETED" in set(rule_jobs(cluster, tmp_path, "train_rl").state)
 
-    wait_for("a first cell", first_cell_done, deadline)
+    wait_for("a first cell's job to complete", first_cell_done, deadline)
     subprocess.run(["scancel", first], env=cluster, check=True)
     wait_for("the driver's end", lambda: job_state(cluster, first) not in running, deadline)
     second = submit_driver(cluster, tmp_path, cells)
@@ -355,4 +363,7 @@ def test_the_driver_as_a_slurm_job_resumes_after_a_kill_with_no_job_run_twice(cl
     jobs = rule_jobs(cluster, tmp_path, "train_rl")
     finished = jobs[jobs.state == "COMPLETED"]
     assert len(finished) == 2 and finished.wildcards.is_unique, jobs  # each cell trained to the end once
-    assert set(jobs.state) <= {"COMPLETED", "CANCELLED"}, jobs  # only a job the first driver cancelled ran again
+    assert set(jobs.state) <= {"COMPLETED", "CANCELLED by 0"}, jobs  # only a job left running was cancelled
+    for _, cell_jobs in jobs.groupby("wildcards"):  # one job at a time per cell: each began after the previous ended
+        spans = job_spans(cluster, list(cell_jobs.job_id))
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False)), spans
