@@ -70,6 +70,13 @@ def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path, monke
     assert not passed and remedy in text and "preflight: " in text
 
 
+def test_offline_the_hub_is_not_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(preflight, "hub_client", lambda: pytest.fail("the hub was asked"))
+    (row,) = preflight.hub_checks(paper(), tmp_path)
+    assert row.status == preflight.SKIP and "from the cache" in row.detail
+
+
 def test_staged_or_local_copies_are_not_asked_of_the_hub(tmp_path):
     config = paper()
     (tmp_path / "results/models/qwen2.5-7b").mkdir(parents=True)

@@ -14,6 +14,7 @@ job is submitted, in one table with a remedy per failing row.
 from __future__ import annotations
 
 import getpass
+import os
 import re
 import shutil
 import subprocess
@@ -95,6 +96,8 @@ def hub_checks(config: dict, root: Path, client=None) -> list[Check]:
     repos = hub_repos(config, root)
     if not repos:
         return [Check("hub", OK, "nothing to download")]
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return [Check("hub", SKIP, f"HF_HUB_OFFLINE is set: {len(repos)} repositories from the cache (HF_HOME)")]
     from huggingface_hub import get_token
 
     client = client or hub_client()
