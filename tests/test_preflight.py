@@ -195,3 +195,24 @@ def test_the_driver_skips_it_saying_what_it_skips(capsys):
     config["preflight"] = False
     preflight.run_before_submitting(config, Path("."))
     assert "preflight skipped" in capsys.readouterr().out
+
+
+def test_the_docs_quote_the_computed_costs():
+    """The peak disk and GPU-hours that docs/running.md, docs/cost.md and the README quote are estimate.py's."""
+    pilot = validate_config(yaml.safe_load((ROOT / "config/pilot.yaml").read_text()))
+    disk = {n: estimate.peak_disk(paper(training_slots=n)).total / 1e12 for n in (1, 8, 16)}
+    hours = estimate.gpu_hours(paper()).total
+    docs = {p: " ".join((ROOT / p).read_text().split()) for p in ("README.md", "docs/running.md", "docs/cost.md")}
+    assert f"{disk[8]:.1f} TB with 8 training at once" in docs["README.md"]
+    assert (
+        f"**{disk[8]:.1f} TB** with `cluster.training_slots: 8` ({disk[1]:.1f} TB with 1, {disk[16]:.1f} TB"
+        in (docs["docs/cost.md"])
+    )
+    assert f"{disk[8]:.1f} TB at 8 slots" in docs["docs/running.md"]
+    assert f"about {round(hours, -3):,.0f} GPU-hours at 100 TFLOP/s" in docs["docs/running.md"]
+    pilot_disk, pilot_hours = estimate.peak_disk(pilot).total / 1e9, estimate.gpu_hours(pilot).total
+    assert (
+        f"about {pilot_hours:.1f} GPU-hours at the assumed throughput and {pilot_disk:.0f} GB"
+        in docs["docs/running.md"]
+    )
+    assert f"`config/pilot.yaml`) {pilot_disk:.0f} GB" in docs["docs/cost.md"]
