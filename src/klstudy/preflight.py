@@ -231,54 +231,41 @@ def account_check(account: str | None, run=subprocess.run) -> Check:
     )
 
 
+def runtime_check(stage: str, minutes_asked: int, part: Partition) -> Check:
+    limit = "no limit" if part.max_minutes is None else f"MaxTime {part.max_minutes} min"
+    if part.max_minutes is None or minutes_asked <= part.max_minutes:
+        return Check(f"{stage}: runtime", OK, f"{minutes_asked} min on {part.name} ({limit})")
+    return Check(
+        f"{stage}: runtime", FAIL, f"{minutes_asked} min > {part.name}'s {limit}",
+        f"lower resources.{stage}.runtime to {part.max_minutes} (a cell resumes on its retry) or pick a partition "
+        "with a longer MaxTime",
+    )  # fmt: skip
+
+
+def gpu_check(stage: str, gpus: int, model: str | None, part: Partition) -> Check:
+    have, asked = gpus_in(part.gres, model), estimate.gpu_gres(gpus, model)
+    if have >= gpus:
+        return Check(f"{stage}: GPUs", OK, f"{asked} per node; {part.name}'s nodes have up to {have}")
+    return Check(
+        f"{stage}: GPUs", FAIL, f"{asked} per node; {part.name} has {', '.join(part.gres) or 'no GRES'}",
+        f"set cluster.gpu_partition / cluster.gpu_model to what sinfo -o %G lists, or lower resources.{stage}.gpus",
+    )  # fmt: skip
+
+
 def stage_checks(config: dict, found: dict[str, Partition]) -> list[Check]:
     """Each kind of job: its partition exists, its runtime fits MaxTime, its GPUs exist there."""
     checks = []
-    cluster = config["cluster"]
     default = next((p.name for p in found.values() if p.default), None)
     for stage, spec in config["resources"].items():
         key = "gpu_partition" if spec["gpus"] else "cpu_partition"
-        name = cluster[key] or default
+        name = config["cluster"][key] or default
         if name not in found:
-            checks.append(
-                Check(
-                    f"{stage}: partition {name}",
-                    FAIL,
-                    "no such partition",
-                    f"set cluster.{key} to one of: " + ", ".join(sorted(found)),
-                )  # fmt: skip
-            )
+            remedy = f"set cluster.{key} to one of: " + ", ".join(sorted(found))
+            checks.append(Check(f"{stage}: partition {name}", FAIL, "no such partition", remedy))
             continue
-        part = found[name]
-        limit = "no limit" if part.max_minutes is None else f"MaxTime {part.max_minutes} min"
-        if part.max_minutes is not None and spec["runtime"] > part.max_minutes:
-            checks.append(
-                Check(
-                    f"{stage}: runtime",
-                    FAIL,
-                    f"{spec['runtime']} min > {name}'s {limit}",
-                    f"lower resources.{stage}.runtime to {part.max_minutes} (a cell resumes on its retry) or "
-                    "pick a partition with a longer MaxTime",
-                )  # fmt: skip
-            )
-        else:
-            checks.append(Check(f"{stage}: runtime", OK, f"{spec['runtime']} min on {name} ({limit})"))
+        checks.append(runtime_check(stage, spec["runtime"], found[name]))
         if spec["gpus"]:
-            model = cluster["gpu_model"]
-            have = gpus_in(part.gres, model)
-            asked = estimate.gpu_gres(spec["gpus"], model)
-            if have >= spec["gpus"]:
-                checks.append(Check(f"{stage}: GPUs", OK, f"{asked} per node; {name}'s nodes have up to {have}"))
-            else:
-                checks.append(
-                    Check(
-                        f"{stage}: GPUs",
-                        FAIL,
-                        f"{asked} per node; {name} has {', '.join(part.gres) or 'no GRES'}",
-                        "set cluster.gpu_partition / cluster.gpu_model to what sinfo -o %G lists, or lower "
-                        f"resources.{stage}.gpus",
-                    )  # fmt: skip
-                )
+            checks.append(gpu_check(stage, spec["gpus"], config["cluster"]["gpu_model"], found[name]))
     return checks
 
 
