@@ -10,7 +10,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_FLAVOUR ?= auto
 PIP_FLAGS ?=  # e.g. --no-compile: CI's throwaway venvs of other Pythons skip writing .pyc files (half the install's CPU)
 
-.PHONY: venv study status test test-fast test-all test-gpu test-vllm vllm-env lint clean
+.PHONY: venv study status preflight driver test test-fast test-all test-gpu test-vllm vllm-env lint clean
 
 venv: $(INSTALLED)
 
@@ -42,6 +42,19 @@ study: $(INSTALLED)
 ## figures done. Reads files only: safe on a login node while SLURM runs. CONFIG=config/paper.yaml for the paper's.
 status: $(INSTALLED)
 	$(BIN)/python -m klstudy status --config $(CONFIG)
+
+## Before a cluster run, on the login node: hub access to every model and dataset, data sources, the SLURM account,
+## partitions, time limits and GPUs, free disk against the run's peak; then the peak disk and GPU-hours
+## (src/klstudy/preflight.py). `snakemake --profile slurm` runs it too before submitting anything.
+preflight: $(INSTALLED)
+	$(BIN)/python -m klstudy preflight --config $(CONFIG)
+
+## The driver (Snakemake with the SLURM profile) as a long, cheap CPU job: slurm/driver.sbatch. Submit it again after
+## it ends for any reason; it picks up where it stopped. SBATCH_FLAGS="--partition=long --time=2-00:00:00" if needed.
+SBATCH_FLAGS ?=
+driver: $(INSTALLED)
+	mkdir -p logs
+	CONFIG="$(CONFIG)" sbatch $(SBATCH_FLAGS) slurm/driver.sbatch
 
 ## The test suite without the slow end-to-end tests and the GPU suite (what CI runs).
 test: $(INSTALLED)

@@ -23,6 +23,26 @@ if not workflow.config_settings.configfiles:
 # Checked before any job runs; a bad key stops here with a message that names it.
 validate_config(config, load_schema(Path(workflow.basedir) / "workflow/schemas/config.schema.yaml"))
 
+# The cells training at once (each train_rl job holds one slot): bounds the checkpoints on disk. A --resources
+# training_slots=N on the command line wins.
+if "training_slots" not in workflow.global_resources:
+    workflow.register_resource("training_slots", config["cluster"]["training_slots"])
+
+# What the run costs (klstudy/estimate.py), on every invocation of the driver, the dry run included; not in jobs.
+if workflow.is_main_process and any("parameters_b" in model for model in config["models"].values()):
+    from klstudy.estimate import summary
+
+    print("\n".join(summary(config)), file=sys.stderr)
+
+
+# On a cluster, before the first job is submitted: hub access, data sources, SLURM account, partitions, time limits,
+# GPUs and disk (klstudy/preflight.py); a failing check stops the run. `--config preflight=False` skips it.
+onstart:
+    if workflow.non_local_exec:
+        from klstudy.preflight import run_before_submitting
+
+        run_before_submitting(config, Path.cwd())
+
 
 report: "workflow/report/workflow.rst"
 

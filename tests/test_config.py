@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from klstudy.config import ConfigError, section_settings, validate_config
+from klstudy.config import ConfigError, divergence_cells, section_settings, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -19,7 +19,7 @@ def load(name="config.yaml"):
     return yaml.safe_load((ROOT / name).read_text())
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml", "config/pilot.yaml"])
 def test_shipped_configs_are_valid(name):
     config = validate_config(load(name))
     assert config["toy"]["baseline"] in ("none", "rloo")
@@ -241,3 +241,21 @@ def test_a_stage_given_part_of_its_section_gets_the_schemas_defaults(tmp_path):
     command = ["evaluate", "--model", "m", "--task", "math500", "--data-dir", "d", "--out", "o", "--samples", "s"]
     with pytest.raises(SystemExit, match="klstudy evaluate: config key 'evaluation.tasks' is missing"):
         cli.run([*command, "--settings", json.dumps({"k": 2})])
+
+
+def test_the_pilot_is_the_smallest_paper_path():
+    """config/pilot.yaml: one public model of at most 1.5B, K1 in the reward against K3 in the loss and no KL, one β,
+    two seeds, one node per cell, MATH-500 and one MMLU subject, Fig. 12 for one cell, generation and evaluation with
+    vLLM under FSDP as in config/paper.yaml."""
+    pilot, paper = validate_config(load("config/pilot.yaml")), validate_config(load("config/paper.yaml"))
+    (model,) = pilot["models"].values()
+    assert model["source"] == "hub" and model["parameters_b"] <= 1.5
+    (study,) = pilot["studies"].values()
+    assert set(study["kl"]) == {"none", "k1-reward", "k3-loss"} and len(study["betas"]) == 1
+    assert len(study["seeds"]) == 2 and pilot["resources"]["train"]["nodes"] == 1
+    assert pilot["evaluation"]["tasks"] == ["math500", "mmlu_college_biology"]
+    assert len(divergence_cells(pilot)) == 1
+    same = ("generation", "accelerate_config", "advantage", "loss_type", "max_response_tokens", "rollouts")
+    paper_train = paper["studies"]["onpolicy"]["train"]
+    assert {k: study["train"][k] for k in same} == {k: paper_train[k] for k in same}
+    assert pilot["evaluation"]["backend"] == paper["evaluation"]["backend"] == "vllm"

@@ -50,13 +50,13 @@ rule all:
 rule first:
     output: "out/0.json"
     priority: 100
-    resources: gpu={per_job}
+    resources: local_gpus={per_job}
     shell: "{python} -m klstudy.devices --count {per_job} -- {python} {record} {{output}} 0 {killed}"
 
 rule job:
     output: "out/{{i}}.json"
     wildcard_constraints: i="[1-9][0-9]*"
-    resources: gpu={per_job}
+    resources: local_gpus={per_job}
     shell: "{python} -m klstudy.devices --count {per_job} -- {python} {record} {{output}} {{wildcards.i}} {killed}"
 """
 

@@ -3,9 +3,11 @@
 docs/running.md's commands for the paper (dry run, run, status, report) run as written, in a directory laid out as a
 clone whose config/paper.yaml is the reduced embedded study, with the local cluster's account and partition; every
 job must show in `sacct` and every output must equal a local run's. Then a training job is killed by SLURM at its time
-limit once it has saved a checkpoint, resubmitted by the profile's `retries` with twice the runtime, and resumes from
-its checkpoint to the metrics of an uninterrupted run. Needs root (the script installs slurm-wlm, slurmdbd, munge and
-MariaDB if missing); `make test` runs it.
+limit once it has saved a checkpoint, resubmitted by the profile's `retries` within its partition's MaxTime, and
+resumes from its checkpoint to the metrics of an uninterrupted run. A training job asking for GPUs gets them on one
+node and starts a process per GPU; the preflight's SLURM rows pass and fail against the local cluster; and the
+driver, run as a SLURM job (slurm/driver.sbatch), killed and resubmitted, finishes the grid. Needs root (the script
+installs slurm-wlm, slurmdbd, munge and MariaDB if missing); `make test` runs it.
 """
 
 import json
@@ -53,19 +55,20 @@ def cluster(tmp_path_factory):
         subprocess.run(["timeout", "-s", "KILL", "120", str(SCRIPT), "down", str(base)], check=False)
 
 
-# The documented commands with this cluster's account and partition; Snakemake polls this small cluster more often.
-THIS_CLUSTER = {"ACCOUNT": "klstudy", "PARTITION": "debug"}
+# Snakemake polls this small cluster more often. (The documented commands name no account or partition: the config's
+# `cluster` keys do, and unset, as here, SLURM's defaults for the user are used.)
 QUICK_POLLS = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
                "--latency-wait", "5"]  # fmt: skip
 
 
 def documented(kind: str) -> list[str]:
-    """docs/running.md's line of this kind (dryrun, run, status, report), split into words, on this cluster."""
+    """docs/running.md's line of this kind (dryrun, run, status, report) for the paper, split into words."""
     lines = slurm_commands()
-    setup, (dry_run, run, status, report) = lines[:2], lines[2:]
+    setup, pilot, (dry_run, run, status, report) = lines[:2], lines[2:4], lines[4:]
     assert setup == ["make venv", "make vllm-env VLLM_FLAVOUR=gpu"], setup  # what make test and make test-vllm build
+    assert all("config/pilot.yaml" in line for line in pilot), pilot  # the first GPU run: not on this CPU
     line = {"dryrun": dry_run, "run": run, "status": status, "report": report}[kind]
-    return [re.sub(r"\b(ACCOUNT|PARTITION)\b", lambda m: THIS_CLUSTER[m.group(1)], w) for w in shlex.split(line)]
+    return shlex.split(line)
 
 
 def profile_command(workdir: Path, config_path: Path, *targets: str) -> list[str]:
@@ -150,7 +153,12 @@ def time_limit_config() -> dict:
     config["divergence"].update(study="slurm", kl=["k1-reward"], steps=[0])
     config["figures"] = {}
     config["claims"] = claims_it_can_test(config)
-    config["resources"]["train"]["runtime"] = 30  # minutes; the test cuts the first attempt's limit
+    # In the `short` partition (MaxTime 20 minutes, local-slurm.sh): a retry at twice the runtime would ask 24, which
+    # SLURM refuses (EnforcePartLimits=ALL); capped at the partition's MaxTime, it asks 20. The test cuts the first
+    # attempt's limit.
+    for spec in config["resources"].values():
+        spec["runtime"] = 12  # every kind of job must fit the partition (the preflight checks it)
+    config["cluster"] = {"cpu_partition": "short"}
     # 30 steps an epoch (120 prompts, 4 a step), so that the resumed run crosses epoch boundaries.
     config["data"]["math_train"].update(levels=["add2", "sub2"], size=120)
     return config
@@ -184,6 +192,16 @@ def cut_time_limit_once_stopped(env, workdir: Path, known_jobs: set, driver: sub
     return job[0]
 
 
+SHORT_MAX_TIME = "00:20:00"  # the `short` partition's (local-slurm.sh)
+
+
+def time_limit(env, job: str) -> str:
+    return subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job, "--format=Timelimit"], env=env, capture_output=True, text=True,
+        check=True,
+    ).stdout.strip()  # fmt: skip
+
+
 def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp_path):
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(time_limit_config()))
@@ -202,6 +220,7 @@ def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp
     jobs = sacct(cluster)
     jobs = jobs[~jobs.job_id.isin(before)]
     assert list(jobs.state) == ["TIMEOUT", "COMPLETED"] and jobs.job_id.iloc[0] == cut, jobs  # killed, retried
+    assert time_limit(cluster, jobs.job_id.iloc[1]) == SHORT_MAX_TIME, "the retry asks the partition's MaxTime"
 
     summary = json.loads((slurm_cell / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["steps_done"] == STEPS, summary
@@ -209,3 +228,142 @@ def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp
     for name in ("metrics.jsonl", "heldout.jsonl"):
         runs = [without_times(pd.read_json(cell / name, lines=True)) for cell in (local_cell, slurm_cell)]
         pd.testing.assert_frame_equal(*runs, obj=name, check_like=True)  # resumed files are rewritten
+
+
+# ------------------------------------------------------------------------------------------- GPUs, preflight, driver
+
+
+def small_grid(cells: int = 1, steps: int = 3) -> dict:
+    """Training cells of `cells` seeds of K1 in the reward, `steps` steps each; no evaluation or figures."""
+    config = reduced_config()
+    study = config["studies"]["onpolicy"]
+    study.update(kl=["k1-reward"], betas=[0.1], seeds=list(range(cells)))
+    study["train"].update(steps=steps, eval_every=steps, checkpoint_every=steps)
+    config["studies"] = {"onpolicy": study}
+    config["evaluation"]["studies"] = {}
+    config["divergence"].update(study="onpolicy", kl=["k1-reward"], steps=[0])
+    config["figures"] = {}
+    config["claims"] = claims_it_can_test(config)
+    return config
+
+
+def rule_jobs(env, workdir: Path, rule: str) -> pd.DataFrame:
+    """sacct's rows of the jobs of ``rule`` that ran in ``workdir``, with each job's wildcards (its SLURM log's folder:
+    logs/slurm/rule_<rule>/<wildcards>/<jobid>.log)."""
+    logs = {log.stem: log.parent.name for log in (workdir / "logs" / "slurm" / f"rule_{rule}").rglob("*.log")}
+    jobs = sacct(env)
+    jobs = jobs[jobs.job_id.isin(logs)].copy()
+    jobs["wildcards"] = jobs.job_id.map(logs)
+    return jobs
+
+
+def test_a_gpu_training_job_gets_its_gpus_on_one_node_and_starts_a_process_per_gpu(cluster, tmp_path):
+    """resources.train.gpus = 2 on one node: the job asks --gres=gpu:2 --nodes=1 in the gpu partition, SLURM's
+    allocation (scontrol show job -d) is one node with two GPUs, and accelerate starts two processes (gloo on the
+    CPU: the GPUs are simulated, local-slurm.sh)."""
+    config = small_grid()
+    config["studies"]["onpolicy"]["train"]["accelerate_config"] = "config/accelerate/cpu-2proc.yaml"
+    config["resources"]["train"].update(gpus=2, cpus=1)
+    config["cluster"] = {"gpu_partition": "gpu", "account": "klstudy"}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cell = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0"
+    run = subprocess.run(profile_command(tmp_path, tmp_path / "config.yaml", f"{cell}/summary.json"),
+                         cwd=ROOT, env=cluster, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    (job,) = rule_jobs(cluster, tmp_path, "train_rl").job_id
+    shown = subprocess.run(["scontrol", "show", "job", "-d", job], env=cluster, capture_output=True, text=True).stdout
+    assert "NumNodes=1 " in shown and "Partition=gpu " in shown, shown
+    assert "TresPerNode=gres:gpu:2" in shown and "JOB_GRES=gpu:2" in shown, shown
+    launch = json.loads((tmp_path / cell / "summary.json").read_text())["launch"]
+    assert launch["processes"] == 2, launch  # SLURM_GPUS_ON_NODE × SLURM_JOB_NUM_NODES (klstudy.devices)
+
+
+def preflight_rows(env, config: dict, tmp_path: Path) -> dict[str, str]:
+    path = tmp_path / "preflight.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = subprocess.run(
+        [str(ROOT / ".venv/bin/python"), "-m", "klstudy", "preflight", "--config", str(path), "--root", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode in (0, 1), run.stderr
+    rows = [line for line in run.stdout.splitlines() if re.search(r"\s(ok|FAIL|skip)\s", line)]
+    return {re.split(r"\s{2,}", row)[0]: row for row in rows}
+
+
+def test_the_preflight_checks_the_local_cluster(cluster, tmp_path):
+    config = small_grid()
+    for spec in config["resources"].values():
+        spec["runtime"] = 20  # the short partition's MaxTime
+    config["resources"]["train"].update(gpus=2, runtime=30)  # in the gpu partition: no limit
+    config["cluster"] = {"account": "klstudy", "cpu_partition": "short", "gpu_partition": "gpu"}
+    rows = preflight_rows(cluster, config, tmp_path)
+    assert all(" FAIL " not in row for row in rows.values()), rows
+    assert "gpu:2 per node; gpu's nodes have up to 4" in rows["train: GPUs"]
+    config["resources"]["toy"]["runtime"] = 30
+    config["cluster"].update(account="physics", gpu_model="a100", gpu_partition="gpu")
+    rows = preflight_rows(cluster, config, tmp_path)
+    assert " FAIL " in rows["SLURM account physics"] and "has: klstudy" in rows["SLURM account physics"]
+    assert " FAIL " in rows["toy: runtime"] and "30 min > short's MaxTime 20 min" in rows["toy: runtime"]
+    assert " FAIL " in rows["train: GPUs"] and "gpu:a100:2 per node; gpu has gpu:4" in rows["train: GPUs"]
+
+
+def submit_driver(env, workdir: Path, targets: list[Path]) -> str:
+    command = ["sbatch", "--parsable", "--partition=debug", "--time=30", "--mem=1000", "slurm/driver.sbatch",
+               *(str(t.relative_to(workdir)) for t in targets), *QUICK_POLLS]  # fmt: skip
+    out = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, check=True).stdout
+    return out.strip()
+
+
+def wait_for(what: str, condition, deadline: float) -> None:
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+def job_state(env, job: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "--format=State"], env=env, capture_output=True,
+                         text=True).stdout  # fmt: skip
+    return out.strip().split(" ")[0]
+
+
+def job_spans(env, jobs: list[str]) -> list[tuple[str, str]]:
+    """(start, end) of each job, ISO times as sacct prints them, in start order."""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(jobs), "--format=Start,End"], env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return sorted(tuple(line.split("|")) for line in out.splitlines() if line.strip())
+
+
+def test_the_driver_as_a_slurm_job_resumes_after_a_kill_with_no_job_run_twice(cluster, tmp_path):
+    """slurm/driver.sbatch runs Snakemake as a SLURM job. Cancelled outright (`scancel`) once a first cell's job has
+    completed, it leaves the other cell's job behind; resubmitted, it cancels that job, reruns it (from its
+    checkpoint) and finishes the grid: no completed job runs again, and no cell ever has two jobs at once."""
+    config = small_grid(cells=2, steps=20)
+    for spec in config["resources"].values():
+        spec["cpus"] = 1  # the node's other core runs the driver
+    like_a_clone(tmp_path, config)
+    (tmp_path / "logs").mkdir()
+    cells = [tmp_path / f"results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}/summary.json" for seed in (0, 1)]
+    deadline = time.monotonic() + HARD_LIMIT
+    first = submit_driver(cluster, tmp_path, cells)
+    running = ("RUNNING", "PENDING", "")
+
+    def first_cell_done() -> bool:
+        log = tmp_path / "logs" / f"driver-{first}.log"
+        assert job_state(cluster, first) in running, log.read_text()[-5000:] if log.exists() else first
+        return "COMPLETED" in set(rule_jobs(cluster, tmp_path, "train_rl").state)
+
+    wait_for("a first cell's job to complete", first_cell_done, deadline)
+    subprocess.run(["scancel", first], env=cluster, check=True)
+    wait_for("the driver's end", lambda: job_state(cluster, first) not in running, deadline)
+    second = submit_driver(cluster, tmp_path, cells)
+    wait_for("the second driver's end", lambda: job_state(cluster, second) not in running, deadline)
+    log = (tmp_path / "logs" / f"driver-{second}.log").read_text()
+    assert job_state(cluster, second) == "COMPLETED", log[-5000:]
+    assert all(json.loads(cell.read_text())["status"] == "ok" for cell in cells)
+    jobs = rule_jobs(cluster, tmp_path, "train_rl")
+    finished = jobs[jobs.state == "COMPLETED"]
+    assert len(finished) == 2 and finished.wildcards.is_unique, jobs  # each cell trained to the end once
+    assert set(jobs.state) <= {"COMPLETED", "CANCELLED by 0"}, jobs  # only a job left running was cancelled
+    for _, cell_jobs in jobs.groupby("wildcards"):  # one job at a time per cell: each began after the previous ended
+        spans = job_spans(cluster, list(cell_jobs.job_id))
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False)), spans

@@ -1,6 +1,7 @@
 """The Snakemake workflow: its DAG, a reduced end-to-end run of every stage, and the report."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -126,7 +127,10 @@ def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
         launch_config = ROOT / "config/accelerate/fsdp.yaml"
         # On one node, each GPU job first claims its own GPUs (klstudy.devices) and each launch its own port.
         claim = f"{vllm_python} -m klstudy.devices --count {{}} -- {vllm_python}"
-        launch = f"{claim.format(8)} -m accelerate.commands.launch --config_file {launch_config} --num_processes 8"
+        # --num_processes: what SLURM allocated (klstudy.devices --processes checks it is the config's 8).
+        processes = "$(python -m klstudy.devices --processes 8)"
+        launch = f"{claim.format(8)} -m accelerate.commands.launch --config_file {launch_config}"
+        launch += f" --num_processes {processes}"
         assert f"{launch} --main_process_port 0 -m klstudy train" in out
         assert f"{claim.format(1)} -m klstudy evaluate" in out
     else:
@@ -141,7 +145,9 @@ def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(tmp_path):
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
     cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
     out = snakemake(cell, "-n", "-p", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
-    assert "srun --nodes 2 --ntasks-per-node 1" in out and "--num_processes 16 --num_machines $SLURM_NNODES" in out
+    processes = "$(python -m klstudy.devices --processes 16)"  # SLURM's 2 nodes × 8 GPUs, checked against the config
+    assert "srun --nodes 2 --ntasks-per-node 1" in out
+    assert f"--num_processes {processes} --num_machines $SLURM_NNODES" in out
 
 
 def test_lint_is_clean():
@@ -248,3 +254,48 @@ def test_report_contains_figure_table_captions_and_config(reduced_run):
     assert "Figure 1" in html and "Table 1" in html
     assert "embedded" in html
     assert "Docutils System Messages" not in html  # every caption is valid reStructuredText
+
+
+class _Resources(dict):
+    __getattr__ = dict.__getitem__
+
+
+def test_the_sbatch_line_of_a_two_node_training_job_asks_gpus_per_node(tmp_path):
+    """The local SLURM has one node, so a job on two cannot run here: the sbatch line that the SLURM plugin builds from
+    the resources Snakemake gives a training job with resources.train.nodes = 2 asks for 8 GPUs on each of 2 nodes
+    (--gres, per node; not --gpus, per job) and one task per node (the rule's srun starts a launch on each)."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    config["resources"]["train"]["nodes"] = 2
+    config["cluster"].update(gpu_model="h100", gpu_partition="gpu")
+    (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
+    cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
+    out = snakemake(cell, "-n", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
+    line = re.search(r"rule train_rl:.*?\n\s+resources: (.*?)\n", out, re.S).group(1)
+    resources = _Resources(
+        (key, int(value) if value.isdigit() else value)
+        for key, value in (item.split("=", 1) for item in line.split(", "))
+    )
+    job = type("Job", (), {"resources": resources, "threads": resources["cpus_per_task"]})()
+    params = dict(run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=None)
+    words = (get_submit_command(job, params) + set_gres_string(job)).split()  # as the plugin's run_job joins them
+    assert {"--gres=gpu:h100:8", "--nodes=2", "--ntasks=2", "-t", "2880"} <= set(words), words
+    assert not any(w.startswith(("--gpus", "--ntasks-per-gpu")) for w in words), words
+    assert resources["slurm_partition"] == "gpu", resources
+
+
+def test_training_slots_cap_the_cells_training_at_once(tmp_path):
+    """Each training job holds one `training_slots`; the Snakefile provides cluster.training_slots of them (the
+    command line's --resources wins), so at most that many cells train, and hold checkpoints, at once."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["cluster"] = {"training_slots": 2}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    data = ["results/data/math500.jsonl", "--cores", "1", "--configfile", str(tmp_path / "config.yaml")]
+    assert 'Provided resources: training_slots=Resource("training_slots", 2)' in snakemake(*data, cwd=tmp_path)
+    out = snakemake(*data, "--forcerun", "prepare_data", "--resources", "training_slots=3", cwd=tmp_path)
+    assert 'training_slots=Resource("training_slots", 3)' in out
+    cell = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/summary.json"
+    dry = snakemake(cell, "-n", "--cores", "1", "--configfile", str(tmp_path / "config.yaml"), cwd=tmp_path)
+    assert re.search(r"rule train_rl:.*?resources: [^\n]*training_slots=1", dry, re.S), dry[-2000:]

@@ -41,7 +41,8 @@ Written by `.venv/bin/python -m klstudy config-reference --out config/README.md`
 `tests/test_docs.py` fails when this file and the schema disagree. Edit the schema, then run the command.
 
 The configurations: [`config.yaml`](../config.yaml) (the embedded study, the default),
-[`paper.yaml`](paper.yaml) (the paper's study, for `snakemake --profile slurm`), [`smollm2.yaml`](smollm2.yaml) (a
+[`paper.yaml`](paper.yaml) (the paper's study, for `snakemake --profile slurm`), [`pilot.yaml`](pilot.yaml) (the
+first GPU run: the paper's path with a 0.5B model), [`smollm2.yaml`](smollm2.yaml) (a
 real chat model on a CPU) and [`separation.yaml`](separation.yaml) (an overlay merged into `config.yaml`:
 `make study CONFIG="config.yaml config/separation.yaml"`). Every key is checked before any job starts; a mistake
 stops the run with one line naming the key. `<dataset>`, `<model>`, `<study>` … stand for names you choose; `[]`

@@ -1,6 +1,6 @@
 """The GPUs of one machine, shared by the jobs of a study without a scheduler: each job runs on devices of its own.
 
-Snakemake's local execution counts resources (``--resources gpu=N`` keeps the GPU jobs running at once within N
+Snakemake's local execution counts resources (``--resources local_gpus=N`` keeps the GPU jobs running at once within N
 GPUs) but does not say which GPU a job gets (Snakemake's issue "Handle GPU ids", open since 2020), so every job would
 see every device. ``klstudy drive --gpus`` (drive.py) gives Snakemake the count and sets two variables for the jobs:
 ``KLSTUDY_GPUS``, the device ids to share, and ``KLSTUDY_GPU_LOCKS``, a directory. Each GPU job's command starts with
@@ -60,15 +60,39 @@ def claim(count: int, ids: list[str], locks: Path) -> tuple[list[str], list[int]
         os.close(fd)
     raise SystemExit(
         f"klstudy.devices: {count} free GPUs wanted, {len(claimed)} of {','.join(ids)} free in {locks}: is another "
-        "study using them with other locks, or Snakemake's --resources gpu above the number of devices?"
+        "study using them with other locks, or Snakemake's --resources local_gpus above the number of devices?"
     )
+
+
+def allocated_processes(expected: int, env=os.environ) -> int:
+    """The training processes a job starts: one per GPU SLURM gave it (SLURM_GPUS_ON_NODE × SLURM_JOB_NUM_NODES), or
+    ``expected`` (the config's GPUs × nodes) without an allocation. A different allocation is an error, not a smaller
+    launch: the config's batch layout was checked for ``expected`` processes."""
+    per_node, nodes = env.get("SLURM_GPUS_ON_NODE"), env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    if not per_node:
+        return expected
+    got = int(per_node) * int(nodes or 1)
+    if got != expected:
+        raise SystemExit(
+            f"klstudy.devices: SLURM gave this job {per_node} GPUs on each of {nodes or 1} nodes ({got} processes), "
+            f"the config's resources.train asks for {expected}: resubmit it with the config's gres and nodes"
+        )
+    return got
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m klstudy.devices", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--count", type=int, required=True, help="GPUs the job needs")
+    parser.add_argument("--count", type=int, help="GPUs the job needs")
+    parser.add_argument(
+        "--processes", type=int, help="print the processes to launch for this many GPUs (allocated_processes)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = parser.parse_args(argv)
+    if args.processes is not None:
+        print(allocated_processes(args.processes))
+        return
+    if args.count is None:
+        parser.error("give --count or --processes")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the job's command after --")

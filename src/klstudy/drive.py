@@ -20,8 +20,8 @@ with a mechanism the kernel or Snakemake already has (no daemon, no polling):
   SIGKILL on KeyboardInterrupt, before Snakemake releases its lock: what made an interrupted warm study fail to resume.)
 - **A driver killed with SIGKILL**: the kernel sends its Snakemake and its warm server SIGTERM (``PR_SET_PDEATHSIG``).
 
-With ``--gpus`` (one machine with GPUs and no scheduler), Snakemake gets ``--resources gpu=<number of devices>`` and
-every GPU job claims devices of its own (devices.py).
+With ``--gpus`` (one machine with GPUs and no scheduler), Snakemake gets ``--resources local_gpus=<number of
+devices>`` and every GPU job claims devices of its own (devices.py).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def with_gpus(command: list[str], env: dict, ids: list[str]) -> list[str]:
     """The Snakemake command and environment under which each GPU job claims its own of ``ids`` (devices.py)."""
     env.update({devices.GPUS_ENV: ",".join(ids), devices.LOCKS_ENV: str(GPU_LOCKS.resolve())})
     print(f"klstudy drive: GPUs {','.join(ids)}, each job on its own", file=sys.stderr)
-    return [*command, "--resources", f"gpu={len(ids)}"]
+    return [*command, "--resources", f"local_gpus={len(ids)}"]
 
 
 def drive(command: list[str], warm_log: Path | None = None, gpus: str | None = None) -> int:

@@ -288,6 +288,15 @@ def _status(args):
     print("" if args.format == "csv" else "\n", end="")
 
 
+def _preflight(args):
+    from klstudy import preflight
+
+    passed, text = preflight.report(_read_config(args.config), Path(args.root), hub=not args.no_hub)
+    print(text)
+    if not passed:
+        raise SystemExit(1)
+
+
 def _config_files_option(parser, flag: str, what: str) -> None:
     """A command's config files (default config.yaml), read by _read_config: several merge as in Snakemake."""
     help_text = f"{what} (default config.yaml); several are merged as Snakemake merges them"
@@ -442,6 +451,14 @@ def add_commands(commands) -> None:
     stat.add_argument("--root", default=".", help="the workflow's working directory (results/ and logs/ inside)")
     stat.add_argument("--format", choices=("table", "csv"), default="table")
     stat.set_defaults(run=_status)
+
+    pre = commands.add_parser(
+        "preflight", help="hub access, data sources, SLURM account, partitions, time limits, GPUs, disk; GPU-hours"
+    )
+    _config_files_option(pre, "--config", "the study's config (e.g. config/paper.yaml)")
+    pre.add_argument("--root", default=".", help="the workflow's working directory (results/ inside)")
+    pre.add_argument("--no-hub", action="store_true", help="do not ask the hub (e.g. on a machine without network)")
+    pre.set_defaults(run=_preflight)
 
 
 def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # A single-node SLURM on localhost for tests: `local-slurm.sh up DIR` / `local-slurm.sh down DIR`.
 #
+# Partitions: debug (the default, no time limit), gpu (no limit) and short (MaxTime 20 minutes); EnforcePartLimits=ALL
+# refuses at submission a job asking more than its partition allows, as many clusters do. The node declares 4 GPUs.
+#
 # up: (re)starts from nothing in DIR: stops what an earlier `up` there started and removes its state;
 #     installs Debian's slurm-wlm, slurmdbd, munge and mariadb-server if missing, writes every configuration,
 #     state, socket, pid and log file under DIR, starts munged, mariadbd (socket only, no networking), slurmdbd,
@@ -20,6 +23,10 @@ base=${2:?usage: local-slurm.sh up|down DIR}
 base=$(realpath -m "$base")
 pids="$base/pids"
 munge_socket=/run/munge/munge.socket.2
+# The node's simulated GPUs (GRES backed by empty files: jobs get SLURM's GPU allocation, no device), and the MaxTime
+# in minutes of the `short` partition (a time limit a retry must fit).
+GPUS=4
+SHORT_MAXTIME=20
 
 die() {
     echo "local-slurm: $*" >&2
@@ -115,9 +122,18 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=16819
 JobCompType=jobcomp/none
-$node_line State=UNKNOWN
+GresTypes=gpu
+EnforcePartLimits=ALL
+$node_line Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu Nodes=ALL MaxTime=INFINITE State=UP
+PartitionName=short Nodes=ALL MaxTime=$SHORT_MAXTIME State=UP
 EOF
+    # GPUs without devices: SLURM 22.05 needs a File= per GPU (a Count= alone drains the node, "gres/gpu count
+    # reported lower than configured"); empty regular files will do, with detection off.
+    mkdir -p "$base/gpus"
+    for i in $(seq 0 $((GPUS - 1))); do : >"$base/gpus/nvidia$i"; done
+    printf 'AutoDetect=off\nName=gpu File=%s/gpus/nvidia[0-%d]\n' "$base" $((GPUS - 1)) >"$base/gres.conf"
     cat >"$base/slurmdbd.conf" <<EOF
 AuthType=auth/munge
 DbdHost=localhost
@@ -137,7 +153,7 @@ up() {
     [ "$(id -u)" = 0 ] || die "needs root (apt-get and the daemons)"
     [ -f "$pids" ] && down
     # A fresh start: no database, job state or logs of an earlier cluster in DIR (only what `up` creates).
-    rm -rf "$base"/{log,run,spool,munge,mysql,slurm.conf,slurmdbd.conf,install-mariadb.out}
+    rm -rf "$base"/{log,run,spool,munge,mysql,gpus,slurm.conf,gres.conf,slurmdbd.conf,install-mariadb.out}
     install_packages
     mkdir -p "$base"/{log,run,spool/slurmd,spool/slurmctld,munge,mysql}
     : >"$pids"

@@ -22,6 +22,8 @@ from klstudy.config import (
     pinned_directory,
     training_processes,
 )
+from klstudy.estimate import gpu_gres
+from klstudy.preflight import partition_max_minutes
 
 # Every stage is `python -m klstudy <stage>`, with the klstudy source tree importable. Without
 # --software-deployment-method conda, `python` is the interpreter running Snakemake (the project's
@@ -91,16 +93,49 @@ def run_outputs():
     return [f"{RUN_DIR}/summary.json".format(**cell) for cell in all_cells(config)]
 
 
+def job_partition(stage):
+    """The partition of a kind of job (config `cluster`): GPU jobs to the GPU partition, the others to the CPU one."""
+    cluster = config["cluster"]
+    return cluster["gpu_partition"] if config["resources"][stage]["gpus"] else cluster["cpu_partition"]
+
+
+def retry_runtime(stage):
+    """runtime × attempt, capped: a retry asks for at most cluster.max_runtime, or else the partition's MaxTime (read
+    with sinfo only when a retry is submitted), since a cell resumes from its checkpoint and a longer ask is refused
+    or pends for ever."""
+    first = config["resources"][stage]["runtime"]
+
+    def runtime(wildcards, attempt):
+        if attempt == 1:
+            return first  # the preflight checks that the first attempt fits
+        cap = config["cluster"]["max_runtime"] or partition_max_minutes(job_partition(stage))
+        return first * attempt if cap is None else min(first * attempt, max(cap, first))
+
+    return runtime
+
+
 def job_resources(stage):
-    """The scheduler resources of a kind of job (config `resources`); runtime grows with each retry."""
+    """The scheduler resources of a kind of job (config `resources` and `cluster`).
+
+    GPUs are asked per node (`gres: gpu[:MODEL]:N` with `nodes`), never as the plugin's `gpu`, which becomes --gpus,
+    GPUs for the whole job. `local_gpus` is what one machine's `klstudy drive --gpus` counts (no scheduler)."""
     spec = config["resources"][stage]
-    resources = dict(
-        runtime=lambda wildcards, attempt: spec["runtime"] * attempt,
-        mem_mb=spec["mem_mb"],
-        cpus_per_task=spec["cpus"],
-    )
+    cluster = config["cluster"]
+    resources = dict(runtime=retry_runtime(stage), mem_mb=spec["mem_mb"], cpus_per_task=spec["cpus"])
+    if cluster["account"]:
+        resources["slurm_account"] = cluster["account"]
+    if job_partition(stage):
+        resources["slurm_partition"] = job_partition(stage)
+    if stage == "train":
+        resources["training_slots"] = 1  # the global limit is cluster.training_slots (Snakefile)
     if spec["gpus"]:
-        resources.update(gpu=spec["gpus"], cpus_per_gpu=0, tasks_per_gpu=0)
+        resources.update(
+            gres=gpu_gres(spec["gpus"], cluster["gpu_model"]),
+            nodes=spec["nodes"],
+            local_gpus=spec["gpus"],
+            cpus_per_gpu=0,
+            tasks_per_gpu=0,
+        )
     if spec["nodes"] > 1:
         # One task per node, each running `accelerate launch` for that node's GPUs.
         resources.update(nodes=spec["nodes"], tasks=spec["nodes"], mpi="srun")
@@ -165,9 +200,10 @@ def train_launcher(wildcards):
     if train.get("accelerate_config") is None:
         return python
     launch_config = Path(workflow.basedir) / train["accelerate_config"]  # relative to the repository, as validated
-    # --num_processes: every GPU of every node the job asks for (accelerate reads it as the total over the nodes; the
-    # launch config's own 8 would leave half the GPUs of two nodes idle); the number config validation checked.
-    processes = training_processes(config, wildcards.study)
+    # --num_processes: the GPUs the job got on each node × its nodes (accelerate reads it as the total over the
+    # nodes), from SLURM's allocation when there is one, else what the config asks (one machine, klstudy drive).
+    expected = training_processes(config, wildcards.study)
+    processes = f"$({stage_python(False)} -m klstudy.devices --processes {expected})"
     launch = (
         f"{python} -m accelerate.commands.launch --config_file {shlex.quote(str(launch_config))}"
         f" --num_processes {processes}"

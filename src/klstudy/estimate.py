@@ -1,0 +1,130 @@
+"""What a run costs, computed from its config: the peak disk under results/ and the GPU-hours.
+
+Both need each model's size (``models.<name>.parameters_b``); a model without it is left out and named. `klstudy
+preflight` prints them, and so does the dry run of `snakemake --profile slurm -n`.
+
+Disk (bytes per parameter, as Trainer and FSDP write them): a final model and each Fig. 12 snapshot in bf16 (2), a
+base model (2), a training checkpoint in float32 with Adam's two moments (12), two checkpoints per training cell
+(`save_total_limit` 2). Every final model and snapshot stays; checkpoints exist only while a cell trains, so at most
+``cluster.training_slots`` cells hold them at once (the largest models' cells, at worst).
+
+GPU-hours: an upper bound, every response at ``max_response_tokens``. Each token of a step costs about 10·N FLOPs for
+a model of N parameters: 2·N to generate it, 2·N for the reference and old log-probabilities, 6·N to train on it
+(forward and backward). An evaluation or Fig. 12 token costs 2·N. The FLOPs are divided by ``cluster.gpu_tflops``,
+the sustained throughput assumed per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from klstudy.config import all_cells, base_templates, divergence_cells, evaluated_base_models, evaluated_cells
+
+BF16, CHECKPOINT, CHECKPOINTS_KEPT = 2, 12, 2  # bytes per parameter; checkpoints a training cell keeps
+PROMPT_TOKENS = 256  # assumed prompt length (a MATH question in the chat template is 100-300 tokens)
+TRAIN_FLOPS, INFER_FLOPS = 10, 2  # FLOPs per token per parameter (module docstring)
+GB = 1e9
+
+
+def gpu_gres(gpus: int, model: str | None) -> str:
+    """SLURM's per-node GPU request: ``gpu:N``, or ``gpu:MODEL:N`` for a GPU kind."""
+    return f"gpu:{model}:{gpus}" if model else f"gpu:{gpus}"
+
+
+def parameters(config: dict, model: str) -> float | None:
+    """A model's parameters (not billions), or None when the config does not give them."""
+    size = config["models"][model].get("parameters_b")
+    return None if size is None else size * 1e9
+
+
+@dataclass
+class Estimate:
+    parts: dict[str, float] = field(default_factory=dict)  # what -> bytes or GPU-hours
+    unknown: set[str] = field(default_factory=set)  # models without parameters_b
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def note(self) -> str:
+        return f" (left out, size unknown: {', '.join(sorted(self.unknown))})" if self.unknown else ""
+
+
+def _sum(config: dict, items, per_parameter, estimate: Estimate) -> float:
+    """Σ per_parameter(item) × the parameters of item's model, over ``items`` of (model, item)."""
+    total = 0.0
+    for model, item in items:
+        size = parameters(config, model)
+        if size is None:
+            estimate.unknown.add(model)
+        else:
+            total += per_parameter(item) * size
+    return total
+
+
+def peak_disk(config: dict) -> Estimate:
+    """Bytes under results/ at the run's peak (module docstring)."""
+    estimate = Estimate()
+    cells = all_cells(config)
+    snapshots = len([s for s in config["divergence"]["steps"] if s > 0])
+    estimate.parts["final models"] = _sum(config, [(c["model"], c) for c in cells], lambda _: BF16, estimate)
+    estimate.parts["Fig. 12 snapshots"] = _sum(
+        config, [(c["model"], c) for c in divergence_cells(config)], lambda _: BF16 * snapshots, estimate
+    )
+    estimate.parts["base models"] = _sum(config, [(m, m) for m in config["models"]], lambda _: BF16, estimate)
+    sizes = sorted((parameters(config, c["model"]) or 0 for c in cells), reverse=True)
+    slots = config["cluster"]["training_slots"]
+    estimate.parts[f"checkpoints ({min(slots, len(cells))} cells training at once)"] = (
+        sum(sizes[:slots]) * CHECKPOINT * CHECKPOINTS_KEPT
+    )
+    return estimate
+
+
+def _train_tokens(train: dict) -> float:
+    return train["steps"] * train["batch_prompts"] * train["rollouts"] * (PROMPT_TOKENS + train["max_response_tokens"])
+
+
+def _eval_tokens(config: dict, task: str) -> float:
+    evaluation = config["evaluation"]
+    return config["data"][task].get("size", 0) * evaluation["k"] * (PROMPT_TOKENS + evaluation["max_tokens"])
+
+
+def gpu_hours(config: dict) -> Estimate:
+    """GPU-hours of training, evaluation and Fig. 12 (module docstring)."""
+    estimate = Estimate()
+    seconds = 1e12 * config["cluster"]["gpu_tflops"] * 3600
+    cells = [(c["model"], config["studies"][c["study"]]["train"]) for c in all_cells(config)]
+    estimate.parts["training"] = _sum(config, cells, lambda t: TRAIN_FLOPS * _train_tokens(t), estimate) / seconds
+    eval_tokens = sum(_eval_tokens(config, task) for task in config["evaluation"]["tasks"])
+    evaluated = [c["model"] for c in evaluated_cells(config)]
+    evaluated += [m for m in evaluated_base_models(config) for _ in base_templates(config)]
+    estimate.parts["evaluation"] = (
+        _sum(config, [(m, m) for m in evaluated], lambda _: INFER_FLOPS * eval_tokens, estimate) / seconds
+    )
+    section = config["divergence"]
+    # Each snapshot: sample `samples` responses per prompt, then score them under the policy and the reference.
+    tokens = len(section["steps"]) * len(section["tasks"]) * section["prompts"] * section["samples"]
+    tokens *= PROMPT_TOKENS + section["max_tokens"]
+    estimate.parts["Fig. 12"] = (
+        _sum(config, [(c["model"], c) for c in divergence_cells(config)], lambda _: 3 * INFER_FLOPS * tokens, estimate)
+        / seconds
+    )
+    return estimate
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:,.0f}" if hours >= 10 else f"{hours:.1f}"
+
+
+def summary(config: dict) -> list[str]:
+    """The lines the preflight and the dry run print."""
+    disk, hours = peak_disk(config), gpu_hours(config)
+    return [
+        f"peak disk under results/: {disk.total / GB:,.0f} GB ("
+        + ", ".join(f"{what} {size / GB:,.0f} GB" for what, size in disk.parts.items())
+        + f"){disk.note()}",
+        f"GPU-hours (upper bound, every response at its maximum length, {config['cluster']['gpu_tflops']:g} TFLOP/s "
+        f"sustained per GPU: cluster.gpu_tflops): {_hours(hours.total)} ("
+        + ", ".join(f"{what} {_hours(h)}" for what, h in hours.parts.items())
+        + f"){hours.note()}",
+    ]

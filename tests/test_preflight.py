@@ -1,0 +1,218 @@
+"""`klstudy preflight` without a cluster or a network: the hub's client replaced by one that raises each of
+huggingface_hub's real exceptions, the cluster's `sinfo` by its text, and the estimates against docs/cost.md's
+numbers. tests/test_slurm.py runs the SLURM rows against a real local SLURM."""
+
+from pathlib import Path
+
+import httpx2
+import pytest
+import yaml
+from huggingface_hub import errors
+from workflow_helpers import ROOT
+
+from klstudy import estimate, preflight
+from klstudy.config import validate_config
+
+
+def paper(**cluster) -> dict:
+    config = validate_config(yaml.safe_load((ROOT / "config/paper.yaml").read_text()))
+    config["cluster"].update(cluster)
+    return config
+
+
+def response(status: int) -> httpx2.Response:
+    return httpx2.Response(status, request=httpx2.Request("GET", "https://huggingface.co/api/models/x"))
+
+
+# Each of the hub's errors, built as huggingface_hub builds them, and the words its row must say.
+HUB_ERRORS = {
+    "gated": (errors.GatedRepoError("403 gated", response=response(403)), "gated", "accept the licence at"),
+    "missing": (errors.RepositoryNotFoundError("404", response=response(404)), "not found", "check the hub_id"),
+    "revision": (errors.RevisionNotFoundError("404", response=response(404)), "revision 'v9' not found", "branch"),
+    "bad token": (errors.HfHubHTTPError("401", response=response(401)), "401: the token is invalid", "new token"),
+    "server": (errors.HfHubHTTPError("503 busy", response=response(503)), "HTTP 503", "retry later"),
+    "offline": (errors.OfflineModeIsEnabled("offline"), "HF_HUB_OFFLINE=1", "unset HF_HUB_OFFLINE"),
+    "not cached": (errors.LocalEntryNotFoundError("no cache"), "not in the local cache", "set local_dir"),
+    "no network": (ConnectionError("refused"), "hub unreachable (ConnectionError)", "set local_dir"),
+}
+
+
+class FakeHub:
+    """HfApi's two calls the preflight makes; ``failing`` raises ``error`` for one repository."""
+
+    def __init__(self, failing: str, error: Exception):
+        self.failing, self.error, self.asked = failing, error, []
+
+    def auth_check(self, repo_id, repo_type=None):
+        self.asked.append((repo_id, repo_type))
+        if repo_id == self.failing and not isinstance(self.error, errors.RevisionNotFoundError):
+            raise self.error
+
+    def repo_info(self, repo_id, repo_type=None, revision=None):
+        if repo_id == self.failing:
+            raise self.error
+
+
+@pytest.mark.parametrize("case", HUB_ERRORS)
+def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path, monkeypatch):
+    error, detail, remedy = HUB_ERRORS[case]
+    config = paper()
+    config["models"]["llama-3.1-8b-instruct"]["revision"] = "v9"  # asked with repo_info
+    hub = FakeHub("meta-llama/Llama-3.1-8B-Instruct", error)
+    monkeypatch.setattr(preflight, "hub_client", lambda: hub)
+    rows = {row.what: row for row in preflight.hub_checks(config, tmp_path)}
+    row = rows["models.llama-3.1-8b-instruct (meta-llama/Llama-3.1-8B-Instruct)"]
+    assert row.status == preflight.FAIL and detail in row.detail and remedy in row.remedy, row
+    assert rows["models.qwen2.5-7b (Qwen/Qwen2.5-7B)"].status == preflight.OK
+    # Every hub repository of the paper is asked once, datasets as datasets; MATH² is not (no known public copy).
+    assert ("cais/mmlu", "dataset") in hub.asked and ("veds12/math-squared", "dataset") not in hub.asked
+    passed, text = preflight.report(config, tmp_path, client=hub)
+    assert not passed and remedy in text and "preflight: " in text
+
+
+def test_offline_the_hub_is_not_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(preflight, "hub_client", lambda: pytest.fail("the hub was asked"))
+    (row,) = preflight.hub_checks(paper(), tmp_path)
+    assert row.status == preflight.SKIP and "from the cache" in row.detail
+
+
+def test_staged_or_local_copies_are_not_asked_of_the_hub(tmp_path):
+    config = paper()
+    (tmp_path / "results/models/qwen2.5-7b").mkdir(parents=True)
+    config["models"]["llama-3.1-8b-instruct"]["local_dir"] = str(tmp_path)
+    repos = [repo for _, repo, _, _ in preflight.hub_repos(config, tmp_path)]
+    assert "Qwen/Qwen2.5-7B" not in repos and "meta-llama/Llama-3.1-8B-Instruct" not in repos
+    assert "Qwen/Qwen3-4B-Instruct-2507" in repos
+
+
+def test_math_squared_without_a_copy_names_both_ways_out(tmp_path):
+    rows = {row.what: row for row in preflight.source_checks(paper(), tmp_path)}
+    row = rows["evaluation task math_squared"]
+    assert row.status == preflight.FAIL
+    assert "data.math_squared.local_dir" in row.remedy and "drop math_squared from evaluation.tasks" in row.remedy
+    assert rows["evaluation task math500"].status == preflight.OK
+    config = paper()
+    config["data"]["math_squared"]["local_dir"] = str(tmp_path / "nowhere")
+    rows = {row.what: row for row in preflight.source_checks(config, tmp_path)}
+    assert rows["evaluation task math_squared"].status == preflight.OK
+    assert rows["data.math_squared.local_dir"].status == preflight.FAIL  # named, but not there
+
+
+SINFO = """\
+cpu*|1-00:00:00|(null)
+gpu|2-00:00:00|gpu:a100:8(S:0-1)
+gpu|2-00:00:00|gpu:h100:4(S:0)
+short|30:00|gpu:a100:8
+"""
+
+
+def fake_run(text):
+    def run(command, **kwargs):
+        return type("Done", (), {"stdout": text, "returncode": 0})()
+
+    return run
+
+
+def test_partitions_and_their_limits_are_read_from_sinfo():
+    found = preflight.partitions(fake_run(SINFO))
+    assert found["cpu"].default and found["cpu"].max_minutes == 1440 and found["short"].max_minutes == 30
+    assert found["gpu"].gres == ["gpu:a100:8(S:0-1)", "gpu:h100:4(S:0)"]
+    assert preflight.gpus_in(found["gpu"].gres, "h100") == 4 and preflight.gpus_in(found["gpu"].gres, None) == 8
+    assert [preflight.minutes(t) for t in ("2-00:00:00", "1:30:00", "30:00", "45", "infinite")] == [
+        2880,
+        90,
+        30,
+        45,
+        None,
+    ]
+
+
+@pytest.mark.parametrize(
+    "cluster, failing, words",
+    [
+        ({"gpu_partition": "gpu"}, "train: runtime", "2880 min > gpu's MaxTime 2880"),  # fits: no failure below
+        ({"gpu_partition": "short"}, "train: runtime", "lower resources.train.runtime to 30"),
+        ({"gpu_partition": "gpu", "gpu_model": "v100"}, "train: GPUs", "gpu:v100:8 per node"),
+        ({"gpu_partition": "gpu", "gpu_model": "h100"}, "train: GPUs", "gpu:h100:8 per node; gpu has"),
+        ({"gpu_partition": "gpus"}, "train: partition gpus", "set cluster.gpu_partition to one of: cpu, gpu, short"),
+    ],
+)
+def test_each_slurm_row_fails_with_its_remedy(cluster, failing, words):
+    rows = preflight.stage_checks(paper(**cluster), preflight.partitions(fake_run(SINFO)))
+    failed = {row.what: row for row in rows if row.status == preflight.FAIL}
+    if cluster == {"gpu_partition": "gpu"}:
+        assert not failed, failed
+        return
+    row = failed[failing]
+    assert words in row.detail + " " + row.remedy, row
+
+
+def test_an_account_the_user_lacks_fails_naming_the_users_accounts():
+    row = preflight.account_check("other", fake_run("klstudy\nphysics\n"))
+    assert row.status == preflight.FAIL and "has: klstudy, physics" in row.detail and "cluster.account" in row.remedy
+    assert preflight.account_check("physics", fake_run("klstudy\nphysics\n")).status == preflight.OK
+
+
+def test_no_slurm_here_skips_the_slurm_rows(monkeypatch):
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
+    (row,) = preflight.slurm_checks(paper())
+    assert row.status == preflight.SKIP and "no sinfo" in row.detail
+
+
+def test_disk_short_of_the_peak_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 10**12})())
+    row = preflight.disk_check(paper(), tmp_path)
+    assert row.status == preflight.FAIL and "1,000 GB free, peak 3,890 GB" in row.detail
+    assert preflight.disk_check(paper(training_slots=1), tmp_path).detail.endswith("peak 2,546 GB")
+
+
+def test_the_peak_disk_is_docs_cost_md_s_per_part():
+    """docs/cost.md's table: final models 2.2 TB, snapshots 152 GB, base models 39 GB, checkpoints 2 × 96 GB a cell."""
+    parts = {what.split(" (")[0]: round(size / estimate.GB) for what, size in estimate.peak_disk(paper()).parts.items()}
+    assert parts == {"final models": 2163, "Fig. 12 snapshots": 152, "base models": 39, "checkpoints": 1536}
+
+
+def test_gpu_hours_scale_with_the_assumed_throughput_and_name_unknown_sizes():
+    hours = estimate.gpu_hours(paper()).total
+    assert estimate.gpu_hours(paper(gpu_tflops=50)).total == pytest.approx(2 * hours)
+    config = paper()
+    del config["models"]["qwen3-4b-instruct-2507"]["parameters_b"]
+    assert estimate.gpu_hours(config).unknown == {"qwen3-4b-instruct-2507"}
+
+
+def test_the_cli_prints_the_table_and_fails_on_a_failing_row(tmp_path, capsys):
+    from klstudy.cli import run
+
+    with pytest.raises(SystemExit):
+        run(["preflight", "--config", str(ROOT / "config/paper.yaml"), "--root", str(tmp_path), "--no-hub"])
+    out = capsys.readouterr().out
+    assert "evaluation task math_squared" in out and "peak disk under results/" in out and "GPU-hours" in out
+
+
+def test_the_driver_skips_it_saying_what_it_skips(capsys):
+    config = paper()
+    config["preflight"] = False
+    preflight.run_before_submitting(config, Path("."))
+    assert "preflight skipped" in capsys.readouterr().out
+
+
+def test_the_docs_quote_the_computed_costs():
+    """The peak disk and GPU-hours that docs/running.md, docs/cost.md and the README quote are estimate.py's."""
+    pilot = validate_config(yaml.safe_load((ROOT / "config/pilot.yaml").read_text()))
+    disk = {n: estimate.peak_disk(paper(training_slots=n)).total / 1e12 for n in (1, 8, 16)}
+    hours = estimate.gpu_hours(paper()).total
+    docs = {p: " ".join((ROOT / p).read_text().split()) for p in ("README.md", "docs/running.md", "docs/cost.md")}
+    assert f"{disk[8]:.1f} TB with 8 training at once" in docs["README.md"]
+    assert (
+        f"**{disk[8]:.1f} TB** with `cluster.training_slots: 8` ({disk[1]:.1f} TB with 1, {disk[16]:.1f} TB"
+        in (docs["docs/cost.md"])
+    )
+    assert f"{disk[8]:.1f} TB at 8 slots" in docs["docs/running.md"]
+    assert f"about {round(hours, -3):,.0f} GPU-hours at 100 TFLOP/s" in docs["docs/running.md"]
+    pilot_disk, pilot_hours = estimate.peak_disk(pilot).total / 1e9, estimate.gpu_hours(pilot).total
+    assert (
+        f"about {pilot_hours:.1f} GPU-hours at the assumed throughput and {pilot_disk:.0f} GB"
+        in docs["docs/running.md"]
+    )
+    assert f"`config/pilot.yaml`) {pilot_disk:.0f} GB" in docs["docs/cost.md"]
