@@ -50,11 +50,13 @@ preflight: $(INSTALLED)
 	$(BIN)/python -m klstudy preflight --config $(CONFIG)
 
 ## The driver (Snakemake with the SLURM profile) as a long, cheap CPU job: slurm/driver.sbatch. Submit it again after
-## it ends for any reason; it picks up where it stopped. SBATCH_FLAGS="--partition=long --time=2-00:00:00" if needed.
+## it ends for any reason; it picks up where it stopped. SBATCH_FLAGS="--account=A --partition=P --time=2-00:00:00".
+## Its config is config/paper.yaml unless CONFIG is given (the embedded default is no cluster run).
 SBATCH_FLAGS ?=
+DRIVER_CONFIG = $(if $(filter command line environment,$(origin CONFIG)),$(CONFIG),config/paper.yaml)
 driver: $(INSTALLED)
 	mkdir -p logs
-	CONFIG="$(CONFIG)" sbatch $(SBATCH_FLAGS) slurm/driver.sbatch
+	CONFIG="$(DRIVER_CONFIG)" sbatch $(SBATCH_FLAGS) slurm/driver.sbatch
 
 ## The test suite without the slow end-to-end tests and the GPU suite (what CI runs).
 test: $(INSTALLED)
