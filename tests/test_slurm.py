@@ -41,6 +41,8 @@ HARD_LIMIT = 900
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    if os.environ.get("KLSTUDY_NO_SLURM"):
+        pytest.skip("KLSTUDY_NO_SLURM is set: no local SLURM is installed or started")
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("a local SLURM needs root (apt-get, daemons); CI runs this as root")
     # .ci/run names the directory, so that its EXIT trap can stop the daemons even if pytest itself is killed.
