@@ -94,6 +94,10 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
         for k, status in zip(table.get("kl", np.nan), table.status, strict=True)
     ]
     table["beta_eff_ratio"] = table.beta_eff / table.beta
+    # Where β_eff is beyond the curve: an end point with more KL than the optimum at the curve's smallest β
+    # regularises like a β below it ("< β_min"), drifting or not.
+    table["beyond_curve"] = (table.status == "stable") & (table.get("kl", np.nan) >= curve.kls.max())
+    table["curve_beta_min"] = curve.betas.min()
     return table
 
 
@@ -124,10 +128,11 @@ class OptimumCurve:
         # KL falls with β: the bracket is the last grid β whose KL is still above kl_value, and the next.
         i = int(np.nonzero(self.kls > kl_value)[0].max())
         low, high = self.betas[i], self.betas[i + 1]
-        start = self.optima[low]
 
         def gap(log_beta):
-            return self.kl_at(math.exp(log_beta), start) - kl_value
+            beta = math.exp(log_beta)  # Newton's method from the nearer of the two grid optima
+            start = self.optima[low if abs(log_beta - math.log(low)) < abs(log_beta - math.log(high)) else high]
+            return self.kl_at(beta, start) - kl_value
 
         try:
             return math.exp(brentq(gap, math.log(low), math.log(high), xtol=1e-12, rtol=1e-12))
@@ -281,14 +286,17 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     judged.to_csv(out_dir / "atlas_claims.csv", index=False)
     readable = table.assign(
         reward=table.reward.map(_fmt), kl=table.kl.map(_fmt), gap=table.objective_gap.map(lambda v: _fmt(v, "{:.2g}")),
-        beta_eff=table.beta_eff.map(_fmt), ratio=table.beta_eff_ratio.map(lambda v: _fmt(v, "{:.2f}")),
+        beta_eff=[f"< {m:g}" if beyond else _fmt(b) for b, beyond, m in
+                  zip(table.beta_eff, table.beyond_curve, table.curve_beta_min, strict=True)],
+        ratio=[f"< {m / beta:.2g}" if beyond else _fmt(r, "{:.2f}") for r, beyond, m, beta in
+               zip(table.beta_eff_ratio, table.beyond_curve, table.curve_beta_min, table.beta, strict=True)],
         mc=[("–" if pd.isna(a) else ("agrees" if a else "differs")) for a in table.mc_agrees],
     )  # fmt: skip
     columns = ["family", "setting", "beta", "status", "exact", "reward", "kl", "gap", "beta_eff", "ratio", "mc"]
     presets = readable[readable.preset.fillna("") != ""]
     preset_rows = "\n".join(
         f"- **{name}**: {p['framework']} {p['version']}: `{p['kl']}`, {p['normalisation']}, G = {p['group']}. Read "
-        f"from {p['source']}." + (f" {p['note']}." if p.get("note") else "")
+        f"from {p['source']}." + (f" Note: {p['note']}." if p.get("note") else "")
         for name, p in section["presets"].items()
     )
     lengths = length.assign(
@@ -304,7 +312,8 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     (out_dir / "atlas.md").write_text(
         "The atlas (toy model, exact, float64): each setting's end point against the optimum of J_β = E[R] − β·KL in "
         "the same family: task reward, KL(π‖π_ref), the gap J_β(optimum) − J_β(end), β_eff (the β whose optimum has "
-        "the end point's KL; – where the setting has no stable fixed point or its KL is beyond every optimum's) and "
+        "the end point's KL; – where the setting has no stable fixed point; < β_min where its KL is above that of the "
+        "optimum at the smallest β searched, 0.01) and "
         "β_eff/β (< 1: weaker regularisation than asked for). exact: how the expected update is known. mc: whether "
         "the on-policy Monte Carlo runs end there (fixed_points.agreement). docs/atlas.md explains it.\n\n"
         "## Presets\n\n" + preset_rows + "\n\n" + presets[columns].to_markdown(index=False) + "\n\n"
