@@ -58,6 +58,7 @@ localrules:
     base_model,
     toy_unbiasedness,
     toy_fixed_points_report,
+    toy_atlas_report,
     fig01,
     aggregate,
     figure,

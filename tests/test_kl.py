@@ -211,3 +211,39 @@ def test_the_schema_and_the_workflow_take_the_grammar_from_kl():
     assert set(kl.LOSS_GRADIENT_SOURCES) == set(kl.LOSS_GRADIENTS)
     common = (Path(__file__).resolve().parents[1] / "workflow/rules/common.smk").read_text()
     assert "kl=NAME_PATTERN" in common
+
+
+def test_each_normalisation_by_hand():
+    """Group mean, ÷ the group's std and ÷ the batch's std (Bessel-corrected, + 1e-4 as TRL), on two groups."""
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 5.0]], dtype=torch.float64)
+    centred = torch.tensor([[0.5, -0.5, -0.5, 0.5], [-0.75, -0.75, -0.75, 2.25]], dtype=torch.float64)
+    torch.testing.assert_close(kl.group_mean_advantages(rewards), centred)
+    group_std = torch.tensor([[(1 / 3) ** 0.5], [1.5]], dtype=torch.float64)
+    torch.testing.assert_close(kl.group_std_advantages(rewards), centred / (group_std + 1e-4))
+    batch_std = rewards.flatten().std()
+    torch.testing.assert_close(kl.batch_std_advantages(rewards), centred / (batch_std + 1e-4))
+    # A group without spread has no advantage under any normalisation.
+    for name in ("rloo", "grpo", "group_std", "batch_std"):
+        assert kl.ADVANTAGES[name](torch.ones(1, 3)).abs().max() == 0
+
+
+def test_batch_std_takes_the_last_two_dimensions_as_the_batch():
+    """Leading dimensions are independent runs (the toy trains many at once): each has its own batch std."""
+    rewards = torch.rand(3, 5, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    together = kl.batch_std_advantages(rewards)
+    for run in range(3):
+        torch.testing.assert_close(together[run], kl.batch_std_advantages(rewards[run]))
+
+
+@pytest.mark.parametrize("name", ["rloo", "grpo", "group_std", "batch_std"])
+def test_every_normalisation_is_zero_mean_and_increasing_in_the_own_reward(name):
+    """What the tabular fixed-point derivation of docs/atlas.md needs of an advantage: Σ_i A_i = 0 in each group (RLOO:
+    in expectation only), and A_1 strictly increasing in R_1 with the others fixed."""
+    generator = torch.Generator().manual_seed(1)
+    others = torch.rand(200, 1, 3, generator=generator, dtype=torch.float64)
+    own = torch.linspace(-3, 3, 61, dtype=torch.float64).view(1, -1, 1)
+    groups = torch.cat([own.expand(200, -1, 1), others.expand(-1, 61, -1)], -1)  # (200 draws, 61 values of R_1, G)
+    advantages = kl.ADVANTAGES[name](groups.unsqueeze(-2)).squeeze(-2)  # batch_std: a batch of one group
+    assert (advantages[..., 0].diff(dim=-1) > 0).all()
+    if name != "rloo":
+        assert advantages.sum(-1).abs().max() < 1e-9 * max(1.0, float(advantages.abs().max()))

@@ -73,12 +73,12 @@ def drift(trainer, scale=0.05):
     return trainer
 
 
-def stock_trl(model_dir, tmp_path, use_bias_correction_kl):
-    """TRL's own GRPOTrainer with group-mean advantages (no std scaling), as the comparison baseline."""
+def stock_trl(model_dir, tmp_path, use_bias_correction_kl, scale_rewards="none"):
+    """TRL's own GRPOTrainer, by default with group-mean advantages (no std scaling), as the comparison baseline."""
     return GRPOTrainer(
         model=str(model_dir),
         reward_funcs=length_reward,
-        args=GRPOConfig(**common(tmp_path), scale_rewards="none", use_bias_correction_kl=use_bias_correction_kl),
+        args=GRPOConfig(**common(tmp_path), scale_rewards=scale_rewards, use_bias_correction_kl=use_bias_correction_kl),
         train_dataset=PROMPTS,
         processing_class=models.load(model_dir)[1],
     )
@@ -101,6 +101,27 @@ def gradient(trainer, batch):
     loss = trainer._compute_loss(trainer.model, batch)
     loss.backward()
     return loss.detach(), torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("advantage", sorted(kl.TRL_SCALE_REWARDS))
+def test_every_normalisation_matches_stock_trl(model_dir, tmp_path, advantage):
+    """Each of TRL's scale_rewards values is one of kl.ADVANTAGES: the same advantages and the same gradient as stock
+    TRL 1.16 with TRL's own default KL (K3 in the loss, use_bias_correction_kl on: k3-loss-ratio)."""
+    mine = ours(
+        model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage=advantage, kl_loss_gradient="ratio"
+    )
+    stock = stock_trl(model_dir, tmp_path, use_bias_correction_kl=True, scale_rewards=kl.TRL_SCALE_REWARDS[advantage])
+    batch_mine, batch_stock = scored(mine), scored(stock)
+    assert torch.equal(batch_mine["completion_ids"], batch_stock["completion_ids"])
+    rewards = torch.tensor(length_reward([[{"content": c}] for c in mine.processing_class.batch_decode(
+        batch_mine["completion_ids"], skip_special_tokens=True)]))  # fmt: skip
+    assert rewards.view(-1, GROUP).std(-1).min() > 0, "the test needs every group to have a spread"
+    assert rewards.view(-1, GROUP).std(-1).max() != rewards.std(), "the test needs group and batch spreads to differ"
+    assert torch.equal(batch_mine["advantages"], batch_stock["advantages"])  # kl._spread computes as TRL's nanstd
+    loss_mine, grad_mine = gradient(mine, batch_mine)
+    loss_stock, grad_stock = gradient(stock, batch_stock)
+    torch.testing.assert_close(loss_mine, loss_stock, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grad_mine, grad_stock, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,9 @@ def expected_jobs(config: dict) -> dict:
         "toy_fixed_points": len(fixed_points.get("families", ["tabular", "parametric"])),
         "toy_monte_carlo": 2 * len(monte_carlo.get("families", ["tabular"])),  # on- and off-policy
         "toy_fixed_points_report": 1,
+        # the atlas: one job per family and one for the length sweep, then its report
+        "toy_atlas": len(config["toy"].get("atlas", {}).get("families", ["tabular", "parametric"])) + 1,
+        "toy_atlas_report": 1,
         "prepare_data": len(config["data"]),
         "base_model": len(config["models"]),
         "train_rl": trained,

@@ -38,6 +38,7 @@ their value at β = 1: tests/test_fixed_points.py), which lets one batched step 
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
@@ -210,12 +211,14 @@ def _tabular_theta(family: Family, seq_logp: torch.Tensor) -> torch.Tensor:
 
 
 class ExpectedUpdate:
-    """u(θ) = −∇_θ E[loss]/T for one configuration: kl.reinforce_loss with RLOO, every group of ``EXACT_GROUP``
-    sequences enumerated and weighted by its probability under π_θ (held fixed: it is the sampling distribution).
-    θ may carry leading batch dimensions (..., n_params): each row's update is its own."""
+    """u(θ) = −∇_θ E[loss]/T for one configuration: kl.reinforce_loss with RLOO (or ``advantage``), every group of
+    ``group`` sequences enumerated and weighted by its probability under π_θ (held fixed: it is the sampling
+    distribution). θ may carry leading batch dimensions (..., n_params): each row's update is its own."""
 
-    def __init__(self, family: Family, rewards: torch.Tensor, spec: kl.KLSpec, group: int = EXACT_GROUP):
-        self.family, self.spec = family, spec
+    def __init__(
+        self, family: Family, rewards: torch.Tensor, spec: kl.KLSpec, group: int = EXACT_GROUP, advantage: str = "rloo"
+    ):
+        self.family, self.spec, self.advantage = family, spec, advantage
         n = 2**family.length
         self.groups = torch.cartesian_prod(*[torch.arange(n)] * group).reshape(-1, group)  # (n^G, G)
         self.rewards = rewards[self.groups]
@@ -226,8 +229,85 @@ class ExpectedUpdate:
         theta = theta.detach().requires_grad_(True)
         token_logp = self.family.token_logprobs(theta)[..., self.groups, :]  # (..., n^G, G, T)
         weights = token_logp.sum((-1, -2)).exp().detach()
-        loss = kl.reinforce_loss(token_logp, self.ref_logp, self.mask, self.rewards, self.spec, "rloo")
+        loss = kl.reinforce_loss(token_logp, self.ref_logp, self.mask, self.rewards, self.spec, self.advantage)
         (grad,) = torch.autograd.grad((weights * loss).sum() / self.family.length, theta)
+        return -grad
+
+
+# Normalisations whose advantage is linear in the other members' rewards: E[A_1 | y_1] is their advantage with every
+# other member's reward replaced by its mean (batch_std with the policy's own spread, that of a batch of many groups).
+LINEAR_NORMALISATIONS = ("rloo", "grpo", "batch_std")
+ENUMERATION_LIMIT = 2_000_000  # (classes × multisets × G) per θ beyond which group_std's expectation is not enumerated
+
+
+class NormalisedUpdate:
+    """u(θ) = −∇_θ E[loss]/T for one configuration with the advantage normalisation ``normalisation`` (kl.ADVANTAGES)
+    and groups of ``group`` sequences, exact by exchangeability: the group's loss is the mean of its members', so
+
+        E[loss] = Σ_y π(y)·(−a(y)·log π(y) + Σ_t β·K_t(y)),   a(y) = E[A_1 | y_1 = y],
+
+    where A_1 is the normalisation's advantage of the group's first member and the other G − 1 are drawn from π.
+    a(y) is computed with kl.ADVANTAGES itself: for a normalisation linear in the other rewards, on the group whose
+    other members all have the mean shaped reward; for group_std, on every multiset of the others' rewards, weighted by
+    its multinomial probability. Without the KL in the reward the shaped reward is the task reward, so the multisets
+    run over its values (2 for a 0/1 reward, any G); with it, over the sequences (2^T classes). batch_std is the limit
+    of a batch of many groups, whose standard deviation is that of the shaped reward under π.
+    θ may carry leading batch dimensions (..., n_params)."""
+
+    def __init__(self, family: Family, rewards: torch.Tensor, spec: kl.KLSpec, normalisation: str, group: int):
+        if normalisation not in kl.ADVANTAGES or normalisation == "none" or group < 2:
+            raise ValueError(f"normalisation {normalisation!r} with groups of {group}: not an exact update")
+        self.family, self.spec, self.normalisation, self.group = family, spec, normalisation, group
+        self.task, self.ref_logp = rewards, family.reference_logprobs()
+        self.mask = torch.ones_like(self.ref_logp)
+        if spec.in_reward:  # every sequence its own shaped reward
+            self.classes = torch.arange(len(rewards))
+        else:
+            self.classes = torch.unique(rewards, return_inverse=True)[1]
+        classes = int(self.classes.max()) + 1
+        self.first = torch.tensor([int((self.classes == c).nonzero()[0, 0]) for c in range(classes)])  # a member each
+        if normalisation in LINEAR_NORMALISATIONS:
+            self.others = None
+            return
+        others = torch.tensor(list(itertools.combinations_with_replacement(range(classes), group - 1)))
+        if classes * len(others) * group > ENUMERATION_LIMIT:
+            raise ValueError(f"{normalisation} at G = {group} with {classes} classes: too many groups to enumerate")
+        self.others = others  # (M, G − 1) class indices of the other members
+        self.counts = torch.nn.functional.one_hot(others, classes).sum(-2).to(DTYPE)  # (M, classes)
+        log_g_factorial = torch.lgamma(torch.tensor(float(group), dtype=DTYPE))  # log (G − 1)!
+        self.log_multinomial = log_g_factorial - torch.lgamma(self.counts + 1).sum(-1)
+
+    def conditional_advantages(self, token_logp: torch.Tensor) -> torch.Tensor:
+        """a(y) = E[A_1 | y_1 = y] for every sequence under the policy of ``token_logp`` (..., 2^T, T), detached."""
+        token_logp = token_logp.detach()
+        prob = token_logp.sum(-1).exp()
+        shaped = kl.shaped_rewards(self.task, token_logp, self.ref_logp, self.mask, self.spec)  # (..., 2^T)
+        mean = (prob * shaped).sum(-1, keepdim=True)
+        if self.others is None:
+            own = shaped.unsqueeze(-1)
+            groups = torch.cat([own, mean.unsqueeze(-1).expand(*own.shape[:-1], self.group - 1)], -1)
+            if self.normalisation == "batch_std":
+                spread = (prob * (shaped - mean).square()).sum(-1, keepdim=True).sqrt().unsqueeze(-1)
+                return kl.batch_std_advantages(groups.unsqueeze(-2), spread.unsqueeze(-1)).squeeze(-2)[..., 0]
+            return kl.ADVANTAGES[self.normalisation](groups)[..., 0]
+        classes = self.counts.shape[-1]
+        class_prob = torch.zeros(*prob.shape[:-1], classes, dtype=DTYPE).index_add_(-1, self.classes, prob)
+        value = shaped[..., self.first]  # each class's shaped reward (one value per class)
+        others = value[..., self.others]  # (..., M, G − 1)
+        own = value[..., :, None, None].expand(*value.shape, len(self.others), 1)
+        groups = torch.cat([own, others.unsqueeze(-3).expand(*value.shape, *others.shape[-2:])], -1)
+        log_weight = self.log_multinomial + (torch.xlogy(self.counts, class_prob.unsqueeze(-2))).sum(-1)  # (..., M)
+        advantage = (kl.ADVANTAGES[self.normalisation](groups)[..., 0] * log_weight.exp().unsqueeze(-2)).sum(-1)
+        return advantage[..., self.classes]
+
+    def __call__(self, theta: torch.Tensor) -> torch.Tensor:
+        theta = theta.detach().requires_grad_(True)
+        token_logp = self.family.token_logprobs(theta)  # (..., 2^T, T)
+        seq_logp = token_logp.sum(-1)
+        score = -self.conditional_advantages(token_logp) * seq_logp
+        path = kl.loss_penalty(token_logp, self.ref_logp, self.mask, self.spec).sum(-1)
+        loss = (seq_logp.exp().detach() * (score + path)).sum(-1)
+        (grad,) = torch.autograd.grad(loss.sum() / self.family.length, theta)
         return -grad
 
 
@@ -307,13 +387,17 @@ def beta_ladder(betas, rungs: int = 13) -> list[float]:
     return sorted(set(np.geomspace(max(30.0, *betas), min(betas), rungs).tolist()) | set(betas), reverse=True)
 
 
-def fixed_point_branch(family: Family, rewards: torch.Tensor, spec_name: str, betas, flow: dict) -> dict:
+def fixed_point_branch(
+    family: Family, rewards: torch.Tensor, spec_name: str, betas, flow: dict, update_of=None
+) -> dict:
     """{β: FixedPoint} for one configuration, by continuation from the reference down ``beta_ladder(betas)``:
     Newton's method from the previous rung's fixed point. At a β of ``betas`` where it finds no stable zero, the
-    update is followed from the reference instead (``follow``)."""
+    update is followed from the reference instead (``follow``). ``update_of(spec)``: the expected update of a spec
+    (default: ExpectedUpdate, RLOO)."""
+    update_of = update_of or (lambda spec: ExpectedUpdate(family, rewards, spec))
     points, start = {}, family.reference_theta()
     for beta in beta_ladder(betas):
-        update = ExpectedUpdate(family, rewards, kl.KLSpec.from_name(spec_name, beta))
+        update = update_of(kl.KLSpec.from_name(spec_name, beta))
         theta, converged = _newton(update, start)
         if converged and is_stable(update, theta):
             points[beta], start = FixedPoint(theta, "stable"), theta
@@ -325,7 +409,7 @@ def fixed_point_branch(family: Family, rewards: torch.Tensor, spec_name: str, be
     return {beta: points[beta] for beta in betas}
 
 
-def fixed_point_table(family: Family, reward: dict, configs, betas, flow: dict) -> pd.DataFrame:
+def fixed_point_table(family: Family, reward: dict, configs, betas, flow: dict, update_of=None) -> pd.DataFrame:
     """One row per (configuration, β): the fixed point (or where the update goes) against the family's optimum.
 
     Columns: reward, kl (to the reference), objective J_β, the optimum's reward, kl and objective, the reference's
@@ -336,7 +420,7 @@ def fixed_point_table(family: Family, reward: dict, configs, betas, flow: dict) 
     reference_reward = policy_metrics(family, family.reference_logprobs().sum(-1), rewards, 1.0)["reward"]
     rows = []
     for config in configs:
-        for beta, point in fixed_point_branch(family, rewards, config, betas, flow).items():
+        for beta, point in fixed_point_branch(family, rewards, config, betas, flow, update_of).items():
             seq_logp = family.sequence_logprobs(point.theta).detach()
             fixed = policy_metrics(family, seq_logp, rewards, beta)
             optimum_logp = family.sequence_logprobs(optima[beta])
@@ -393,13 +477,18 @@ def _gather_tokens(per_sequence: torch.Tensor, index: torch.Tensor) -> torch.Ten
     return torch.gather(per_sequence, -2, index.unsqueeze(-1).expand(*index.shape, per_sequence.shape[-1]))
 
 
-def _run_seed(seed: int, family: str, config: str, mode: str) -> int:
-    return (seed * 1_000_003 + zlib.crc32(f"{family}/{config}/{mode}".encode())) % 2**63
+def _run_seed(seed: int, family: str, config: str, mode: str, normalisation: str = "rloo") -> int:
+    """Each run's stream; RLOO's is the one the toy's default always had (its name is not hashed)."""
+    name = f"{family}/{config}/{mode}" + ("" if normalisation == "rloo" else f"/{normalisation}")
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
 
 
-def train_monte_carlo(family: Family, reward: dict, config: str, betas, settings: dict, mode: str) -> pd.DataFrame:
+def train_monte_carlo(
+    family: Family, reward: dict, config: str, betas, settings: dict, mode: str, normalisation: str = "rloo"
+) -> pd.DataFrame:
     """Train the configuration from the reference by sampled updates, every β of ``betas`` × ``settings['seeds']``
-    seeds in one batch; one row per (β, seed) with the end point (the last iterate).
+    seeds in one batch; one row per (β, seed) with the end point (the last iterate). ``normalisation``: the
+    advantage's (kl.ADVANTAGES; batch_std over each run's generation batch of groups × group_size rewards).
 
     ``mode``: "on-policy" (one update per generation batch) or "off-policy" (``settings['updates_per_batch']``
     minibatch updates per batch, the trainer's clipped ratios, the reward's KL from the sampling policy)."""
@@ -412,7 +501,7 @@ def train_monte_carlo(family: Family, reward: dict, config: str, betas, settings
     beta_seq, beta_tok = beta.view(-1, 1, 1, 1), beta.view(-1, 1, 1, 1, 1)
     rewards = task_reward(family.sequences, reward)
     ref_token_logp = family.reference_logprobs()
-    generator = torch.Generator().manual_seed(_run_seed(settings["seed"], family.name, config, mode))
+    generator = torch.Generator().manual_seed(_run_seed(settings["seed"], family.name, config, mode, normalisation))
     theta = family.reference_theta().expand(len(beta), seeds, -1).clone().requires_grad_(True)
     # Adam, as the trainer (element-wise, so every (β, seed) run is its own), with a step that decays as 1/(1 + k/k0)
     # so that the last iterate settles on a fixed point instead of hovering around it.
@@ -429,7 +518,8 @@ def train_monte_carlo(family: Family, reward: dict, config: str, betas, settings
             ref_logp = ref_token_logp[index].reshape(old_logp.shape)
             mask = torch.ones_like(old_logp)
             task = rewards[index].reshape(old_logp.shape[:-1])
-            advantages = kl.rloo_advantages(task - beta_seq * kl.reward_penalty(old_logp, ref_logp, mask, spec))
+            shaped = task - beta_seq * kl.reward_penalty(old_logp, ref_logp, mask, spec)
+            advantages = kl.ADVANTAGES[normalisation](shaped)
         for update in range(updates):
             part = slice(update * per_update, (update + 1) * per_update)
             logp = _gather_tokens(family.token_logprobs(theta), index).reshape(old_logp.shape)[:, :, part]

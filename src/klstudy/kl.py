@@ -243,11 +243,49 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def group_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """GRPO without scaling: A_i = R_i − mean_j R_j = (G−1)/G times the RLOO advantage."""
+    """Dr. GRPO; TRL's GRPO with scale_rewards="none": A_i = R_i − mean_j R_j = (G−1)/G times the RLOO advantage."""
     return rewards - rewards.mean(-1, keepdim=True)
 
 
-ADVANTAGES = {"rloo": rloo_advantages, "grpo": group_mean_advantages, "none": lambda r: r}
+STD_EPSILON = 1e-4  # TRL 1.16 adds it to the standard deviation, so that a group without spread gets A = 0
+
+
+def _spread(values: torch.Tensor) -> torch.Tensor:
+    """The Bessel-corrected standard deviation over the last dimension (kept), in TRL 1.16's order of operations
+    (trl.trainer.utils.nanstd: the mean squared deviation × n/(n−1), then the root), so that the two agree bitwise."""
+    deviation = values - values.mean(-1, keepdim=True)
+    count = values.shape[-1]
+    return (deviation.square().mean(-1, keepdim=True) * (count / (count - 1))).sqrt()
+
+
+def group_std_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """GRPO; TRL's default scale_rewards="group"; verl's norm_adv_by_std_in_grpo: the group-mean advantage divided
+    by the group's standard deviation (Bessel-corrected) + STD_EPSILON. Scale-free: it reweights the
+    task gradient by each prompt's spread of rewards, which the KL term in the loss does not share."""
+    return group_mean_advantages(rewards) / (_spread(rewards) + STD_EPSILON)
+
+
+def batch_std_advantages(rewards: torch.Tensor, spread: torch.Tensor | None = None) -> torch.Tensor:
+    """TRL's scale_rewards="batch": the group-mean advantage divided by the standard deviation of every reward of the
+    batch (Bessel-corrected) + STD_EPSILON. ``rewards`` is (..., groups, G): the batch is the last two dimensions.
+    ``spread``: the standard deviation to divide by instead, broadcast against ``rewards`` (the toy's exact update
+    takes a batch of many groups, whose standard deviation is the policy's own)."""
+    if spread is None:
+        spread = _spread(rewards.flatten(-2)).unsqueeze(-1)
+    return group_mean_advantages(rewards) / (spread + STD_EPSILON)
+
+
+# Advantage normalisations by name (config ``train.advantage``; the toy's ``normalisations``). Each maps shaped rewards
+# (..., G) to advantages of the same shape; "none" (no baseline) is Figure 1's b = 0.
+ADVANTAGES = {
+    "rloo": rloo_advantages,
+    "grpo": group_mean_advantages,
+    "group_std": group_std_advantages,
+    "batch_std": batch_std_advantages,
+    "none": lambda r: r,
+}
+# TRL 1.16's scale_rewards value that gives each normalisation (with the group mean as its baseline).
+TRL_SCALE_REWARDS = {"grpo": "none", "group_std": "group", "batch_std": "batch"}
 
 
 def reinforce_loss(logp, ref_logp, mask, task_rewards, spec: KLSpec, advantage="rloo") -> torch.Tensor:

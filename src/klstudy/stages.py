@@ -109,6 +109,47 @@ def _toy_fixed_points_report(args):
     print(claims.to_string(index=False))
 
 
+def _toy_atlas(args):
+    from klstudy import atlas, fixed_points
+
+    _threads(args.threads)
+    toy = json.loads(args.settings)
+    section, fixed = toy["atlas"], toy["fixed_points"]
+    atlas_section = dict(section, reference=fixed["reference"])
+    start = time.perf_counter()
+    if args.family == "length":
+        table = atlas.length_sweep(atlas_section, fixed["flow"])
+    else:
+        family = fixed_points.family_of(fixed, args.family)
+        settings = atlas.grid_settings(atlas_section)
+        table = atlas.end_points(family, fixed["reward"], settings, section["betas"], fixed["flow"])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out, index=False)
+    print(f"toy atlas, {args.family}: {len(table)} rows in {time.perf_counter() - start:.2f}s -> {args.out}")
+
+
+def _toy_atlas_report(args):
+    import pandas as pd
+
+    from klstudy import atlas, fixed_points
+
+    _threads(args.threads)
+    config = json.loads(args.settings)
+    fixed, section = config["toy"]["fixed_points"], config["toy"]["atlas"]
+    start = time.perf_counter()
+    points = pd.concat([pd.read_csv(path) for path in args.points], ignore_index=True)
+    length = pd.read_csv(args.length)
+    carlo = dict(fixed["monte_carlo"], **section["monte_carlo"])
+    atlas_section = dict(section, reference=fixed["reference"], monte_carlo=carlo)
+    runs = atlas.monte_carlo(atlas_section, fixed["reward"], fixed_points.family_of(fixed, "tabular"))
+    judged = atlas.claims(runs, points, section, config["claims_rule"], fixed["tolerance"])
+    out = Path(args.png)
+    atlas.draw(points, length, out)
+    atlas.write_tables(points, length, runs, judged, section, out.parent)
+    print(judged.to_string(index=False))
+    print(f"toy atlas report in {time.perf_counter() - start:.2f}s")
+
+
 def _fig01(args):
     import pandas as pd
 
@@ -348,6 +389,21 @@ def add_commands(commands) -> None:
     report.add_argument("--settings", required=True, help="the config's toy section and claims_rule, as JSON")
     report.add_argument("--png", required=True, help="the figure (a PDF is written beside it)")
     report.set_defaults(run=_toy_fixed_points_report)
+
+    atlas = commands.add_parser("toy-atlas", help="the atlas's exact end points for one family, or the length sweep")
+    atlas.add_argument("--family", required=True, help="tabular, parametric, or length (the sweep over T)")
+    atlas.add_argument("--settings", required=True, help="the config's toy section, as JSON")
+    atlas.add_argument("--threads", type=int, help="torch CPU threads")
+    atlas.add_argument("--out", required=True)
+    atlas.set_defaults(run=_toy_atlas)
+
+    atlas_report = commands.add_parser("toy-atlas-report", help="the atlas's Monte Carlo runs, claims, figure, tables")
+    atlas_report.add_argument("--points", nargs="+", required=True)
+    atlas_report.add_argument("--length", required=True)
+    atlas_report.add_argument("--settings", required=True, help="the config's toy section and claims_rule, as JSON")
+    atlas_report.add_argument("--threads", type=int, help="torch CPU threads")
+    atlas_report.add_argument("--png", required=True, help="the figure (a PDF is written beside it)")
+    atlas_report.set_defaults(run=_toy_atlas_report)
 
     fig01 = commands.add_parser("fig01", help="Figure 1 (PNG, and PDF beside it)")
     fig01.add_argument("--inputs", nargs="+", required=True)

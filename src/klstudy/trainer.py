@@ -6,8 +6,9 @@ checkpointing and distributed training are TRL's own; on a CPU, vllm_cpu.py adap
 1. Advantages (``_generate_and_score_completions``). The task reward R of each response is shaped by the
    KL when the KL is placed in the reward, R − β·Σ_t sg[K_t], with K_t computed from the log-probs of the
    policy that *sampled* the response, at sampling time (eq. 7); then the baseline is RLOO
-   (A_i = R_i − mean_{j≠i} R_j, the paper's choice) or the group mean (TRL's GRPO with
-   ``scale_rewards="none"``). All of it comes from ``kl.py``.
+   (A_i = R_i − mean_{j≠i} R_j, the paper's choice), the group mean (TRL's GRPO with ``scale_rewards="none"``;
+   Dr. GRPO), or the group mean divided by the group's (``group_std``: TRL's "group", its default) or the batch's
+   (``batch_std``: TRL's "batch") standard deviation. All of it comes from ``kl.py``.
 2. Loss (``_compute_loss``). TRL's clipped surrogate −min(ω·A, clip(ω)·A) per token, plus the KL term
    β·K_t(θ) when the KL is placed in the loss, differentiated path-wise (the paper's) or as a framework does
    (``kl_loss_gradient``: kl.py), normalised like TRL's ``dapo`` (all completion tokens of the generation
@@ -45,6 +46,7 @@ from klstudy import kl, vllm_cpu
 # The paper's "normalisation by the total number of tokens in the sampled response batch" is what TRL
 # calls dapo; Dr. GRPO (the asynchronous study) divides by batch size × max completion length.
 LOSS_TYPES = {"token_sum": "dapo", "dr_grpo": "dr_grpo"}
+TRAINER_ADVANTAGES = tuple(name for name in kl.ADVANTAGES if name != "none")  # a baseline is always subtracted
 
 
 @dataclass
@@ -65,7 +67,10 @@ class KLTrainerConfig(GRPOConfig):
     )
     advantage: str = field(
         default="rloo",
-        metadata={"help": "Baseline: rloo (leave-one-out, the paper's) or grpo (group mean, no std scaling)."},
+        metadata={
+            "help": "Advantage normalisation (kl.ADVANTAGES): rloo (leave-one-out, the paper's), grpo (group mean, "
+            "Dr. GRPO), group_std (÷ the group's std, TRL's default) or batch_std (÷ the batch's std)."
+        },
     )
     updates_per_batch: int = field(
         default=1,
@@ -107,8 +112,8 @@ class KLTrainerConfig(GRPOConfig):
 
     def __post_init__(self):
         self.kl_spec()  # the one check of a KL configuration
-        if self.advantage not in ("rloo", "grpo"):
-            raise ValueError(f"advantage {self.advantage!r} is not one of ('rloo', 'grpo')")
+        if self.advantage not in TRAINER_ADVANTAGES:
+            raise ValueError(f"advantage {self.advantage!r} is not one of {TRAINER_ADVANTAGES}")
         if self.loss_type not in LOSS_TYPES.values():
             raise ValueError(f"loss_type {self.loss_type!r}: this trainer supports {sorted(LOSS_TYPES.values())}")
         if self.updates_per_batch < 1 or self.async_level < 0:

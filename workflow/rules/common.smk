@@ -54,12 +54,15 @@ wildcard_constraints:
 
 
 def toy_outputs():
-    """Everything the §3 analysis produces: Figure 1 and Table 1, and where each configuration's training ends."""
+    """Everything the §3 analysis produces: Figure 1 and Table 1, where each configuration's training ends, and the
+    atlas (the frameworks' setups, advantage normalisation, effective β, length)."""
     return [
         "figures/fig01_toy_bias_variance.png",
         "figures/fig01_toy_bias_variance.pdf",
         "figures/toy_fixed_points.png",
         "figures/toy_claims.csv",
+        "figures/atlas.png",
+        "figures/atlas.csv",
     ]
 
 

@@ -129,3 +129,58 @@ rule toy_fixed_points_report:
     shell:
         "python -m klstudy toy-fixed-points-report --points {input.points} --frontiers {input.frontiers}"
         " --monte-carlo {input.monte_carlo} --settings {params.settings:q} --png {output.png} > {log} 2>&1"
+
+
+# The atlas: the settings practitioners run (KL configuration × advantage normalisation × G, and framework presets),
+# exact per family and over the answer's length, then the Monte Carlo runs that judge its claims.
+ATLAS = TOY["atlas"]
+
+
+rule toy_atlas:
+    """The atlas's exact end points and effective β for one family (T as toy.fixed_points), or over T ("length")."""
+    output:
+        "results/toy/atlas/{part}.csv",
+    params:
+        settings=json.dumps(TOY),
+    log:
+        "logs/toy/atlas/{part}.log",
+    benchmark:
+        "results/benchmarks/toy/atlas/{part}.tsv"
+    wildcard_constraints:
+        part="tabular|parametric|length",
+    threads: 1
+    resources:
+        **job_resources("toy"),
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy toy-atlas --family {wildcards.part} --settings {params.settings:q} --threads 1"
+        " --out {output} > {log} 2>&1"
+
+
+rule toy_atlas_report:
+    """The atlas's Monte Carlo runs and claims, its figure and tables."""
+    input:
+        points=expand("results/toy/atlas/{family}.csv", family=ATLAS["families"]),
+        length="results/toy/atlas/length.csv",
+    output:
+        png=report("figures/atlas.png", caption="../report/atlas.rst", category="2 Analysis (§3)"),
+        pdf="figures/atlas.pdf",
+        table=report("figures/atlas.csv", caption="../report/atlas.rst", category="2 Analysis (§3)"),
+        markdown="figures/atlas.md",
+        length="figures/atlas_length.csv",
+        claims=report("figures/atlas_claims.csv", caption="../report/atlas_claims.rst", category="1 Claims"),
+    params:
+        settings=lambda wildcards: json.dumps({"toy": TOY, "claims_rule": config["claims_rule"]}),
+    log:
+        "logs/toy/atlas_report.log",
+    benchmark:
+        "results/benchmarks/toy/atlas_report.tsv"
+    threads: 1
+    resources:
+        **job_resources("toy"),
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy toy-atlas-report --points {input.points} --length {input.length}"
+        " --settings {params.settings:q} --threads 1 --png {output.png} > {log} 2>&1"

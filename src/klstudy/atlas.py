@@ -1,0 +1,328 @@
+"""The atlas: where the KL setups practitioners run end in the toy model, with advantage normalisation and group size,
+in the user's units (the effective β), and against the answer's length.
+
+A *setting* is a Table 1 configuration (kl.py's grammar) with an advantage normalisation (kl.ADVANTAGES) and a group
+size G; a *preset* is a setting a framework ships, with the file it was read from (config ``toy.atlas.presets``).
+Each setting's exact end point is the stable fixed point of fixed_points.NormalisedUpdate, found as the toy's fixed
+points are (fixed_points.fixed_point_branch); RLOO's expected update does not depend on G, so it is computed once.
+
+Effective β. For an end point with KL(π‖π_ref) = k, β_eff is the β whose optimum (the family's) has that KL: the
+optimum's KL falls from −log π_ref(R = 1) at β → 0 (the reference conditioned on success) to 0 at β → ∞, strictly,
+so β_eff exists and is unique for 0 < k < −log π_ref(R = 1). β_eff/β < 1: the setting regularises less than the β the
+user set asks for; > 1: more. A drifting setting has none; nor has an end point with more KL than any optimum.
+
+Why a 0/1 reward with the KL in the loss only gives an exact rule. The shaped reward is then the task reward itself,
+and any advantage that sums to zero in a group has E[A_1 | R_1] = c_G(p)·(R_1 − p) with p = P_π(R = 1): the task term
+of the expected update is c_G(p)·∇p, while the KL term is the normalisation's own. So the setting's fixed point at β
+is the RLOO fixed point (c = 1) at β / c_G(p_end): RLOO c = 1, group mean c = (G − 1)/G, batch std (many groups)
+c = (G − 1)/(G·σ), σ = √(p(1 − p)), group std c_G(p) = E[A_1 | R_1 = 1]/(1 − p), which is 1/√2 at G = 2 for every p
+and lies in [1.39, 1.50] at G = 4 (1.3995 at p = 1/2; docs/atlas.md derives it). ``task_scale`` computes c_G(p)
+from kl.ADVANTAGES.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.optimize import brentq
+
+from klstudy import fixed_points as fp
+from klstudy import kl
+
+EFFECTIVE_BETA_RANGE = (1e-2, 1e2)  # β_eff is searched in it; an end point whose KL is beyond it has none
+
+
+def label(config: str, normalisation: str, group: int) -> str:
+    """A setting's name: ``<configuration>/<normalisation>/G<group size>``."""
+    return f"{config}/{normalisation}/G{group}"
+
+
+def grid_settings(section: dict) -> list[dict]:
+    """Every configuration × normalisation × G of config ``toy.atlas``, then the presets (with their names)."""
+    settings = [
+        dict(setting=label(c, n, g), config=c, normalisation=n, group=g, preset="")
+        for c in section["configs"]
+        for n in section["normalisations"]
+        for g in section["group_sizes"]
+    ]
+    for name, preset in section["presets"].items():
+        settings.append(
+            dict(setting=name, config=preset["kl"], normalisation=preset["normalisation"], group=preset["group"],
+                 preset=name)
+        )  # fmt: skip
+    return settings
+
+
+def exactness(family: fp.Family, rewards: torch.Tensor, config: str, normalisation: str, group: int) -> str:
+    """How the setting's expected update is known: "enumerated" (every group's multiset, or exact by linearity),
+    "many groups" (batch_std: the limit of a batch of many groups), or "not enumerated" (too many groups)."""
+    try:
+        fp.NormalisedUpdate(family, rewards, kl.KLSpec.from_name(config, 1.0), normalisation, group)
+    except ValueError:
+        return "not enumerated"
+    return "many groups" if normalisation == "batch_std" else "enumerated"
+
+
+def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flow: dict) -> pd.DataFrame:
+    """One row per (setting, β): the exact end point against the family's optimum (fixed_points.fixed_point_table's
+    columns), how it is known, and β_eff. RLOO's update is G-free: computed once per configuration."""
+    rewards = fp.task_reward(family.sequences, reward)
+    curve = OptimumCurve(family, rewards)
+    cache, rows = {}, []
+    for setting in settings:
+        config, normalisation, group = setting["config"], setting["normalisation"], setting["group"]
+        how = exactness(family, rewards, config, normalisation, group)
+        key = (config, normalisation, 2 if normalisation == "rloo" else group)
+        if how == "not enumerated":
+            table = pd.DataFrame({"beta": list(betas), "status": how})
+        elif key in cache:
+            table = cache[key]
+        else:
+
+            def update_of(spec, normalisation=normalisation, group=group):
+                return fp.NormalisedUpdate(family, rewards, spec, normalisation, group)
+
+            table = cache[key] = fp.fixed_point_table(family, reward, [config], betas, flow, update_of)
+        table = table.assign(**{k: v for k, v in setting.items()}, exact=how, family=family.name, T=family.length)
+        rows.append(table)
+    table = pd.concat(rows, ignore_index=True)
+    table["beta_eff"] = [
+        curve.effective_beta(k) if status == "stable" else np.nan
+        for k, status in zip(table.get("kl", np.nan), table.status, strict=True)
+    ]
+    table["beta_eff_ratio"] = table.beta_eff / table.beta
+    # Where β_eff is beyond the curve: an end point with more KL than the optimum at the curve's smallest β
+    # regularises like a β below it ("< β_min"), drifting or not.
+    table["beyond_curve"] = (table.status == "stable") & (table.get("kl", np.nan) >= curve.kls.max())
+    table["curve_beta_min"] = curve.betas.min()
+    return table
+
+
+class OptimumCurve:
+    """KL(π*_β ‖ π_ref) of the family's optimum against β, and its inverse (``effective_beta``)."""
+
+    def __init__(self, family: fp.Family, rewards: torch.Tensor, points: int = 25):
+        self.family, self.rewards = family, rewards
+        # Down from the largest β, each optimum from the previous; the curve stops where the family has no interior
+        # optimum any more (parametric, small β: the optimum's logits leave for the boundary).
+        self.optima, start = {}, family.reference_theta()
+        for beta in np.geomspace(*EFFECTIVE_BETA_RANGE, points)[::-1].tolist():
+            try:
+                self.optima[beta] = start = fp.family_optimum(family, rewards, beta, start)
+            except RuntimeError:
+                break
+        self.betas = np.array(sorted(self.optima))
+        self.kls = np.array([self.kl_at(b, self.optima[b]) for b in self.betas])
+
+    def kl_at(self, beta: float, start: torch.Tensor) -> float:
+        theta = fp.family_optimum(self.family, self.rewards, beta, start)
+        return fp.policy_metrics(self.family, self.family.sequence_logprobs(theta), self.rewards, beta)["kl"]
+
+    def effective_beta(self, kl_value: float) -> float:
+        """The β whose optimum has KL ``kl_value`` (NaN outside the curve's range of KL)."""
+        if not self.kls.min() < kl_value < self.kls.max():
+            return float("nan")
+        # KL falls with β: the bracket is the last grid β whose KL is still above kl_value, and the next.
+        i = int(np.nonzero(self.kls > kl_value)[0].max())
+        low, high = self.betas[i], self.betas[i + 1]
+
+        def gap(log_beta):
+            beta = math.exp(log_beta)  # Newton's method from the nearer of the two grid optima
+            start = self.optima[low if abs(log_beta - math.log(low)) < abs(log_beta - math.log(high)) else high]
+            return self.kl_at(beta, start) - kl_value
+
+        try:
+            return math.exp(brentq(gap, math.log(low), math.log(high), xtol=1e-12, rtol=1e-12))
+        except (ValueError, RuntimeError):  # the family's optimum not found between the two (parametric, small β)
+            return float("nan")
+
+
+def task_scale(normalisation: str, group: int, p: float) -> float:
+    """c_G(p) = E[A_1 | R_1 = 1]/(1 − p) for a 0/1 reward with success probability p: the factor the normalisation
+    puts on the task term of the expected update (RLOO: 1). Exact, from kl.ADVANTAGES: the other G − 1 members'
+    successes are enumerated (binomial); batch_std takes the batch's spread to be π's, √(p(1 − p))."""
+    successes = torch.arange(group, dtype=torch.float64)  # among the other G − 1
+    weights = torch.tensor([math.comb(group - 1, k) * p**k * (1 - p) ** (group - 1 - k) for k in range(group)],
+                           dtype=torch.float64)  # fmt: skip
+    others = (torch.arange(group - 1, dtype=torch.float64) < successes.unsqueeze(-1)).to(torch.float64)
+    groups = torch.cat([torch.ones(group, 1, dtype=torch.float64), others], -1)  # (k, G): the first member succeeds
+    if normalisation == "batch_std":
+        spread = torch.tensor(math.sqrt(p * (1 - p)), dtype=torch.float64)
+        advantages = kl.batch_std_advantages(groups.unsqueeze(-2), spread).squeeze(-2)
+    else:
+        advantages = kl.ADVANTAGES[normalisation](groups)
+    return float((weights * advantages[:, 0]).sum() / (1 - p))
+
+
+# ------------------------------------------------------------------------------------------------ length
+
+
+def length_family(section: dict, family_name: str, length: int) -> tuple[fp.Family, dict]:
+    """The family at length T with the reward's threshold scaled with T: ceil(threshold_fraction × T)."""
+    fixed = section["length"]
+    threshold = max(1, math.ceil(fixed["threshold_fraction"] * length - 1e-9))
+    return fp.Family(family_name, length, **section["reference"]), {"kind": "ones_at_least", "threshold": threshold}
+
+
+def length_sweep(section: dict, flow: dict) -> pd.DataFrame:
+    """Every length setting's exact end point at β ∈ ``length.betas`` for T = 1..max in each family (the parametric
+    from T = 2: at T = 1 it is the tabular family), with its gap and β_eff."""
+    sweep, rows = section["length"], []
+    settings = [s for s in grid_settings(section) if s["setting"] in sweep["settings"]]
+    for family_name, longest in sweep["max_length"].items():
+        # At T = 1 the parametric slope b multiplies c_0 = 0: the family is the tabular one, with b unidentified.
+        for length in range(1 if family_name == "tabular" else 2, longest + 1):
+            family, reward = length_family(section, family_name, length)
+            table = end_points(family, reward, settings, sweep["betas"], flow)
+            rows.append(table.assign(threshold=reward["threshold"]))
+    return pd.concat(rows, ignore_index=True)
+
+
+# ------------------------------------------------------------------------------------------------ Monte Carlo
+
+
+def monte_carlo(section: dict, reward: dict, family: fp.Family) -> pd.DataFrame:
+    """The Monte Carlo runs of ``monte_carlo.settings``, on-policy, through the trainer's loss with each setting's
+    normalisation and G (fixed_points.train_monte_carlo); config column = the setting's name."""
+    carlo, rows = section["monte_carlo"], []
+    by_name = {s["setting"]: s for s in grid_settings(section)}
+    for name in carlo["settings"]:
+        setting = by_name[name]
+        runs = fp.train_monte_carlo(
+            family, reward, setting["config"], carlo["betas"], dict(carlo, group_size=setting["group"]),
+            "on-policy", setting["normalisation"],
+        )  # fmt: skip
+        rows.append(runs.assign(config=name))
+    return pd.concat(rows, ignore_index=True)
+
+
+def claims(end_points_mc: pd.DataFrame, points: pd.DataFrame, section: dict, rule: dict, tolerance: float):
+    """The atlas's claims (config ``toy.atlas.claims``), judged as the toy's are (fixed_points.toy_claims, through
+    claims.judged): the Monte Carlo end points' task reward against the optimum's or another setting's, ± tolerance ×
+    the optimum's reward gain; a side without a stable exact fixed point is not testable."""
+    exact = points.assign(config=points.setting)
+    return fp.toy_claims(end_points_mc, exact, section["claims"], rule, tolerance)
+
+
+# ------------------------------------------------------------------------------------------------ figure and tables
+
+FIGURE_SETTINGS = ("k3-loss/rloo/G2", "k3-loss/grpo/G8", "k3-loss/group_std/G2", "k3-loss/group_std/G8",
+                   "k3-loss/batch_std/G8", "k3-loss-ratio/rloo/G2", "k1-reward/rloo/G2")  # fmt: skip
+
+
+def draw(points: pd.DataFrame, length: pd.DataFrame, png) -> None:
+    """Top: β_eff against β per family (the presets and a few settings; dashed: β_eff = β, what the user asked for).
+    Bottom: the gap J_β(optimum) − J_β(end) and β_eff/β of the length sweep against T (solid: tabular, dotted:
+    parametric). Settings without a stable fixed point are left out of a line (drifting ones have no β_eff)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from klstudy import figures
+
+    families = list(dict.fromkeys(points.family))
+    fig, axes = plt.subplots(2, max(2, len(families)), figsize=(14, 10.5), squeeze=False)
+    shown = [s for s in dict.fromkeys(points.setting) if s in FIGURE_SETTINGS or s in set(points.preset.dropna())]
+    colours = dict(zip(shown, plt.cm.tab10(np.linspace(0, 1, 10)), strict=False))
+    for col, family in enumerate(families):
+        ax = axes[0, col]
+        for setting in shown:
+            rows = points[(points.family == family) & (points.setting == setting) & (points.status == "stable")]
+            rows = rows.dropna(subset=["beta_eff"]).sort_values("beta")
+            if len(rows):
+                ax.plot(rows.beta, rows.beta_eff, marker="o", ms=4, lw=1, color=colours[setting], label=setting)
+        grid = np.geomspace(points.beta.min(), points.beta.max(), 10)
+        ax.plot(grid, grid, ls="--", color="0.5", lw=1, label="β_eff = β")
+        ax.set(xscale="log", yscale="log", xlabel="β set", ylabel="β_eff (the optimum with the end point's KL)",
+               title=f"{family} policy, T = {int(points[points.family == family]['T'].iloc[0])}")  # fmt: skip
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    styles = {"tabular": "-", "parametric": ":"}
+    length_colours = dict(zip(dict.fromkeys(length.setting), plt.cm.Dark2(np.linspace(0, 1, 8)), strict=False))
+    for col, (column, name) in enumerate(
+        (("objective_gap", "J_β(optimum) − J_β(end)"), ("beta_eff_ratio", "β_eff / β"))
+    ):
+        ax = axes[1, col]
+        for (setting, family, beta), rows in length.groupby(["setting", "family", "beta"]):
+            rows = rows[rows.status == "stable"].sort_values("T")
+            values = rows[column].clip(lower=fp.GAP_FLOOR) if column == "objective_gap" else rows[column]
+            ax.plot(rows["T"], values, ls=styles[family], marker="o", ms=3, lw=1, color=length_colours[setting],
+                    label=f"{setting}, {family}, β = {beta:g}")  # fmt: skip
+        ax.set(xlabel="T (tokens per answer)", ylabel=name, title=f"{name} against the answer's length (exact)")
+        if column == "objective_gap":
+            ax.set_yscale("log")
+            ax.set_ylabel(f"{name} (below {fp.GAP_FLOOR:g}: on the optimum, drawn at it)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
+    fig.suptitle("The atlas: what each setting's training optimises, in the user's β (toy model, exact)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    figures.save(fig, png)
+
+
+def _fmt(value, spec="{:.3g}") -> str:
+    return "–" if pd.isna(value) else spec.format(value)
+
+
+def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
+    """figures/atlas.{csv,md} (every setting × β × family with the Monte Carlo agreement where it was trained),
+    figures/atlas_length.csv, figures/atlas_claims.csv."""
+    from pathlib import Path
+
+    out_dir = Path(out_dir)
+    agreed = fp.agreement(runs, points.assign(config=points.setting))
+    table = points.merge(
+        agreed[["family", "config", "beta", "mc_reward", "mc_reward_se", "mc_kl", "mc_kl_se", "agrees"]].rename(
+            columns={"config": "setting", "agrees": "mc_agrees"}
+        ),
+        on=["family", "setting", "beta"],
+        how="left",
+    )
+    table.to_csv(out_dir / "atlas.csv", index=False)
+    length.to_csv(out_dir / "atlas_length.csv", index=False)
+    judged.to_csv(out_dir / "atlas_claims.csv", index=False)
+    readable = table.assign(
+        reward=table.reward.map(_fmt), kl=table.kl.map(_fmt), gap=table.objective_gap.map(lambda v: _fmt(v, "{:.2g}")),
+        beta_eff=[f"< {m:g}" if beyond else _fmt(b) for b, beyond, m in
+                  zip(table.beta_eff, table.beyond_curve, table.curve_beta_min, strict=True)],
+        ratio=[f"< {m / beta:.2g}" if beyond else _fmt(r, "{:.2f}") for r, beyond, m, beta in
+               zip(table.beta_eff_ratio, table.beyond_curve, table.curve_beta_min, table.beta, strict=True)],
+        mc=[("–" if pd.isna(a) else ("agrees" if a else "differs")) for a in table.mc_agrees],
+    )  # fmt: skip
+    columns = ["family", "setting", "beta", "status", "exact", "reward", "kl", "gap", "beta_eff", "ratio", "mc"]
+    presets = readable[readable.preset.fillna("") != ""]
+    preset_rows = "\n".join(
+        f"- **{name}**: {p['framework']} {p['version']}: `{p['kl']}`, {p['normalisation']}, G = {p['group']}. Read "
+        f"from {p['source']}." + (f" Note: {p['note']}." if p.get("note") else "")
+        for name, p in section["presets"].items()
+    )
+    lengths = length.assign(
+        gap=length.objective_gap.map(lambda v: _fmt(v, "{:.2g}")), ratio=length.beta_eff_ratio.map(_fmt)
+    )
+    claims_text = judged.assign(
+        effect=[f"{e:+.3g} ± {s:.1g}" for e, s in zip(judged.effect, judged.se, strict=True)],
+        exact=judged.exact_effect.map(lambda v: _fmt(v, "{:+.3g}")),
+        tolerance=judged.bound.map(lambda v: _fmt(v, "±{:.2g}")),
+    )
+    claim_columns = ["claim", "beta", "candidate", "baseline", "predicted", "exact_status", "effect", "exact",
+                     "tolerance", "seeds", "verdict"]  # fmt: skip
+    (out_dir / "atlas.md").write_text(
+        "The atlas (toy model, exact, float64): each setting's end point against the optimum of J_β = E[R] − β·KL in "
+        "the same family: task reward, KL(π‖π_ref), the gap J_β(optimum) − J_β(end), β_eff (the β whose optimum has "
+        "the end point's KL; – where the setting has no stable fixed point; < β_min where its KL is above that of the "
+        "optimum at the smallest β searched, 0.01) and "
+        "β_eff/β (< 1: weaker regularisation than asked for). exact: how the expected update is known. mc: whether "
+        "the on-policy Monte Carlo runs end there (fixed_points.agreement). docs/atlas.md explains it.\n\n"
+        "## Presets\n\n" + preset_rows + "\n\n" + presets[columns].to_markdown(index=False) + "\n\n"
+        "## Claims\n\n" + claims_text[claim_columns].to_markdown(index=False) + "\n\n"
+        "## Length (T = 1..max, threshold ceil("
+        + f"{section['length']['threshold_fraction']:g}"
+        + " × T))\n\n"
+        + lengths[["family", "setting", "beta", "T", "threshold", "status", "gap", "ratio"]].to_markdown(index=False)
+        + "\n\n## Every setting\n\n"
+        + readable[columns].to_markdown(index=False)
+        + "\n"
+    )

@@ -1,0 +1,86 @@
+"""The atlas (src/klstudy/atlas.py): the expected update with every advantage normalisation and group size, exact
+against enumerating every group, the rule that a normalisation rescales β, and the effective β."""
+
+import math
+
+import pytest
+import torch
+
+from klstudy import atlas, kl
+from klstudy import fixed_points as fp
+
+FLOW = {"step": 0.25, "steps": 200, "newton_every": 25}
+ONE = {"kind": "ones_at_least", "threshold": 1}
+
+
+def small(name="tabular", length=2):
+    family = fp.Family(name, length, -0.5, 0.1)
+    return family, fp.task_reward(family.sequences, ONE)
+
+
+@pytest.mark.parametrize("normalisation", ["rloo", "grpo", "group_std"])
+@pytest.mark.parametrize("group", [2, 3])
+@pytest.mark.parametrize("config", ["k1-reward", "k3-reward", "k3-loss", "k1-both", "k3-loss-ratio"])
+def test_the_exchangeable_update_is_every_group_enumerated(normalisation, group, config):
+    """E[A_1 | y_1] from the multisets of the others (or the mean-field group of a linear normalisation) gives the
+    same expected update as kl.reinforce_loss over all n^G groups, to rounding."""
+    family, rewards = small()
+    theta = family.reference_theta() + torch.tensor([0.3, -0.2, 0.5], dtype=fp.DTYPE)
+    spec = kl.KLSpec.from_name(config, 0.7)
+    brute = fp.ExpectedUpdate(family, rewards, spec, group=group, advantage=normalisation)(theta)
+    exact = fp.NormalisedUpdate(family, rewards, spec, normalisation, group)(theta)
+    assert torch.allclose(brute, exact, atol=1e-15, rtol=0)
+
+
+def test_the_task_scale_of_each_normalisation():
+    """c_G(p) for a 0/1 reward: RLOO 1, group mean (G − 1)/G, group std 1/√2 at G = 2 (whatever p) and within
+    [1.39, 1.50] at G = 4, batch std (G − 1)/(G·√(p(1 − p))), each up to TRL's + 1e-4 in the denominator."""
+    for p in (0.05, 0.3, 0.5, 0.8, 0.97):
+        assert atlas.task_scale("rloo", 4, p) == pytest.approx(1, abs=1e-12)
+        assert atlas.task_scale("grpo", 8, p) == pytest.approx(7 / 8, abs=1e-12)
+        assert atlas.task_scale("group_std", 2, p) == pytest.approx(0.5 / (2**-0.5 + 1e-4), abs=1e-12)
+        assert 1.39 <= atlas.task_scale("group_std", 4, p) <= 1.5
+        assert atlas.task_scale("group_std", 8, p) > 1
+        batch = (3 / 4) / (math.sqrt(p * (1 - p)) + 1e-4)
+        assert atlas.task_scale("batch_std", 4, p) == pytest.approx(batch, rel=1e-12)
+
+
+@pytest.mark.parametrize("normalisation, group", [("grpo", 2), ("group_std", 2), ("group_std", 4), ("batch_std", 4)])
+def test_a_normalisation_with_the_kl_in_the_loss_ends_where_rloo_ends_at_beta_over_c(normalisation, group):
+    """With a 0/1 reward and the KL in the loss only, the task term is c_G(p)·∇p: the fixed point at β is RLOO's at
+    β / c_G(p_end) (docs/atlas.md)."""
+    family, rewards = small()
+    beta = 0.5
+    table = fp.fixed_point_table(
+        family, ONE, ["k3-loss"], [beta], FLOW,
+        lambda spec: fp.NormalisedUpdate(family, rewards, spec, normalisation, group),
+    )  # fmt: skip
+    row = table.iloc[0]
+    assert row.status == "stable"
+    scaled = beta / atlas.task_scale(normalisation, group, row.reward)
+    rloo = fp.fixed_point_table(
+        family, ONE, ["k3-loss"], [scaled], FLOW, lambda spec: fp.NormalisedUpdate(family, rewards, spec, "rloo", 2)
+    ).iloc[0]
+    assert rloo.reward == pytest.approx(row.reward, abs=1e-9) and rloo.kl == pytest.approx(row.kl, abs=1e-9)
+
+
+@pytest.mark.parametrize("normalisation, group", [("rloo", 2), ("grpo", 4), ("group_std", 2), ("group_std", 3)])
+def test_k1_in_the_reward_has_a_zero_update_at_the_tabular_optimum(normalisation, group):
+    """The tabular derivation: at π*_β the shaped reward R − β·K1 is the same for every sequence, so every
+    zero-mean advantage vanishes there, whatever the normalisation; off it, the update does not."""
+    family, rewards = small()
+    optimum = fp.family_optimum(family, rewards, 0.4, family.reference_theta())
+    update = fp.NormalisedUpdate(family, rewards, kl.KLSpec.from_name("k1-reward", 0.4), normalisation, group)
+    assert update(optimum).abs().max() < 1e-12
+    assert update(optimum + 0.1).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", fp.FAMILIES)
+def test_the_effective_beta_of_an_optimum_is_its_own_beta(name):
+    family, rewards = small(name, 3)
+    curve = atlas.OptimumCurve(family, rewards)
+    for beta in (0.07, 0.4, 2.5):
+        theta = fp.family_optimum(family, rewards, beta, curve.optima[min(curve.optima, key=lambda b: abs(b - beta))])
+        k = fp.policy_metrics(family, family.sequence_logprobs(theta), rewards, beta)["kl"]
+        assert curve.effective_beta(k) == pytest.approx(beta, rel=1e-8)
+    assert math.isnan(curve.effective_beta(curve.kls.max() * 2))  # beyond every optimum's KL: none
