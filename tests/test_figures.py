@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from rendered import problems
 
 from klstudy import aggregate, figures
 from klstudy.config import validate_config
-from rendered import problems
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["math500", "math_squared", "mmlu_college_physics", "mmlu_college_chemistry", "mmlu_college_biology"]
@@ -455,7 +455,7 @@ def test_fig01_draws_the_exact_bias_over_the_noise_floor_and_names_coinciding_an
     fig, caption = figures.draw_fig01(results, tests)
     labels = [" ".join(t.get_text().split()) for t in fig.legends[0].get_texts()]  # wrapped labels joined
     assert "K3 in loss = K1 in loss" in labels  # equal exact biases: one line, named together
-    assert any(label.startswith("bias exactly 0 (not drawn): K1 in reward") for label in labels)
+    assert labels[-1].startswith("squared bias exactly 0 (not drawn): K1 in reward")
     bias = fig.axes[0]
     k3 = [line for line in bias.lines if line.get_label() == "K3 in reward"][0]
     assert list(k3.get_xdata()) == [1, 2, 4]  # exact values only: none at T = 32
@@ -497,4 +497,41 @@ def test_a_footnote_of_more_than_two_lines_is_refused():
     fig = plt.figure()
     with pytest.raises(ValueError, match="caption"):
         figures.footnote(fig, "one\ntwo\nthree")
+    plt.close(fig)
+
+
+def toy_end_points():
+    """fixed_points' tables, small: K1 in the reward and K3 in both on the optimum at every β (one end point), K3 in
+    the loss below it, K2 in the reward drifting to a reward of 0 at β = 3; a frontier of three rungs; Monte Carlo end
+    points of K3 in the loss at two β."""
+    section = {"length": 4, "reward": {"threshold": 3}, "betas": [0.3, 1.0, 3.0],
+               "monte_carlo": {"seeds": 20, "betas": [1.0, 3.0]}}  # fmt: skip
+    on = {0.3: (0.9, 1.2), 1.0: (0.7, 0.6), 3.0: (0.35, 0.1)}
+    rows = [dict(family="tabular", config=c, beta=b, status="stable", reward=r, kl=k, objective_gap=0.0)
+            for c in ("k1-reward", "k3-both") for b, (r, k) in on.items()]  # fmt: skip
+    rows += [dict(family="tabular", config="k3-loss", beta=b, status="stable", reward=r - 0.1, kl=k, objective_gap=0.01)
+             for b, (r, k) in on.items()]  # fmt: skip
+    rows += [dict(family="tabular", config="k2-reward", beta=b, status="drifts", reward=0.0 if b == 3.0 else 1.0,
+                  kl=1.0 + b, objective_gap=np.nan) for b in on]  # fmt: skip
+    fronts = pd.DataFrame({"family": "tabular", "kl": [0.0, 0.3, 2.5], "reward": [0.2, 0.5, 1.0]})
+    agreed = pd.DataFrame({"family": "tabular", "mode": "on-policy", "config": "k3-loss", "beta": [1.0, 3.0],
+                           "seeds": 20, "mc_reward": [0.6, 0.25], "mc_reward_se": 0.01, "mc_kl": [0.6, 0.1],
+                           "mc_kl_se": 0.01})  # fmt: skip
+    return pd.DataFrame(rows), fronts, agreed, section
+
+
+def test_the_toy_figure_names_coinciding_configurations_once_labels_monte_carlo_betas_and_hides_nothing():
+    points, fronts, agreed, section = toy_end_points()
+    fig, caption = figures.draw_toy_fixed_points(points, fronts, agreed, section)
+    plane = fig.axes[0]
+    labels = [line.get_label() for line in plane.lines]
+    assert "K1 in reward = K3 in reward and loss" in labels and "K1 in reward" not in labels  # drawn once
+    assert any("β 1" in t.get_text() for t in plane.texts) and any("3" in t.get_text() for t in plane.texts)
+    collapse = [line for line in plane.lines if line.get_marker() == ">"][0]
+    assert 0.0 in list(collapse.get_ydata())  # K2 in the reward's collapse is drawn, at reward 0
+    front = [line for line in plane.lines if line.get_label().startswith("optimum of J_β")][0]
+    above = np.interp(points.kl, front.get_xdata(), front.get_ydata()) - points.reward
+    assert (above[points.objective_gap == 0] >= -1e-12).all()  # no end point on the optimum above the frontier drawn
+    assert "on the optimum (gap < 1e-12) at every β: K1 in reward = K3 in reward and loss" in caption
+    assert problems(fig) == []
     plt.close(fig)

@@ -314,9 +314,9 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame):
             axes[row, col].set_ylabel(what.split(" (")[0] if col in (0, 2) else "")
     for first in (0, 2):  # one y range per quantity: squared bias panels together, variance panels together
         _share_log_limits([ax for r in axes for ax in r[first : first + 2]])
-    if unbiased:
+    if unbiased:  # last in the legend: a note on the lines above it
         names = " = ".join(kl_label(c) for c in results.config.unique() if c in unbiased)
-        axes[0, 0].plot([], [], linestyle="", marker="", label=f"bias exactly 0 (not drawn): {names}")
+        axes[-1, -1].plot([], [], linestyle="", marker="", label=f"squared bias exactly 0 (not drawn): {names}")
     figure_legend(fig, axes.ravel(), wrap=34)
     fig.suptitle("Bias and variance of KL-gradient estimates in the toy model (§3.3)", fontsize=11)
     footnote(fig, "Squared bias: exact, by enumeration; grey: the Monte Carlo noise floor (below it a sampled bias "
@@ -800,7 +800,8 @@ def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claim
         if d.empty:
             say_why_empty(ax, d.empty)
         else:
-            notes += [f"- {title}: {note}." for note in [*d.notes, *coinciding(ax)] if f"- {title}: {note}." not in notes]
+            new = [f"- {title}: {note}." for note in [*d.notes, *coinciding(ax)]]
+            notes += [note for note in dict.fromkeys(new) if note not in notes]
         for row in rows.to_dict("records"):
             line = claim_line(row)
             if line not in listed:
@@ -1159,3 +1160,190 @@ def _claim_label(row) -> str:
         return str(row["claim"])
     against = f" vs {below:g}" if pd.notna(below) and row.get("baseline") == row.get("candidate") else ""
     return f"{row['claim']}, β = {beta:g}{against}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Where each KL configuration's training ends in the toy model (fixed_points.py's tables).
+
+EXACT_MARKERS = {"drifts": ">", "still moving": "d"}  # a stable fixed point has its configuration's marker
+GAP_FLOOR = 1e-12  # J_β(optimum) − J_β(end) below this: on the optimum to rounding error
+
+
+def toy_fixed_points_figure(points, fronts, agreed, section: dict, png: Path) -> str:
+    """draw_toy_fixed_points, written to ``png`` (a PDF beside it); returns the caption (the table's Markdown, which
+    has this figure's name, carries it)."""
+    fig, text = draw_toy_fixed_points(points, fronts, agreed, section)
+    save(fig, png)
+    return text
+
+
+def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, section: dict):
+    """One row per family. Left and centre: the reward–KL plane with the exact frontier (the family's optimum over
+    β, through the end points that are on it), each configuration's exact end points over β (its marker, joined
+    over β, labelled with β; ▶: no fixed point, drawn where the flow stopped; ◆: still moving) and the on-policy
+    Monte Carlo end points (hollow circles, ± the seeds' sd, labelled with β); the paper's configurations left, the
+    frameworks' per-token corrections centre. Configurations whose end points coincide at every β are drawn once and
+    named together. Right: the gap J_β(optimum) − J_β(end) against β. One legend, outside. Returns (figure, caption)."""
+    families = list(dict.fromkeys(points.family))
+    fig, axes = plt.subplots(len(families), 3, figsize=(19, 5.2 * len(families)), squeeze=False, layout="constrained",
+                             gridspec_kw={"width_ratios": [1, 1, 0.8]})  # fmt: skip
+    listed = []
+    for row, family in enumerate(families):
+        mine = points[points.family == family]
+        groups = _coinciding_end_points(mine)
+        for col in (0, 1):  # the paper's configurations (a group with any of them), then the frameworks' variants
+            ax = axes[row, col]
+            _draw_toy_frontier(ax, fronts, mine, family)
+            mine_here = [(names, group) for names, group in groups if _is_variant_group(names) == bool(col)]
+            labels = [label for names, group in mine_here for label in _draw_end_points(ax, names, group)]
+            drawn = [name for names, _ in mine_here for name in names]
+            mc = agreed[(agreed.family == family) & (agreed["mode"] == "on-policy") & agreed.config.isin(drawn)]
+            _label_betas(ax, labels + _draw_monte_carlo(ax, mc))
+            kind = "frameworks' per-token KL-loss corrections" if col else "the paper's configurations, K2, no KL"
+            ax.set_title(f"{family} policy: {kind}", fontsize=10)
+            ax.set_xlabel("KL(π ‖ π_ref) at the end point")
+            ax.set_ylabel("task reward E_π[R]")
+            ax.set_xlim(-0.1, max(3.7, float(mine.kl.max()) + 0.3))
+            ax.set_ylim(-0.05, 1.1)
+            ax.grid(alpha=0.3)
+        listed += _draw_toy_gaps(axes[row, 2], groups, family)
+    _toy_status_keys(axes[0, 0])
+    figure_legend(fig, axes.ravel(), wrap=44)
+    fig.suptitle("Where each KL configuration's training ends, against the optimum of J_β = E[R] − β·KL (toy model)",
+                 fontsize=11)  # fmt: skip
+    footnote(fig, "Exact end points (float64), labelled with β; hollow circles: Monte Carlo end points, mean ± sd over "
+             "seeds, labelled with β.\nConfigurations with the same end point at every β are drawn once and named "
+             "together (legend).")  # fmt: skip
+    return fig, caption(TOY_CAPTION.format(length=section["length"], seeds=section["monte_carlo"]["seeds"],
+                                           threshold=section["reward"]["threshold"],
+                                           betas=", ".join(f"{b:g}" for b in section["betas"]),
+                                           mc_betas=", ".join(f"{b:g}" for b in section["monte_carlo"]["betas"])),
+                        "\n".join(listed))  # fmt: skip
+
+
+TOY_CAPTION = """\
+**Where each KL configuration's training ends (toy model of §3.3).** The objective a KL penalty is meant to optimise \
+is J_β = E_π[R] − β·KL(π‖π_ref), with R = 1 for a sequence of length T = {length} with at least {threshold} ones. \
+Grey line: the exact optimum of J_β over β (the reward–KL frontier) in each policy family, through the exact end \
+points that lie on it (the optimum at their own β), so that none of them lies above the line drawn between two rungs \
+of the frontier's β grid; dotted: the unconstrained π*_β that the parametric family cannot reach. Markers: each \
+configuration's exact end point at β ∈ {{{betas}}} (marker shape = placement, fill = estimator, colour = \
+configuration, as in every figure), joined over β and labelled with β; ▶: no fixed point, the update drifts to the \
+boundary (drawn where the followed flow stopped); ◆: still moving when stopped. Hollow circles with bars: the Monte \
+Carlo end points of {seeds} seeds trained on-policy through the trainer's loss (mean ± the seeds' standard \
+deviation, a description of their scatter, not a test), labelled with β, for β ∈ {{{mc_betas}}}; the toy's claims \
+(figures/toy_claims.md) judge them. Configurations whose exact end points coincide at every β are drawn once and named \
+together in the legend. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
+
+
+def _coinciding_end_points(rows: pd.DataFrame) -> list[tuple[list[str], pd.DataFrame]]:
+    """Configurations whose exact end points (status, reward, KL at every β) coincide, grouped: each drawn once."""
+    groups: list[tuple[list[str], pd.DataFrame]] = []
+    for config, group in rows.groupby("config", sort=False):
+        group = group.sort_values("beta").reset_index(drop=True)
+        for names, first in groups:
+            same = len(first) == len(group) and (first.status == group.status).all() and np.allclose(
+                first[["beta", "reward", "kl"]], group[["beta", "reward", "kl"]], rtol=1e-6, atol=1e-9)  # fmt: skip
+            if same:
+                names.append(config)
+                break
+        else:
+            groups.append(([config], group))
+    return groups
+
+
+def _is_variant_group(names: list[str]) -> bool:
+    """A group of frameworks' per-token corrections only (their names have a third part: k3-loss-ratio)."""
+    return all(name.count("-") == 2 for name in names)
+
+
+def _draw_end_points(ax, names: list[str], group: pd.DataFrame) -> list[tuple]:
+    """A group's exact end points over β: stable ones joined, the others marked alone; returns the stable ones' β
+    labels (kl, reward, β, colour) for _label_betas."""
+    style = {**style_of(names[0]), "linestyle": "-"}
+    stable = group[group.status == "stable"]
+    ax.plot(stable.kl, stable.reward, linewidth=0.9, markersize=6, zorder=3, label=_group_label(names), **style)
+    for status, at in group[group.status != "stable"].groupby("status"):
+        ax.plot(at.kl, at.reward, linestyle="", marker=EXACT_MARKERS.get(status, "x"), color=style["color"],
+                markersize=7, zorder=3)  # fmt: skip
+    return [(p.kl, p.reward, p.beta, style["color"]) for p in stable.itertuples()]
+
+
+def _group_label(names: list[str]) -> str:
+    return " = ".join(kl_label(n) for n in names)
+
+
+LABEL_CELL = (0.5, 0.08)  # β labels of points within one such cell (KL, reward) are written once, together
+
+
+def _draw_monte_carlo(ax, mc: pd.DataFrame) -> list[tuple]:
+    """The Monte Carlo end points, mean ± the seeds' sd; returns their β labels (kl, reward, β, colour)."""
+    for config, runs in mc.groupby("config", sort=False):
+        spread = np.sqrt(runs.seeds)
+        ax.errorbar(runs.mc_kl, runs.mc_reward, xerr=runs.mc_kl_se * spread, yerr=runs.mc_reward_se * spread, fmt="o",
+                    mfc="none", ms=11, capsize=2, color=config_colour(config), lw=0.8, linestyle="")  # fmt: skip
+    return [(p.mc_kl, p.mc_reward, p.beta, config_colour(p.config)) for p in mc.itertuples()]
+
+
+def _label_betas(ax, labels: list[tuple]) -> None:
+    """Write each point's β beside it, once for the points of a LABEL_CELL (at large β every configuration ends near
+    the reference: one 'β 3' for all, in grey where they differ in colour)."""
+    cells: dict[tuple, list[tuple]] = {}
+    for kl, reward, beta, colour in labels:
+        cells.setdefault((round(kl / LABEL_CELL[0]), round(reward / LABEL_CELL[1])), []).append((kl, reward, beta,
+                                                                                                 colour))  # fmt: skip
+    for members in cells.values():
+        betas = ", ".join(f"{b:g}" for b in sorted({m[2] for m in members}))
+        colours = {mcolors.to_hex(m[3]) for m in members}
+        ax.annotate(f"β {betas}", (max(m[0] for m in members), min(m[1] for m in members)),
+                    textcoords="offset points", xytext=(7, -11), fontsize=7,
+                    color=colours.pop() if len(colours) == 1 else "0.3")  # fmt: skip
+
+
+def _draw_toy_frontier(ax, fronts: pd.DataFrame, points: pd.DataFrame, family: str) -> None:
+    """The family's frontier, through its end points on the optimum (each the optimum at its β: a chord between two
+    frontier rungs passes below them); beside the parametric one, the tabular family's (the unconstrained π*_β)."""
+    on_optimum = points[(points.status == "stable") & (points.objective_gap < GAP_FLOOR)][["kl", "reward"]]
+    front = pd.concat([fronts[fronts.family == family][["kl", "reward"]], on_optimum]).sort_values("kl")
+    ax.plot(front.kl, front.reward, color="black", lw=2, alpha=0.3, label="optimum of J_β over β (frontier)")
+    if family == "parametric" and (fronts.family == "tabular").any():
+        tabular = fronts[fronts.family == "tabular"].sort_values("kl")
+        ax.plot(tabular.kl, tabular.reward, color="black", lw=1, ls=":", alpha=0.5, label="unconstrained optimum π*_β")
+
+
+def _toy_status_keys(ax) -> None:
+    """Legend proxies for what markers mean beyond the configuration."""
+    for marker, text in ((">", "exact: no fixed point, drifts (drawn where stopped)"),
+                         ("d", "exact: still moving when stopped")):  # fmt: skip
+        ax.plot([], [], linestyle="", marker=marker, color="0.3", label=text)
+    ax.errorbar([], [], xerr=[], yerr=[], fmt="o", mfc="none", color="0.3", label="Monte Carlo, mean ± sd (β labelled)")
+
+
+def _draw_toy_gaps(ax, groups: list[tuple[list[str], pd.DataFrame]], family: str) -> list[str]:
+    """J_β(optimum) − J_β(end) against β for the stable end points off the optimum, a line per group of coinciding
+    configurations; returns the caption's lines on the groups on the optimum at every β and on those without a fixed
+    point (nothing to draw)."""
+    on_optimum, no_fixed_point = [], []
+    for names, group in groups:
+        stable = group[group.status == "stable"]
+        off = stable[stable.objective_gap >= GAP_FLOOR]
+        if len(off):
+            ax.plot(off.beta, off.objective_gap, markersize=5, linewidth=1, label=_group_label(names),
+                    **{**style_of(names[0]), "linestyle": "-"})  # fmt: skip
+        if len(stable) and (stable.objective_gap < GAP_FLOOR).all():
+            on_optimum.append(_group_label(names))
+        unsettled = group[group.status != "stable"]
+        if len(unsettled):
+            states = ", ".join(f"{b:g} {s}" for b, s in zip(unsettled.beta, unsettled.status, strict=True))
+            no_fixed_point.append(f"{_group_label(names)} (β {states})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    betas = sorted({b for _, group in groups for b in group.beta})
+    ax.set_xticks(betas, [f"{b:g}" for b in betas])  # the β grid, plainly: no minor labels to crowd it
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_xlabel("β")
+    ax.set_ylabel("J_β(family's optimum) − J_β(end point)")
+    ax.set_title(f"{family} policy: distance to the optimum (stable, off it)", fontsize=10)
+    ax.grid(alpha=0.3, which="major")
+    return [f"- {family} policy, on the optimum (gap < {GAP_FLOOR:g}) at every β: {', '.join(on_optimum) or 'none'}.",
+            f"- {family} policy, no fixed point: {'; '.join(no_fixed_point) or 'none'}."]
