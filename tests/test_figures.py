@@ -272,8 +272,8 @@ def test_the_forest_draws_every_claim_coloured_by_its_verdict(config):
     fig, caption = figures.draw_claims_forest(claims, config)
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert labels == ["k1_reward_falls_with_beta, β = 1 vs 0.1", "k1_reward_regularises, β = 0.1",
-                      "k1_loss_does_not_regularise, β = 0.1"]  # fmt: skip
+    assert labels == ["k1_reward_falls_with_beta, β = 1 vs 0.1  ◀", "k1_reward_regularises, β = 0.1  ◀",
+                      "k1_loss_does_not_regularise, β = 0.1"]  # fmt: skip (◀: predicted lower; same: none)
     interval = [line for line in ax.lines if len(line.get_xdata()) == 2 and line.get_ydata()[0] == 0][0]
     assert interval.get_color() == figures.VERDICT_COLOURS["shown"]
     # in the metric's own sign: effect -0.3 drawn at -0.3; its interval ± 31.82 · 0.1 clipped below at -0.6 (a KL of
@@ -282,7 +282,6 @@ def test_the_forest_draws_every_claim_coloured_by_its_verdict(config):
     low, high = interval.get_xdata()
     assert low == pytest.approx(-0.6) and high == pytest.approx(ax.get_xlim()[1])
     assert [line.get_xdata() for line in ax.lines if line.get_marker() == "|"] == [-0.6]
-    assert [line.get_marker() for line in ax.lines if line.get_ydata()[0] == 0].count("<") == 1  # predicted: lower
     hollow = [line for line in ax.lines if line.get_markerfacecolor() == "white"]
     assert len(hollow) == 1 and hollow[0].get_ydata()[0] == 2
     assert "not testable: one seed" in texts(fig) and "not shown z 4 / 31.8 n 2" in texts(fig)

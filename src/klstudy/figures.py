@@ -1,12 +1,14 @@
 """The study's figures, drawn from tidy result tables (never from typed-in numbers); its tables are tables.py's.
 
 Every figure uses one encoding, defined here for every module that draws (``style_of``, ``beta_linestyle``):
-colour = KL configuration, line style (bars: hatching) = β, marker = placement; and one uncertainty convention
-(aggregate.UNCERTAINTY): a point, line or bar is the mean over n training seeds, its error bar or band ± one
-standard error that combines the seeds' spread with each measurement's own error. A figure never decides whether
-a difference is a finding: where one of the claims table's claims tests what a panel shows, the figure prints that
-claim's verdict, z and critical value from the table (figures/claims.csv), and the claims figure (claims_forest)
-draws every claim's effect ± critical·se.
+colour = KL configuration (colour-blind safe, never a verdict's colour), marker shape = placement, marker fill =
+estimator, line style (bars: hatching) = β by its value; and one uncertainty convention (aggregate.UNCERTAINTY): a
+point, line or bar is the mean over n training seeds, its error bar or band ± one standard error that combines the
+seeds' spread with each measurement's own error (no band from one seed), a description, not a test. An image holds
+a one-line title and at most two footnote lines; everything else (n, the convention, each claim's verdict, z and
+critical value from figures/claims.csv) is its caption, written as <name>.md beside the PNG. A figure never decides
+whether a difference is a finding: the claims figure (claims_forest) draws every claim's effect ± critical·se, the
+interval the verdict reads, in the metric's own sign.
 """
 
 from __future__ import annotations
@@ -996,7 +998,8 @@ def _claim_groups(claims: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 # known): a proportion lies in [0, 1], so a difference in [−b, 1 − b]; a KL or an entropy is ≥ 0, so ≥ −b.
 PROPORTION_METRICS = {"heldout", "evaluation"}
 NON_NEGATIVE_METRICS = {"final_kl", "forward_kl", "entropy"}
-PREDICTED_MARKERS = {"higher": ">", "lower": "<"}
+PREDICTED_MARKERS = {"higher": "▶", "lower": "◀"}  # after a claim's name on the axis: the direction predicted
+MARGIN_COLOUR = "0.82"  # a same claim's margin: neither a verdict's colour nor a configuration's
 
 
 def difference_range(metric: str, baseline_mean: float, trend: bool) -> tuple[float, float]:
@@ -1014,7 +1017,7 @@ def difference_range(metric: str, baseline_mean: float, trend: bool) -> tuple[fl
 def draw_claims_forest(claims: pd.DataFrame, config: dict):
     """Every row of the claims table: its effect (candidate − baseline, in the metric's own sign and units) ±
     critical·se, the interval the verdict rule reads, clipped to what the metric allows (the clip marked), coloured by
-    the verdict; one panel per metric; the predicted direction as a triangle at the row's end of the axis. A claim of
+    the verdict; one panel per metric; the predicted direction as a triangle after the claim's name. A claim of
     no difference ("same") shows its margin as a band around zero. Returns (figure, caption)."""
     claims = claims.copy()
     margins = {name: c.get("margin") for name, c in config.get("claims", {}).items()}
@@ -1031,7 +1034,8 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict):
         say_why_empty(axes[0, 0], "the config names no claims")
     fig.legend(handles=_forest_handles(), loc="outside right upper", fontsize=8, frameon=False)
     fig.suptitle("Every claim: effect ± critical·se, the interval its verdict reads", fontsize=11)
-    footnote(fig, "Effect: candidate − baseline in the metric's units; ▶/◀ at a row's end: the predicted direction.\n"
+    footnote(fig, "Effect: candidate − baseline in the metric's units; ▶/◀ after a claim's name: the direction "
+             "predicted.\n"
              "|: clipped at the metric's possible range; arrow: the interval runs past the panel.")  # fmt: skip
     models = claims.model.dropna().unique() if "model" in claims else []
     return fig, caption(FOREST_CAPTION, run_text(config, models) if len(models) else "", clipped_text(past))
@@ -1041,11 +1045,11 @@ FOREST_CAPTION = """\
 **Every claim, at a glance.** One row per row of the claims table (figures/claims.csv): the effect, candidate − \
 baseline (the mean over paired units: training seeds, or held-out questions), in the metric's own sign and units, \
 with the interval effect ± critical·se that the verdict rule reads, coloured by the verdict (green shown, red \
-contradicted, grey not shown; a hollow grey point: no interval, such as a claim that cannot be tested). A triangle at \
-the row's end of the axis points the way the paper or Table 1 predicts (▶ higher, ◀ lower); a claim of no difference \
-has none and shows its margin as a band around 0: shown when the effect lies inside it by critical standard errors at \
-both ends, each end tested seed by seed so that the margin's own noise (a fraction of the estimated baseline) is in \
-its error; its z ("margin z") is the smaller of the two. An interval is clipped at the range the metric allows (a \
+contradicted, grey not shown; a hollow grey point: no interval, such as a claim that cannot be tested). A triangle \
+after the claim's name points the way the paper or Table 1 predicts (▶ higher, ◀ lower); a claim of no difference has \
+none and shows its margin as a grey band around 0: shown when the effect lies inside it by critical standard errors \
+at both ends, each end tested seed by seed so that the margin's own noise (a fraction of the estimated baseline) is \
+in its error; its z ("margin z") is the smaller of the two. An interval is clipped at the range the metric allows (a \
 pass@1 or accuracy difference lies in [−b, 1 − b] for a baseline b; a KL or entropy difference is at least −b), \
 marked |; one wider than its panel (which spans every effect ± 3 se) ends in an arrow. Right: verdict, z against its \
 critical value, and n, the paired units. One panel per metric; a claim that a configuration's KL falls as β grows, \
@@ -1056,10 +1060,9 @@ def _forest_handles() -> list:
     handles = [plt.Line2D([], [], color=c, marker="o", linestyle="-", label=v) for v, c in VERDICT_COLOURS.items()]
     handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linestyle="",
                               label="no interval (not testable,\nno prediction)"))  # fmt: skip
-    handles.append(plt.Line2D([], [], color="0.3", marker=">", linestyle="", label="predicted direction"))
     handles.append(plt.Line2D([], [], color="0.3", marker="|", markersize=10, linestyle="",
                               label="clipped at the metric's range"))  # fmt: skip
-    handles.append(mpatches.Patch(color=VERDICT_COLOURS["shown"], alpha=0.15, label="margin of a 'same' claim"))
+    handles.append(mpatches.Patch(color=MARGIN_COLOUR, label="margin of a 'same' claim"))
     return handles
 
 
@@ -1099,8 +1102,7 @@ def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
         colour = verdict_colour(row["verdict"])
         x, half = row["effect"], row["critical"] * row["se"]
         if pd.notna(row["margin"]):
-            ax.fill_betweenx([y - 0.4, y + 0.4], -row["margin"], row["margin"], color=VERDICT_COLOURS["shown"],
-                             alpha=0.15, linewidth=0)  # fmt: skip
+            ax.fill_betweenx([y - 0.4, y + 0.4], -row["margin"], row["margin"], color=MARGIN_COLOUR, linewidth=0)
         if pd.notna(half) and pd.notna(x):
             if _draw_interval(ax, y, x, half, difference_range(metric, row.get("baseline_mean"), bool(trend)),
                               limit, colour):  # fmt: skip
@@ -1108,10 +1110,6 @@ def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
             ax.plot(x, y, "o", color=colour)
         elif pd.notna(x):
             ax.plot(max(min(x, limit), -limit), y, "o", color=colour, markerfacecolor="white")
-        if row.get("predicted") in PREDICTED_MARKERS:
-            edge = 1.0 if row["predicted"] == "higher" else 0.0
-            ax.plot(edge, y, PREDICTED_MARKERS[row["predicted"]], color="0.3", markersize=6, clip_on=False,
-                    transform=ax.get_yaxis_transform())  # fmt: skip
         z_name = "margin z" if row.get("predicted") == "same" else "z"
         score = "" if pd.isna(row["z"]) else f"   {z_name} {_number(row['z'])} / {_number(row['critical'], 3)}"
         ax.annotate(f"{row['verdict']}{score}   {_units_text(row)}", (1.02, y), xycoords=("axes fraction", "data"),
@@ -1119,7 +1117,9 @@ def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlim(-limit, limit)
     ax.set_ylim(len(rows) - 0.4, -0.6)
-    ax.set_yticks(range(len(rows)), [_claim_label(row) for row in rows.to_dict("records")], fontsize=7)
+    labels = [f"{_claim_label(row)}  {PREDICTED_MARKERS.get(row.get('predicted'), '')}".rstrip() for row in
+              rows.to_dict("records")]  # fmt: skip
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
     unit = CLAIM_METRIC_UNITS.get(metric, metric)
     ax.set_title(f"{unit}{': slope per decade of β' if trend else ''}, candidate − baseline", fontsize=9, loc="left")
     ax.grid(alpha=0.3, axis="x")
