@@ -534,3 +534,19 @@ def test_the_toy_figure_names_coinciding_configurations_once_labels_monte_carlo_
     assert "on the optimum (gap < 1e-12) at every β: K1 in reward = K3 in reward and loss" in caption
     assert problems(fig) == []
     plt.close(fig)
+
+
+def test_an_asynchronous_run_shorter_than_its_lag_says_its_kl_is_zero_by_construction(config, tables):
+    """async_countdown: level 4, 5 steps; every batch was sampled by the initial policy, so its KL is 0 by
+    construction: the panel and the caption say so, instead of a row of zeros that reads as a finding."""
+    runs = tables["training"][tables["training"].step <= 5].assign(study="async_countdown", kl_k3=0.0, task_reward=0.0)
+    runs = runs[runs.kl.isin(["none", "k1-reward"]) & runs.beta.isin([0.0, 0.1])].assign(
+        beta=lambda t: np.where(t.kl == "none", 0.0, 0.05))  # fmt: skip
+    fig, caption = figures.draw_training_figure("async_countdown", config, {**tables, "training": runs})
+    assert "0 by construction" in texts(fig)
+    assert "its KL row is 0 at every step, and its reward is the reference's, by construction" in caption
+    assert problems(fig) == []
+    plt.close(fig)
+    fig, caption = figures.draw_training_figure("onpolicy", config, tables)
+    assert "by construction" not in texts(fig) + caption
+    plt.close(fig)

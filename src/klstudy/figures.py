@@ -195,6 +195,11 @@ def figure_legend(fig, axes, wrap: int = 0) -> None:
         fig.legend(list(seen.values()), labels, loc="outside right center", fontsize=8, frameon=False)
 
 
+def _say_in_panel(ax, text: str) -> None:
+    """A short note about what a panel's data is, in the panel's upper middle (its lines lie elsewhere)."""
+    ax.text(0.5, 0.6, text, transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.25")
+
+
 def say_why_empty(ax, reason: str) -> None:
     """A panel without data says so, in the panel, instead of showing empty axes."""
     ax.text(0.5, 0.5, textwrap.fill(reason, 40), transform=ax.transAxes, ha="center", va="center", fontsize=9,
@@ -493,6 +498,10 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         drawn.empty = "; ".join(["no run of this panel has held-out results yet", *drawn.notes])
     elif max(means) == 0:
         drawn.notes.append(f"every run scores 0 on {data} at every evaluation")
+        _say_in_panel(ax, "every run scores 0 at every evaluation")
+    train = config["studies"][panel["study"]]["train"]
+    if _too_short_for_lag(train):
+        drawn.notes.append(_async_text(train))
     return drawn
 
 
@@ -521,7 +530,7 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         style = {"color": config_colour(kl_config), "edgecolor": "black", "hatch": beta_hatch(beta)}
         groups.append((label, rows, style))
     width = 0.8 / max(len(groups), 1)
-    any_value, tops = False, [0.05]
+    any_value, tops, unread_labels = False, {t: 0.0 for t in range(len(tasks))}, []
     for g, (label, rows, style) in enumerate(groups):
         by_task = [rows[rows.task == task] for task in tasks]
         stats = [mean_and_se(r.mean_at_k, r.stderr) for r in by_task]
@@ -530,18 +539,18 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                error_kw={"elinewidth": 1}, **style)  # fmt: skip
         if not label.startswith("base"):
             drawn.seeds.update(s[2] for s in stats if s[2])
-        for xi, (mean, se, _), r in zip(x, stats, by_task, strict=True):
+        for t, (xi, (mean, se, _), r) in enumerate(zip(x, stats, by_task, strict=True)):
             if pd.isna(mean):
                 ax.text(xi, 0.005, "n/a", rotation=90, ha="center", va="bottom", fontsize=7)
                 continue
             any_value = True
-            top = mean + (se if np.isfinite(se) else 0.0)
-            tops.append(top)
-            unread = r.unread.mean() if "unread" in r else math.nan
-            ax.text(xi, top + 0.01, "" if pd.isna(unread) else f"{unread:.0%}", rotation=90, ha="center",
-                    va="bottom", fontsize=7, color="0.25")  # fmt: skip
+            tops[t] = max(tops[t], mean + (se if np.isfinite(se) else 0.0))
+            if "unread" in r and r.unread.notna().any():
+                unread_labels.append((t, xi, f"{r.unread.mean():.0%}"))
+    for t, xi, text in unread_labels:  # in a row above the task's tallest error bar: no bar's error bar crosses one
+        ax.text(xi, tops[t] + 0.01, text, rotation=90, ha="center", va="bottom", fontsize=7, color="0.25")
     _chance_lines(ax, tasks)
-    ax.set_ylim(0, max(tops) / 0.8)  # room for the unread labels above the tallest bar
+    ax.set_ylim(0, max([0.05, *tops.values()]) / 0.8)  # room for the unread labels above the tallest bar
     ax.set_xticks(range(len(tasks)), [t.replace("mmlu_college_", "MMLU\n") for t in tasks], fontsize=8)
     ax.set_ylabel(f"mean@{config['evaluation']['k']} accuracy (above a bar: % unread)", fontsize=8)
     ax.grid(alpha=0.3, axis="y")
@@ -907,6 +916,10 @@ def draw_training_figure(study: str, config: dict, tables: dict):
                 ax.set_ylabel(TRAINING_METRICS[metric].format(window=window), fontsize=8)
             if row == len(metrics) - 1:
                 ax.set_xlabel("training step")
+    if _too_short_for_lag(spec["train"]):
+        for ax, metric in zip(axes[:, 0], metrics, strict=True):
+            if metric in LAGGED_METRICS and ax.lines:
+                _say_in_panel(ax, LAGGED_METRICS[metric].format(**spec["train"]))
     for row in range(len(metrics)):
         if metrics[row] in LOG_METRICS:
             for ax in axes[row]:
@@ -946,6 +959,21 @@ def _design_text(train: dict) -> str:
     return f"{train['batch_prompts']} prompts × {train['rollouts']} completions a batch, {train['steps']} steps."
 
 
+# What a metric of the sampled batch is in a run no longer than its asynchronous lag (every batch from the initial
+# policy), said in the panel.
+LAGGED_METRICS = {
+    "task_reward": "every batch was sampled by the initial policy\n(async level {async_level}, {steps} steps): "
+                   "the reference's reward",
+    "kl_k3": "every batch was sampled by the initial policy\n(async level {async_level}, {steps} steps): "
+             "0 by construction",
+}  # fmt: skip
+
+
+def _too_short_for_lag(train: dict) -> bool:
+    """Whether every batch of the run was sampled by the initial policy (steps ≤ async_level + 1)."""
+    return bool(train.get("async_level", 0)) and train["steps"] <= train["async_level"] + 1
+
+
 def _async_text(train: dict) -> str:
     """Why an asynchronous run of at most async_level + 1 steps shows nothing: every batch it trained on was sampled
     by the initial policy (trainer.py: the batch trained at step t was generated at step max(0, t − k))."""
@@ -955,7 +983,7 @@ def _async_text(train: dict) -> str:
     text = (f"Asynchronous RL at level {level}: the batch trained at step t was sampled at step max(0, t − {level}), "
             f"so the first {level + 1} steps train on batches of the initial policy, the reference: "
             "KL(π_sampling‖π_ref) is 0 there.")  # fmt: skip
-    if steps <= level + 1:
+    if _too_short_for_lag(train):
         text += (f" This study has {steps} steps: its KL row is 0 at every step, and its reward is the reference's, "
                  "by construction, not a finding.")  # fmt: skip
     return text
