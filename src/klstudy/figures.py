@@ -200,6 +200,16 @@ def _say_in_panel(ax, text: str) -> None:
     ax.text(0.5, 0.6, text, transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.25")
 
 
+def task_name(task: str) -> str:
+    """A task as a reader names it: 'mmlu_college_biology' → 'MMLU biology', 'math_test' → 'math test'."""
+    return task.replace("mmlu_college_", "MMLU ").replace("countdown", "Countdown").replace("_", " ")
+
+
+def study_name(config: dict, study: str) -> str:
+    """A study as its description names it, without the paper's figure numbers or notes: 'on-policy grid'."""
+    return re.sub(r"\s*\(Fig[^)]*\)|;.*$", "", config["studies"][study].get("description", study))
+
+
 def say_why_empty(ax, reason: str) -> None:
     """A panel without data says so, in the panel, instead of showing empty axes."""
     ax.text(0.5, 0.5, textwrap.fill(reason, 40), transform=ax.transAxes, ha="center", va="center", fontsize=9,
@@ -492,7 +502,7 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                 ax.scatter(run.step.iloc[-1], run.pass_at_1.iloc[-1], marker=NOT_OK[status.iloc[0]], s=60, zorder=4,
                            color=style["color"])  # fmt: skip
     ax.set_xlabel("training step")
-    ax.set_ylabel(f"held-out pass@1 ({data})")
+    ax.set_ylabel(f"held-out pass@1 ({task_name(data)})")
     ax.grid(alpha=0.3)
     if not means:
         drawn.empty = "; ".join(["no run of this panel has held-out results yet", *drawn.notes])
@@ -551,7 +561,7 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         ax.text(xi, tops[t] + 0.01, text, rotation=90, ha="center", va="bottom", fontsize=7, color="0.25")
     _chance_lines(ax, tasks)
     ax.set_ylim(0, max([0.05, *tops.values()]) / 0.8)  # room for the unread labels above the tallest bar
-    ax.set_xticks(range(len(tasks)), [t.replace("mmlu_college_", "MMLU\n") for t in tasks], fontsize=8)
+    ax.set_xticks(range(len(tasks)), [task_name(t).replace("MMLU ", "MMLU\n") for t in tasks], fontsize=8)
     ax.set_ylabel(f"mean@{config['evaluation']['k']} accuracy (above a bar: % unread)", fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     if not any_value:
@@ -607,7 +617,7 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         drawn.seeds.update(stats.n)
     ax.set_xlabel("training step")
     ax.set_ylabel("forward KL(π_ref‖π_θ) (nats)" if metric == "forward_kl" else "token entropy of π_θ (nats)")
-    ax.set_title(panel["task"], fontsize=9)
+    ax.set_title(task_name(panel["task"]), fontsize=9)
     ax.grid(alpha=0.3)
     if not lines:
         drawn.empty = f"no snapshot of this panel has been measured on {panel['task']} yet"
@@ -803,7 +813,7 @@ def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claim
     _share_y(axes, drawn)
     lines, listed, notes = [], set(), []
     for ax, panel, d, rows in zip(axes, panels, drawn, about, strict=True):
-        title = panel.get("title", panel["study"])
+        title = panel.get("title", study_name(config, panel["study"]))
         if ax.get_title():
             title = f"{title}: {ax.get_title()}"
         verdicts = "" if claims is None or d.empty else verdicts_text(rows)
@@ -930,8 +940,7 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         _share_y(list(axes[row]), [Drawn(metrics[row], empty=None if ax.lines else "") for ax in axes[row]])
     fig.legend(handles=_key_handles(spec["kl"], betas if any(b > 0 for b in betas) else []),
                loc="outside right center", fontsize=8, frameon=False)  # fmt: skip
-    title = re.sub(r"\s*\(Fig[^)]*\)|;.*$", "", spec.get("description", study))
-    fig.suptitle(f"Training dynamics: {title}", fontsize=11)
+    fig.suptitle(f"Training dynamics: {study_name(config, study)}", fontsize=11)
     footnote(fig, f"Thick: each run's trailing {window}-step mean, then the mean over n seeds ± 1 se (a "
              "description, not a test); thin: each step as logged.\nKL: the K3 estimate on the sampling policy's own "
              "batch.")  # fmt: skip
