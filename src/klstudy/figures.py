@@ -840,19 +840,18 @@ def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claim
 SERIES_SE = (
     "Lines, points and bars are the mean over n training seeds (n in each panel's title) with ± 1 standard error: a "
     "description of the runs' spread, not a test. The claims rule reads effect ± critical·se, with critical the larger "
-    "of min_z and Student's t at seeds − 1 degrees of freedom ({widths}): a gap between two ± 1 se bands is no finding "
+    "of min_z and Student's t at seeds − 1 degrees of freedom{widths}: a gap between two ± 1 se bands is no finding "
     "unless the claims table says shown (the claims figure draws that interval). A series of one seed has no band: "
     "its own error over steps or questions is not a spread over seeds."
 )
 
 
-def series_se_text(config: dict) -> str:
-    """SERIES_SE with the claims rule's critical values at 2 and 4 seeds, from the config's rule."""
-    from klstudy.claims import critical_value  # the rule's own function: one place for its numbers
-
-    rule = config.get("claims_rule", {"alpha": 0.01, "min_z": 3})
-    widths = ", ".join(f"{float(critical_value(n - 1, rule)):.3g} at {n} seeds" for n in (4, 2))
-    return SERIES_SE.format(widths=widths)
+def series_se_text(claims: pd.DataFrame | None) -> str:
+    """SERIES_SE with the critical values the claims table used at each number of seeds (none without a table)."""
+    if claims is None or "seeds" not in claims or claims.critical.isna().all():
+        return SERIES_SE.format(widths="")
+    used = claims.dropna(subset=["critical", "seeds"]).groupby("seeds").critical.min()
+    return SERIES_SE.format(widths=" (" + ", ".join(f"{c:.3g} at {int(n)} seeds" for n, c in used.items()) + ")")
 IN_IMAGE_SE = (
     "Mean over n seeds ± 1 se (n: panel titles): a description, not a test.\n"
     "Which differences are findings: the claims figure and this figure's caption."
@@ -877,7 +876,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     fig.suptitle(spec["title"], fontsize=11)
     footnote(fig, IN_IMAGE_SE)
     dodged = DODGED if any(panel["kind"] != "bars" for panel in panels) else ""
-    convention = f"{series_se_text(config)} {UNCERTAINTY[0].upper()}{UNCERTAINTY[1:]}. {dodged}"
+    convention = f"{series_se_text(claims)} {UNCERTAINTY[0].upper()}{UNCERTAINTY[1:]}. {dodged}"
     text = caption(f"**{spec['title']}** ({name}). {run_text(config, [p['model'] for p in panels])}", convention,
                    "\n".join(lines))  # fmt: skip
     return fig, text
