@@ -1237,10 +1237,10 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     for row, family in enumerate(families):
         mine = points[points.family == family]
         groups = _coinciding_end_points(mine)
-        for col in (0, 1):  # the paper's configurations (a group with any of them), then the frameworks' variants
+        for col in (0, 1):  # a group with any of the paper's configurations left, with any framework's variant centre
             ax = axes[row, col]
             _draw_toy_frontier(ax, fronts, mine, family)
-            mine_here = [(names, group) for names, group in groups if _is_variant_group(names) == bool(col)]
+            mine_here = [(names, group) for names, group in groups if _has_variant(names, bool(col))]
             labels = [label for names, group in mine_here for label in _draw_end_points(ax, names, group)]
             drawn = [name for names, _ in mine_here for name in names]
             mc = agreed[(agreed.family == family) & (agreed["mode"] == "on-policy") & agreed.config.isin(drawn)]
@@ -1276,10 +1276,10 @@ of the frontier's β grid; dotted: the unconstrained π*_β that the parametric 
 configuration's exact end point at β ∈ {{{betas}}} (marker shape = placement, fill = estimator, colour = \
 configuration, as in every figure), joined over β and labelled with β; ▶: no fixed point, the update drifts to the \
 boundary (drawn where the followed flow stopped); ◆: still moving when stopped. Hollow circles with bars: the Monte \
-Carlo end points of {seeds} seeds trained on-policy through the trainer's loss (mean ± the seeds' standard \
-deviation, a description of their scatter, not a test), labelled with β, for β ∈ {{{mc_betas}}}; the toy's claims \
-(figures/toy_claims.md) judge them. Configurations whose exact end points coincide at every β are drawn once and named \
-together in the legend. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
+Carlo end points of {seeds} seeds trained on-policy through the trainer's loss (mean ± the seeds' standard deviation, \
+a description of their scatter, not a test), labelled with β, for β ∈ {{{mc_betas}}}; the toy's claims \
+(figures/toy_claims.md) judge them. Configurations whose exact end points coincide at every β are drawn once and \
+named together in the legend. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
 
 
 def _coinciding_end_points(rows: pd.DataFrame) -> list[tuple[list[str], pd.DataFrame]]:
@@ -1298,9 +1298,10 @@ def _coinciding_end_points(rows: pd.DataFrame) -> list[tuple[list[str], pd.DataF
     return groups
 
 
-def _is_variant_group(names: list[str]) -> bool:
-    """A group of frameworks' per-token corrections only (their names have a third part: k3-loss-ratio)."""
-    return all(name.count("-") == 2 for name in names)
+def _has_variant(names: list[str], variant: bool) -> bool:
+    """Whether a group holds a framework's per-token correction (variant; its name has a third part: k3-loss-ratio)
+    or, not variant, one of the paper's configurations."""
+    return any((name.count("-") == 2) == variant for name in names)
 
 
 def _draw_end_points(ax, names: list[str], group: pd.DataFrame) -> list[tuple]:
