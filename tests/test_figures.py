@@ -550,3 +550,20 @@ def test_an_asynchronous_run_shorter_than_its_lag_says_its_kl_is_zero_by_constru
     fig, caption = figures.draw_training_figure("onpolicy", config, tables)
     assert "by construction" not in texts(fig) + caption
     plt.close(fig)
+
+
+def test_one_beta_is_one_category_and_one_seed_has_no_band(config, tables):
+    """A panel of one β draws it as one category (a log axis with sideways dodge reads as three β); a series of one
+    seed has no band (its own error over steps is not a spread over seeds)."""
+    fig, ax = plt.subplots()
+    panel = {"kind": "kl_vs_beta", "study": "onpolicy", "model": "tiny", "betas": [0.1]}
+    figures.kl_vs_beta_panel(ax, panel, config, tables)
+    assert ax.get_xscale() == "linear" and [t.get_text() for t in ax.get_xticklabels()] == ["0.1"]
+    plt.close(fig)
+    one_seed = tables["training"][tables["training"].seed == 0]
+    fig, ax = plt.subplots()
+    figures.step_curves(ax, one_seed[one_seed.kl.isin(["none", "k1-reward"]) & one_seed.beta.isin([0.0, 0.1])],
+                        "kl_k3", 5)  # fmt: skip
+    bands = [c for c in ax.collections if len(c.get_paths()) and len(c.get_paths()[0].vertices)]
+    assert bands == []
+    plt.close(fig)
