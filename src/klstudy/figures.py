@@ -29,7 +29,14 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from klstudy.aggregate import UNCERTAINTY, final_values, mean_and_se, step_values, trailing_mean  # noqa: E402
+from klstudy.aggregate import (  # noqa: E402
+    UNCERTAINTY,
+    exactly_zero,
+    final_values,
+    mean_and_se,
+    step_values,
+    trailing_mean,
+)
 from klstudy.kl import NO_KL, PATHWISE, KLSpec  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------
@@ -379,8 +386,6 @@ def _draw_lines(ax, lines: dict[str, pd.Series]) -> None:
 
 def _exact_bias_panel(ax, rows: pd.DataFrame) -> None:
     """Exact squared bias per configuration (exact zeros left out), over the Monte Carlo noise floor."""
-    from klstudy.toy import exactly_zero  # the toy's own rule for a float64 zero
-
     rows = rows.dropna(subset=["exact_bias"]).sort_values("T")
     floor = (rows.groupby("T").std_error.max() ** 2).loc[lambda f: f > 0]
     if len(floor):

@@ -30,6 +30,7 @@ import torch
 from scipy.stats import norm
 
 from klstudy import kl
+from klstudy.aggregate import exactly_zero
 
 DTYPE = torch.float64
 PARAMS = ("a", "b")
@@ -311,11 +312,6 @@ def _projections(group: pd.DataFrame) -> pd.Series:
     dot = (rows.exact_mean * rows.true_grad).groupby([rows.setting, rows["T"]]).sum()
     norm = (rows.true_grad**2).groupby([rows.setting, rows["T"]]).sum()
     return (dot / norm.where(norm > 0)).dropna()
-
-
-def exactly_zero(bias: float, scale: float) -> bool:
-    """An exact bias (float64 enumeration) is zero when it is rounding error relative to the gradient's size."""
-    return bool(bias <= 1e-9 * max(1.0, scale))
 
 
 def unbiasedness_tests(results: pd.DataFrame, alpha: float) -> pd.DataFrame:
