@@ -1,17 +1,20 @@
 """The study's figures, drawn from tidy result tables (never from typed-in numbers); its tables are tables.py's.
 
 Every figure uses one encoding, defined here for every module that draws (``style_of``, ``beta_linestyle``):
-colour = KL configuration, line style (bars: hatching) = β, marker = placement; and one uncertainty convention
-(aggregate.UNCERTAINTY): a point, line or bar is the mean over n training seeds, its error bar or band ± one
-standard error that combines the seeds' spread with each measurement's own error. A figure never decides whether
-a difference is a finding: where one of the claims table's claims tests what a panel shows, the figure prints that
-claim's verdict, z and critical value from the table (figures/claims.csv), and the claims figure (claims_forest)
-draws every claim's effect ± critical·se.
+colour = KL configuration (colour-blind safe, never a verdict's colour), marker shape = placement, marker fill =
+estimator, line style (bars: hatching) = β by its value; and one uncertainty convention (aggregate.UNCERTAINTY): a
+point, line or bar is the mean over n training seeds, its error bar or band ± one standard error that combines the
+seeds' spread with each measurement's own error (no band from one seed), a description, not a test. An image holds
+a one-line title and at most two footnote lines; everything else (n, the convention, each claim's verdict, z and
+critical value from figures/claims.csv) is its caption, written as <name>.md beside the PNG. A figure never decides
+whether a difference is a finding: the claims figure (claims_forest) draws every claim's effect ± critical·se, the
+interval the verdict reads, in the metric's own sign.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,37 +23,60 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.colors as mcolors  # noqa: E402
+import matplotlib.patches as mpatches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from klstudy.aggregate import UNCERTAINTY, final_values, mean_and_se, step_values, trailing_mean  # noqa: E402
+from klstudy.aggregate import (  # noqa: E402
+    UNCERTAINTY,
+    exactly_zero,
+    final_values,
+    mean_and_se,
+    step_values,
+    trailing_mean,
+)
 from klstudy.kl import NO_KL, PATHWISE, KLSpec  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------
 # The shared encoding.
 
+# Colour = KL configuration, from the Okabe–Ito and Tol colour-blind-safe sets: one hue family per estimator (K1
+# blues, K3 oranges, K2 purples), a lighter or darker shade per placement, so that the paper's central contrasts
+# (K1 in the reward against K3 in the loss; K3 in the reward against K3 in the loss) differ in hue or in lightness.
+# Green and red are not used here: they are the verdicts' (VERDICT_COLOURS).
 CONFIG_COLOURS = {
     NO_KL: "black",
-    "k1-reward": "tab:blue",
-    "k1-loss": "tab:orange",
-    "k3-reward": "tab:red",
-    "k3-loss": "tab:green",
-    "k1-both": "tab:purple",
-    "k3-both": "tab:brown",
-    "k2-reward": "tab:pink",
-    "k2-loss": "tab:olive",
-    "k2-both": "tab:cyan",
+    "k1-reward": "#0072B2",
+    "k1-loss": "#56B4E9",
+    "k1-both": "#1D3F6E",
+    "k3-reward": "#E69F00",
+    "k3-loss": "#8C510A",
+    "k3-both": "#F5D08A",
+    "k2-reward": "#CC79A7",
+    "k2-loss": "#7B2D64",
+    "k2-both": "#E8B5D3",
 }
 BASE_COLOUR = "0.6"  # the base model (no RL)
 # A framework's per-token loss gradient: its pathwise configuration's colour, darkened by this much (0: the same).
 LOSS_GRADIENT_SHADES = {PATHWISE: 0.0, "ratio": 0.35, "score": 0.55, "st": -0.35, "isst": -0.55}
-BETA_LINESTYLES = ("-", "--", ":", "-.")
-BETA_HATCHES = ("", "//", "..", "xx")
+# Without colour: the marker's shape says the placement, its fill the estimator (K1 filled, K3 hollow, K2 half).
 PLACEMENT_MARKERS = {"reward": "o", "loss": "s", "both": "^", "none": "D"}
-VERDICT_COLOURS = {"shown": "tab:green", "contradicted": "tab:red", "not shown": "0.35"}
-UNTESTED_COLOUR = "0.7"  # "not testable: …", "no prediction": no interval to read
+ESTIMATOR_FILLS = {"k1": "full", "k3": "none", "k2": "bottom"}
+# β by its value, the same β drawn the same way in every figure of every run (not by its rank in one run's grid).
+BETA_STYLES = {
+    0.005: ((0, (1, 1)), "oo"),
+    0.01: ((0, (3, 1, 1, 1, 1, 1)), "++"),
+    0.05: ("-", ""),
+    0.1: ("--", "//"),
+    0.3: ("-.", "\\\\"),
+    1.0: (":", ".."),
+    3.0: ((0, (5, 2, 1, 2, 1, 2)), "xx"),
+    10.0: ((0, (8, 3)), "--"),
+}
+VERDICT_COLOURS = {"shown": "#009E73", "contradicted": "#CC3311", "not shown": "0.45"}
+UNTESTED_COLOUR = "0.75"  # "not testable: …", "no prediction": no interval to read
 
 
 def config_colour(kl_config: str) -> str | tuple:
@@ -66,36 +92,42 @@ def config_colour(kl_config: str) -> str | tuple:
     return tuple(colour + abs(shade) * (towards - colour))
 
 
-def beta_grid(config: dict) -> list[float]:
-    """Every β > 0 of the config's studies, sorted: the order that line styles and hatches follow."""
-    return sorted({float(b) for spec in config["studies"].values() for b in spec["betas"] if float(b) > 0})
+def _beta_style(beta: float | None) -> tuple:
+    """(line style, hatch) of β: BETA_STYLES' nearest β on a log scale; β = 0 (no KL): solid, unhatched."""
+    if not beta or float(beta) <= 0:
+        return "-", ""
+    nearest = min(BETA_STYLES, key=lambda b: abs(math.log(b) - math.log(float(beta))))
+    return BETA_STYLES[nearest]
 
 
-def _beta_index(beta: float | None, grid: list[float] | None) -> int:
-    if not beta or not grid:
-        return 0
-    matches = [i for i, b in enumerate(grid) if math.isclose(b, float(beta))]
-    return matches[0] if matches else 0
+def beta_linestyle(beta: float | None):
+    """The line style of β, the same in every figure."""
+    return _beta_style(beta)[0]
 
 
-def beta_linestyle(beta: float | None, grid: list[float] | None = None):
-    """The line style of β (its rank in ``grid``, beta_grid(config)); solid for β = 0 or without a grid."""
-    return BETA_LINESTYLES[_beta_index(beta, grid) % len(BETA_LINESTYLES)]
+def beta_hatch(beta: float | None) -> str:
+    """A bar's hatching for β, the same in every figure."""
+    return _beta_style(beta)[1]
 
 
-def beta_hatch(beta: float | None, grid: list[float] | None = None) -> str:
-    """A bar's hatching for β, in the order of beta_linestyle."""
-    return BETA_HATCHES[_beta_index(beta, grid) % len(BETA_HATCHES)]
+def _placement_and_estimator(kl_config: str) -> tuple[str, str]:
+    if kl_config in (NO_KL, "base"):
+        return "none", "k1"
+    spec = KLSpec.from_name(kl_config)
+    return spec.placement, spec.estimator
 
 
-def style_of(kl_config: str, beta: float | None = None, grid: list[float] | None = None) -> dict:
-    """Keyword arguments for ax.plot: the configuration's colour, β's line style, the placement's marker."""
-    placement = "none" if kl_config in (NO_KL, "base") else KLSpec.from_name(kl_config).placement
-    return {
-        "color": config_colour(kl_config),
-        "linestyle": beta_linestyle(beta, grid),
-        "marker": PLACEMENT_MARKERS[placement],
-    }
+def marker_of(kl_config: str) -> dict:
+    """The marker of a configuration: shape = placement, fill = estimator (hollow markers keep a white face)."""
+    placement, estimator = _placement_and_estimator(kl_config)
+    fill = ESTIMATOR_FILLS.get(estimator, "full")
+    return {"marker": PLACEMENT_MARKERS[placement], "fillstyle": fill, "markerfacecoloralt": "white",
+            **({"markerfacecolor": "white", "fillstyle": "full"} if fill == "none" else {})}  # fmt: skip
+
+
+def style_of(kl_config: str, beta: float | None = None) -> dict:
+    """Keyword arguments for ax.plot: the configuration's colour and marker, β's line style."""
+    return {"color": config_colour(kl_config), "linestyle": beta_linestyle(beta), **marker_of(kl_config)}
 
 
 def kl_label(kl_config: str, beta: float | None = None) -> str:
@@ -114,13 +146,16 @@ def verdict_colour(verdict: str):
     return VERDICT_COLOURS.get(str(verdict), UNTESTED_COLOUR)
 
 
-def save(fig, png: Path) -> None:
-    """Write the figure as PNG and as a PDF beside it."""
+def save(fig, png: Path, caption: str | None = None) -> None:
+    """Write the figure as PNG and as a PDF beside it and, given its caption, the caption as <name>.md beside them:
+    what the image leaves out (n, the uncertainty convention, the verdicts with z and critical) is read there."""
     png = Path(png)
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=150, bbox_inches="tight")
     fig.savefig(png.with_suffix(".pdf"), bbox_inches="tight")
     plt.close(fig)
+    if caption is not None:
+        png.with_suffix(".md").write_text(f"![{png.stem}]({png.name})\n\n{caption.strip()}\n")
 
 
 def model_names(config: dict, models) -> str:
@@ -132,32 +167,54 @@ def model_names(config: dict, models) -> str:
     return ", ".join(names)
 
 
-def figure_title(title: str, config: dict, models, width_inches: float = 12) -> str:
-    """A figure's title with the run's model(s) and scale, from the config, wrapped to the figure's width."""
-    return (
-        textwrap.fill(title, max(40, int(width_inches * 9)))
-        + f"\n{model_names(config, models)}, {config['scale']} scale"
-    )
+def run_text(config: dict, models) -> str:
+    """The caption's line on the run: its models and scale (not in the image: names a reader need not parse)."""
+    return f"Models: {model_names(config, models)}; {config['scale']} scale."
 
 
-def footnote(fig, lines: list[str], width_inches: float) -> None:
-    """Text under the figure (the uncertainty convention, the claims' verdicts), wrapped to the figure's width; the
-    figure grows by the text's height, so that the panels keep theirs."""
-    chars = max(60, int(width_inches * 15))
-    text = "\n".join(textwrap.fill(line, chars, subsequent_indent="    ") for line in lines if line)
-    fig.supxlabel(text, x=0.0, ha="left", fontsize=7, linespacing=1.3)
-    fig.set_figheight(fig.get_figheight() + 0.135 * (text.count("\n") + 1))
+FOOTNOTE_LINES = 2  # at most, inside an image: the rest is the caption's
 
 
-def figure_legend(fig, axes) -> None:
-    """One legend for the whole figure, right of the panels (outside the data); each label once."""
+def footnote(fig, text: str) -> None:
+    """At most FOOTNOTE_LINES short lines under the panels; the figure grows by their height."""
+    lines = text.strip().split("\n")
+    if len(lines) > FOOTNOTE_LINES:
+        raise ValueError(f"a footnote of {len(lines)} lines: the caption is the place for more than {FOOTNOTE_LINES}")
+    fig.supxlabel(text.strip(), x=0.0, ha="left", fontsize=8, linespacing=1.3)
+    fig.set_figheight(fig.get_figheight() + 0.16 * len(lines))
+
+
+def caption(*paragraphs: str) -> str:
+    """A figure's caption (figures/<name>.md): its paragraphs, empty ones left out."""
+    return "\n\n".join(p.strip() for p in paragraphs if p and p.strip())
+
+
+def figure_legend(fig, axes, wrap: int = 0) -> None:
+    """One legend for the whole figure, right of the panels (outside the data); each label once (wrapped to ``wrap``
+    characters, given one)."""
     seen = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             if not label.startswith("_"):
                 seen.setdefault(label, handle)
     if seen:
-        fig.legend(list(seen.values()), list(seen), loc="outside right center", fontsize=8, frameon=False)
+        labels = [textwrap.fill(label, wrap) if wrap else label for label in seen]
+        fig.legend(list(seen.values()), labels, loc="outside right center", fontsize=8, frameon=False)
+
+
+def _say_in_panel(ax, text: str) -> None:
+    """A short note about what a panel's data is, in the panel's upper middle (its lines lie elsewhere)."""
+    ax.text(0.5, 0.6, text, transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.25")
+
+
+def task_name(task: str) -> str:
+    """A task as a reader names it: 'mmlu_college_biology' → 'MMLU biology', 'math_test' → 'math test'."""
+    return task.replace("mmlu_college_", "MMLU ").replace("countdown", "Countdown").replace("_", " ")
+
+
+def study_name(config: dict, study: str) -> str:
+    """A study as its description names it, without the paper's figure numbers or notes: 'on-policy grid'."""
+    return re.sub(r"\s*\(Fig[^)]*\)|;.*$", "", config["studies"][study].get("description", study))
 
 
 def say_why_empty(ax, reason: str) -> None:
@@ -176,9 +233,12 @@ def _dodge(index: int, count: int, width: float) -> float:
     return (index - (count - 1) / 2) * width / max(count, 1)
 
 
-def _band(ax, x, mean, se, colour, alpha: float = 0.18) -> None:
-    mean, se = np.asarray(mean, dtype=float), np.asarray(se, dtype=float)
-    ax.fill_between(x, mean - se, mean + se, color=colour, alpha=alpha, linewidth=0)
+def _band(ax, stats: pd.DataFrame, x, colour, alpha: float = 0.18) -> None:
+    """± 1 se around the mean over seeds, only where n ≥ 2: one seed's own error (over steps or questions) is not a
+    spread over seeds, and a band would draw it as one."""
+    mean, se = stats["mean"].to_numpy(dtype=float), stats.se.to_numpy(dtype=float)
+    seeds = stats.n.to_numpy() >= 2
+    ax.fill_between(x, mean - se, mean + se, where=seeds, color=colour, alpha=alpha, linewidth=0)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -232,8 +292,8 @@ def panel_claims(claims: pd.DataFrame | None, panel: dict, config: dict) -> pd.D
 
 
 def verdicts_text(rows: pd.DataFrame) -> str:
-    """A panel's title line from the claims table's verdicts on it, 'claims: 0 of 4 shown (closest not shown: z 4.9
-    of 31.8)', so that a difference the eye sees between bars or points is read beside what the rule says of it."""
+    """A panel's title line from the claims table's verdicts on it, 'claims: 0 of 4 shown', so that a difference the
+    eye sees between bars or points is read beside what the rule says of it (each claim's z: the caption)."""
     if rows.empty:
         return ""
     judged = rows[rows.verdict.isin(VERDICT_COLOURS)]  # shown, not shown, contradicted: the rows with a test
@@ -241,13 +301,7 @@ def verdicts_text(rows: pd.DataFrame) -> str:
         return f"claims: none of {len(rows)} testable here"
     contradicted = (judged.verdict == "contradicted").sum()
     counts = f"{(judged.verdict == 'shown').sum()} of {len(judged)} shown"
-    counts += f", {contradicted} contradicted" if contradicted else ""
-    unshown = judged[(judged.verdict == "not shown") & judged.z.notna() & (judged.critical > 0)]
-    closest = ""
-    if len(unshown):
-        row = unshown.loc[(unshown.z / unshown.critical).idxmax()]
-        closest = f" (closest not shown: z {_number(row.z)} of {_number(row.critical, 3)})"
-    return f"claims: {counts}{closest}"
+    return f"claims: {counts}" + (f", {contradicted} contradicted" if contradicted else "")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -255,76 +309,120 @@ def verdicts_text(rows: pd.DataFrame) -> str:
 
 
 def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Path) -> None:
-    """Figure 1: squared bias and variance of each configuration's gradient estimate against T.
+    """draw_fig01, written to ``png`` (a PDF and the caption, <name>.md, beside it)."""
+    fig, text = draw_fig01(results, tests)
+    save(fig, png, text)
 
-    One row per setting; columns ∂/∂a and ∂/∂b for squared bias, then for variance; log scale, one y range per
-    quantity; one line per estimator × placement ("none" has no spread and is left out), coloured as everywhere
-    (style_of), its marker the placement's. Bands: ± one Monte Carlo standard error, (|bias| ± se)² for the squared
-    bias (none where |bias| < se: that band reaches 0, off the log axis) and variance·(1 ± √(2/(trials − 1))) for the
-    variance. A filled bias marker is a bias significantly different from zero at its pointwise Bonferroni level (the
-    one Table 1 uses); a hollow one is consistent with zero. Exact zeros (∂/∂b at T = 1, where b does not enter) have
-    no place on a log axis and are left out, as the panel says. The frameworks' per-token loss corrections
-    (kl.LOSS_GRADIENTS) are in Table 1, not here: this is the paper's figure.
-    """
+
+def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame):
+    """Figure 1: squared bias and variance of each configuration's gradient estimate against T; (figure, caption).
+
+    One row per setting; columns ∂/∂a and ∂/∂b for the squared bias, then for the variance; log scales, one y range
+    per quantity. The squared bias is the exact one (toy.py's enumeration, T ≤ toy.EXACT_MAX_LENGTH), over the Monte
+    Carlo noise floor (the squared standard error of a bias estimate: what Table 1's test cannot tell from zero),
+    drawn as a grey area; configurations whose exact bias is zero (Table 1) have no place on a log axis and are named
+    in the legend. The variance is the Monte Carlo one, ± 1 se. Configurations that coincide are drawn once and named
+    together. The frameworks' per-token loss corrections are Table 1's, not this figure's (the paper's)."""
     results = results[(results.placement != "none") & (results.get("loss_gradient", PATHWISE) == PATHWISE)]
-    critical = tests.set_index("config")["z_critical"]
+    unbiased = set(tests.config[tests.get("exact_unbiased", pd.Series(False, index=tests.index)) == True])  # noqa: E712
     settings = list(dict.fromkeys(results.setting))
-    trials = int(results.trials.iloc[0]) if "trials" in results and len(results) else 0
     panels = [("squared_bias", "a"), ("squared_bias", "b"), ("variance", "a"), ("variance", "b")]
-    fig, axes = plt.subplots(len(settings), 4, figsize=(15, 3.1 * len(settings)), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(len(settings), 4, figsize=(14, 2.9 * len(settings)), squeeze=False, layout="constrained")
     for row, setting in enumerate(settings):
         for col, (metric, param) in enumerate(panels):
-            _toy_panel(axes[row, col], results[(results.setting == setting) & (results.param == param)], metric,
-                       critical)  # fmt: skip
-            what = "squared bias" if metric == "squared_bias" else "variance"
-            axes[row, col].set_title(f"{setting}: {what} of ∂/∂{param}\nn = {trials} trials per point", fontsize=9)
-            if col in (0, 2):
-                axes[row, col].set_ylabel(what)
+            rows = results[(results.setting == setting) & (results.param == param)]
+            drawn = _exact_bias_panel if metric == "squared_bias" else _variance_panel
+            drawn(axes[row, col], rows[~rows.config.isin(unbiased)] if metric == "squared_bias" else rows)
+            what = "squared bias (exact)" if metric == "squared_bias" else "variance (Monte Carlo)"
+            axes[row, col].set_title(f"{setting}: {what} of ∂/∂{param}", fontsize=9)
+            axes[row, col].set_ylabel(what.split(" (")[0] if col in (0, 2) else "")
     for first in (0, 2):  # one y range per quantity: squared bias panels together, variance panels together
         _share_log_limits([ax for r in axes for ax in r[first : first + 2]])
-    figure_legend(fig, axes.ravel())
-    fig.suptitle("Bias and variance of KL-gradient estimates in the parametric autoregressive model (§3.3)")
-    footnote(
-        fig,
-        [f"Each point: n = {trials} Monte Carlo trials; bands ± 1 standard error over trials (a squared bias within "
-         "one se of zero has none: its band reaches 0). Filled marker: bias significantly different from zero "
-         "(Table 1's Bonferroni level); hollow: consistent with zero (its height is Monte Carlo noise). Colour = "
-         "configuration, marker = placement."],
-        15,
-    )  # fmt: skip
-    save(fig, png)
+    if unbiased:  # last in the legend: a note on the lines above it
+        names = " = ".join(kl_label(c) for c in results.config.unique() if c in unbiased)
+        axes[-1, -1].plot([], [], linestyle="", marker="", label=f"squared bias exactly 0 (not drawn): {names}")
+    figure_legend(fig, axes.ravel(), wrap=34)
+    fig.suptitle("Bias and variance of KL-gradient estimates in the toy model (§3.3)", fontsize=11)
+    footnote(fig, "Squared bias: exact, by enumeration; grey: the Monte Carlo noise floor (below it a sampled bias "
+             "reads as 0).\nVariance: Monte Carlo, ± 1 se (a description, not a test).")  # fmt: skip
+    sequences = int(results.sequences.max()) if "sequences" in results else "the config's"
+    return fig, caption(FIG01_CAPTION.format(trials=int(results.trials.max()), sequences=sequences))
 
 
-def _toy_panel(ax, rows: pd.DataFrame, metric: str, critical: pd.Series) -> None:
-    dropped = False
-    for config, line in rows.groupby("config", sort=False):
-        line = line.sort_values("T")
-        positive = line[metric] > 0
-        dropped |= not positive.all()
-        line = line[positive]
-        style = style_of(config)
-        colour = style["color"]
-        if metric == "squared_bias":
-            low = np.clip(line.bias.abs() - line.std_error, 0, None) ** 2
-            high = (line.bias.abs() + line.std_error) ** 2
+FIG01_CAPTION = """\
+**Bias and variance of KL-gradient estimates in the parametric autoregressive model (the paper's Figure 1, §3.3).** \
+Squared bias (left two columns) and variance (right two) of the estimate of ∇ KL(A‖B) with respect to the policy \
+parameters a and b, against the sequence length T, one row per (a, b, a_ref, b_ref) setting. The squared bias is \
+exact: the estimator's expectation by enumerating every sequence (T ≤ 16; T = 32 has 2³² sequences and no exact \
+value) minus the exact gradient. The grey area is the Monte Carlo noise floor, the squared standard error of a bias \
+estimated from {trials} trials of {sequences} sequences: a sampled bias below it cannot be told from zero, which is \
+why Table 1 also gives the exact verdict. Configurations whose exact bias is zero (Table 1's exact_unbiased) are \
+named in the legend and not drawn (0 has no place on a log axis); so are exact zeros of a biased configuration (∂/∂b \
+at T = 1, where b does not enter). The variance is the Monte Carlo one, ± 1 standard error, variance·(1 ± √(2/(trials \
+− 1))): a description of the estimates' spread, not a test. Colour = configuration, marker shape = placement, marker \
+fill = estimator (K1 filled, K3 hollow, K2 half); configurations with equal values at every T are drawn once and \
+named together. The frameworks' per-token loss corrections are in Table 1."""
+
+
+def _coinciding_lines(lines: dict[str, pd.Series], rtol: float = 1e-6) -> list[tuple[list[str], pd.Series]]:
+    """Series (index: x) equal at every x, grouped: [(configurations, series)], each group drawn once."""
+    groups: list[tuple[list[str], pd.Series]] = []
+    for config, series in lines.items():
+        for names, first in groups:
+            if first.index.equals(series.index) and np.allclose(first, series, rtol=rtol, atol=0):
+                names.append(config)
+                break
         else:
-            relative = np.sqrt(2 / (line.trials - 1))
-            low, high = line.variance * (1 - relative), line.variance * (1 + relative)
-        # where the bias is within one se of zero its band reaches 0, off the log axis: the hollow marker says so
-        ax.fill_between(line["T"], low.where(low > 0, high), high, where=low > 0, color=colour, alpha=0.15,
-                        linewidth=0)  # fmt: skip
-        ax.plot(line["T"], line[metric], color=colour, linestyle="-", label=kl_label(config))
-        significant = line["z"].abs() > critical.get(config, np.inf)
-        for mask, face in ((significant, colour), (~significant, "white")):
-            ax.scatter(line["T"][mask], line[metric][mask], marker=style["marker"], color=colour, zorder=3, s=20,
-                       facecolors=colour if metric == "variance" else face)  # fmt: skip
+            groups.append(([config], series))
+    return groups
+
+
+def _draw_lines(ax, lines: dict[str, pd.Series]) -> None:
+    """One line per group of coinciding configurations, in its first configuration's style, named together."""
+    for names, series in _coinciding_lines(lines):
+        ax.plot(series.index, series.to_numpy(), markersize=5, label=" = ".join(kl_label(n) for n in names),
+                **{**style_of(names[0]), "linestyle": "-"})  # fmt: skip
+
+
+def _exact_bias_panel(ax, rows: pd.DataFrame) -> None:
+    """Exact squared bias per configuration (exact zeros left out), over the Monte Carlo noise floor."""
+    rows = rows.dropna(subset=["exact_bias"]).sort_values("T")
+    floor = (rows.groupby("T").std_error.max() ** 2).loc[lambda f: f > 0]
+    if len(floor):
+        ax.fill_between(floor.index, floor.to_numpy() * 1e-6, floor.to_numpy(), color="0.88", linewidth=0)
+        ax.plot(floor.index, floor.to_numpy(), color="0.6", linewidth=1, linestyle="-",
+                label="Monte Carlo noise floor (se² of a sampled bias)")  # fmt: skip
+    lines = {}
+    for config, line in rows.groupby("config", sort=False):
+        kept = [not exactly_zero(abs(b), abs(g)) for b, g in zip(line.exact_bias, line.true_grad, strict=True)]
+        line = line[kept]
+        if len(line):
+            lines[config] = pd.Series((line.exact_bias**2).to_numpy(), index=line["T"].to_numpy())
+    _draw_lines(ax, lines)
+    _log_t_axis(ax)
+
+
+def _variance_panel(ax, rows: pd.DataFrame) -> None:
+    """Monte Carlo variance per configuration (no spread: left out), ± 1 se band."""
+    lines, bands = {}, {}
+    for config, line in rows.sort_values("T").groupby("config", sort=False):
+        line = line[line.variance > 0]
+        if len(line):
+            lines[config] = pd.Series(line.variance.to_numpy(), index=line["T"].to_numpy())
+            bands[config] = np.sqrt(2 / (line.trials.to_numpy() - 1))
+    for names, series in _coinciding_lines(lines):
+        relative = bands[names[0]]
+        ax.fill_between(series.index, series * (1 - relative), series * (1 + relative), color=config_colour(names[0]),
+                        alpha=0.15, linewidth=0)  # fmt: skip
+    _draw_lines(ax, lines)
+    _log_t_axis(ax)
+
+
+def _log_t_axis(ax) -> None:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length T")
     ax.grid(alpha=0.3, which="major")
-    if dropped:
-        ax.text(0.02, 0.97, "exact zeros (T = 1) not drawn", transform=ax.transAxes, va="top", fontsize=7,
-                color="0.3")  # fmt: skip
 
 
 def _share_log_limits(axes) -> None:
@@ -387,7 +485,6 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     heldout, cells = select(tables["heldout"], panel, config), select(tables["cells"], panel, config)
     data = config["studies"][panel["study"]]["heldout_data"]
     drawn = Drawn("pass@1")
-    grid = beta_grid(config)
     lines = list(cells.groupby(["kl", "beta"], sort=False))
     every = config["studies"][panel["study"]]["train"].get("eval_every", 10)
     means = []
@@ -397,11 +494,11 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         if runs.empty:
             drawn.notes.append(f"no results: {label}")
             continue
-        style = style_of(kl_config, beta, grid)
+        style = style_of(kl_config, beta)
         stats = _seed_stats(runs, "step", "pass_at_1", "stderr")
         x = stats.step + _dodge(i, len(lines), 0.3 * every)
         ax.plot(x, stats["mean"], markersize=4, label=label, **style)
-        _band(ax, x, stats["mean"], stats.se, style["color"])
+        _band(ax, stats, x, style["color"])
         drawn.seeds.update(stats.n)
         means.extend(stats["mean"])
         for seed, run in runs.groupby("seed"):
@@ -410,55 +507,67 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                 ax.scatter(run.step.iloc[-1], run.pass_at_1.iloc[-1], marker=NOT_OK[status.iloc[0]], s=60, zorder=4,
                            color=style["color"])  # fmt: skip
     ax.set_xlabel("training step")
-    ax.set_ylabel(f"held-out pass@1 ({data})")
+    ax.set_ylabel(f"held-out pass@1 ({task_name(data)})")
     ax.grid(alpha=0.3)
     if not means:
         drawn.empty = "; ".join(["no run of this panel has held-out results yet", *drawn.notes])
     elif max(means) == 0:
         drawn.notes.append(f"every run scores 0 on {data} at every evaluation")
+        _say_in_panel(ax, "every run scores 0 at every evaluation")
+    train = config["studies"][panel["study"]]["train"]
+    if _too_short_for_lag(train):
+        drawn.notes.append(_async_text(train))
     return drawn
 
 
+# Multiple-choice tasks (MMLU and its procedural stand-ins, data.py): four letters A–D, so chance is 1/4.
+MULTIPLE_CHOICE_PREFIX, MULTIPLE_CHOICE_CHANCE = "mmlu", 0.25
+
+
 def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
-    """lm-eval mean@k per task: the base model with (CT) and without (No-CT) its chat template (one evaluation, its
-    error over questions), then each KL configuration × β (mean over seeds ± 1 se, combining the seeds' spread with
-    lm-eval's error over questions); hatching = β. "n/a": not evaluated."""
+    """lm-eval mean@k per task: the base model with its chat template (one evaluation, its error over questions), then
+    each KL configuration × β (mean over seeds ± 1 se, combining the seeds' spread with lm-eval's error over
+    questions); hatching = β; above each bar the fraction of its completions with no readable answer; chance on the
+    multiple-choice tasks as a dashed line. The base model without its chat template (near 0, mostly unread) is
+    listed in the caption, not drawn at the foot of every panel. "n/a": not evaluated."""
     evaluations = tables["evaluations"]
     tasks = config["evaluation"]["tasks"]
-    grid = beta_grid(config)
     base = evaluations[(evaluations.study == "base") & (evaluations.model == panel["model"])]
-    groups = [
-        (f"base model ({'CT' if t == 'on' else 'No-CT'}), one evaluation", base[base.chat_template == t],
-         {"color": BASE_COLOUR if t == "on" else "white", "edgecolor": "0.3", "hatch": ""})
-        for t in sorted(set(base.chat_template.astype(str)), reverse=True)
-    ]  # fmt: skip
+    groups = [("base model, one evaluation", base[base.chat_template.astype(str) == "on"],
+               {"color": BASE_COLOUR, "edgecolor": "0.3", "hatch": ""})]  # fmt: skip
+    drawn = Drawn("accuracy", unit="bar")
+    drawn.notes += _without_template(base[base.chat_template.astype(str) == "off"], tasks)
     cells = select(evaluations[evaluations.study != "base"], panel, config)
     cell_status = select(tables["cells"], panel, config)
     for (kl_config, beta), rows in cells.groupby(["kl", "beta"], sort=False):
         status = cell_status[(cell_status.kl == kl_config) & (cell_status.beta == beta)]
         label = kl_label(kl_config, None if kl_config == NO_KL else beta) + _status_suffix(status)
-        style = {"color": config_colour(kl_config), "edgecolor": "black", "hatch": beta_hatch(beta, grid)}
+        style = {"color": config_colour(kl_config), "edgecolor": "black", "hatch": beta_hatch(beta)}
         groups.append((label, rows, style))
-    drawn = Drawn("accuracy", unit="bar")
     width = 0.8 / max(len(groups), 1)
-    any_value, drawn_bars = False, []
+    any_value, tops, unread_labels = False, {t: 0.0 for t in range(len(tasks))}, []
     for g, (label, rows, style) in enumerate(groups):
-        stats = [mean_and_se(r.mean_at_k, r.stderr) for r in (rows[rows.task == task] for task in tasks)]
+        by_task = [rows[rows.task == task] for task in tasks]
+        stats = [mean_and_se(r.mean_at_k, r.stderr) for r in by_task]
         x = [t + _dodge(g, len(groups), 0.8) for t in range(len(tasks))]
-        heights = [s[0] for s in stats]
-        ax.bar(x, heights, width, yerr=[s[1] for s in stats], linewidth=0.5, capsize=2, label=label,
+        ax.bar(x, [s[0] for s in stats], width, yerr=[s[1] for s in stats], linewidth=0.5, capsize=2, label=label,
                error_kw={"elinewidth": 1}, **style)  # fmt: skip
-        drawn_bars += [(xi, mean, se) for xi, (mean, se, _) in zip(x, stats, strict=True)]
         if not label.startswith("base"):
             drawn.seeds.update(s[2] for s in stats if s[2])
-        for xi, (mean, _, _) in zip(x, stats, strict=True):
+        for t, (xi, (mean, se, _), r) in enumerate(zip(x, stats, by_task, strict=True)):
             if pd.isna(mean):
-                ax.text(xi, 0.005, "n/a", rotation=90, ha="center", va="bottom", fontsize=6)
-            else:
-                any_value = True
-    _label_short_bars(ax, drawn_bars)
-    ax.set_xticks(range(len(tasks)), [t.replace("mmlu_college_", "MMLU ") for t in tasks], rotation=20, fontsize=8)
-    ax.set_ylabel(f"mean@{config['evaluation']['k']} accuracy")
+                ax.text(xi, 0.005, "n/a", rotation=90, ha="center", va="bottom", fontsize=7)
+                continue
+            any_value = True
+            tops[t] = max(tops[t], mean + (se if np.isfinite(se) else 0.0))
+            if "unread" in r and r.unread.notna().any():
+                unread_labels.append((t, xi, f"{r.unread.mean():.0%}"))
+    for t, xi, text in unread_labels:  # in a row above the task's tallest error bar: no bar's error bar crosses one
+        ax.text(xi, tops[t] + 0.01, text, rotation=90, ha="center", va="bottom", fontsize=7, color="0.25")
+    _chance_lines(ax, tasks)
+    ax.set_ylim(0, max([0.05, *tops.values()]) / 0.8)  # room for the unread labels above the tallest bar
+    ax.set_xticks(range(len(tasks)), [task_name(t).replace("MMLU ", "MMLU\n") for t in tasks], fontsize=8)
+    ax.set_ylabel(f"mean@{config['evaluation']['k']} accuracy (above a bar: % unread)", fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     if not any_value:
         drawn.empty = "no evaluation of this panel has results yet"
@@ -467,17 +576,28 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     return drawn
 
 
-SHORT_BAR = 0.04  # of the panel's tallest bar: a bar this short carries its value, or the eye misses it
+def _chance_lines(ax, tasks: list[str]) -> None:
+    """A dashed line at chance across each multiple-choice task's bars, labelled once."""
+    label = f"chance ({MULTIPLE_CHOICE_CHANCE:g}: four choices)"
+    for t, task in enumerate(tasks):
+        if task.startswith(MULTIPLE_CHOICE_PREFIX):
+            ax.hlines(MULTIPLE_CHOICE_CHANCE, t - 0.45, t + 0.45, color="0.15", linestyle=(0, (2, 2)), linewidth=1,
+                      label=label, zorder=4)  # fmt: skip
+            label = "_chance"
 
 
-def _label_short_bars(ax, bars: list[tuple[float, float, float]]) -> None:
-    """Write the value above each bar (x, height, se) shorter than SHORT_BAR of the tallest, over its error bar (a base
-    model without its chat template scores near 0: its bar is a line on the axis)."""
-    top = max([h for _, h, _ in bars if np.isfinite(h)] or [0.0])
-    for x, height, se in bars:
-        if top > 0 and np.isfinite(height) and height < SHORT_BAR * top:
-            y = height + (se if np.isfinite(se) else 0.0) + 0.01 * top
-            ax.text(x, y, f"{height:.2g}", rotation=90, ha="center", va="bottom", fontsize=6)
+def _without_template(rows: pd.DataFrame, tasks: list[str]) -> list[str]:
+    """The caption's table of the base model evaluated without its chat template: score and unread fraction per
+    task (a separate experiment: its prompts are not the ones the runs were trained on)."""
+    if rows.empty:
+        return []
+    cells = []
+    for task in tasks:
+        r = rows[rows.task == task]
+        if len(r):
+            unread = f", {r.unread.mean():.0%} unread" if "unread" in r and r.unread.notna().any() else ""
+            cells.append(f"{task} {r.mean_at_k.mean():.2f}{unread}")
+    return ["the base model without its chat template (one evaluation, not drawn): " + "; ".join(cells)]
 
 
 def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
@@ -490,20 +610,19 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     drawn = Drawn(metric if metric == "forward_kl" else f"{metric} on {panel['task']}")
     if metric != "forward_kl":
         drawn.notes.append("its own y range (an entropy's level is its task's)")
-    grid = beta_grid(config)
     lines = list(rows.groupby(["kl", "beta"], sort=False))
     steps = sorted(rows.step.unique())
     gap = min(np.diff(steps)) if len(steps) > 1 else 1
     for i, ((kl_config, beta), runs) in enumerate(lines):
-        style = style_of(kl_config, beta, grid)
+        style = style_of(kl_config, beta)
         stats = _seed_stats(runs, "step", metric, f"{metric}_stderr")
         x = stats.step + _dodge(i, len(lines), 0.3 * gap)
         ax.plot(x, stats["mean"], markersize=4, label=kl_label(kl_config, beta), **style)
-        _band(ax, x, stats["mean"], stats.se, style["color"])
+        _band(ax, stats, x, style["color"])
         drawn.seeds.update(stats.n)
     ax.set_xlabel("training step")
     ax.set_ylabel("forward KL(π_ref‖π_θ) (nats)" if metric == "forward_kl" else "token entropy of π_θ (nats)")
-    ax.set_title(panel["task"], fontsize=9)
+    ax.set_title(task_name(panel["task"]), fontsize=9)
     ax.grid(alpha=0.3)
     if not lines:
         drawn.empty = f"no snapshot of this panel has been measured on {panel['task']} yet"
@@ -513,52 +632,64 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
 def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     """KL(π_θ‖π_ref) at the end of training (aggregate.final_values: the mean of a run's last final_steps steps)
     against β: per configuration the mean over seeds ± 1 se (each run's error over its last steps combined with the
-    seeds' spread), each seed as a small dot; the no-KL run (β = 0) as a black line with its ± 1 se band. Whether a
-    configuration keeps the policy closer, or closer at larger β, is the claims table's to say (printed under the
-    figure)."""
+    seeds' spread), each seed as a small dot; the no-KL run (β = 0) as a black line with its ± 1 se band. β is a log
+    axis over several β, a categorical one for a single β (one point must not read as three). Given the claims table,
+    a ring in the verdict's colour marks each point a claim against no KL shows (or contradicts): whether a
+    configuration keeps the policy closer is the claims table's to say, not the means'."""
     final = select(final_values(tables["training"], config), panel, config)
     drawn = Drawn("kl")
     none = final[final.kl == NO_KL]
     if len(none):
         mean, se, n = mean_and_se(none.kl_k3, none.kl_k3_stderr)
         ax.axhline(mean, color="black", linewidth=1.2, label=kl_label(NO_KL))
-        if not math.isnan(se):
+        if not math.isnan(se) and n >= 2:
             ax.axhspan(mean - se, mean + se, color="black", alpha=0.1, linewidth=0)
         drawn.seeds.add(n)
     configs = [k for k in dict.fromkeys(final.kl) if k != NO_KL]
+    betas = sorted(final[final.kl != NO_KL].beta.unique())
+    position = _beta_positions(betas)
     claims = tables.get("claims")
     for i, kl_config in enumerate(configs):
         rows = final[final.kl == kl_config]
         stats = _seed_stats(rows, "beta", "kl_k3", "kl_k3_stderr")
-        factor = 10 ** _dodge(i, len(configs), 0.12)  # dodged sideways on the log axis
+        shift = _dodge(i, len(configs), 0.12 if len(betas) > 1 else 0.5)  # decades on a log axis, else categories
+        x = position(stats.beta, shift)
         style = {**style_of(kl_config), "linestyle": "-"}
-        if claims is not None:  # hollow unless the claims table shows this point apart from no KL
-            style["markerfacecolor"] = "white"
-        ax.errorbar(stats.beta * factor, stats["mean"], yerr=stats.se, capsize=3, label=kl_label(kl_config), **style)
-        ax.scatter(rows.beta * factor, rows.kl_k3, s=8, alpha=0.5, color=style["color"], zorder=3)
+        ax.errorbar(x, stats["mean"], yerr=stats.se.where(stats.n >= 2), capsize=3, label=kl_label(kl_config),
+                    **style)  # fmt: skip
+        ax.scatter(position(rows.beta, shift), rows.kl_k3, s=8, alpha=0.5, color=style["color"], zorder=3)
         if claims is not None:
-            _mark_verdicts(ax, stats.assign(x=stats.beta * factor), claims, kl_config, style)
+            _mark_verdicts(ax, stats.assign(x=x), claims, kl_config)
         drawn.seeds.update(stats.n)
     if claims is not None and configs:
-        for fill, what in (("0.4", "filled: shown below or above no KL"), ("white", "hollow: not shown")):
-            ax.plot([], [], "o", color="0.4", markerfacecolor=fill, linestyle="", label=what)
+        for verdict in ("shown", "contradicted"):
+            ax.plot([], [], "o", markersize=11, markerfacecolor="none", markeredgewidth=1.6, linestyle="",
+                    color=VERDICT_COLOURS[verdict], label=f"ring: {verdict} against no KL")  # fmt: skip
         drawn.notes.append(
-            "a filled marker: the claims table shows that configuration's KL apart from no KL's at "
-            "that β; hollow: it does not (not shown, not testable or no claim); a contradicted claim is named beside "
-            "its point"
+            "a ring in a verdict's colour marks a point where the claims table shows (or contradicts) that "
+            "configuration's KL apart from no KL's at that β; no ring: not shown, not testable or no claim"
         )
     if final.empty:
         drawn.empty = "no run of this panel has logged a KL yet"
         return drawn
-    ax.set_xscale("log")
-    betas = sorted(final[final.kl != NO_KL].beta.unique())
-    ax.set_xticks(betas, [f"{b:g}" for b in betas])
-    ax.minorticks_off()
+    if len(betas) > 1:
+        ax.set_xscale("log")
+        ax.minorticks_off()
+    ax.set_xticks(position(pd.Series(betas), 0.0), [f"{b:g}" for b in betas])
+    if len(betas) == 1:
+        ax.set_xlim(-1, 1)
     ax.set_xlabel("β (no KL: the black line)")
     last = config["studies"][panel["study"]].get("final_steps", 5)
-    ax.set_ylabel(f"KL(π_θ‖π_ref), K3, last {last} steps (nats)")
+    ax.set_ylabel(f"KL(π_sampling‖π_ref), K3, mean of last {last} steps (nats)", fontsize=8)
     ax.grid(alpha=0.3)
     return drawn
+
+
+def _beta_positions(betas: list[float]):
+    """x of a β with a sideways shift: on a log axis β·10^shift over several β; with one β, the category 0 + shift."""
+    if len(betas) > 1:
+        return lambda beta, shift: np.asarray(beta, dtype=float) * 10**shift
+    return lambda beta, shift: np.zeros(len(np.atleast_1d(beta))) + shift
 
 
 # A panel of more lines than this draws no thin per-step lines, and lighter bands: five or more overlapping bands
@@ -566,20 +697,19 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
 RAW_LINES_UP_TO = 3
 
 
-def _mark_verdicts(ax, stats: pd.DataFrame, claims: pd.DataFrame, kl_config: str, style: dict) -> None:
-    """Fill the marker of each β at which a claim of this configuration against no KL is shown; write "contradicted"
-    beside a point a claim contradicts (rare, and a fill cannot say it)."""
+def _mark_verdicts(ax, stats: pd.DataFrame, claims: pd.DataFrame, kl_config: str) -> None:
+    """A ring in the verdict's colour around each β's point at which a claim of this configuration against no KL is
+    shown or contradicted (configuration colours and verdict colours never coincide)."""
     against_none = claims[(claims.candidate == kl_config) & (claims.baseline == NO_KL)]
     for point in stats.itertuples():
         verdicts = set(against_none[np.isclose(against_none.beta.astype(float), point.beta)].verdict)
-        if "shown" in verdicts:
-            ax.plot(point.x, point.mean, linestyle="", marker=style["marker"], color=style["color"], zorder=4)
-        if "contradicted" in verdicts:
-            ax.annotate("contradicted", (point.x, point.mean), xytext=(6, 4), textcoords="offset points", fontsize=7,
-                        color=VERDICT_COLOURS["contradicted"])  # fmt: skip
+        for verdict in ("shown", "contradicted"):
+            if verdict in verdicts:
+                ax.plot(point.x, point.mean, linestyle="", marker="o", markersize=11, markerfacecolor="none",
+                        markeredgewidth=1.6, color=VERDICT_COLOURS[verdict], zorder=4)  # fmt: skip
 
 
-def step_curves(ax, rows: pd.DataFrame, column: str, window: int, grid: list[float], dodge_width: float = 0.0):
+def step_curves(ax, rows: pd.DataFrame, column: str, window: int, dodge_width: float = 0.0):
     """Per configuration × β: a logged per-step column as each run's trailing mean over ``window`` steps
     (aggregate.trailing_mean), then the mean over seeds ± 1 se (thick, labelled, with a band), and, in a panel of at
     most RAW_LINES_UP_TO lines, each step as logged, the mean over seeds (thin); returns the seeds per line."""
@@ -594,11 +724,11 @@ def step_curves(ax, rows: pd.DataFrame, column: str, window: int, grid: list[flo
         if smoothed.empty:
             continue
         stats = _seed_stats(smoothed, "step", "value", "se")
-        style = {**style_of(kl_config, beta, grid), "marker": None}
+        style = {**style_of(kl_config, beta), "markevery": 3, "markersize": 4}  # marker: placement without colour
         offset = _dodge(i, len(lines), dodge_width)
         x = stats.step + offset
         ax.plot(x, stats["mean"], label=kl_label(kl_config, None if kl_config == NO_KL else beta), **style)
-        _band(ax, x, stats["mean"], stats.se, style["color"], alpha=0.08 if crowded else 0.18)
+        _band(ax, stats, x, style["color"], alpha=0.08 if crowded else 0.18)
         seeds.update(stats.n)
         if crowded:
             continue
@@ -615,9 +745,9 @@ def kl_curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     colour per configuration, one line style per β."""
     training = select(tables["training"], panel, config)
     window = config["studies"][panel["study"]].get("final_steps", 5)
-    drawn = Drawn("kl", step_curves(ax, training, "kl_k3", window, beta_grid(config)))
+    drawn = Drawn("kl", step_curves(ax, training, "kl_k3", window))
     ax.set_xlabel("training step")
-    ax.set_ylabel(f"KL(π_θ‖π_ref), K3, trailing mean of {window} steps (nats)")
+    ax.set_ylabel(f"KL(π_sampling‖π_ref), K3, trailing {window}-step mean (nats)", fontsize=8)
     ax.grid(alpha=0.3)
     if not drawn.seeds:
         drawn.empty = "no run of this panel has logged a KL yet"
@@ -681,14 +811,14 @@ def coinciding(ax) -> list[str]:
 
 def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claims) -> list[str]:
     """Draw each panel (given the claims table, each panel function sees its rows as tables["claims"]); titles carry
-    the panel's n and a count of its claims' verdicts; returns the footnote's lines about claims and panels."""
+    the panel's n and a count of its claims' verdicts; returns the caption's lines about claims and panels."""
     about = [panel_claims(claims, panel, config) for panel in panels]  # empty without a claims table
     drawn = [PANELS[panel["kind"]](ax, panel, config, {**tables, "claims": rows if claims is not None else None})
              for ax, panel, rows in zip(axes, panels, about, strict=True)]  # fmt: skip
     _share_y(axes, drawn)
     lines, listed, notes = [], set(), []
     for ax, panel, d, rows in zip(axes, panels, drawn, about, strict=True):
-        title = panel.get("title", panel["study"])
+        title = panel.get("title", study_name(config, panel["study"]))
         if ax.get_title():
             title = f"{title}: {ax.get_title()}"
         verdicts = "" if claims is None or d.empty else verdicts_text(rows)
@@ -696,7 +826,8 @@ def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claim
         if d.empty:
             say_why_empty(ax, d.empty)
         else:
-            notes += [f"{title}: {note}." for note in d.notes if f"{title}: {note}." not in notes]
+            new = [f"- {title}: {note}." for note in [*d.notes, *coinciding(ax)]]
+            notes += [note for note in dict.fromkeys(new) if note not in notes]
         for row in rows.to_dict("records"):
             line = claim_line(row)
             if line not in listed:
@@ -705,44 +836,72 @@ def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claim
     if claims is not None:
         lines = (
             ["The claims table's verdicts on what these panels show (figures/claims.csv; a difference is a finding "
-             "only where it says shown):", *[f"• {line}" for line in lines]]
+             "only where it says shown):", "", *[f"- {line}" for line in lines]]
             if lines else ["No claim of the claims table tests what these panels show."]
         )  # fmt: skip
     return notes + lines
 
 
+SERIES_SE = (
+    "Lines, points and bars are the mean over n training seeds (n in each panel's title) with ± 1 standard error: a "
+    "description of the runs' spread, not a test. The claims rule reads effect ± critical·se, with critical the larger "
+    "of min_z and Student's t at seeds − 1 degrees of freedom{widths}: a gap between two ± 1 se bands is no finding "
+    "unless the claims table says shown (the claims figure draws that interval). A series of one seed has no band: "
+    "its own error over steps or questions is not a spread over seeds."
+)
+
+
+def series_se_text(claims: pd.DataFrame | None) -> str:
+    """SERIES_SE with the critical values the claims table used at each number of seeds (none without a table)."""
+    if claims is None or "seeds" not in claims or claims.critical.isna().all():
+        return SERIES_SE.format(widths="")
+    used = claims.dropna(subset=["critical", "seeds"]).groupby("seeds").critical.min()
+    return SERIES_SE.format(widths=" (" + ", ".join(f"{c:.3g} at {int(n)} seeds" for n, c in used.items()) + ")")
+IN_IMAGE_SE = (
+    "Mean over n seeds ± 1 se (n: panel titles): a description, not a test.\n"
+    "Which differences are findings: the claims figure and this figure's caption."
+)
+
+
 def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFrame | None = None):
-    """A figure of the config's ``figures`` section: its panels, at most three across, one legend beside them, the
-    uncertainty convention and (given the claims table) the verdicts of the claims about its panels under them."""
+    """A figure of the config's ``figures`` section: its panels, at most three across, one legend beside them, a
+    two-line footnote; returns (figure, caption): the caption holds the run, the uncertainty convention, the panels'
+    notes and (given the claims table) the verdicts of the claims about its panels."""
     spec = config["figures"][name]
     panels = spec["panels"]
     rows, columns = _grid_shape(len(panels))
     width = 4.6 * columns + 2.6
-    fig, axes = plt.subplots(rows, columns, figsize=(width, 3.6 * rows + 1.2), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(rows, columns, figsize=(width, 3.6 * rows + 1.0), squeeze=False, layout="constrained")
     axes = axes.ravel()
     for ax in axes[len(panels) :]:
         ax.remove()
     axes = list(axes[: len(panels)])
-    claim_lines = draw_panels(fig, axes, panels, config, tables, claims)
-    figure_legend(fig, axes)
-    fig.suptitle(figure_title(spec["title"], config, [p["model"] for p in panels], width - 2.6), fontsize=11)
+    lines = draw_panels(fig, axes, panels, config, tables, claims)
+    figure_legend(fig, axes, wrap=30)
+    fig.suptitle(spec["title"], fontsize=11)
+    footnote(fig, IN_IMAGE_SE)
     dodged = DODGED if any(panel["kind"] != "bars" for panel in panels) else ""
-    footnote(fig, [f"Lines, points and bars: the {UNCERTAINTY}. {dodged}", *claim_lines], width)
-    return fig
+    convention = f"{series_se_text(claims)} {UNCERTAINTY[0].upper()}{UNCERTAINTY[1:]}. {dodged}"
+    text = caption(f"**{spec['title']}** ({name}). {run_text(config, [p['model'] for p in panels])}", convention,
+                   "\n".join(lines))  # fmt: skip
+    return fig, text
 
 
 def paper_figure(name: str, config: dict, tables: dict, png: Path, claims: pd.DataFrame | None = None) -> None:
-    """draw_paper_figure, written to ``png`` (and a PDF beside it)."""
-    save(draw_paper_figure(name, config, tables, claims), png)
+    """draw_paper_figure, written to ``png`` (a PDF and the caption, <name>.md, beside it)."""
+    fig, text = draw_paper_figure(name, config, tables, claims)
+    save(fig, png, text)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Training dynamics: what a researcher checks first.
 
+# Axis labels: what is logged, on which samples (the sampling policy's: with several updates per batch or an
+# asynchronous lag it is not π_θ), and the smoothing drawn ({window}: the study's final_steps).
 TRAINING_METRICS = {
-    "task_reward": "task reward (batch mean, no KL term)",
-    "kl_k3": "KL(π_θ‖π_ref), K3 (nats)",
-    "grad_norm": "gradient norm (before clipping, log scale)",
+    "task_reward": "task reward, batch mean\n(trailing {window}-step mean)",
+    "kl_k3": "KL(π_sampling‖π_ref), K3, nats\n(trailing {window}-step mean)",
+    "grad_norm": "gradient norm before clipping\n(trailing {window}-step mean, log)",
 }
 
 
@@ -754,13 +913,12 @@ LOG_METRICS = {"grad_norm"}
 def draw_training_figure(study: str, config: dict, tables: dict):
     """A study's training reward, KL to the reference and gradient norm over optimiser steps: one row per metric
     (one y range per row), one column per β (each with the no-KL run); per configuration × β each run's trailing mean
-    over the study's final_steps steps, then the mean over seeds ± 1 se."""
+    over the study's final_steps steps, then the mean over seeds ± 1 se. Returns (figure, caption)."""
     spec = config["studies"][study]
     training = tables["training"]
     training = training[training.study == study]
     betas = [float(b) for b in spec["betas"]] if any(k != NO_KL for k in spec["kl"]) else [0.0]
     window = spec.get("final_steps", 5)
-    grid = beta_grid(config)
     metrics = [m for m in TRAINING_METRICS if m in training] or list(TRAINING_METRICS)
     width = 4.3 * len(betas) + 2.6
     fig, axes = plt.subplots(len(metrics), len(betas), figsize=(width, 2.7 * len(metrics) + 1.4), squeeze=False,
@@ -770,17 +928,22 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         rows = training[(training.kl == NO_KL) | np.isclose(training.beta, beta)]
         for row, metric in enumerate(metrics):
             ax = axes[row, col]
-            seeds = step_curves(ax, rows, metric, window, grid, dodge_width=0.3) if metric in rows else set()
-            notes += [f"{TRAINING_METRICS[metric]}, β = {beta:g}: {note}." for note in coinciding(ax)]
+            seeds = step_curves(ax, rows, metric, window, dodge_width=0.3) if metric in rows else set()
+            name = TRAINING_METRICS[metric].split("\n")[0].split(",")[0]
+            notes += [f"{name}, β = {beta:g}: {note}." for note in coinciding(ax)]
             ax.grid(alpha=0.3)
             title = "" if row else f"β = {beta:g}" + (" (and no KL)" if NO_KL in spec["kl"] else "")
             ax.set_title("\n".join(filter(None, [title, _seeds_text(seeds)])), fontsize=9)
             if not seeds:
                 say_why_empty(ax, f"no run of {study} at β = {beta:g} has logged {metric} yet")
             if col == 0:
-                ax.set_ylabel(TRAINING_METRICS[metric], fontsize=8)
+                ax.set_ylabel(TRAINING_METRICS[metric].format(window=window), fontsize=8)
             if row == len(metrics) - 1:
                 ax.set_xlabel("training step")
+    if _too_short_for_lag(spec["train"]):
+        for ax, metric in zip(axes[:, 0], metrics, strict=True):
+            if metric in LAGGED_METRICS and ax.lines:
+                _say_in_panel(ax, LAGGED_METRICS[metric].format(**spec["train"]))
     for row in range(len(metrics)):
         if metrics[row] in LOG_METRICS:
             for ax in axes[row]:
@@ -789,45 +952,85 @@ def draw_training_figure(study: str, config: dict, tables: dict):
                 ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
                 ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         _share_y(list(axes[row]), [Drawn(metrics[row], empty=None if ax.lines else "") for ax in axes[row]])
-    fig.legend(handles=_key_handles(spec["kl"], betas if any(b > 0 for b in betas) else [], grid),
+    fig.legend(handles=_key_handles(spec["kl"], betas if any(b > 0 for b in betas) else []),
                loc="outside right center", fontsize=8, frameon=False)  # fmt: skip
-    train = spec["train"]
-    design = f"{train['batch_prompts']} prompts × {train['rollouts']} completions a batch, {train['steps']} steps"
-    fig.suptitle(figure_title(f"Training dynamics: {study}", config, spec["models"]) + f"\n{design}", fontsize=11)
-    footnote(
-        fig,
-        [f"Thick lines: each run's value at a step is the mean of its last {window} logged steps up to it (the window "
-         "that defines the end of training), with that mean's error from their spread; thin lines, in panels of at "
-         f"most {RAW_LINES_UP_TO} lines (more hide one another): each step as logged (mean over seeds); thick lines "
-         "and bands: the "
-         f"{UNCERTAINTY}. A run with one seed has no band over its first two steps (under three steps, no error). "
-         "Lines are dodged sideways by up to 0.15 steps so that equal values do not hide each other. "
-         "Rewards logged only on the first update of a batch (several updates per batch) are drawn where logged.",
-         *notes],
-        width,
-    )  # fmt: skip
-    return fig
+    fig.suptitle(f"Training dynamics: {study_name(config, study)}", fontsize=11)
+    footnote(fig, f"Thick: each run's trailing {window}-step mean, then the mean over n seeds ± 1 se (a "
+             "description, not a test); thin: each step as logged.\nKL: the K3 estimate on the sampling policy's own "
+             "batch.")  # fmt: skip
+    text = TRAINING_CAPTION.format(study=study, description=spec.get("description", study), window=window,
+                                   raw=RAW_LINES_UP_TO, run=run_text(config, spec["models"]), uncertainty=UNCERTAINTY,
+                                   design=_design_text(spec["train"]))  # fmt: skip
+    return fig, caption(text, _async_text(spec["train"]), "\n".join(f"- {n}" for n in notes))
 
 
-def _key_handles(kls: list[str], betas: list[float], grid: list[float]) -> list:
+TRAINING_CAPTION = """\
+**Training dynamics of the study {study}** ({description}). {run} {design}
+
+Rows: the task reward (the batch mean, no KL term), the K3 estimate of KL(π_sampling‖π_ref) per sequence on the batch \
+the sampling policy drew (with several updates per batch or an asynchronous lag the sampling policy trails π_θ) and \
+the gradient norm before clipping (a log axis: it spans orders of magnitude across β); columns: β, each with the \
+no-KL run. Thick lines: each run's value at a step is the mean of its last {window} logged steps up to it (the window \
+that defines the end of training, so the KL's last point is the run's final KL), then the {uncertainty}; a band is \
+drawn only where n ≥ 2 seeds (one seed's error over steps is not a spread over seeds), and it is a description, not a \
+test (the claims table judges differences). Thin lines, in a panel of at most {raw} lines: each step as logged, the \
+mean over seeds. Lines are dodged sideways by up to 0.15 steps so that equal values do not hide each other. With \
+several updates per generation batch, the reward is logged on the batch's first update only."""
+
+
+def _design_text(train: dict) -> str:
+    return f"{train['batch_prompts']} prompts × {train['rollouts']} completions a batch, {train['steps']} steps."
+
+
+# What a metric of the sampled batch is in a run no longer than its asynchronous lag (every batch from the initial
+# policy), said in the panel.
+LAGGED_METRICS = {
+    "task_reward": "every batch was sampled by the initial policy\n(async level {async_level}, {steps} steps): "
+                   "the reference's reward",
+    "kl_k3": "every batch was sampled by the initial policy\n(async level {async_level}, {steps} steps): "
+             "0 by construction",
+}  # fmt: skip
+
+
+def _too_short_for_lag(train: dict) -> bool:
+    """Whether every batch of the run was sampled by the initial policy (steps ≤ async_level + 1)."""
+    return bool(train.get("async_level", 0)) and train["steps"] <= train["async_level"] + 1
+
+
+def _async_text(train: dict) -> str:
+    """Why an asynchronous run of at most async_level + 1 steps shows nothing: every batch it trained on was sampled
+    by the initial policy (trainer.py: the batch trained at step t was generated at step max(0, t − k))."""
+    level, steps = train.get("async_level", 0), train["steps"]
+    if not level:
+        return ""
+    text = (f"Asynchronous RL at level {level}: the batch trained at step t was sampled at step max(0, t − {level}), "
+            f"so the first {level + 1} steps train on batches of the initial policy, the reference: "
+            "KL(π_sampling‖π_ref) is 0 there.")  # fmt: skip
+    if _too_short_for_lag(train):
+        text += (f" This study has {steps} steps: its KL row is 0 at every step, and its reward is the reference's, "
+                 "by construction, not a finding.")  # fmt: skip
+    return text
+
+
+def _key_handles(kls: list[str], betas: list[float]) -> list:
     """A training figure's legend: one entry per configuration (its colour) and one per β (its line style), not one
     per configuration × β: the columns already say β, and a 19-entry legend is not read."""
-    handles = [plt.Line2D([], [], **{**style_of(kl), "marker": None, "linestyle": "-"}, label=kl_label(kl))
-               for kl in kls]  # fmt: skip
-    handles += [plt.Line2D([], [], color="0.3", linestyle=beta_linestyle(b, grid), label=f"β = {b:g}") for b in betas]
+    handles = [plt.Line2D([], [], **{**style_of(kl), "linestyle": "-"}, label=kl_label(kl)) for kl in kls]
+    handles += [plt.Line2D([], [], color="0.3", linestyle=beta_linestyle(b), label=f"β = {b:g}") for b in betas]
     return handles
 
 
 def training_figure(study: str, config: dict, tables: dict, png: Path) -> None:
     """draw_training_figure, written to ``png`` (and a PDF beside it)."""
-    save(draw_training_figure(study, config, tables), png)
+    fig, text = draw_training_figure(study, config, tables)
+    save(fig, png, text)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The claims figure: every claim of the claims table, effect ± critical·se, coloured by verdict.
 
 CLAIM_METRIC_UNITS = {
-    "final_kl": "KL(π_θ‖π_ref) at the end of training (nats)",
+    "final_kl": "KL(π_sampling‖π_ref) at the end of training (nats)",
     "heldout": "held-out pass@1 at the last evaluation",
     "evaluation": "lm-eval mean@k, mean over the claim's tasks",
     "forward_kl": "forward KL(π_ref‖π_θ) at the last snapshot (nats)",
@@ -842,64 +1045,86 @@ def _claim_groups(claims: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(key, claims[keys == key]) for key in dict.fromkeys(keys)]
 
 
-def _signed(row) -> tuple[float, float, float]:
-    """(effect, half width, margin) with the sign turned so that the predicted direction is positive."""
-    sign = -1.0 if row.get("predicted") == "lower" else 1.0
-    half = row["critical"] * row["se"]
-    return sign * row["effect"], half, row.get("margin", math.nan)
+# The values a metric can take, for the range its differences can reach (candidate − baseline, the baseline's mean b
+# known): a proportion lies in [0, 1], so a difference in [−b, 1 − b]; a KL or an entropy is ≥ 0, so ≥ −b.
+PROPORTION_METRICS = {"heldout", "evaluation"}
+NON_NEGATIVE_METRICS = {"final_kl", "forward_kl", "entropy"}
+PREDICTED_MARKERS = {"higher": "▶", "lower": "◀"}  # after a claim's name on the axis: the direction predicted
+MARGIN_COLOUR = "0.82"  # a same claim's margin: neither a verdict's colour nor a configuration's
+
+
+def difference_range(metric: str, baseline_mean: float, trend: bool) -> tuple[float, float]:
+    """The range of candidate − baseline that the metric allows (a trend's slope: unbounded)."""
+    b = 0.0 if pd.isna(baseline_mean) else float(baseline_mean)
+    if trend:
+        return -math.inf, math.inf
+    if metric in PROPORTION_METRICS:
+        return -b if pd.notna(baseline_mean) else -1.0, 1.0 - b if pd.notna(baseline_mean) else 1.0
+    if metric in NON_NEGATIVE_METRICS and pd.notna(baseline_mean):
+        return -b, math.inf
+    return -math.inf, math.inf
 
 
 def draw_claims_forest(claims: pd.DataFrame, config: dict):
-    """Every row of the claims table: its effect (candidate − baseline, signed so that the paper's or Table 1's
-    prediction points right) ± critical·se, the interval the verdict rule reads, coloured by the verdict; one panel per
-    metric. A claim of no difference ("same") shows its margin as a green band around zero: shown when the whole
-    interval lies inside it. An interval wider than the panel ends in an arrow; the numbers are on the right."""
+    """Every row of the claims table: its effect (candidate − baseline, in the metric's own sign and units) ±
+    critical·se, the interval the verdict rule reads, clipped to what the metric allows (the clip marked), coloured by
+    the verdict; one panel per metric; the predicted direction as a triangle after the claim's name. A claim of
+    no difference ("same") shows its margin as a band around zero. Returns (figure, caption)."""
     claims = claims.copy()
     margins = {name: c.get("margin") for name, c in config.get("claims", {}).items()}
-    claims["margin"] = [
-        (margins.get(name) or math.nan) * abs(b) if pd.notna(b) else math.nan
-        for name, b in zip(
-            claims.claim, claims.get("baseline_mean", pd.Series(math.nan, index=claims.index)), strict=True
-        )
-    ]
+    baseline = claims.get("baseline_mean", pd.Series(math.nan, index=claims.index))
+    claims["margin"] = [(margins.get(name) or math.nan) * abs(b) if pd.notna(b) else math.nan
+                        for name, b in zip(claims.claim, baseline, strict=True)]  # fmt: skip
     groups = _claim_groups(claims) if len(claims) else []
-    heights = [len(rows) + 1.2 for _, rows in groups] or [1]
-    fig, axes = plt.subplots(len(heights), 1, figsize=(12, 0.3 * sum(heights) + 1.6), squeeze=False,
+    heights = [len(rows) + 1.4 for _, rows in groups] or [1]
+    fig, axes = plt.subplots(len(heights), 1, figsize=(12, 0.3 * sum(heights) + 1.4), squeeze=False,
                              height_ratios=heights, layout="constrained")  # fmt: skip
-    clipped = pd.concat([_forest_panel(ax, key, rows) for ax, (key, rows) in zip(axes[:, 0], groups, strict=False)]
-                        or [claims.iloc[:0]])  # no claims: one empty panel, said below  # fmt: skip
+    past = pd.concat([_forest_panel(ax, key, rows) for ax, (key, rows) in zip(axes[:, 0], groups, strict=False)]
+                     or [claims.iloc[:0]])  # no claims: one empty panel, said below  # fmt: skip
     if not groups:
         say_why_empty(axes[0, 0], "the config names no claims")
+    fig.legend(handles=_forest_handles(), loc="outside right upper", fontsize=8, frameon=False)
+    fig.suptitle("Every claim: effect ± critical·se, the interval its verdict reads", fontsize=11)
+    footnote(fig, "Effect: candidate − baseline in the metric's units; ▶/◀ after a claim's name: the direction "
+             "predicted.\n"
+             "|: clipped at the metric's possible range; arrow: the interval runs past the panel.")  # fmt: skip
+    models = claims.model.dropna().unique() if "model" in claims else []
+    return fig, caption(FOREST_CAPTION, run_text(config, models) if len(models) else "", clipped_text(past))
+
+
+FOREST_CAPTION = """\
+**Every claim, at a glance.** One row per row of the claims table (figures/claims.csv): the effect, candidate − \
+baseline (the mean over paired units: training seeds, or held-out questions), in the metric's own sign and units, \
+with the interval effect ± critical·se that the verdict rule reads, coloured by the verdict (green shown, red \
+contradicted, grey not shown; a hollow grey point: no interval, such as a claim that cannot be tested). A triangle \
+after the claim's name points the way the paper or Table 1 predicts (▶ higher, ◀ lower); a claim of no difference has \
+none and shows its margin as a grey band around 0: shown when the effect lies inside it by critical standard errors \
+at both ends, each end tested seed by seed so that the margin's own noise (a fraction of the estimated baseline) is \
+in its error; its z ("margin z") is the smaller of the two. An interval is clipped at the range the metric allows (a \
+pass@1 or accuracy difference lies in [−b, 1 − b] for a baseline b; a KL or entropy difference is at least −b), \
+marked |; one wider than its panel (which spans every effect ± 3 se) ends in an arrow. Right: verdict, z against its \
+critical value, and n, the paired units. One panel per metric; a claim that a configuration's KL falls as β grows, \
+tested as a slope over the β grid, has its own panel (per decade of β)."""
+
+
+def _forest_handles() -> list:
     handles = [plt.Line2D([], [], color=c, marker="o", linestyle="-", label=v) for v, c in VERDICT_COLOURS.items()]
     handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linestyle="",
-                              label="no interval (not testable, no prediction)"))  # fmt: skip
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False, title="verdict")
-    models = claims.model.dropna().unique() if "model" in claims else []
-    fig.suptitle(figure_title("Every claim: effect ± critical·se, the interval the verdict rule reads", config, models),
-                 fontsize=11)  # fmt: skip
-    footnote(
-        fig,
-        ["Effect: candidate − baseline (mean over paired units: seeds, or questions), signed so that the predicted "
-         "direction is to the right of 0. Thick bar: ± 1 se; thin line: effect ± critical·se, as the claims table's "
-         "verdict rule reads it "
-         "(figures/claims.csv; its caption gives the rule). Right: verdict, z against its critical value, and n, the "
-         "paired units. The figures' footnotes and the claims table give the effect unsigned (candidate − baseline). A "
-         "claim of no difference (green band: ± its margin) is shown when the effect lies inside the band by "
-         "critical standard errors at both ends, each end tested seed by seed so that the margin's own noise (it is "
-         "a fraction of the estimated baseline) is in its error; its z (\"margin z\") is the smaller of the two.",
-         clipped_text(clipped)],
-        12,
-    )  # fmt: skip
-    return fig
+                              label="no interval (not testable,\nno prediction)"))  # fmt: skip
+    handles.append(plt.Line2D([], [], color="0.3", marker="|", markersize=10, linestyle="",
+                              label="clipped at the metric's range"))  # fmt: skip
+    handles.append(mpatches.Patch(color=MARGIN_COLOUR, label="margin of a 'same' claim"))
+    return handles
 
 
 def claims_forest(claims: pd.DataFrame, config: dict, png: Path) -> None:
-    """draw_claims_forest, written to ``png`` (and a PDF beside it)."""
-    save(draw_claims_forest(claims, config), png)
+    """draw_claims_forest, written to ``png`` (a PDF and the caption, claims_forest.md, beside it)."""
+    fig, text = draw_claims_forest(claims, config)
+    save(fig, png, text)
 
 
 def clipped_text(clipped: pd.DataFrame) -> str:
-    """The footnote's line on intervals that run past their panel (arrows): how wide the rule's interval is at their
+    """The caption's line on intervals that run past their panel (arrows): how wide the rule's interval is at their
     n, so that an axis-wide line reads as what few seeds allow, not as a drawing error."""
     if clipped.empty:
         return ""
@@ -913,41 +1138,59 @@ def clipped_text(clipped: pd.DataFrame) -> str:
     )
 
 
+def _forest_view(rows: pd.DataFrame) -> float:
+    """Half the width of a panel: every effect ± 3 se and every margin, with some room."""
+    spans = [*(rows.effect.abs() + 3 * rows.se.fillna(0)), *rows.margin]
+    return 1.15 * max([s for s in spans if np.isfinite(s) and s > 0] or [1.0])
+
+
 def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
     """One metric's claims (see draw_claims_forest); returns the rows whose interval runs past the panel."""
     metric, _, trend = key.partition(" ")
-    clipped = []
-    signed = [_signed(row) for row in rows.to_dict("records")]
-    spans = [abs(x) + 3 * se for (x, _, _), se in zip(signed, rows.se.fillna(0), strict=True)]  # to 3 se
-    spans += [m for _, _, m in signed]
-    limit = 1.15 * max([s for s in spans if np.isfinite(s) and s > 0] or [1.0])
-    for y, (row, (x, half, margin)) in enumerate(zip(rows.to_dict("records"), signed, strict=True)):
+    limit = _forest_view(rows)
+    past = []
+    for y, row in enumerate(rows.to_dict("records")):
         colour = verdict_colour(row["verdict"])
-        if pd.notna(margin):
-            ax.fill_betweenx([y - 0.4, y + 0.4], -margin, margin, color="tab:green", alpha=0.15, linewidth=0)
+        x, half = row["effect"], row["critical"] * row["se"]
+        if pd.notna(row["margin"]):
+            ax.fill_betweenx([y - 0.4, y + 0.4], -row["margin"], row["margin"], color=MARGIN_COLOUR, linewidth=0)
         if pd.notna(half) and pd.notna(x):
-            low, high = max(x - half, -limit), min(x + half, limit)
-            ax.plot([low, high], [y, y], color=colour, linewidth=1.2)  # ± critical·se: what the rule reads
-            ax.plot([x - row["se"], x + row["se"]], [y, y], color=colour, linewidth=3.5, alpha=0.35)  # ± 1 se
-            for end, edge, marker in ((x - half, -limit, "<"), (x + half, limit, ">")):
-                if abs(end) > limit and np.sign(end) == np.sign(edge):
-                    ax.plot(edge, y, marker=marker, color=colour, markersize=6)
-                    clipped.append(y)
+            if _draw_interval(ax, y, x, half, difference_range(metric, row.get("baseline_mean"), bool(trend)),
+                              limit, colour):  # fmt: skip
+                past.append(y)
             ax.plot(x, y, "o", color=colour)
         elif pd.notna(x):
             ax.plot(max(min(x, limit), -limit), y, "o", color=colour, markerfacecolor="white")
         z_name = "margin z" if row.get("predicted") == "same" else "z"
         score = "" if pd.isna(row["z"]) else f"   {z_name} {_number(row['z'])} / {_number(row['critical'], 3)}"
-        text = f"{row['verdict']}{score}   {_units_text(row)}"
-        ax.annotate(text, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=7, color=colour)
+        ax.annotate(f"{row['verdict']}{score}   {_units_text(row)}", (1.02, y), xycoords=("axes fraction", "data"),
+                    va="center", fontsize=7, color=colour if colour != UNTESTED_COLOUR else "0.4")  # fmt: skip
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlim(-limit, limit)
     ax.set_ylim(len(rows) - 0.4, -0.6)
-    ax.set_yticks(range(len(rows)), [_claim_label(row) for row in rows.to_dict("records")], fontsize=7)
+    labels = [f"{_claim_label(row)}  {PREDICTED_MARKERS.get(row.get('predicted'), '')}".rstrip() for row in
+              rows.to_dict("records")]  # fmt: skip
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
     unit = CLAIM_METRIC_UNITS.get(metric, metric)
-    ax.set_title(f"{unit}{': slope per decade of β' if trend else ''}", fontsize=9, loc="left")
+    ax.set_title(f"{unit}{': slope per decade of β' if trend else ''}, candidate − baseline", fontsize=9, loc="left")
     ax.grid(alpha=0.3, axis="x")
-    return rows.iloc[sorted(set(clipped))]
+    return rows.iloc[sorted(set(past))]
+
+
+def _draw_interval(ax, y: float, x: float, half: float, allowed: tuple[float, float], limit: float, colour) -> bool:
+    """effect ± half clipped to the metric's range (a | where clipped) and to the panel (an arrow where it runs past);
+    returns whether it ran past the panel."""
+    low, high = max(x - half, allowed[0]), min(x + half, allowed[1])
+    ax.plot([max(low, -limit), min(high, limit)], [y, y], color=colour, linewidth=1.4)
+    past = False
+    ends = ((low, x - half < allowed[0], -limit, "<"), (high, x + half > allowed[1], limit, ">"))
+    for end, clip, edge, arrow in ends:
+        if abs(end) > limit and np.sign(end) == np.sign(edge):
+            ax.plot(edge, y, marker=arrow, color=colour, markersize=6)
+            past = True
+        elif clip:
+            ax.plot(end, y, marker="|", color="0.15", markersize=10, markeredgewidth=1.6)
+    return past
 
 
 def _units_text(row) -> str:
@@ -968,3 +1211,191 @@ def _claim_label(row) -> str:
         return str(row["claim"])
     against = f" vs {below:g}" if pd.notna(below) and row.get("baseline") == row.get("candidate") else ""
     return f"{row['claim']}, β = {beta:g}{against}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Where each KL configuration's training ends in the toy model (fixed_points.py's tables).
+
+EXACT_MARKERS = {"drifts": ">", "still moving": "d"}  # a stable fixed point has its configuration's marker
+GAP_FLOOR = 1e-12  # J_β(optimum) − J_β(end) below this: on the optimum to rounding error
+
+
+def toy_fixed_points_figure(points, fronts, agreed, section: dict, png: Path) -> str:
+    """draw_toy_fixed_points, written to ``png`` (a PDF beside it); returns the caption (the table's Markdown, which
+    has this figure's name, carries it)."""
+    fig, text = draw_toy_fixed_points(points, fronts, agreed, section)
+    save(fig, png)
+    return text
+
+
+def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, section: dict):
+    """One row per family. Left and centre: the reward–KL plane with the exact frontier (the family's optimum over
+    β, through the end points that are on it), each configuration's exact end points over β (its marker, joined
+    over β, labelled with β; ▶: no fixed point, drawn where the flow stopped; ◆: still moving) and the on-policy
+    Monte Carlo end points (hollow circles, ± the seeds' sd, labelled with β); the paper's configurations left, the
+    frameworks' per-token corrections centre. Configurations whose end points coincide at every β are drawn once and
+    named together. Right: the gap J_β(optimum) − J_β(end) against β. One legend, outside. Returns (figure, caption)."""
+    families = list(dict.fromkeys(points.family))
+    fig, axes = plt.subplots(len(families), 3, figsize=(19, 5.2 * len(families)), squeeze=False, layout="constrained",
+                             gridspec_kw={"width_ratios": [1, 1, 0.8]})  # fmt: skip
+    listed = []
+    for row, family in enumerate(families):
+        mine = points[points.family == family]
+        groups = _coinciding_end_points(mine)
+        for col in (0, 1):  # a group with any of the paper's configurations left, with any framework's variant centre
+            ax = axes[row, col]
+            _draw_toy_frontier(ax, fronts, mine, family)
+            mine_here = [(names, group) for names, group in groups if _has_variant(names, bool(col))]
+            labels = [label for names, group in mine_here for label in _draw_end_points(ax, names, group)]
+            drawn = [name for names, _ in mine_here for name in names]
+            mc = agreed[(agreed.family == family) & (agreed["mode"] == "on-policy") & agreed.config.isin(drawn)]
+            _label_betas(ax, labels + _draw_monte_carlo(ax, mc))
+            kind = "frameworks' per-token KL-loss corrections" if col else "the paper's configurations, K2, no KL"
+            ax.set_title(f"{family} policy: {kind}", fontsize=10)
+            ax.set_xlabel("KL(π ‖ π_ref) at the end point")
+            ax.set_ylabel("task reward E_π[R]")
+            ax.set_xlim(-0.1, max(3.7, float(mine.kl.max()) + 0.3))
+            ax.set_ylim(-0.05, 1.1)
+            ax.grid(alpha=0.3)
+        listed += _draw_toy_gaps(axes[row, 2], groups, family)
+    _toy_status_keys(axes[0, 0])
+    figure_legend(fig, axes.ravel(), wrap=44)
+    fig.suptitle("Where each KL configuration's training ends, against the optimum of J_β = E[R] − β·KL (toy model)",
+                 fontsize=11)  # fmt: skip
+    footnote(fig, "Exact end points (float64), labelled with β; hollow circles: Monte Carlo end points, mean ± sd over "
+             "seeds, labelled with β.\nConfigurations with the same end point at every β are drawn once and named "
+             "together (legend).")  # fmt: skip
+    return fig, caption(TOY_CAPTION.format(length=section["length"], seeds=section["monte_carlo"]["seeds"],
+                                           threshold=section["reward"]["threshold"],
+                                           betas=", ".join(f"{b:g}" for b in section["betas"]),
+                                           mc_betas=", ".join(f"{b:g}" for b in section["monte_carlo"]["betas"])),
+                        "\n".join(listed))  # fmt: skip
+
+
+TOY_CAPTION = """\
+**Where each KL configuration's training ends (toy model of §3.3).** The objective a KL penalty is meant to optimise \
+is J_β = E_π[R] − β·KL(π‖π_ref), with R = 1 for a sequence of length T = {length} with at least {threshold} ones. \
+Grey line: the exact optimum of J_β over β (the reward–KL frontier) in each policy family, through the exact end \
+points that lie on it (the optimum at their own β), so that none of them lies above the line drawn between two rungs \
+of the frontier's β grid; dotted: the unconstrained π*_β that the parametric family cannot reach. Markers: each \
+configuration's exact end point at β ∈ {{{betas}}} (marker shape = placement, fill = estimator, colour = \
+configuration, as in every figure), joined over β and labelled with β; ▶: no fixed point, the update drifts to the \
+boundary (drawn where the followed flow stopped); ◆: still moving when stopped. Hollow circles with bars: the Monte \
+Carlo end points of {seeds} seeds trained on-policy through the trainer's loss (mean ± the seeds' standard deviation, \
+a description of their scatter, not a test), labelled with β, for β ∈ {{{mc_betas}}}; the toy's claims \
+(figures/toy_claims.md) judge them. Configurations whose exact end points coincide at every β are drawn once and \
+named together in the legend. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
+
+
+def _coinciding_end_points(rows: pd.DataFrame) -> list[tuple[list[str], pd.DataFrame]]:
+    """Configurations whose exact end points (status, reward, KL at every β) coincide, grouped: each drawn once."""
+    groups: list[tuple[list[str], pd.DataFrame]] = []
+    for config, group in rows.groupby("config", sort=False):
+        group = group.sort_values("beta").reset_index(drop=True)
+        for names, first in groups:
+            same = len(first) == len(group) and (first.status == group.status).all() and np.allclose(
+                first[["beta", "reward", "kl"]], group[["beta", "reward", "kl"]], rtol=1e-6, atol=1e-9)  # fmt: skip
+            if same:
+                names.append(config)
+                break
+        else:
+            groups.append(([config], group))
+    return groups
+
+
+def _has_variant(names: list[str], variant: bool) -> bool:
+    """Whether a group holds a framework's per-token correction (variant; its name has a third part: k3-loss-ratio)
+    or, not variant, one of the paper's configurations."""
+    return any((name.count("-") == 2) == variant for name in names)
+
+
+def _draw_end_points(ax, names: list[str], group: pd.DataFrame) -> list[tuple]:
+    """A group's exact end points over β: stable ones joined, the others marked alone; returns the stable ones' β
+    labels (kl, reward, β, colour) for _label_betas."""
+    style = {**style_of(names[0]), "linestyle": "-"}
+    stable = group[group.status == "stable"]
+    ax.plot(stable.kl, stable.reward, linewidth=0.9, markersize=6, zorder=3, label=_group_label(names), **style)
+    for status, at in group[group.status != "stable"].groupby("status"):
+        ax.plot(at.kl, at.reward, linestyle="", marker=EXACT_MARKERS.get(status, "x"), color=style["color"],
+                markersize=7, zorder=3)  # fmt: skip
+    return [(p.kl, p.reward, p.beta, style["color"]) for p in stable.itertuples()]
+
+
+def _group_label(names: list[str]) -> str:
+    return " = ".join(kl_label(n) for n in names)
+
+
+LABEL_CELL = (0.5, 0.08)  # β labels of points within one such cell (KL, reward) are written once, together
+
+
+def _draw_monte_carlo(ax, mc: pd.DataFrame) -> list[tuple]:
+    """The Monte Carlo end points, mean ± the seeds' sd; returns their β labels (kl, reward, β, colour)."""
+    for config, runs in mc.groupby("config", sort=False):
+        spread = np.sqrt(runs.seeds)
+        ax.errorbar(runs.mc_kl, runs.mc_reward, xerr=runs.mc_kl_se * spread, yerr=runs.mc_reward_se * spread, fmt="o",
+                    mfc="none", ms=11, capsize=2, color=config_colour(config), lw=0.8, linestyle="")  # fmt: skip
+    return [(p.mc_kl, p.mc_reward, p.beta, config_colour(p.config)) for p in mc.itertuples()]
+
+
+def _label_betas(ax, labels: list[tuple]) -> None:
+    """Write each point's β beside it, once for the points of a LABEL_CELL (at large β every configuration ends near
+    the reference: one 'β 3' for all, in grey where they differ in colour)."""
+    cells: dict[tuple, list[tuple]] = {}
+    for kl, reward, beta, colour in labels:
+        cells.setdefault((round(kl / LABEL_CELL[0]), round(reward / LABEL_CELL[1])), []).append((kl, reward, beta,
+                                                                                                 colour))  # fmt: skip
+    for members in cells.values():
+        betas = ", ".join(f"{b:g}" for b in sorted({m[2] for m in members}))
+        colours = {mcolors.to_hex(m[3]) for m in members}
+        ax.annotate(f"β {betas}", (max(m[0] for m in members), min(m[1] for m in members)),
+                    textcoords="offset points", xytext=(7, -11), fontsize=7,
+                    color=colours.pop() if len(colours) == 1 else "0.3")  # fmt: skip
+
+
+def _draw_toy_frontier(ax, fronts: pd.DataFrame, points: pd.DataFrame, family: str) -> None:
+    """The family's frontier, through its end points on the optimum (each the optimum at its β: a chord between two
+    frontier rungs passes below them); beside the parametric one, the tabular family's (the unconstrained π*_β)."""
+    on_optimum = points[(points.status == "stable") & (points.objective_gap < GAP_FLOOR)][["kl", "reward"]]
+    front = pd.concat([fronts[fronts.family == family][["kl", "reward"]], on_optimum]).sort_values("kl")
+    ax.plot(front.kl, front.reward, color="black", lw=2, alpha=0.3, label="optimum of J_β over β (frontier)")
+    if family == "parametric" and (fronts.family == "tabular").any():
+        tabular = fronts[fronts.family == "tabular"].sort_values("kl")
+        ax.plot(tabular.kl, tabular.reward, color="black", lw=1, ls=":", alpha=0.5, label="unconstrained optimum π*_β")
+
+
+def _toy_status_keys(ax) -> None:
+    """Legend proxies for what markers mean beyond the configuration."""
+    for marker, text in ((">", "exact: no fixed point, drifts (drawn where stopped)"),
+                         ("d", "exact: still moving when stopped")):  # fmt: skip
+        ax.plot([], [], linestyle="", marker=marker, color="0.3", label=text)
+    ax.errorbar([], [], xerr=[], yerr=[], fmt="o", mfc="none", color="0.3", label="Monte Carlo, mean ± sd (β labelled)")
+
+
+def _draw_toy_gaps(ax, groups: list[tuple[list[str], pd.DataFrame]], family: str) -> list[str]:
+    """J_β(optimum) − J_β(end) against β for the stable end points off the optimum, a line per group of coinciding
+    configurations; returns the caption's lines on the groups on the optimum at every β and on those without a fixed
+    point (nothing to draw)."""
+    on_optimum, no_fixed_point = [], []
+    for names, group in groups:
+        stable = group[group.status == "stable"]
+        off = stable[stable.objective_gap >= GAP_FLOOR]
+        if len(off):
+            ax.plot(off.beta, off.objective_gap, markersize=5, linewidth=1, label=_group_label(names),
+                    **{**style_of(names[0]), "linestyle": "-"})  # fmt: skip
+        if len(stable) and (stable.objective_gap < GAP_FLOOR).all():
+            on_optimum.append(_group_label(names))
+        unsettled = group[group.status != "stable"]
+        if len(unsettled):
+            states = ", ".join(f"{b:g} {s}" for b, s in zip(unsettled.beta, unsettled.status, strict=True))
+            no_fixed_point.append(f"{_group_label(names)} (β {states})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    betas = sorted({b for _, group in groups for b in group.beta})
+    ax.set_xticks(betas, [f"{b:g}" for b in betas])  # the β grid, plainly: no minor labels to crowd it
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_xlabel("β")
+    ax.set_ylabel("J_β(family's optimum) − J_β(end point)")
+    ax.set_title(f"{family} policy: distance to the optimum (stable, off it)", fontsize=10)
+    ax.grid(alpha=0.3, which="major")
+    return [f"- {family} policy, on the optimum (gap < {GAP_FLOOR:g}) at every β: {', '.join(on_optimum) or 'none'}.",
+            f"- {family} policy, no fixed point: {'; '.join(no_fixed_point) or 'none'}."]

@@ -93,7 +93,7 @@ def _toy_monte_carlo(args):
 def _toy_fixed_points_report(args):
     import pandas as pd
 
-    from klstudy import fixed_points
+    from klstudy import figures, fixed_points
 
     config = json.loads(args.settings)
     section = config["toy"]["fixed_points"]
@@ -104,8 +104,10 @@ def _toy_fixed_points_report(args):
     agreed = fixed_points.agreement(end_points, points)
     claims = fixed_points.toy_claims(end_points, points, section["claims"], config["claims_rule"], section["tolerance"])
     out = Path(args.png)
-    fixed_points.draw(points, fronts, agreed, section, out)
+    text = figures.toy_fixed_points_figure(points, fronts, agreed, section, out)
     fixed_points.write_tables(points, agreed, claims, out.parent)
+    table = out.with_suffix(".md")  # the figure's caption opens its table's Markdown, which has the figure's name
+    table.write_text(f"![{out.stem}]({out.name})\n\n{text}\n\n{table.read_text()}")
     print(claims.to_string(index=False))
 
 

@@ -30,6 +30,7 @@ import torch
 from scipy.stats import norm
 
 from klstudy import kl
+from klstudy.aggregate import exactly_zero
 
 DTYPE = torch.float64
 PARAMS = ("a", "b")
@@ -313,11 +314,6 @@ def _projections(group: pd.DataFrame) -> pd.Series:
     return (dot / norm.where(norm > 0)).dropna()
 
 
-def _exactly_zero(bias: float, scale: float) -> bool:
-    """An exact bias (float64 enumeration) is zero when it is rounding error relative to the gradient's size."""
-    return bool(bias <= 1e-9 * max(1.0, scale))
-
-
 def unbiasedness_tests(results: pd.DataFrame, alpha: float) -> pd.DataFrame:
     """Decide per configuration whether its gradient is unbiased, from the measured bias alone.
 
@@ -358,7 +354,7 @@ def unbiasedness_tests(results: pd.DataFrame, alpha: float) -> pd.DataFrame:
                 worst_case=f"{worst['setting']}, T={worst['T']}, d/d{worst['param']}",
                 unbiased=bool(max_abs_z <= critical),
                 exact_unbiased=(
-                    _exactly_zero(exact.max(), group["true_grad"].abs().max()) if exact.notna().any() else None
+                    exactly_zero(exact.max(), group["true_grad"].abs().max()) if exact.notna().any() else None
                 ),
             )
         )

@@ -23,8 +23,8 @@ rule aggregate:
 
 
 rule figure:
-    """One of the paper's figures 2-13, as the config's `figures` section arranges it; under its panels, the verdicts of
-    the claims about them, from the claims table."""
+    """One of the paper's figures 2-13, as the config's `figures` section arranges it; its caption (figures/<name>.md)
+    gives the verdicts of the claims about its panels, from the claims table."""
     input:
         tables=rules.aggregate.output,
         config=rules.aggregate.output.config,
@@ -37,6 +37,7 @@ rule figure:
             labels={"figure": "{figure}"},
         ),
         pdf="figures/{figure}.pdf",
+        caption="figures/{figure}.md",
     params:
         tables=lambda wildcards, input: os.path.dirname(input.config),
     wildcard_constraints:
@@ -63,6 +64,7 @@ rule claims_figure:
             subcategory="Every claim at a glance",
         ),
         pdf=f"figures/{CLAIMS_FIGURE}.pdf",
+        caption=f"figures/{CLAIMS_FIGURE}.md",
     log:
         "logs/figures/claims_forest.log",
     conda:
@@ -84,6 +86,7 @@ rule training_figure:
             labels={"study": "{study}"},
         ),
         pdf="figures/training_{study}.pdf",
+        caption="figures/training_{study}.md",
     params:
         tables=lambda wildcards, input: os.path.dirname(input.config),
     log:

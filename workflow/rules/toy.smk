@@ -46,6 +46,7 @@ rule fig01:
     output:
         png=report("figures/fig01_toy_bias_variance.png", caption="../report/fig01.rst", category="2 Analysis (§3)"),
         pdf="figures/fig01_toy_bias_variance.pdf",
+        caption="figures/fig01_toy_bias_variance.md",
     log:
         "logs/figures/fig01.log",
     conda:
