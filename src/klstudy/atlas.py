@@ -249,13 +249,13 @@ def draw(points: pd.DataFrame, length: pd.DataFrame, png) -> None:
         ax = axes[1, col]
         for (setting, family, beta), rows in length.groupby(["setting", "family", "beta"]):
             rows = rows[rows.status == "stable"].sort_values("T")
-            values = rows[column].clip(lower=fp.GAP_FLOOR) if column == "objective_gap" else rows[column]
+            values = rows[column].clip(lower=figures.GAP_FLOOR) if column == "objective_gap" else rows[column]
             ax.plot(rows["T"], values, ls=styles[family], marker="o", ms=3, lw=1, color=length_colours[setting],
                     label=f"{setting}, {family}, β = {beta:g}")  # fmt: skip
         ax.set(xlabel="T (tokens per answer)", ylabel=name, title=f"{name} against the answer's length (exact)")
         if column == "objective_gap":
             ax.set_yscale("log")
-            ax.set_ylabel(f"{name} (below {fp.GAP_FLOOR:g}: on the optimum, drawn at it)")
+            ax.set_ylabel(f"{name} (below {figures.GAP_FLOOR:g}: on the optimum, drawn at it)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6)
     fig.suptitle("The atlas: what each setting's training optimises, in the user's β (toy model, exact)", fontsize=11)
