@@ -257,33 +257,69 @@ def test_report_contains_figure_table_captions_and_config(reduced_run):
 
 
 class _Resources(dict):
-    __getattr__ = dict.__getitem__
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
 
 
-def test_the_sbatch_line_of_a_two_node_training_job_asks_gpus_per_node(tmp_path):
-    """The local SLURM has one node, so a job on two cannot run here: the sbatch line that the SLURM plugin builds from
-    the resources Snakemake gives a training job with resources.train.nodes = 2 asks for 8 GPUs on each of 2 nodes
-    (--gres, per node; not --gpus, per job) and one task per node (the rule's srun starts a launch on each)."""
+def training_sbatch(tmp_path, nodes: int = 1, **cluster) -> tuple[list[str], dict, str]:
+    """The words of the sbatch line the SLURM plugin builds (with its own checks of gres and slurm_extra) from the
+    resources Snakemake gives a paper training job with ``nodes`` and ``cluster`` keys; its resources and dry run."""
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 
     config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
-    config["resources"]["train"]["nodes"] = 2
-    config["cluster"].update(gpu_model="h100", gpu_partition="gpu")
+    config["resources"]["train"]["nodes"] = nodes
+    config["cluster"].update(gpu_partition="gpu", **cluster)
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
     cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
-    out = snakemake(cell, "-n", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
+    out = snakemake(cell, "-n", "-p", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
     line = re.search(r"rule train_rl:.*?\n\s+resources: (.*?)\n", out, re.S).group(1)
     resources = _Resources(
         (key, int(value) if value.isdigit() else value)
         for key, value in (item.split("=", 1) for item in line.split(", "))
     )
     job = type("Job", (), {"resources": resources, "threads": resources["cpus_per_task"]})()
+    validate_slurm_extra(job)
     params = dict(run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=None)
-    words = (get_submit_command(job, params) + set_gres_string(job)).split()  # as the plugin's run_job joins them
+    return (get_submit_command(job, params) + set_gres_string(job)).split(), resources, out  # as run_job joins them
+
+
+def test_the_sbatch_line_of_a_two_node_training_job_asks_gpus_per_node(tmp_path):
+    """The local SLURM has one node, so a job on two cannot run here: the sbatch line that the SLURM plugin builds from
+    the resources Snakemake gives a training job with resources.train.nodes = 2 asks for 8 GPUs on each of 2 nodes
+    (--gres, per node; not --gpus, per job) and one task per node (the rule's srun starts a launch on each)."""
+    words, resources, _ = training_sbatch(tmp_path, nodes=2, gpu_model="h100")
     assert {"--gres=gpu:h100:8", "--nodes=2", "--ntasks=2", "-t", "2880"} <= set(words), words
     assert not any(w.startswith(("--gpus", "--ntasks-per-gpu")) for w in words), words
     assert resources["slurm_partition"] == "gpu", resources
+
+
+def test_a_gpu_name_the_plugin_refuses_fails_the_config_and_gpus_per_node_sends_it(tmp_path):
+    """AutoDetect=nvml names GPUs like nvidia_a100-sxm4-80gb, which the plugin's gres check refuses at submission:
+    the config check refuses it first, naming the key and the way out; with gpu_request: gpus-per-node the job asks
+    --gpus-per-node=MODEL:N through slurm_extra, which the plugin lets through, and no --gres."""
+    from klstudy.config import ConfigError, validate_config
+
+    name = "nvidia_a100-sxm4-80gb"
+    config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    config["cluster"]["gpu_model"] = name
+    with pytest.raises(ConfigError, match=r"cluster.gpu_model.*gpu_request: gpus-per-node"):
+        validate_config(config)
+    words, resources, _ = training_sbatch(tmp_path, gpu_model=name, gpu_request="gpus-per-node")
+    assert f"--gpus-per-node={name}:8" in words and "--nodes=1" in words, words
+    assert not any(w.startswith(("--gres", "--gpus=")) for w in words), words
+    words, _, _ = training_sbatch(tmp_path, nodes=2, gpu_request="gpus-per-node")
+    assert {"--gpus-per-node=8", "--nodes=2", "--ntasks=2"} <= set(words), words
+
+
+def test_the_qos_is_asked_by_every_job(tmp_path):
+    words, resources, _ = training_sbatch(tmp_path, qos="long")
+    assert "--qos=long" in words, words
+    assert "--qos" not in " ".join(training_sbatch(tmp_path)[0]), "no qos unless the config names one"
 
 
 def test_training_slots_cap_the_cells_training_at_once(tmp_path):

@@ -31,6 +31,16 @@ def gpu_gres(gpus: int, model: str | None) -> str:
     return f"gpu:{model}:{gpus}" if model else f"gpu:{gpus}"
 
 
+def gpu_resources(gpus: int, cluster: dict) -> dict:
+    """The SLURM plugin's resources that ask ``gpus`` per node (``cluster.gpu_request``): its ``gres``
+    (--gres=gpu[:MODEL]:N), or ``slurm_extra`` --gpus-per-node=[MODEL:]N, which the plugin passes on unchecked and
+    so takes GPU names its gres check refuses (hyphens)."""
+    model = cluster.get("gpu_model")
+    if cluster.get("gpu_request", "gres") == "gpus-per-node":
+        return {"slurm_extra": f"--gpus-per-node={model + ':' if model else ''}{gpus}"}
+    return {"gres": gpu_gres(gpus, model)}
+
+
 def parameters(config: dict, model: str) -> float | None:
     """A model's parameters (not billions), or None when the config does not give them."""
     size = config["models"][model].get("parameters_b")

@@ -22,7 +22,7 @@ from klstudy.config import (
     pinned_directory,
     training_processes,
 )
-from klstudy.estimate import gpu_gres
+from klstudy.estimate import gpu_resources
 from klstudy.preflight import partition_max_minutes
 
 # Every stage is `python -m klstudy <stage>`, with the klstudy source tree importable. Without
@@ -117,8 +117,8 @@ def retry_runtime(stage):
 def job_resources(stage):
     """The scheduler resources of a kind of job (config `resources` and `cluster`).
 
-    GPUs are asked per node (`gres: gpu[:MODEL]:N` with `nodes`), never as the plugin's `gpu`, which becomes --gpus,
-    GPUs for the whole job. `local_gpus` is what one machine's `klstudy drive --gpus` counts (no scheduler)."""
+    GPUs are asked per node (`gres: gpu[:MODEL]:N`, or --gpus-per-node with cluster.gpu_request, with `nodes`), never
+    as the plugin's `gpu`, which becomes --gpus, GPUs for the whole job. `local_gpus` is what one machine's `klstudy drive --gpus` counts (no scheduler)."""
     spec = config["resources"][stage]
     cluster = config["cluster"]
     resources = dict(runtime=retry_runtime(stage), mem_mb=spec["mem_mb"], cpus_per_task=spec["cpus"])
@@ -130,7 +130,7 @@ def job_resources(stage):
         resources["training_slots"] = 1  # the global limit is cluster.training_slots (Snakefile)
     if spec["gpus"]:
         resources.update(
-            gres=gpu_gres(spec["gpus"], cluster["gpu_model"]),
+            **gpu_resources(spec["gpus"], cluster),
             nodes=spec["nodes"],
             local_gpus=spec["gpus"],
             cpus_per_gpu=0,
