@@ -23,7 +23,7 @@ from klstudy.config import (
     training_processes,
 )
 from klstudy.estimate import gpu_resources
-from klstudy.preflight import partition_max_minutes
+from klstudy.preflight import runtime_cap
 
 # Every stage is `python -m klstudy <stage>`, with the klstudy source tree importable. Without
 # --software-deployment-method conda, `python` is the interpreter running Snakemake (the project's
@@ -100,15 +100,15 @@ def job_partition(stage):
 
 
 def retry_runtime(stage):
-    """runtime × attempt, capped: a retry asks for at most cluster.max_runtime, or else the partition's MaxTime (read
-    with sinfo only when a retry is submitted), since a cell resumes from its checkpoint and a longer ask is refused
-    or pends for ever."""
+    """runtime × attempt, capped: a retry asks for at most cluster.max_runtime, or else the smaller of the partition's
+    MaxTime and the QOS's MaxWall (read with sinfo and sacctmgr only when a retry is submitted), since a cell resumes
+    from its checkpoint and a longer ask is refused or pends for ever. With neither limit, twice the runtime."""
     first = config["resources"][stage]["runtime"]
 
     def runtime(wildcards, attempt):
         if attempt == 1:
             return first  # the preflight checks that the first attempt fits
-        cap = config["cluster"]["max_runtime"] or partition_max_minutes(job_partition(stage))
+        cap = config["cluster"]["max_runtime"] or runtime_cap(job_partition(stage), config["cluster"]["qos"])
         return first * attempt if cap is None else min(first * attempt, max(cap, first))
 
     return runtime
@@ -126,6 +126,8 @@ def job_resources(stage):
         resources["slurm_account"] = cluster["account"]
     if job_partition(stage):
         resources["slurm_partition"] = job_partition(stage)
+    if cluster["qos"]:
+        resources["qos"] = cluster["qos"]
     if stage == "train":
         resources["training_slots"] = 1  # the global limit is cluster.training_slots (Snakefile)
     if spec["gpus"]:
