@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 
@@ -148,6 +149,18 @@ def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(tmp_path):
     processes = "$(python -m klstudy.devices --processes 16)"  # SLURM's 2 nodes × 8 GPUs, checked against the config
     assert "srun --nodes 2 --ntasks-per-node 1" in out
     assert f"--num_processes {processes} --num_machines $SLURM_NNODES" in out
+    # The command as the job's shell reads it: srun with the CPUs of each task (the job step drops SLURM_* variables,
+    # so srun would give one), then one bash -c word that holds the whole launch, paths quoted inside it.
+    command = shlex.split(next(line for line in out.splitlines() if "srun --nodes" in line).strip())
+    at = command.index("srun")
+    assert command[at : at + 12] == [
+        "srun", "--nodes", "2", "--ntasks-per-node", "1", "--cpus-per-task", "64", "--kill-on-bad-exit=1",
+        "--export=ALL", "bash", "-c", command[at + 11],
+    ], command  # fmt: skip
+    assert command[at + 12 : at + 15] == ["launcher", "-m", "klstudy"], command
+    script = shlex.split(command[at + 11])
+    assert script[script.index("--config_file") + 1] == str(ROOT / "config/accelerate/fsdp.yaml"), script
+    assert script[-1] == "$@" and "--machine_rank" in script, script
 
 
 def test_lint_is_clean():

@@ -213,11 +213,17 @@ def train_launcher(wildcards):
     nodes = config["resources"]["train"]["nodes"]
     if nodes == 1:  # a free port of its own (accelerate's choice): cells on one machine must not share 29500
         return f"{launch} --main_process_port 0"
-    # bash -c '... "$@"' launcher <the rest of the command>: each node's shell fills in its own rank.
+    # bash -c '... "$@"' launcher <the rest of the command>: each node's shell fills in its own rank. The SLURM job
+    # step drops the job's SLURM_* variables before it runs this, so srun is told the CPUs of each task itself (it
+    # would give one), to end every node's launch when one fails, and to hand on the environment.
+    script = (
+        f"{launch} --num_machines $SLURM_NNODES --machine_rank $SLURM_NODEID --main_process_port 29500"
+        ' --main_process_ip $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) "$@"'
+    )
+    cpus = config["resources"]["train"]["cpus"]
     return (
-        f"srun --nodes {nodes} --ntasks-per-node 1 bash -c '{launch} --num_machines $SLURM_NNODES"
-        " --machine_rank $SLURM_NODEID --main_process_port 29500"
-        ' --main_process_ip $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) "$@"\' launcher'
+        f"srun --nodes {nodes} --ntasks-per-node 1 --cpus-per-task {cpus} --kill-on-bad-exit=1 --export=ALL"
+        f" bash -c {shlex.quote(script)} launcher"
     )
 
 
