@@ -54,6 +54,7 @@ include: "workflow/rules/common.smk"
 # nodes), and the others are seconds of pandas and matplotlib.
 localrules:
     all,
+    stage,
     prepare_data,
     base_model,
     toy_unbiasedness,
@@ -71,6 +72,12 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/figures.smk"
+
+
+# `make stage`: every dataset and base model, on the login node, before a driver on a compute node without network.
+rule stage:
+    input:
+        input_outputs(),
 
 
 rule all:

@@ -318,3 +318,62 @@ def test_the_processes_follow_slurms_gpus_or_cuda_visible_devices():
     with pytest.raises(SystemExit, match="2 GPUs on each of 1 nodes"):
         allocated_processes(4, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"})
     assert allocated_processes(4, {"CUDA_VISIBLE_DEVICES": "0,1"}) == 4  # no SLURM: the config's count
+
+
+# ------------------------------------------------------------------------------------------------- slurm/driver.sbatch
+
+UUID = "0b6f1c9e-3d2a-4c1b-9f00-123456789abc"
+
+
+def fake_slurm(tmp_path: Path, listed: str) -> tuple[dict, Path]:
+    """squeue that lists ``listed`` ("id|name|dir|comment" lines) until scancel is called, scancel that records its
+    arguments, and a Snakemake that records its own; the environment to run slurm/driver.sbatch in, and its log."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    scripts = {
+        "squeue": f'[ -e {tmp_path}/cancelled ] || printf "%s" "{listed}"',
+        "scancel": f'echo "scancel $*" >> {log}; touch {tmp_path}/cancelled',
+        "snakemake": f'echo "snakemake $*" >> {log}',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "100", "SNAKEMAKE": str(bin_dir / "snakemake"),
+        "KLSTUDY_PYTHON": str(ROOT / ".venv/bin/python"), "CONFIG": str(ROOT / "config.yaml"), "HOME": str(tmp_path),
+    }  # fmt: skip
+    return env, log
+
+
+def test_the_driver_cancels_only_snakemakes_jobs_left_in_its_real_directory(tmp_path):
+    """squeue's %Z is the physical directory: a driver started through a symbolic link still finds its jobs there,
+    and cancels only Snakemake's (the plugin's run-UUID name and rule_ comment), never a salloc or a job submitted by
+    hand from the same directory, nor Snakemake's jobs of another directory."""
+    real = tmp_path / "clone"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    listed = (
+        f"100|klstudy-driver|{real}|\n"  # this driver
+        f"101|{UUID}|{real}|rule_train_rl_wildcards_onpolicy_tiny\n"  # left by a driver killed outright
+        f"102|interactive|{real}|\n"  # salloc
+        f"103|myjob|{real}|rule_mine\n"  # by hand, with a comment
+        f"104|{UUID}|/elsewhere|rule_train_rl\n"  # another clone's
+    )
+    env, log = fake_slurm(tmp_path, listed)
+    done = subprocess.run(["bash", str(ROOT / "slurm/driver.sbatch")], cwd=tmp_path / "link", env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0] == "scancel 101", calls
+    assert calls[1].startswith("snakemake --profile slurm") and "--rerun-incomplete" in calls[1], calls
+
+
+def test_the_driver_refuses_to_start_while_an_input_from_the_hub_is_not_staged(tmp_path):
+    env, log = fake_slurm(tmp_path, "")
+    env["CONFIG"] = str(ROOT / "config/pilot.yaml")
+    done = subprocess.run(["bash", str(ROOT / "slurm/driver.sbatch")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "make stage CONFIG=" in done.stderr and "results/models/qwen2.5-0.5b" in done.stderr
+    assert not log.exists(), "nothing submitted"
+    assert preflight.unstaged(paper(), tmp_path)[-1] == "results/models/qwen3-4b-instruct-2507"
+    assert preflight.unstaged(validate_config(yaml.safe_load((ROOT / "config.yaml").read_text())), tmp_path) == []

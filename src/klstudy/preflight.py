@@ -97,7 +97,9 @@ def hub_checks(config: dict, root: Path, client=None) -> list[Check]:
     if not repos:
         return [Check("hub", OK, "nothing to download")]
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return [Check("hub", SKIP, f"HF_HUB_OFFLINE is set: {len(repos)} repositories from the cache (HF_HOME)")]
+        return [
+            Check("hub", SKIP, f"HF_HUB_OFFLINE is set: {len(repos)} repositories not asked, from the cache (HF_HOME)")
+        ]
     from huggingface_hub import get_token
 
     client = client or hub_client()
@@ -118,6 +120,25 @@ def hub_checks(config: dict, root: Path, client=None) -> list[Check]:
         else:
             checks.append(Check(f"{key} ({repo})", OK, "accessible"))
     return checks
+
+
+def unstaged(config: dict, root: Path) -> list[str]:
+    """The staged inputs (results/data/<name>.jsonl, results/models/<name>) that come from the hub and are not there
+    yet: what a driver without network (HF_HUB_OFFLINE=1, slurm/driver.sbatch) cannot make. Inputs built or generated
+    here, or copied from a local_dir, need no network and are left to the run."""
+    missing = [
+        f"results/data/{name}.jsonl"
+        for name, spec in config["data"].items()
+        if spec.get("hub_id") and not spec.get("local_dir") and not (root / f"results/data/{name}.jsonl").exists()
+    ]
+    missing += [
+        f"results/models/{name}"
+        for name, spec in config["models"].items()
+        if (spec.get("hub_id") or spec.get("package"))  # a hub model, or a GGUF file from a PyPI package
+        and not spec.get("local_dir")
+        and not (root / f"results/models/{name}").exists()
+    ]
+    return missing
 
 
 # -------------------------------------------------------------------------------------------------------- the sources
