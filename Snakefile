@@ -41,7 +41,7 @@ onstart:
     if workflow.non_local_exec:
         from klstudy.preflight import run_before_submitting
 
-        run_before_submitting(config, Path.cwd())
+        run_before_submitting(config, Path.cwd(), jobs=workflow.resource_settings.nodes)
 
 
 report: "workflow/report/workflow.rst"

@@ -378,3 +378,16 @@ def test_the_driver_refuses_to_start_while_an_input_from_the_hub_is_not_staged(t
     assert not log.exists(), "nothing submitted"
     assert preflight.unstaged(paper(), tmp_path)[-1] == "results/models/qwen3-4b-instruct-2507"
     assert preflight.unstaged(validate_config(yaml.safe_load((ROOT / "config.yaml").read_text())), tmp_path) == []
+
+
+def test_jobs_above_the_per_user_submit_limit_warn():
+    """The profile's jobs against the association's MaxSubmit and the QOS's MaxSubmitPU: a warning, not a failure."""
+    assert preflight.profile_jobs() == 100
+    row = preflight.submit_limit_check(100, "long", fake_run("50\n", qos="normal|20\nlong|80\n"))
+    assert row.status == preflight.WARN and "limit 50" in row.detail and "slurm/profile.yaml" in row.remedy
+    row = preflight.submit_limit_check(100, "long", fake_run("\n", qos="normal|20\nlong|80\n"))
+    assert row.status == preflight.WARN and "limit 80" in row.detail  # the QOS's, not another QOS's
+    assert preflight.submit_limit_check(100, None, fake_run("\n")).status == preflight.OK
+    assert preflight.submit_limit_check(100, None, fake_run("", fails=["assoc"])).status == preflight.SKIP
+    row = preflight.submit_limit_check(100, None, fake_run("50\n"))
+    assert "-> lower jobs in slurm/profile.yaml to 50" in preflight.table([row])  # a warning's remedy is printed

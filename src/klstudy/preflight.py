@@ -23,7 +23,7 @@ from pathlib import Path
 
 from klstudy import estimate
 
-OK, FAIL, SKIP = "ok", "FAIL", "skip"
+OK, FAIL, SKIP, WARN = "ok", "FAIL", "skip", "warn"  # a warning does not fail the preflight
 # Datasets whose hub source is not a known public copy: staged only from a local copy.
 NO_PUBLIC_COPY = {"math_squared"}
 
@@ -417,7 +417,50 @@ def stage_checks(config: dict, found: dict[str, Partition], qos_minutes: int | N
     return checks
 
 
-def slurm_checks(config: dict, run=subprocess.run) -> list[Check]:
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def profile_jobs(root: Path = REPOSITORY) -> int | None:
+    """``jobs`` of slurm/profile.yaml: the jobs Snakemake keeps queued or running at once."""
+    import yaml
+
+    try:
+        return yaml.safe_load((root / "slurm/profile.yaml").read_text()).get("jobs")
+    except (OSError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def submit_limit_check(jobs: int | None, qos: str | None, run=subprocess.run) -> Check:
+    """The profile's ``jobs`` against the per-user submit limits: the association's MaxSubmit and the QOS's
+    MaxSubmitPU (sacctmgr). Above them, sbatch refuses the jobs beyond the limit: a warning, as they are retried."""
+    what = f"jobs at once ({jobs})"
+    if not jobs:
+        return Check(what, SKIP, "no jobs in slurm/profile.yaml")
+    commands = [["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={getpass.getuser()}", "format=MaxSubmit"]]
+    if qos:
+        commands.append(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxSubmitPU"])
+    limits = []
+    for command in commands:
+        try:
+            done = run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as error:
+            return Check(what, SKIP, f"sacctmgr cannot run here ({error}): submit limits not checked")
+        if done.returncode:
+            return Check(what, SKIP, f"sacctmgr refused ({(done.stderr or '').strip()[:160]}): limits not checked")
+        for line in done.stdout.splitlines():
+            fields = line.strip().split("|")
+            if "qos" in command and fields[0].lower() != qos.lower():
+                continue
+            limits += [int(fields[-1])] if fields[-1].isdigit() else []
+    if not limits or jobs <= min(limits):
+        return Check(what, OK, f"within MaxSubmit {min(limits)}" if limits else "no per-user submit limit")
+    return Check(
+        what, WARN, f"above the per-user submit limit {min(limits)}: sbatch refuses the jobs beyond it",
+        f"lower jobs in slurm/profile.yaml to {min(limits)} (or `--jobs {min(limits)}`)",
+    )  # fmt: skip
+
+
+def slurm_checks(config: dict, run=subprocess.run, jobs: int | None = None) -> list[Check]:
     if shutil.which("sinfo") is None:
         return [Check("SLURM", SKIP, "no sinfo here (a run without SLURM): account, partitions, GPUs not checked")]
     try:
@@ -425,7 +468,13 @@ def slurm_checks(config: dict, run=subprocess.run) -> list[Check]:
     except (OSError, subprocess.SubprocessError, ValueError) as error:
         return [Check("SLURM", FAIL, f"sinfo failed: {error}", "run where the cluster's commands work")]
     qos_rows, qos_minutes = qos_check(config["cluster"].get("qos"), run)
-    return [account_check(config["cluster"]["account"], run), *qos_rows, *stage_checks(config, found, qos_minutes)]
+    limit = submit_limit_check(jobs or profile_jobs(), config["cluster"].get("qos"), run)
+    return [
+        account_check(config["cluster"]["account"], run),
+        *qos_rows,
+        limit,
+        *stage_checks(config, found, qos_minutes),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------- disk
@@ -448,9 +497,9 @@ def disk_check(config: dict, root: Path) -> Check:
 # ------------------------------------------------------------------------------------------------------------ together
 
 
-def checks(config: dict, root: Path, hub: bool = True, client=None) -> list[Check]:
+def checks(config: dict, root: Path, hub: bool = True, client=None, jobs: int | None = None) -> list[Check]:
     rows = hub_checks(config, root, client) if hub else [Check("hub", SKIP, "--no-hub: not checked")]
-    return [*rows, *source_checks(config, root), *slurm_checks(config), disk_check(config, root)]
+    return [*rows, *source_checks(config, root), *slurm_checks(config, jobs=jobs), disk_check(config, root)]
 
 
 def table(rows: list[Check]) -> str:
@@ -458,26 +507,26 @@ def table(rows: list[Check]) -> str:
     lines = [f"{'check':<{width}}  {'status':<6}  detail", f"{'-' * width}  ------  ------"]
     for r in rows:
         lines.append(f"{r.what:<{width}}  {r.status:<6}  {r.detail}")
-        if r.remedy and r.status == FAIL:
+        if r.remedy and r.status in (FAIL, WARN):
             lines.append(f"{'':<{width}}  {'':<6}  -> {r.remedy}")
     return "\n".join(lines)
 
 
-def report(config: dict, root: Path, hub: bool = True, client=None) -> tuple[bool, str]:
-    """(every check passed, the table and the estimates)."""
-    rows = checks(config, root, hub, client)
+def report(config: dict, root: Path, hub: bool = True, client=None, jobs: int | None = None) -> tuple[bool, str]:
+    """(every check passed, the table and the estimates); ``jobs``: Snakemake's --jobs, else the profile's."""
+    rows = checks(config, root, hub, client, jobs)
     failed = [r for r in rows if r.status == FAIL]
     verdict = f"preflight: {len(failed)} of {len(rows)} checks failed" if failed else "preflight: all checks pass"
     return not failed, "\n".join([table(rows), "", *estimate.summary(config), verdict])
 
 
-def run_before_submitting(config: dict, root: Path) -> None:
+def run_before_submitting(config: dict, root: Path, jobs: int | None = None) -> None:
     """The Snakefile's onstart: the preflight, or a line that says what is skipped; a failure stops the run."""
     if not config["preflight"]:
         print("preflight skipped (preflight=False): hub access, data sources, SLURM account, partitions, time limits,"
               " GPUs and disk are not checked", flush=True)  # fmt: skip
         return
-    passed, text = report(config, root)
+    passed, text = report(config, root, jobs=jobs)
     print(text, flush=True)
     if not passed:
         raise SystemExit("preflight failed: fix the rows marked FAIL, or run with --config preflight=False")

@@ -122,6 +122,9 @@ def retry_runtime(stage):
     return runtime
 
 
+TRAIN_RETRIES = 3 if workflow.non_local_exec else None  # None: the command line's --retries (train.smk)
+
+
 def job_resources(stage):
     """The scheduler resources of a kind of job (config `resources` and `cluster`).
 
