@@ -4,8 +4,9 @@ job is submitted, in one table with a remedy per failing row.
 - hub: every hub model and dataset of the config can be downloaded with this machine's token (huggingface_hub's
   ``auth_check``; a revision other than main with ``repo_info``); each of the hub's errors becomes one sentence.
 - sources: every dataset and model with ``local_dir`` has it; a dataset with no known public copy (MATH²) has one.
-- SLURM (skipped where there is no ``sinfo``: a local run): the account, each kind of job's partition, its runtime
-  against the partition's MaxTime, and GPUs of the asked kind in the GPU partition.
+- SLURM (skipped where there is no ``sinfo``: a local run): the account, the QOS, the profile's jobs against the
+  per-user submit limit, each kind of job's partition(s), its runtime against the partition's MaxTime and the QOS's
+  MaxWall, GPUs of the asked kind in the GPU partition, and a node with them that has the job's memory and CPUs.
 - disk: free space under results/ against the run's peak (estimate.py), which is printed with the GPU-hours.
 
 `snakemake --profile slurm` runs it (the Snakefile's ``onstart``) unless ``--config preflight=False``.
@@ -270,11 +271,6 @@ def runtime_cap(partition: str | None, qos: str | None, run=subprocess.run) -> i
             pass
     limits = [limit for limit in limits if limit is not None]
     return min(limits) if limits else None
-
-
-def partition_max_minutes(name: str | None) -> int | None:
-    """MaxTime of partition ``name`` (the default partition for None), or None when unknown or unlimited."""
-    return runtime_cap(name, None)
 
 
 MIG = re.compile(r"^\d+g\.\d+gb$")  # a MIG slice's GRES type (gpu:1g.10gb:7), not a whole GPU
