@@ -348,3 +348,14 @@ def test_training_slots_cap_the_cells_training_at_once(tmp_path):
     cell = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/summary.json"
     dry = snakemake(cell, "-n", "--cores", "1", "--configfile", str(tmp_path / "config.yaml"), cwd=tmp_path)
     assert re.search(r"rule train_rl:.*?resources: [^\n]*training_slots=1", dry, re.S), dry[-2000:]
+
+
+def test_make_stage_for_slurm_stages_every_input_and_nothing_else(tmp_path):
+    """`make stage` (on the login node, before a driver without network): the `stage` target is every dataset and
+    base model of the config, and no job that would be submitted."""
+    make = subprocess.run(["make", "-n", "stage", "CONFIG=config/pilot.yaml"], cwd=ROOT, capture_output=True, text=True)
+    assert "snakemake stage --cores 2 --configfile config/pilot.yaml" in make.stdout, make.stdout + make.stderr
+    pilot = yaml.safe_load((ROOT / "config/pilot.yaml").read_text())
+    out = snakemake("stage", "-n", "--cores", "2", "--configfile", str(ROOT / "config/pilot.yaml"), cwd=tmp_path)
+    counts = job_counts(out)
+    assert counts == {"prepare_data": len(pilot["data"]), "base_model": len(pilot["models"]), "stage": 1}, counts
