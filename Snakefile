@@ -41,6 +41,9 @@ onstart:
     if workflow.non_local_exec:
         from klstudy.preflight import run_before_submitting
 
+        train_rl = workflow.get_rule("train_rl")
+        train_rl.restart_times = max(CLUSTER_TRAIN_RETRIES, workflow.execution_settings.retries)
+
         run_before_submitting(config, Path.cwd(), jobs=workflow.resource_settings.nodes)
 
 

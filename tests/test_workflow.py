@@ -359,3 +359,36 @@ def test_make_stage_for_slurm_stages_every_input_and_nothing_else(tmp_path):
     out = snakemake("stage", "-n", "--cores", "2", "--configfile", str(ROOT / "config/pilot.yaml"), cwd=tmp_path)
     counts = job_counts(out)
     assert counts == {"prepare_data": len(pilot["data"]), "base_model": len(pilot["models"]), "stage": 1}, counts
+
+
+def test_on_a_slurm_cluster_a_training_cell_is_retried_three_times(tmp_path):
+    """Once the executor is known (the Snakefile's onstart, where a non-local executor such as SLURM's runs it), train_rl
+    is retried 3 times and every other rule as --retries says; locally nothing changes."""
+    from types import SimpleNamespace
+
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        ExecutionSettings,
+        OutputSettings,
+        ResourceSettings,
+    )
+
+    with SnakemakeApi(OutputSettings()) as api:
+        workflow_api = api.workflow(
+            resource_settings=ResourceSettings(cores=1),
+            config_settings=ConfigSettings(configfiles=[ROOT / "config.yaml"], config={"preflight": False}),
+            snakefile=ROOT / "Snakefile",
+            workdir=tmp_path,
+        )
+        workflow_api.dag(DAGSettings())
+        workflow = workflow_api._workflow
+        workflow.execution_settings = ExecutionSettings(retries=1)
+        workflow._executor_plugin = SimpleNamespace(common_settings=SimpleNamespace(local_exec=True))
+        workflow._onstart(None)
+        assert workflow.get_rule("train_rl")._restart_times is None  # locally: --retries
+        workflow._executor_plugin = SimpleNamespace(common_settings=SimpleNamespace(local_exec=False))
+        workflow._onstart(None)
+        assert workflow.get_rule("train_rl")._restart_times == 3
+        assert workflow.get_rule("evaluate_cell")._restart_times is None  # --retries: the profile's 1

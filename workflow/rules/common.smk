@@ -122,7 +122,10 @@ def retry_runtime(stage):
     return runtime
 
 
-TRAIN_RETRIES = 3 if workflow.non_local_exec else None  # None: the command line's --retries (train.smk)
+# On a cluster a training cell may be killed more than once (its time limit, a preempted or lost node) and resumes from
+# its checkpoint each time: it is retried this often (the Snakefile's onstart, once the executor is known), other jobs
+# as --retries says (the profile's 1). Locally, as --retries says (none by default).
+CLUSTER_TRAIN_RETRIES = 3
 
 
 def job_resources(stage):

@@ -24,9 +24,6 @@ rule train_rl:
     benchmark:
         f"results/benchmarks/train/{RUN_PATH}.tsv"
     threads: threads_of("train")
-    # On a cluster a cell may be killed more than once (its time limit, a preempted or lost node) and resumes from its
-    # checkpoint each time: three retries; other jobs keep the profile's one. Locally, no retry.
-    retries: TRAIN_RETRIES
     resources:
         **job_resources("train"),
     conda:
