@@ -362,8 +362,8 @@ def test_make_stage_for_slurm_stages_every_input_and_nothing_else(tmp_path):
 
 
 def test_on_a_slurm_cluster_a_training_cell_is_retried_three_times(tmp_path):
-    """Once the executor is known (the Snakefile's onstart, where a non-local executor such as SLURM's runs it), train_rl
-    is retried 3 times and every other rule as --retries says; locally nothing changes."""
+    """Once the executor is known (the Snakefile's onstart, where a non-local executor such as SLURM's runs it),
+    train_rl is retried 3 times and every other rule as --retries says; locally nothing changes."""
     from types import SimpleNamespace
 
     from snakemake.api import SnakemakeApi
