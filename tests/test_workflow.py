@@ -392,3 +392,37 @@ def test_on_a_slurm_cluster_a_training_cell_is_retried_three_times(tmp_path):
         workflow._onstart(None)
         assert workflow.get_rule("train_rl")._restart_times == 3
         assert workflow.get_rule("evaluate_cell")._restart_times is None  # --retries: the profile's 1
+
+
+def test_a_slurm_jobs_caches_go_under_its_tmpdir_or_results_cache(tmp_path):
+    """Every job's shell prefix: inside a SLURM job, vLLM's, triton's and inductor's caches go under TMPDIR (else
+    results/cache), not the home directory; one set beforehand is kept; outside SLURM nothing is set."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+    from snakemake.shell import shell
+
+    with SnakemakeApi(OutputSettings()) as api:
+        workflow_api = api.workflow(
+            resource_settings=ResourceSettings(cores=1),
+            config_settings=ConfigSettings(configfiles=[ROOT / "config.yaml"]),
+            snakefile=ROOT / "Snakefile",
+            workdir=tmp_path,
+        )
+        workflow_api.dag(DAGSettings())
+        prefix = shell._process_prefix
+
+    def caches(**env) -> dict:
+        script = prefix + 'echo "${VLLM_CACHE_ROOT:-}|${TRITON_CACHE_DIR:-}|${TORCHINDUCTOR_CACHE_DIR:-}"'
+        out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={"PATH": "/usr/bin:/bin", **env},
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return out.strip().split("|")
+
+    assert caches() == ["", "", ""]
+    under = f"{tmp_path}/scratch/klstudy-cache"
+    assert caches(SLURM_JOB_ID="7", TMPDIR=f"{tmp_path}/scratch") == [
+        f"{under}/vllm",
+        f"{under}/triton",
+        f"{under}/inductor",
+    ]
+    assert caches(SLURM_JOB_ID="7")[1] == f"{tmp_path}/results/cache/klstudy-cache/triton"
+    assert caches(SLURM_JOB_ID="7", VLLM_CACHE_ROOT="/big/vllm")[0] == "/big/vllm"

@@ -37,7 +37,8 @@ _USES_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_
 # directory, which is often small on a cluster; a cache directory set beforehand is kept.
 _CACHES = (
     'if [ -n "${{SLURM_JOB_ID:-}}" ]; then _cache="${{TMPDIR:-$PWD/results/cache}}/klstudy-cache"; '
-    'export VLLM_CACHE_ROOT="${{VLLM_CACHE_ROOT:-$_cache/vllm}}" TRITON_CACHE_DIR="${{TRITON_CACHE_DIR:-$_cache/triton}}"'
+    'export VLLM_CACHE_ROOT="${{VLLM_CACHE_ROOT:-$_cache/vllm}}"'
+    ' TRITON_CACHE_DIR="${{TRITON_CACHE_DIR:-$_cache/triton}}"'
     ' TORCHINDUCTOR_CACHE_DIR="${{TORCHINDUCTOR_CACHE_DIR:-$_cache/inductor}}"; fi; '
 )
 shell.prefix(
@@ -132,7 +133,8 @@ def job_resources(stage):
     """The scheduler resources of a kind of job (config `resources` and `cluster`).
 
     GPUs are asked per node (`gres: gpu[:MODEL]:N`, or --gpus-per-node with cluster.gpu_request, with `nodes`), never
-    as the plugin's `gpu`, which becomes --gpus, GPUs for the whole job. `local_gpus` is what one machine's `klstudy drive --gpus` counts (no scheduler)."""
+    as the plugin's `gpu`, which becomes --gpus, GPUs for the whole job. `local_gpus` is what one machine's `klstudy
+    drive --gpus` counts (no scheduler)."""
     spec = config["resources"][stage]
     cluster = config["cluster"]
     resources = dict(runtime=retry_runtime(stage), mem_mb=spec["mem_mb"], cpus_per_task=spec["cpus"])
