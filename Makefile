@@ -10,7 +10,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_FLAVOUR ?= auto
 PIP_FLAGS ?=  # e.g. --no-compile: CI's throwaway venvs of other Pythons skip writing .pyc files (half the install's CPU)
 
-.PHONY: venv study status preflight driver test test-fast test-all test-gpu test-vllm vllm-env lint clean
+.PHONY: venv study status preflight stage driver test test-fast test-all test-gpu test-vllm vllm-env lint clean
 
 venv: $(INSTALLED)
 
@@ -54,6 +54,13 @@ preflight: $(INSTALLED)
 ## Its config is config/paper.yaml unless CONFIG is given (the embedded default is no cluster run).
 SBATCH_FLAGS ?=
 DRIVER_CONFIG = $(if $(filter command line environment,$(origin CONFIG)),$(CONFIG),config/paper.yaml)
+
+## Every dataset and base model of the config (the inputs of every job), on the login node where the hub is reachable:
+## the driver job sets HF_HUB_OFFLINE=1, as compute nodes often have no network, and refuses to start without them.
+## Its config is config/paper.yaml unless CONFIG is given. No SLURM: staging runs here, with two cores.
+stage: $(INSTALLED)
+	$(BIN)/snakemake stage --cores 2 --configfile $(DRIVER_CONFIG)
+
 driver: $(INSTALLED)
 	mkdir -p logs
 	CONFIG="$(DRIVER_CONFIG)" sbatch $(SBATCH_FLAGS) slurm/driver.sbatch

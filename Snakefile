@@ -41,7 +41,10 @@ onstart:
     if workflow.non_local_exec:
         from klstudy.preflight import run_before_submitting
 
-        run_before_submitting(config, Path.cwd())
+        train_rl = workflow.get_rule("train_rl")
+        train_rl.restart_times = max(CLUSTER_TRAIN_RETRIES, workflow.execution_settings.retries)
+
+        run_before_submitting(config, Path.cwd(), jobs=workflow.resource_settings.nodes)
 
 
 report: "workflow/report/workflow.rst"
@@ -54,6 +57,7 @@ include: "workflow/rules/common.smk"
 # nodes), and the others are seconds of pandas and matplotlib.
 localrules:
     all,
+    stage,
     prepare_data,
     base_model,
     toy_unbiasedness,
@@ -72,6 +76,12 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/figures.smk"
+
+
+# `make stage`: every dataset and base model, on the login node, before a driver on a compute node without network.
+rule stage:
+    input:
+        input_outputs(),
 
 
 rule all:

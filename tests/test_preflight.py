@@ -2,6 +2,7 @@
 huggingface_hub's real exceptions, the cluster's `sinfo` by its text, and the estimates against docs/cost.md's
 numbers. tests/test_slurm.py runs the SLURM rows against a real local SLURM."""
 
+import subprocess
 from pathlib import Path
 
 import httpx2
@@ -100,16 +101,25 @@ def test_math_squared_without_a_copy_names_both_ways_out(tmp_path):
 
 
 SINFO = """\
-cpu*|1-00:00:00|(null)
-gpu|2-00:00:00|gpu:a100:8(S:0-1)
-gpu|2-00:00:00|gpu:h100:4(S:0)
-short|30:00|gpu:a100:8
+cpu*|1-00:00:00|(null)|192000|64
+gpu|2-00:00:00|gpu:a100:8(S:0-1)|1024000|128
+gpu|2-00:00:00|gpu:a100:8(S:0-1)|1024000|128
+gpu|2-00:00:00|gpu:h100:4(S:0)|512000|64
+short|30:00|gpu:a100:8|1024000|128
 """
 
 
-def fake_run(text):
-    def run(command, **kwargs):
-        return type("Done", (), {"stdout": text, "returncode": 0})()
+def fake_run(text, qos="", fails=()):
+    """subprocess.run for sinfo (``text``) and sacctmgr (``qos`` for show qos, ``text`` for accounts); a command
+    whose word is in ``fails`` exits 1 as sacctmgr does where users may not run it."""
+
+    def run(command, check=False, **kwargs):
+        if any(word in command for word in fails):
+            if check:
+                raise subprocess.CalledProcessError(1, command, stderr="Access/permission denied")
+            return type("Done", (), {"stdout": "", "stderr": "sacctmgr: Access/permission denied", "returncode": 1})()
+        out = qos if "qos" in command else text
+        return type("Done", (), {"stdout": out, "stderr": "", "returncode": 0})()
 
     return run
 
@@ -117,7 +127,8 @@ def fake_run(text):
 def test_partitions_and_their_limits_are_read_from_sinfo():
     found = preflight.partitions(fake_run(SINFO))
     assert found["cpu"].default and found["cpu"].max_minutes == 1440 and found["short"].max_minutes == 30
-    assert found["gpu"].gres == ["gpu:a100:8(S:0-1)", "gpu:h100:4(S:0)"]
+    assert found["gpu"].gres == ["gpu:a100:8(S:0-1)", "gpu:h100:4(S:0)"] and len(found["gpu"].nodes) == 3
+    assert found["gpu"].nodes[2] == preflight.Node(["gpu:h100:4(S:0)"], 512000, 64)
     assert preflight.gpus_in(found["gpu"].gres, "h100") == 4 and preflight.gpus_in(found["gpu"].gres, None) == 8
     assert [preflight.minutes(t) for t in ("2-00:00:00", "1:30:00", "30:00", "45", "infinite")] == [
         2880,
@@ -126,6 +137,30 @@ def test_partitions_and_their_limits_are_read_from_sinfo():
         45,
         None,
     ]
+
+
+def test_sinfo_gres_with_sockets_mig_slices_cluster_headers_and_partition_lists():
+    """gpu:a100:4(S:0,2) is one entry; MIG slices are not whole GPUs without a gpu_model (and are named); the CLUSTER:
+    lines of SLURM_CLUSTERS are skipped; cluster.gpu_partition may be a comma-separated list."""
+    text = (
+        "CLUSTER: alpha\n"
+        "gpu|2-00:00:00|gpu:a100:4(S:0,2),shard:a100:16(S:0,2)|512000|64\n"
+        "mig|2-00:00:00|gpu:1g.10gb:7(S:0)|512000|64\n"
+    )
+    found = preflight.partitions(fake_run(text))
+    assert found["gpu"].gres == ["gpu:a100:4(S:0,2)", "shard:a100:16(S:0,2)"], found["gpu"].gres
+    assert preflight.gpus_in(found["gpu"].gres, None) == 4 and preflight.gpus_in(found["mig"].gres, None) == 0
+    row = preflight.gpu_check("evaluate", 1, None, [found["mig"]])
+    assert row.status == preflight.FAIL and "MIG slices, not counted as GPUs: gpu:1g.10gb:7(S:0)" in row.detail
+    assert preflight.gpus_in(found["mig"].gres, "1g.10gb") == 7  # asked by name, a slice is what is wanted
+    config = paper(gpu_partition="mig,gpu", gpu_model="a100")
+    config["resources"]["train"].update(gpus=4, mem_mb=400000, cpus=32)
+    rows = {row.what: row for row in preflight.stage_checks(config, found)}
+    assert all(row.status == preflight.OK for what, row in rows.items() if what.startswith("train")), rows
+    assert "on mig,gpu" in rows["train: runtime"].detail
+    config["cluster"]["gpu_partition"] = "gpu,nope"
+    rows = {row.what: row for row in preflight.stage_checks(config, found)}
+    assert rows["train: partition nope"].status == preflight.FAIL
 
 
 @pytest.mark.parametrize(
@@ -148,10 +183,66 @@ def test_each_slurm_row_fails_with_its_remedy(cluster, failing, words):
     assert words in row.detail + " " + row.remedy, row
 
 
+@pytest.mark.parametrize(
+    "resources, words",
+    [
+        ({"mem_mb": 2000000}, "lower resources.train.mem_mb to 1024000"),
+        ({"cpus": 256}, "resources.train.cpus to 128 at most"),
+        ({"nodes": 3}, "on 3 node(s); 2 of the 2 nodes with its GPUs fit"),
+    ],
+)
+def test_a_gpu_job_larger_than_the_nodes_with_its_gpus_fails(resources, words):
+    """Memory and CPUs are checked on the nodes that have the GPUs: the h100 node's 512 GB do not count for a100s."""
+    config = paper(gpu_partition="gpu", gpu_model="a100")
+    config["resources"]["train"].update(mem_mb=1024000, cpus=128)
+    rows = {row.what: row for row in preflight.stage_checks(config, preflight.partitions(fake_run(SINFO)))}
+    assert rows["train: node size"].status == preflight.OK, rows["train: node size"]
+    config["resources"]["train"].update(resources)
+    rows = {row.what: row for row in preflight.stage_checks(config, preflight.partitions(fake_run(SINFO)))}
+    row = rows["train: node size"]
+    assert row.status == preflight.FAIL and words in row.detail + " " + row.remedy, row
+    config = paper(gpu_partition="gpu", gpu_model="h100")
+    config["resources"]["train"].update(gpus=4, mem_mb=600000)
+    rows = {row.what: row for row in preflight.stage_checks(config, preflight.partitions(fake_run(SINFO)))}
+    assert rows["train: node size"].status == preflight.FAIL and "at most 512000 MB" in rows["train: node size"].detail
+
+
+QOS = "normal|\nlong|7-00:00:00\nshort|04:00:00\n"
+
+
+def test_the_qos_maxwall_caps_the_runtime_and_the_retry(monkeypatch):
+    """A runtime that fits the partition but not the QOS fails; the retry's cap is the smaller of the two, and with
+    an unlimited partition and no QOS limit there is none (the retry asks twice the runtime)."""
+    run = fake_run(SINFO, qos=QOS)
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: "/usr/bin/" + name)
+    rows = {row.what: row for row in preflight.slurm_checks(paper(gpu_partition="gpu", qos="short"), run)}
+    assert rows["SLURM QOS short"].status == preflight.OK and "MaxWall 240 min" in rows["SLURM QOS short"].detail
+    assert rows["train: runtime"].status == preflight.FAIL
+    assert "2880 min > QOS short's MaxWall 240 min" in rows["train: runtime"].detail
+    rows = {row.what: row for row in preflight.slurm_checks(paper(gpu_partition="gpu", qos="long"), run)}
+    assert rows["train: runtime"].status == preflight.OK and "gpu's MaxTime 2880 min" in rows["train: runtime"].detail
+    rows = {row.what: row for row in preflight.slurm_checks(paper(gpu_partition="gpu", qos="nope"), run)}
+    assert rows["SLURM QOS nope"].status == preflight.FAIL and "long, normal, short" in rows["SLURM QOS nope"].remedy
+    rows = {row.what: row for row in preflight.slurm_checks(paper(qos="long"), fake_run(SINFO, fails=["qos"]))}
+    assert rows["SLURM QOS long"].status == preflight.SKIP and "permission denied" in rows["SLURM QOS long"].detail
+    assert preflight.runtime_cap("gpu", "short", run) == 240 and preflight.runtime_cap("gpu", "long", run) == 2880
+    assert preflight.runtime_cap("gpu", "normal", run) == 2880 and preflight.runtime_cap("short", None, run) == 30
+    unlimited = fake_run("gpu|infinite|gpu:8|1000|8\n", qos=QOS)
+    assert preflight.runtime_cap("gpu", None, unlimited) is None
+    assert preflight.runtime_cap("gpu", "normal", unlimited) is None
+    assert preflight.runtime_cap("gpu", "short", unlimited) == 240
+
+
 def test_an_account_the_user_lacks_fails_naming_the_users_accounts():
     row = preflight.account_check("other", fake_run("klstudy\nphysics\n"))
     assert row.status == preflight.FAIL and "has: klstudy, physics" in row.detail and "cluster.account" in row.remedy
     assert preflight.account_check("physics", fake_run("klstudy\nphysics\n")).status == preflight.OK
+    assert preflight.account_check("Physics", fake_run("physics\n")).status == preflight.OK  # SLURM lowercases names
+
+
+def test_an_account_sacctmgr_may_not_read_is_skipped_with_the_reason():
+    row = preflight.account_check("physics", fake_run("", fails=["assoc"]))
+    assert row.status == preflight.SKIP and "permission denied" in row.detail, row
 
 
 def test_no_slurm_here_skips_the_slurm_rows(monkeypatch):
@@ -163,14 +254,15 @@ def test_no_slurm_here_skips_the_slurm_rows(monkeypatch):
 def test_disk_short_of_the_peak_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 10**12})())
     row = preflight.disk_check(paper(), tmp_path)
-    assert row.status == preflight.FAIL and "1,000 GB free, peak 3,890 GB" in row.detail
-    assert preflight.disk_check(paper(training_slots=1), tmp_path).detail.endswith("peak 2,546 GB")
+    assert row.status == preflight.FAIL and "1,000 GB free, peak 4,658 GB" in row.detail
+    assert preflight.disk_check(paper(training_slots=1), tmp_path).detail.endswith("peak 2,642 GB")
 
 
 def test_the_peak_disk_is_docs_cost_md_s_per_part():
-    """docs/cost.md's table: final models 2.2 TB, snapshots 152 GB, base models 39 GB, checkpoints 2 × 96 GB a cell."""
+    """docs/cost.md's table: final models 2.2 TB, snapshots 152 GB, base models 39 GB, checkpoints 3 × 96 GB a cell
+    (two kept, and Trainer writes the next before it deletes the oldest)."""
     parts = {what.split(" (")[0]: round(size / estimate.GB) for what, size in estimate.peak_disk(paper()).parts.items()}
-    assert parts == {"final models": 2163, "Fig. 12 snapshots": 152, "base models": 39, "checkpoints": 1536}
+    assert parts == {"final models": 2163, "Fig. 12 snapshots": 152, "base models": 39, "checkpoints": 2304}
 
 
 def test_gpu_hours_scale_with_the_assumed_throughput_and_name_unknown_sizes():
@@ -216,3 +308,86 @@ def test_the_docs_quote_the_computed_costs():
         in docs["docs/running.md"]
     )
     assert f"`config/pilot.yaml`) {pilot_disk:.0f} GB" in docs["docs/cost.md"]
+
+
+def test_the_processes_follow_slurms_gpus_or_cuda_visible_devices():
+    """--gpus-per-node sets SLURM_GPUS_ON_NODE as --gres does; a SLURM job without it counts CUDA_VISIBLE_DEVICES."""
+    from klstudy.devices import allocated_processes
+
+    assert allocated_processes(8, {"SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_NUM_NODES": "2"}) == 8
+    assert allocated_processes(4, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 4
+    with pytest.raises(SystemExit, match="2 GPUs on each of 1 nodes"):
+        allocated_processes(4, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert allocated_processes(4, {"CUDA_VISIBLE_DEVICES": "0,1"}) == 4  # no SLURM: the config's count
+
+
+# ------------------------------------------------------------------------------------------------- slurm/driver.sbatch
+
+UUID = "0b6f1c9e-3d2a-4c1b-9f00-123456789abc"
+
+
+def fake_slurm(tmp_path: Path, listed: str) -> tuple[dict, Path]:
+    """squeue that lists ``listed`` ("id|name|dir|comment" lines) until scancel is called, scancel that records its
+    arguments, and a Snakemake that records its own; the environment to run slurm/driver.sbatch in, and its log."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    scripts = {
+        "squeue": f'[ -e {tmp_path}/cancelled ] || printf "%s" "{listed}"',
+        "scancel": f'echo "scancel $*" >> {log}; touch {tmp_path}/cancelled',
+        "snakemake": f'echo "snakemake $*" >> {log}',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "100", "SNAKEMAKE": str(bin_dir / "snakemake"),
+        "KLSTUDY_PYTHON": str(ROOT / ".venv/bin/python"), "CONFIG": str(ROOT / "config.yaml"), "HOME": str(tmp_path),
+    }  # fmt: skip
+    return env, log
+
+
+def test_the_driver_cancels_only_snakemakes_jobs_left_in_its_real_directory(tmp_path):
+    """squeue's %Z is the physical directory: a driver started through a symbolic link still finds its jobs there,
+    and cancels only Snakemake's (the plugin's run-UUID name and rule_ comment), never a salloc or a job submitted by
+    hand from the same directory, nor Snakemake's jobs of another directory."""
+    real = tmp_path / "clone"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    listed = (
+        f"100|klstudy-driver|{real}|\n"  # this driver
+        f"101|{UUID}|{real}|rule_train_rl_wildcards_onpolicy_tiny\n"  # left by a driver killed outright
+        f"102|interactive|{real}|\n"  # salloc
+        f"103|myjob|{real}|rule_mine\n"  # by hand, with a comment
+        f"104|{UUID}|/elsewhere|rule_train_rl\n"  # another clone's
+    )
+    env, log = fake_slurm(tmp_path, listed)
+    done = subprocess.run(["bash", str(ROOT / "slurm/driver.sbatch")], cwd=tmp_path / "link", env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0] == "scancel 101", calls
+    assert calls[1].startswith("snakemake --profile slurm") and "--rerun-incomplete" in calls[1], calls
+
+
+def test_the_driver_refuses_to_start_while_an_input_from_the_hub_is_not_staged(tmp_path):
+    env, log = fake_slurm(tmp_path, "")
+    env["CONFIG"] = str(ROOT / "config/pilot.yaml")
+    done = subprocess.run(["bash", str(ROOT / "slurm/driver.sbatch")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "make stage CONFIG=" in done.stderr and "results/models/qwen2.5-0.5b" in done.stderr
+    assert not log.exists(), "nothing submitted"
+    assert preflight.unstaged(paper(), tmp_path)[-1] == "results/models/qwen3-4b-instruct-2507"
+    assert preflight.unstaged(validate_config(yaml.safe_load((ROOT / "config.yaml").read_text())), tmp_path) == []
+
+
+def test_jobs_above_the_per_user_submit_limit_warn():
+    """The profile's jobs against the association's MaxSubmit and the QOS's MaxSubmitPU: a warning, not a failure."""
+    assert preflight.profile_jobs() == 100
+    row = preflight.submit_limit_check(100, "long", fake_run("50\n", qos="normal|20\nlong|80\n"))
+    assert row.status == preflight.WARN and "limit 50" in row.detail and "slurm/profile.yaml" in row.remedy
+    row = preflight.submit_limit_check(100, "long", fake_run("\n", qos="normal|20\nlong|80\n"))
+    assert row.status == preflight.WARN and "limit 80" in row.detail  # the QOS's, not another QOS's
+    assert preflight.submit_limit_check(100, None, fake_run("\n")).status == preflight.OK
+    assert preflight.submit_limit_check(100, None, fake_run("", fails=["assoc"])).status == preflight.SKIP
+    row = preflight.submit_limit_check(100, None, fake_run("50\n"))
+    assert "-> lower jobs in slurm/profile.yaml to 50" in preflight.table([row])  # a warning's remedy is printed

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 
@@ -151,6 +152,18 @@ def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(tmp_path):
     processes = "$(python -m klstudy.devices --processes 16)"  # SLURM's 2 nodes × 8 GPUs, checked against the config
     assert "srun --nodes 2 --ntasks-per-node 1" in out
     assert f"--num_processes {processes} --num_machines $SLURM_NNODES" in out
+    # The command as the job's shell reads it: srun with the CPUs of each task (the job step drops SLURM_* variables,
+    # so srun would give one), then one bash -c word that holds the whole launch, paths quoted inside it.
+    command = shlex.split(next(line for line in out.splitlines() if "srun --nodes" in line).strip())
+    at = command.index("srun")
+    assert command[at : at + 12] == [
+        "srun", "--nodes", "2", "--ntasks-per-node", "1", "--cpus-per-task", "64", "--kill-on-bad-exit=1",
+        "--export=ALL", "bash", "-c", command[at + 11],
+    ], command  # fmt: skip
+    assert command[at + 12 : at + 15] == ["launcher", "-m", "klstudy"], command
+    script = shlex.split(command[at + 11])
+    assert script[script.index("--config_file") + 1] == str(ROOT / "config/accelerate/fsdp.yaml"), script
+    assert script[-1] == "$@" and "--machine_rank" in script, script
 
 
 def test_lint_is_clean():
@@ -260,33 +273,69 @@ def test_report_contains_figure_table_captions_and_config(reduced_run):
 
 
 class _Resources(dict):
-    __getattr__ = dict.__getitem__
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
 
 
-def test_the_sbatch_line_of_a_two_node_training_job_asks_gpus_per_node(tmp_path):
-    """The local SLURM has one node, so a job on two cannot run here: the sbatch line that the SLURM plugin builds from
-    the resources Snakemake gives a training job with resources.train.nodes = 2 asks for 8 GPUs on each of 2 nodes
-    (--gres, per node; not --gpus, per job) and one task per node (the rule's srun starts a launch on each)."""
+def training_sbatch(tmp_path, nodes: int = 1, **cluster) -> tuple[list[str], dict, str]:
+    """The words of the sbatch line the SLURM plugin builds (with its own checks of gres and slurm_extra) from the
+    resources Snakemake gives a paper training job with ``nodes`` and ``cluster`` keys; its resources and dry run."""
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 
     config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
-    config["resources"]["train"]["nodes"] = 2
-    config["cluster"].update(gpu_model="h100", gpu_partition="gpu")
+    config["resources"]["train"]["nodes"] = nodes
+    config["cluster"].update(gpu_partition="gpu", **cluster)
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
     cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
-    out = snakemake(cell, "-n", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
+    out = snakemake(cell, "-n", "-p", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
     line = re.search(r"rule train_rl:.*?\n\s+resources: (.*?)\n", out, re.S).group(1)
     resources = _Resources(
         (key, int(value) if value.isdigit() else value)
         for key, value in (item.split("=", 1) for item in line.split(", "))
     )
     job = type("Job", (), {"resources": resources, "threads": resources["cpus_per_task"]})()
+    validate_slurm_extra(job)
     params = dict(run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=None)
-    words = (get_submit_command(job, params) + set_gres_string(job)).split()  # as the plugin's run_job joins them
+    return (get_submit_command(job, params) + set_gres_string(job)).split(), resources, out  # as run_job joins them
+
+
+def test_the_sbatch_line_of_a_two_node_training_job_asks_gpus_per_node(tmp_path):
+    """The local SLURM has one node, so a job on two cannot run here: the sbatch line that the SLURM plugin builds from
+    the resources Snakemake gives a training job with resources.train.nodes = 2 asks for 8 GPUs on each of 2 nodes
+    (--gres, per node; not --gpus, per job) and one task per node (the rule's srun starts a launch on each)."""
+    words, resources, _ = training_sbatch(tmp_path, nodes=2, gpu_model="h100")
     assert {"--gres=gpu:h100:8", "--nodes=2", "--ntasks=2", "-t", "2880"} <= set(words), words
     assert not any(w.startswith(("--gpus", "--ntasks-per-gpu")) for w in words), words
     assert resources["slurm_partition"] == "gpu", resources
+
+
+def test_a_gpu_name_the_plugin_refuses_fails_the_config_and_gpus_per_node_sends_it(tmp_path):
+    """AutoDetect=nvml names GPUs like nvidia_a100-sxm4-80gb, which the plugin's gres check refuses at submission:
+    the config check refuses it first, naming the key and the way out; with gpu_request: gpus-per-node the job asks
+    --gpus-per-node=MODEL:N through slurm_extra, which the plugin lets through, and no --gres."""
+    from klstudy.config import ConfigError, validate_config
+
+    name = "nvidia_a100-sxm4-80gb"
+    config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    config["cluster"]["gpu_model"] = name
+    with pytest.raises(ConfigError, match=r"cluster.gpu_model.*gpu_request: gpus-per-node"):
+        validate_config(config)
+    words, resources, _ = training_sbatch(tmp_path, gpu_model=name, gpu_request="gpus-per-node")
+    assert f"--gpus-per-node={name}:8" in words and "--nodes=1" in words, words
+    assert not any(w.startswith(("--gres", "--gpus=")) for w in words), words
+    words, _, _ = training_sbatch(tmp_path, nodes=2, gpu_request="gpus-per-node")
+    assert {"--gpus-per-node=8", "--nodes=2", "--ntasks=2"} <= set(words), words
+
+
+def test_the_qos_is_asked_by_every_job(tmp_path):
+    words, resources, _ = training_sbatch(tmp_path, qos="long")
+    assert "--qos=long" in words, words
+    assert "--qos" not in " ".join(training_sbatch(tmp_path)[0]), "no qos unless the config names one"
 
 
 def test_training_slots_cap_the_cells_training_at_once(tmp_path):
@@ -302,3 +351,81 @@ def test_training_slots_cap_the_cells_training_at_once(tmp_path):
     cell = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/summary.json"
     dry = snakemake(cell, "-n", "--cores", "1", "--configfile", str(tmp_path / "config.yaml"), cwd=tmp_path)
     assert re.search(r"rule train_rl:.*?resources: [^\n]*training_slots=1", dry, re.S), dry[-2000:]
+
+
+def test_make_stage_for_slurm_stages_every_input_and_nothing_else(tmp_path):
+    """`make stage` (on the login node, before a driver without network): the `stage` target is every dataset and
+    base model of the config, and no job that would be submitted."""
+    make = subprocess.run(["make", "-n", "stage", "CONFIG=config/pilot.yaml"], cwd=ROOT, capture_output=True, text=True)
+    assert "snakemake stage --cores 2 --configfile config/pilot.yaml" in make.stdout, make.stdout + make.stderr
+    pilot = yaml.safe_load((ROOT / "config/pilot.yaml").read_text())
+    out = snakemake("stage", "-n", "--cores", "2", "--configfile", str(ROOT / "config/pilot.yaml"), cwd=tmp_path)
+    counts = job_counts(out)
+    assert counts == {"prepare_data": len(pilot["data"]), "base_model": len(pilot["models"]), "stage": 1}, counts
+
+
+def test_on_a_slurm_cluster_a_training_cell_is_retried_three_times(tmp_path):
+    """Once the executor is known (the Snakefile's onstart, where a non-local executor such as SLURM's runs it),
+    train_rl is retried 3 times and every other rule as --retries says; locally nothing changes."""
+    from types import SimpleNamespace
+
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        ExecutionSettings,
+        OutputSettings,
+        ResourceSettings,
+    )
+
+    with SnakemakeApi(OutputSettings()) as api:
+        workflow_api = api.workflow(
+            resource_settings=ResourceSettings(cores=1),
+            config_settings=ConfigSettings(configfiles=[ROOT / "config.yaml"], config={"preflight": False}),
+            snakefile=ROOT / "Snakefile",
+            workdir=tmp_path,
+        )
+        workflow_api.dag(DAGSettings())
+        workflow = workflow_api._workflow
+        workflow.execution_settings = ExecutionSettings(retries=1)
+        workflow._executor_plugin = SimpleNamespace(common_settings=SimpleNamespace(local_exec=True))
+        workflow._onstart(None)
+        assert workflow.get_rule("train_rl")._restart_times is None  # locally: --retries
+        workflow._executor_plugin = SimpleNamespace(common_settings=SimpleNamespace(local_exec=False))
+        workflow._onstart(None)
+        assert workflow.get_rule("train_rl")._restart_times == 3
+        assert workflow.get_rule("evaluate_cell")._restart_times is None  # --retries: the profile's 1
+
+
+def test_a_slurm_jobs_caches_go_under_its_tmpdir_or_results_cache(tmp_path):
+    """Every job's shell prefix: inside a SLURM job, vLLM's, triton's and inductor's caches go under TMPDIR (else
+    results/cache), not the home directory; one set beforehand is kept; outside SLURM nothing is set."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+    from snakemake.shell import shell
+
+    with SnakemakeApi(OutputSettings()) as api:
+        workflow_api = api.workflow(
+            resource_settings=ResourceSettings(cores=1),
+            config_settings=ConfigSettings(configfiles=[ROOT / "config.yaml"]),
+            snakefile=ROOT / "Snakefile",
+            workdir=tmp_path,
+        )
+        workflow_api.dag(DAGSettings())
+        prefix = shell._process_prefix
+
+    def caches(**env) -> dict:
+        script = prefix + 'echo "${VLLM_CACHE_ROOT:-}|${TRITON_CACHE_DIR:-}|${TORCHINDUCTOR_CACHE_DIR:-}"'
+        out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={"PATH": "/usr/bin:/bin", **env},
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return out.strip().split("|")
+
+    assert caches() == ["", "", ""]
+    under = f"{tmp_path}/scratch/klstudy-cache"
+    assert caches(SLURM_JOB_ID="7", TMPDIR=f"{tmp_path}/scratch") == [
+        f"{under}/vllm",
+        f"{under}/triton",
+        f"{under}/inductor",
+    ]
+    assert caches(SLURM_JOB_ID="7")[1] == f"{tmp_path}/results/cache/klstudy-cache/triton"
+    assert caches(SLURM_JOB_ID="7", VLLM_CACHE_ROOT="/big/vllm")[0] == "/big/vllm"

@@ -34,6 +34,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from klstudy import data, kl, models, rewards
 from klstudy.config import CHECKPOINT_COMPLETE, batch_layout, checkpoints
+from klstudy.estimate import SAVE_TOTAL_LIMIT
 from klstudy.progress import Progress
 from klstudy.tracking import Tracking, step_values
 from klstudy.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
@@ -161,7 +162,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         save_steps=train["checkpoint_every"] * updates,
         # Two: Trainer deletes the older checkpoint before RunRecorder.on_save marks the newer one complete, so with
         # one, a job killed in between would restart from step 0. docs/cost.md, "Disk".
-        save_total_limit=2,
+        save_total_limit=SAVE_TOTAL_LIMIT,  # 2; a third exists while the next is written (estimate.py)
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
         bf16=torch.cuda.is_available(),

@@ -187,11 +187,43 @@ def _check_references(config: dict) -> None:
             where = f"with {processes} processes ({accelerate_config})" if accelerate_config else "in one process"
             raise ConfigError(f"config key 'studies.{study}.train': {where}, {error}") from None
     _check_divergence(config)
+    _check_gpu_model(config.get("cluster", {}))
     for name, claim in config["claims"].items():
         check_claim(config, claim, f"claims.{name}")
     for name, figure in config["figures"].items():
         for i, panel in enumerate(figure["panels"]):
             _check_panel(config, panel, f"figures.{name}.panels[{i}]")
+
+
+def gres_refusal(gres: str) -> str | None:
+    """Why the SLURM plugin would refuse ``gres`` at submission (its own check, ``set_gres_string``), or None when it
+    takes it, or when the plugin is not installed here (a run without SLURM)."""
+    try:
+        from snakemake_executor_plugin_slurm.utils import set_gres_string
+        from snakemake_interface_common.exceptions import WorkflowError
+    except ImportError:
+        return None
+
+    class Resources(dict):
+        __getattr__ = dict.__getitem__
+
+    try:
+        set_gres_string(type("Job", (), {"resources": Resources(gres=gres)})())
+    except WorkflowError as error:
+        return str(error).strip()
+    return None
+
+
+def _check_gpu_model(cluster: dict) -> None:
+    """A GPU name that --gres cannot carry (the plugin refuses hyphens, as in nvml's nvidia_a100-sxm4-80gb) fails
+    here, not at the first GPU job's submission, after the queue of CPU jobs."""
+    model = cluster.get("gpu_model")
+    if model and cluster.get("gpu_request", "gres") == "gres" and gres_refusal(f"gpu:{model}:1"):
+        raise ConfigError(
+            f"config key 'cluster.gpu_model': {model!r} cannot be sent as --gres=gpu:{model}:N (the SLURM plugin "
+            "takes letters, digits, '_' and '.' in a GPU name); set cluster.gpu_request: gpus-per-node, which asks "
+            f"--gpus-per-node={model}:N"
+        )
 
 
 def batch_layout(train: dict, processes: int) -> tuple[int, int]:

@@ -65,10 +65,13 @@ def claim(count: int, ids: list[str], locks: Path) -> tuple[list[str], list[int]
 
 
 def allocated_processes(expected: int, env=os.environ) -> int:
-    """The training processes a job starts: one per GPU SLURM gave it (SLURM_GPUS_ON_NODE × SLURM_JOB_NUM_NODES), or
-    ``expected`` (the config's GPUs × nodes) without an allocation. A different allocation is an error, not a smaller
-    launch: the config's batch layout was checked for ``expected`` processes."""
+    """The training processes a job starts: one per GPU SLURM gave it (SLURM_GPUS_ON_NODE × SLURM_JOB_NUM_NODES; in a
+    SLURM job without SLURM_GPUS_ON_NODE, the devices CUDA_VISIBLE_DEVICES names), or ``expected`` (the config's GPUs
+    × nodes) without an allocation. A different allocation is an error, not a smaller launch: the config's batch
+    layout was checked for ``expected`` processes."""
     per_node, nodes = env.get("SLURM_GPUS_ON_NODE"), env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    if not per_node and env.get("SLURM_JOB_ID") and env.get("CUDA_VISIBLE_DEVICES"):
+        per_node = str(len(parse_ids(env["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES")))
     if not per_node:
         return expected
     got = int(per_node) * int(nodes or 1)

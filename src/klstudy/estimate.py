@@ -4,9 +4,10 @@ Both need each model's size (``models.<name>.parameters_b``); a model without it
 preflight` prints them, and so does the dry run of `snakemake --profile slurm -n`.
 
 Disk (bytes per parameter, as Trainer and FSDP write them): a final model and each Fig. 12 snapshot in bf16 (2), a
-base model (2), a training checkpoint in float32 with Adam's two moments (12), two checkpoints per training cell
-(`save_total_limit` 2). Every final model and snapshot stays; checkpoints exist only while a cell trains, so at most
-``cluster.training_slots`` cells hold them at once (the largest models' cells, at worst).
+base model (2), a training checkpoint in float32 with Adam's two moments (12), three checkpoints per training cell
+(`save_total_limit` 2, and Trainer writes the next one before it deletes the oldest). Every final model and snapshot
+stays; checkpoints exist only while a cell trains, so at most ``cluster.training_slots`` cells hold them at once (the
+largest models' cells, at worst).
 
 GPU-hours: an upper bound, every response at ``max_response_tokens``. Each token of a step costs about 10·N FLOPs for
 a model of N parameters: 2·N to generate it, 2·N for the reference and old log-probabilities, 6·N to train on it
@@ -20,7 +21,11 @@ from dataclasses import dataclass, field
 
 from klstudy.config import all_cells, base_templates, divergence_cells, evaluated_base_models, evaluated_cells
 
-BF16, CHECKPOINT, CHECKPOINTS_KEPT = 2, 12, 2  # bytes per parameter; checkpoints a training cell keeps
+BF16, CHECKPOINT = 2, 12  # bytes per parameter
+SAVE_TOTAL_LIMIT = 2  # checkpoints a training cell keeps (cell.py hands it to Trainer)
+# Trainer writes a new checkpoint whole before it deletes the oldest (_save_checkpoint, then rotate_checkpoints), so a
+# cell briefly holds one more than it keeps.
+CHECKPOINTS_AT_PEAK = SAVE_TOTAL_LIMIT + 1
 PROMPT_TOKENS = 256  # assumed prompt length (a MATH question in the chat template is 100-300 tokens)
 TRAIN_FLOPS, INFER_FLOPS = 10, 2  # FLOPs per token per parameter (module docstring)
 GB = 1e9
@@ -29,6 +34,16 @@ GB = 1e9
 def gpu_gres(gpus: int, model: str | None) -> str:
     """SLURM's per-node GPU request: ``gpu:N``, or ``gpu:MODEL:N`` for a GPU kind."""
     return f"gpu:{model}:{gpus}" if model else f"gpu:{gpus}"
+
+
+def gpu_resources(gpus: int, cluster: dict) -> dict:
+    """The SLURM plugin's resources that ask ``gpus`` per node (``cluster.gpu_request``): its ``gres``
+    (--gres=gpu[:MODEL]:N), or ``slurm_extra`` --gpus-per-node=[MODEL:]N, which the plugin passes on unchecked and
+    so takes GPU names its gres check refuses (hyphens)."""
+    model = cluster.get("gpu_model")
+    if cluster.get("gpu_request", "gres") == "gpus-per-node":
+        return {"slurm_extra": f"--gpus-per-node={model + ':' if model else ''}{gpus}"}
+    return {"gres": gpu_gres(gpus, model)}
 
 
 def parameters(config: dict, model: str) -> float | None:
@@ -75,7 +90,7 @@ def peak_disk(config: dict) -> Estimate:
     sizes = sorted((parameters(config, c["model"]) or 0 for c in cells), reverse=True)
     slots = config["cluster"]["training_slots"]
     estimate.parts[f"checkpoints ({min(slots, len(cells))} cells training at once)"] = (
-        sum(sizes[:slots]) * CHECKPOINT * CHECKPOINTS_KEPT
+        sum(sizes[:slots]) * CHECKPOINT * CHECKPOINTS_AT_PEAK
     )
     return estimate
 

@@ -4,8 +4,9 @@ job is submitted, in one table with a remedy per failing row.
 - hub: every hub model and dataset of the config can be downloaded with this machine's token (huggingface_hub's
   ``auth_check``; a revision other than main with ``repo_info``); each of the hub's errors becomes one sentence.
 - sources: every dataset and model with ``local_dir`` has it; a dataset with no known public copy (MATH²) has one.
-- SLURM (skipped where there is no ``sinfo``: a local run): the account, each kind of job's partition, its runtime
-  against the partition's MaxTime, and GPUs of the asked kind in the GPU partition.
+- SLURM (skipped where there is no ``sinfo``: a local run): the account, the QOS, the profile's jobs against the
+  per-user submit limit, each kind of job's partition(s), its runtime against the partition's MaxTime and the QOS's
+  MaxWall, GPUs of the asked kind in the GPU partition, and a node with them that has the job's memory and CPUs.
 - disk: free space under results/ against the run's peak (estimate.py), which is printed with the GPU-hours.
 
 `snakemake --profile slurm` runs it (the Snakefile's ``onstart``) unless ``--config preflight=False``.
@@ -18,12 +19,12 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from klstudy import estimate
 
-OK, FAIL, SKIP = "ok", "FAIL", "skip"
+OK, FAIL, SKIP, WARN = "ok", "FAIL", "skip", "warn"  # a warning does not fail the preflight
 # Datasets whose hub source is not a known public copy: staged only from a local copy.
 NO_PUBLIC_COPY = {"math_squared"}
 
@@ -97,7 +98,9 @@ def hub_checks(config: dict, root: Path, client=None) -> list[Check]:
     if not repos:
         return [Check("hub", OK, "nothing to download")]
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return [Check("hub", SKIP, f"HF_HUB_OFFLINE is set: {len(repos)} repositories from the cache (HF_HOME)")]
+        return [
+            Check("hub", SKIP, f"HF_HUB_OFFLINE is set: {len(repos)} repositories not asked, from the cache (HF_HOME)")
+        ]
     from huggingface_hub import get_token
 
     client = client or hub_client()
@@ -118,6 +121,25 @@ def hub_checks(config: dict, root: Path, client=None) -> list[Check]:
         else:
             checks.append(Check(f"{key} ({repo})", OK, "accessible"))
     return checks
+
+
+def unstaged(config: dict, root: Path) -> list[str]:
+    """The staged inputs (results/data/<name>.jsonl, results/models/<name>) that come from the hub and are not there
+    yet: what a driver without network (HF_HUB_OFFLINE=1, slurm/driver.sbatch) cannot make. Inputs built or generated
+    here, or copied from a local_dir, need no network and are left to the run."""
+    missing = [
+        f"results/data/{name}.jsonl"
+        for name, spec in config["data"].items()
+        if spec.get("hub_id") and not spec.get("local_dir") and not (root / f"results/data/{name}.jsonl").exists()
+    ]
+    missing += [
+        f"results/models/{name}"
+        for name, spec in config["models"].items()
+        if (spec.get("hub_id") or spec.get("package"))  # a hub model, or a GGUF file from a PyPI package
+        and not spec.get("local_dir")
+        and not (root / f"results/models/{name}").exists()
+    ]
+    return missing
 
 
 # -------------------------------------------------------------------------------------------------------- the sources
@@ -166,117 +188,289 @@ def minutes(limit: str) -> int | None:
 
 
 @dataclass
+class Node:
+    gres: list[str]
+    mem_mb: int | None  # RealMemory (sinfo %m)
+    cpus: int | None  # sinfo %c
+
+
+@dataclass
 class Partition:
     name: str
     max_minutes: int | None
-    gres: list[str]
+    gres: list[str]  # the distinct GRES entries of its nodes
     default: bool
+    nodes: list[Node] = field(default_factory=list)
+
+
+# One line per node and partition: partition, MaxTime, GRES, memory (MB), CPUs.
+SINFO = ["sinfo", "-N", "-h", "-o", "%P|%l|%G|%m|%c"]
+
+
+def split_gres(text: str) -> list[str]:
+    """sinfo's %G split into entries, not at the commas inside parentheses (``gpu:a100:4(S:0,2),shard:8``)."""
+    return [g for g in re.split(r",(?![^()]*\))", text.strip()) if g and g != "(null)"]
+
+
+def _number(text: str) -> int | None:
+    found = re.match(r"\d+", text.strip())
+    return int(found.group()) if found else None
 
 
 def partitions(run=subprocess.run) -> dict[str, Partition]:
-    """The cluster's partitions (sinfo), by name."""
-    out = run(["sinfo", "-h", "-o", "%P|%l|%G"], capture_output=True, text=True, check=True, timeout=30).stdout
+    """The cluster's partitions (sinfo), by name, with their nodes. ``CLUSTER:`` headers (SLURM_CLUSTERS set) and
+    blank lines are skipped."""
+    out = run(SINFO, capture_output=True, text=True, check=True, timeout=30).stdout
     found: dict[str, Partition] = {}
     for line in out.splitlines():
-        name, limit, gres = line.strip().split("|")
+        if "|" not in line:
+            continue  # CLUSTER: name, or nothing
+        name, limit, gres, *rest = line.strip().split("|")
+        mem, cpus = (*rest, "", "")[:2]
         part = found.setdefault(name.rstrip("*"), Partition(name.rstrip("*"), minutes(limit), [], name.endswith("*")))
-        part.gres += [g for g in gres.split(",") if g and g != "(null)"]
+        entries = split_gres(gres)
+        part.gres += [g for g in entries if g not in part.gres]
+        part.nodes.append(Node(entries, _number(mem), _number(cpus)))
     return found
 
 
-def partition_max_minutes(name: str | None) -> int | None:
-    """MaxTime of partition ``name`` (the default partition for None), or None when unknown or unlimited: what a
-    retry may ask for at most (workflow/rules/common.smk)."""
+def partition_names(names: str | None, found: dict[str, Partition]) -> list[str]:
+    """A partition, or SLURM's comma-separated list of them (``gpu,gpu_long``); the default partition for None."""
+    if not names:
+        default = next((p.name for p in found.values() if p.default), None)
+        return [default] if default else []
+    return [name.strip() for name in names.split(",") if name.strip()]
+
+
+def qos_limits(run=subprocess.run) -> dict[str, int | None]:
+    """MaxWall of every QOS (sacctmgr), by lowercase name; None for no limit."""
+    out = run(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"], capture_output=True, text=True,
+              check=True, timeout=30).stdout  # fmt: skip
+    limits = {}
+    for line in out.splitlines():
+        if "|" in line:
+            name, wall = line.strip().split("|")[:2]
+            limits[name.lower()] = minutes(wall) if wall else None
+    return limits
+
+
+def runtime_cap(partition: str | None, qos: str | None, run=subprocess.run) -> int | None:
+    """What a job may ask for at most: the smallest of the partitions' MaxTime (the default partition for None) and
+    the QOS's MaxWall; None when neither is known or limited, and then a retry asks twice the runtime
+    (workflow/rules/common.smk)."""
+    limits = []
     try:
-        found = partitions()
+        found = partitions(run)
+        limits += [found[name].max_minutes for name in partition_names(partition, found) if name in found]
     except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    part = found.get(name) if name else next((p for p in found.values() if p.default), None)
-    return part.max_minutes if part else None
+        pass
+    if qos:
+        try:
+            limits.append(qos_limits(run).get(qos.lower()))
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
+    limits = [limit for limit in limits if limit is not None]
+    return min(limits) if limits else None
+
+
+MIG = re.compile(r"^\d+g\.\d+gb$")  # a MIG slice's GRES type (gpu:1g.10gb:7), not a whole GPU
+
+
+def _gpu_entries(gres: list[str]):
+    """(type or None, count) of each gpu entry (``gpu:a100:8(S:0-1)``)."""
+    for entry in gres:
+        fields = re.sub(r"\(.*\)$", "", entry).split(":")
+        if fields[0] == "gpu" and fields[-1].isdigit():
+            yield (fields[1] if len(fields) == 3 else None), int(fields[-1])
 
 
 def gpus_in(gres: list[str], model: str | None) -> int:
-    """The most GPUs (of ``model``, if given) one node of these GRES entries has (``gpu:a100:8(S:0-1)``)."""
-    most = 0
-    for entry in gres:
-        fields = re.sub(r"\(.*\)$", "", entry).split(":")
-        if fields[0] != "gpu" or not fields[-1].isdigit():
-            continue
-        kind = fields[1] if len(fields) == 3 else None
-        if model is None or kind == model:
-            most = max(most, int(fields[-1]))
-    return most
+    """The most GPUs (of ``model``, if given) one node of these GRES entries has. Without a model, MIG slices
+    (gpu:1g.10gb:7) are not whole GPUs and do not count."""
+    counts = [n for kind, n in _gpu_entries(gres) if (kind == model if model else not (kind and MIG.match(kind)))]
+    return max(counts, default=0)
+
+
+def mig_slices(gres: list[str]) -> list[str]:
+    return [entry for entry in gres if any(kind and MIG.match(kind) for kind, _ in _gpu_entries([entry]))]
 
 
 def account_check(account: str | None, run=subprocess.run) -> Check:
     if account is None:
         return Check("SLURM account", OK, "unset: SLURM's default for this user", "")
     user = getpass.getuser()
-    done = run(
-        ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=Account"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    if done.returncode:
-        return Check(f"SLURM account {account}", FAIL, f"sacctmgr failed: {done.stderr.strip()[:200]}",
-                     "run where the cluster's commands work")  # fmt: skip
-    out = done.stdout
-    accounts = sorted({line.strip() for line in out.splitlines() if line.strip()})
-    if account in accounts:
-        return Check(f"SLURM account {account}", OK, f"{user} may use it")
+    what = f"SLURM account {account}"
+    try:
+        done = run(
+            ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=Account"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as error:
+        return Check(what, SKIP, f"sacctmgr cannot run here ({error}): not checked")
+    if done.returncode:  # e.g. sacctmgr not permitted to users on this cluster
+        return Check(what, SKIP, f"sacctmgr refused ({(done.stderr or '').strip()[:160]}): not checked")
+    accounts = sorted({line.strip().lower() for line in done.stdout.splitlines() if line.strip()})
+    if account.lower() in accounts:  # SLURM keeps account names in lowercase
+        return Check(what, OK, f"{user} may use it")
     return Check(
-        f"SLURM account {account}",
-        FAIL,
+        what, FAIL,
         f"{user} has no association with it (has: {', '.join(accounts) or 'none'})",
         "set cluster.account to one of yours",
-    )
-
-
-def runtime_check(stage: str, minutes_asked: int, part: Partition) -> Check:
-    limit = "no limit" if part.max_minutes is None else f"MaxTime {part.max_minutes} min"
-    if part.max_minutes is None or minutes_asked <= part.max_minutes:
-        return Check(f"{stage}: runtime", OK, f"{minutes_asked} min on {part.name} ({limit})")
-    return Check(
-        f"{stage}: runtime", FAIL, f"{minutes_asked} min > {part.name}'s {limit}",
-        f"lower resources.{stage}.runtime to {part.max_minutes} (a cell resumes on its retry) or pick a partition "
-        "with a longer MaxTime",
     )  # fmt: skip
 
 
-def gpu_check(stage: str, gpus: int, model: str | None, part: Partition) -> Check:
-    have, asked = gpus_in(part.gres, model), estimate.gpu_gres(gpus, model)
-    if have >= gpus:
-        return Check(f"{stage}: GPUs", OK, f"{asked} per node; {part.name}'s nodes have up to {have}")
+def qos_check(qos: str | None, run=subprocess.run) -> tuple[list[Check], int | None]:
+    """The QOS row and its MaxWall in minutes (None: no limit, or not known)."""
+    if not qos:
+        return [], None
+    try:
+        limits = qos_limits(run)
+    except (OSError, subprocess.SubprocessError, ValueError) as error:
+        detail = getattr(error, "stderr", None) or str(error)
+        return [
+            Check(f"SLURM QOS {qos}", SKIP, f"sacctmgr refused ({detail.strip()[:160]}): MaxWall not checked")
+        ], None
+    if qos.lower() not in limits:
+        remedy = "set cluster.qos to one of: " + ", ".join(sorted(limits))
+        return [Check(f"SLURM QOS {qos}", FAIL, "no such QOS", remedy)], None
+    wall = limits[qos.lower()]
+    return [Check(f"SLURM QOS {qos}", OK, "no MaxWall" if wall is None else f"MaxWall {wall} min")], wall
+
+
+def runtime_check(stage: str, minutes_asked: int, parts: list[Partition], qos: tuple[str, int | None] = ("", None)):
+    """The runtime against the smallest of the partitions' MaxTime and the QOS's MaxWall."""
+    limits = [(p.max_minutes, f"{p.name}'s MaxTime {p.max_minutes} min") for p in parts if p.max_minutes is not None]
+    if qos[1] is not None:
+        limits.append((qos[1], f"QOS {qos[0]}'s MaxWall {qos[1]} min"))
+    where = ",".join(p.name for p in parts)
+    if not limits:
+        return Check(f"{stage}: runtime", OK, f"{minutes_asked} min on {where} (no limit)")
+    limit, said = min(limits)
+    if minutes_asked <= limit:
+        return Check(f"{stage}: runtime", OK, f"{minutes_asked} min on {where} ({said})")
     return Check(
-        f"{stage}: GPUs", FAIL, f"{asked} per node; {part.name} has {', '.join(part.gres) or 'no GRES'}",
+        f"{stage}: runtime", FAIL, f"{minutes_asked} min > {said}",
+        f"lower resources.{stage}.runtime to {limit} (a cell resumes on its retry) or pick a partition or QOS "
+        "with a longer limit",
+    )  # fmt: skip
+
+
+def gpu_check(stage: str, gpus: int, model: str | None, parts: list[Partition]) -> Check:
+    gres = [g for p in parts for g in p.gres]
+    have, asked = gpus_in(gres, model), estimate.gpu_gres(gpus, model)
+    where = ",".join(p.name for p in parts)
+    slices = mig_slices(gres) if model is None else []
+    note = f" (MIG slices, not counted as GPUs: {', '.join(slices)})" if slices else ""
+    if have >= gpus:
+        return Check(f"{stage}: GPUs", OK, f"{asked} per node; {where}'s nodes have up to {have}{note}")
+    return Check(
+        f"{stage}: GPUs", FAIL, f"{asked} per node; {where} has {', '.join(gres) or 'no GRES'}{note}",
         f"set cluster.gpu_partition / cluster.gpu_model to what sinfo -o %G lists, or lower resources.{stage}.gpus",
     )  # fmt: skip
 
 
-def stage_checks(config: dict, found: dict[str, Partition]) -> list[Check]:
-    """Each kind of job: its partition exists, its runtime fits MaxTime, its GPUs exist there."""
+def node_check(stage: str, spec: dict, model: str | None, parts: list[Partition]) -> Check:
+    """A GPU job's memory and CPUs fit a node of its partition that has its GPUs (on as many nodes as it asks)."""
+    nodes = [node for p in parts for node in p.nodes if gpus_in(node.gres, model) >= spec["gpus"]]
+    fits = [
+        node
+        for node in nodes
+        if (node.mem_mb is None or spec["mem_mb"] <= node.mem_mb) and (node.cpus is None or spec["cpus"] <= node.cpus)
+    ]
+    asked = f"{spec['mem_mb']} MB and {spec['cpus']} CPUs per node"
+    if len(fits) >= spec["nodes"]:
+        return Check(f"{stage}: node size", OK, f"{asked}; {len(fits)} node(s) with its GPUs fit")
+    most_mem = max((n.mem_mb for n in nodes if n.mem_mb is not None), default=0)
+    most_cpus = max((n.cpus for n in nodes if n.cpus is not None), default=0)
+    return Check(
+        f"{stage}: node size", FAIL,
+        f"{asked} on {spec['nodes']} node(s); {len(fits)} of the {len(nodes)} nodes with its GPUs fit (at most "
+        f"{most_mem} MB, {most_cpus} CPUs)",
+        f"lower resources.{stage}.mem_mb to {most_mem} / resources.{stage}.cpus to {most_cpus} at most, or pick a "
+        "partition with larger nodes",
+    )  # fmt: skip
+
+
+def stage_checks(config: dict, found: dict[str, Partition], qos_minutes: int | None = None) -> list[Check]:
+    """Each kind of job: its partitions exist, its runtime fits MaxTime and the QOS's MaxWall, its GPUs exist there,
+    and a node with them has its memory and CPUs."""
     checks = []
-    default = next((p.name for p in found.values() if p.default), None)
+    qos = (config["cluster"].get("qos") or "", qos_minutes)
     for stage, spec in config["resources"].items():
         key = "gpu_partition" if spec["gpus"] else "cpu_partition"
-        name = config["cluster"][key] or default
-        if name not in found:
+        names = partition_names(config["cluster"][key], found)
+        missing = [name for name in names if name not in found] or ([] if names else [None])
+        if missing:
             remedy = f"set cluster.{key} to one of: " + ", ".join(sorted(found))
-            checks.append(Check(f"{stage}: partition {name}", FAIL, "no such partition", remedy))
+            checks.append(Check(f"{stage}: partition {','.join(map(str, missing))}", FAIL, "no such partition", remedy))
             continue
-        checks.append(runtime_check(stage, spec["runtime"], found[name]))
+        parts = [found[name] for name in names]
+        checks.append(runtime_check(stage, spec["runtime"], parts, qos))
         if spec["gpus"]:
-            checks.append(gpu_check(stage, spec["gpus"], config["cluster"]["gpu_model"], found[name]))
+            checks.append(gpu_check(stage, spec["gpus"], config["cluster"]["gpu_model"], parts))
+            if checks[-1].status == OK:
+                checks.append(node_check(stage, spec, config["cluster"]["gpu_model"], parts))
     return checks
 
 
-def slurm_checks(config: dict, run=subprocess.run) -> list[Check]:
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def profile_jobs(root: Path = REPOSITORY) -> int | None:
+    """``jobs`` of slurm/profile.yaml: the jobs Snakemake keeps queued or running at once."""
+    import yaml
+
+    try:
+        return yaml.safe_load((root / "slurm/profile.yaml").read_text()).get("jobs")
+    except (OSError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def submit_limit_check(jobs: int | None, qos: str | None, run=subprocess.run) -> Check:
+    """The profile's ``jobs`` against the per-user submit limits: the association's MaxSubmit and the QOS's
+    MaxSubmitPU (sacctmgr). Above them, sbatch refuses the jobs beyond the limit: a warning, as they are retried."""
+    what = f"jobs at once ({jobs})"
+    if not jobs:
+        return Check(what, SKIP, "no jobs in slurm/profile.yaml")
+    commands = [["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={getpass.getuser()}", "format=MaxSubmit"]]
+    if qos:
+        commands.append(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxSubmitPU"])
+    limits = []
+    for command in commands:
+        try:
+            done = run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as error:
+            return Check(what, SKIP, f"sacctmgr cannot run here ({error}): submit limits not checked")
+        if done.returncode:
+            return Check(what, SKIP, f"sacctmgr refused ({(done.stderr or '').strip()[:160]}): limits not checked")
+        for line in done.stdout.splitlines():
+            fields = line.strip().split("|")
+            if "qos" in command and fields[0].lower() != qos.lower():
+                continue
+            limits += [int(fields[-1])] if fields[-1].isdigit() else []
+    if not limits or jobs <= min(limits):
+        return Check(what, OK, f"within MaxSubmit {min(limits)}" if limits else "no per-user submit limit")
+    return Check(
+        what, WARN, f"above the per-user submit limit {min(limits)}: sbatch refuses the jobs beyond it",
+        f"lower jobs in slurm/profile.yaml to {min(limits)} (or `--jobs {min(limits)}`)",
+    )  # fmt: skip
+
+
+def slurm_checks(config: dict, run=subprocess.run, jobs: int | None = None) -> list[Check]:
     if shutil.which("sinfo") is None:
         return [Check("SLURM", SKIP, "no sinfo here (a run without SLURM): account, partitions, GPUs not checked")]
     try:
         found = partitions(run)
     except (OSError, subprocess.SubprocessError, ValueError) as error:
         return [Check("SLURM", FAIL, f"sinfo failed: {error}", "run where the cluster's commands work")]
-    return [account_check(config["cluster"]["account"], run), *stage_checks(config, found)]
+    qos_rows, qos_minutes = qos_check(config["cluster"].get("qos"), run)
+    limit = submit_limit_check(jobs or profile_jobs(), config["cluster"].get("qos"), run)
+    return [
+        account_check(config["cluster"]["account"], run),
+        *qos_rows,
+        limit,
+        *stage_checks(config, found, qos_minutes),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------- disk
@@ -299,9 +493,9 @@ def disk_check(config: dict, root: Path) -> Check:
 # ------------------------------------------------------------------------------------------------------------ together
 
 
-def checks(config: dict, root: Path, hub: bool = True, client=None) -> list[Check]:
+def checks(config: dict, root: Path, hub: bool = True, client=None, jobs: int | None = None) -> list[Check]:
     rows = hub_checks(config, root, client) if hub else [Check("hub", SKIP, "--no-hub: not checked")]
-    return [*rows, *source_checks(config, root), *slurm_checks(config), disk_check(config, root)]
+    return [*rows, *source_checks(config, root), *slurm_checks(config, jobs=jobs), disk_check(config, root)]
 
 
 def table(rows: list[Check]) -> str:
@@ -309,26 +503,26 @@ def table(rows: list[Check]) -> str:
     lines = [f"{'check':<{width}}  {'status':<6}  detail", f"{'-' * width}  ------  ------"]
     for r in rows:
         lines.append(f"{r.what:<{width}}  {r.status:<6}  {r.detail}")
-        if r.remedy and r.status == FAIL:
+        if r.remedy and r.status in (FAIL, WARN):
             lines.append(f"{'':<{width}}  {'':<6}  -> {r.remedy}")
     return "\n".join(lines)
 
 
-def report(config: dict, root: Path, hub: bool = True, client=None) -> tuple[bool, str]:
-    """(every check passed, the table and the estimates)."""
-    rows = checks(config, root, hub, client)
+def report(config: dict, root: Path, hub: bool = True, client=None, jobs: int | None = None) -> tuple[bool, str]:
+    """(every check passed, the table and the estimates); ``jobs``: Snakemake's --jobs, else the profile's."""
+    rows = checks(config, root, hub, client, jobs)
     failed = [r for r in rows if r.status == FAIL]
     verdict = f"preflight: {len(failed)} of {len(rows)} checks failed" if failed else "preflight: all checks pass"
     return not failed, "\n".join([table(rows), "", *estimate.summary(config), verdict])
 
 
-def run_before_submitting(config: dict, root: Path) -> None:
+def run_before_submitting(config: dict, root: Path, jobs: int | None = None) -> None:
     """The Snakefile's onstart: the preflight, or a line that says what is skipped; a failure stops the run."""
     if not config["preflight"]:
         print("preflight skipped (preflight=False): hub access, data sources, SLURM account, partitions, time limits,"
               " GPUs and disk are not checked", flush=True)  # fmt: skip
         return
-    passed, text = report(config, root)
+    passed, text = report(config, root, jobs=jobs)
     print(text, flush=True)
     if not passed:
         raise SystemExit("preflight failed: fix the rows marked FAIL, or run with --config preflight=False")

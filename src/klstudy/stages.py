@@ -340,6 +340,19 @@ def _preflight(args):
         raise SystemExit(1)
 
 
+def _staged(args):
+    from klstudy import preflight
+
+    missing = preflight.unstaged(_read_config(args.config), Path(args.root))
+    if missing:
+        configs = " ".join(args.config)
+        raise SystemExit(
+            f"klstudy: {len(missing)} input(s) from the hub not staged: {', '.join(missing)}. Compute nodes may have "
+            f'no network: on the login node, run `make stage CONFIG="{configs}"` first'
+        )
+    print("klstudy: every input from the hub is staged")
+
+
 def _config_files_option(parser, flag: str, what: str) -> None:
     """A command's config files (default config.yaml), read by _read_config: several merge as in Snakemake."""
     help_text = f"{what} (default config.yaml); several are merged as Snakemake merges them"
@@ -517,6 +530,11 @@ def add_commands(commands) -> None:
     pre.add_argument("--root", default=".", help="the workflow's working directory (results/ inside)")
     pre.add_argument("--no-hub", action="store_true", help="do not ask the hub (e.g. on a machine without network)")
     pre.set_defaults(run=_preflight)
+
+    staged = commands.add_parser("staged", help="fail, naming `make stage`, if an input from the hub is not staged")
+    _config_files_option(staged, "--config", "the study's config (e.g. config/paper.yaml)")
+    staged.add_argument("--root", default=".", help="the workflow's working directory (results/ inside)")
+    staged.set_defaults(run=_staged)
 
 
 def run(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:

@@ -22,8 +22,8 @@ from klstudy.config import (
     pinned_directory,
     training_processes,
 )
-from klstudy.estimate import gpu_gres
-from klstudy.preflight import partition_max_minutes
+from klstudy.estimate import gpu_resources
+from klstudy.preflight import runtime_cap
 
 # Every stage is `python -m klstudy <stage>`, with the klstudy source tree importable. Without
 # --software-deployment-method conda, `python` is the interpreter running Snakemake (the project's
@@ -33,10 +33,19 @@ from klstudy.preflight import partition_max_minutes
 _SRC = shlex.quote(str(Path(workflow.basedir) / "src"))
 _PYTHON_BIN = shlex.quote(str(Path(sys.executable).parent))
 _USES_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+# In a SLURM job, vLLM's, triton's and inductor's caches go under the job's TMPDIR (else results/cache), not the home
+# directory, which is often small on a cluster; a cache directory set beforehand is kept.
+_CACHES = (
+    'if [ -n "${{SLURM_JOB_ID:-}}" ]; then _cache="${{TMPDIR:-$PWD/results/cache}}/klstudy-cache"; '
+    'export VLLM_CACHE_ROOT="${{VLLM_CACHE_ROOT:-$_cache/vllm}}"'
+    ' TRITON_CACHE_DIR="${{TRITON_CACHE_DIR:-$_cache/triton}}"'
+    ' TORCHINDUCTOR_CACHE_DIR="${{TORCHINDUCTOR_CACHE_DIR:-$_cache/inductor}}"; fi; '
+)
 shell.prefix(
     "set -euo pipefail; "
     f"export PYTHONPATH={_SRC}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
     + ("" if _USES_CONDA else f'export PATH={_PYTHON_BIN}:"$PATH"; ')
+    + _CACHES
 )
 
 
@@ -103,25 +112,32 @@ def job_partition(stage):
 
 
 def retry_runtime(stage):
-    """runtime × attempt, capped: a retry asks for at most cluster.max_runtime, or else the partition's MaxTime (read
-    with sinfo only when a retry is submitted), since a cell resumes from its checkpoint and a longer ask is refused
-    or pends for ever."""
+    """runtime × attempt, capped: a retry asks for at most cluster.max_runtime, or else the smaller of the partition's
+    MaxTime and the QOS's MaxWall (read with sinfo and sacctmgr only when a retry is submitted), since a cell resumes
+    from its checkpoint and a longer ask is refused or pends for ever. With neither limit, twice the runtime."""
     first = config["resources"][stage]["runtime"]
 
     def runtime(wildcards, attempt):
         if attempt == 1:
             return first  # the preflight checks that the first attempt fits
-        cap = config["cluster"]["max_runtime"] or partition_max_minutes(job_partition(stage))
+        cap = config["cluster"]["max_runtime"] or runtime_cap(job_partition(stage), config["cluster"]["qos"])
         return first * attempt if cap is None else min(first * attempt, max(cap, first))
 
     return runtime
 
 
+# On a cluster a training cell may be killed more than once (its time limit, a preempted or lost node) and resumes from
+# its checkpoint each time: it is retried this often (the Snakefile's onstart, once the executor is known), other jobs
+# as --retries says (the profile's 1). Locally, as --retries says (none by default).
+CLUSTER_TRAIN_RETRIES = 3
+
+
 def job_resources(stage):
     """The scheduler resources of a kind of job (config `resources` and `cluster`).
 
-    GPUs are asked per node (`gres: gpu[:MODEL]:N` with `nodes`), never as the plugin's `gpu`, which becomes --gpus,
-    GPUs for the whole job. `local_gpus` is what one machine's `klstudy drive --gpus` counts (no scheduler)."""
+    GPUs are asked per node (`gres: gpu[:MODEL]:N`, or --gpus-per-node with cluster.gpu_request, with `nodes`), never
+    as the plugin's `gpu`, which becomes --gpus, GPUs for the whole job. `local_gpus` is what one machine's `klstudy
+    drive --gpus` counts (no scheduler)."""
     spec = config["resources"][stage]
     cluster = config["cluster"]
     resources = dict(runtime=retry_runtime(stage), mem_mb=spec["mem_mb"], cpus_per_task=spec["cpus"])
@@ -129,11 +145,13 @@ def job_resources(stage):
         resources["slurm_account"] = cluster["account"]
     if job_partition(stage):
         resources["slurm_partition"] = job_partition(stage)
+    if cluster["qos"]:
+        resources["qos"] = cluster["qos"]
     if stage == "train":
         resources["training_slots"] = 1  # the global limit is cluster.training_slots (Snakefile)
     if spec["gpus"]:
         resources.update(
-            gres=gpu_gres(spec["gpus"], cluster["gpu_model"]),
+            **gpu_resources(spec["gpus"], cluster),
             nodes=spec["nodes"],
             local_gpus=spec["gpus"],
             cpus_per_gpu=0,
@@ -214,11 +232,17 @@ def train_launcher(wildcards):
     nodes = config["resources"]["train"]["nodes"]
     if nodes == 1:  # a free port of its own (accelerate's choice): cells on one machine must not share 29500
         return f"{launch} --main_process_port 0"
-    # bash -c '... "$@"' launcher <the rest of the command>: each node's shell fills in its own rank.
+    # bash -c '... "$@"' launcher <the rest of the command>: each node's shell fills in its own rank. The SLURM job
+    # step drops the job's SLURM_* variables before it runs this, so srun is told the CPUs of each task itself (it
+    # would give one), to end every node's launch when one fails, and to hand on the environment.
+    script = (
+        f"{launch} --num_machines $SLURM_NNODES --machine_rank $SLURM_NODEID --main_process_port 29500"
+        ' --main_process_ip $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) "$@"'
+    )
+    cpus = config["resources"]["train"]["cpus"]
     return (
-        f"srun --nodes {nodes} --ntasks-per-node 1 bash -c '{launch} --num_machines $SLURM_NNODES"
-        " --machine_rank $SLURM_NODEID --main_process_port 29500"
-        ' --main_process_ip $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) "$@"\' launcher'
+        f"srun --nodes {nodes} --ntasks-per-node 1 --cpus-per-task {cpus} --kill-on-bad-exit=1 --export=ALL"
+        f" bash -c {shlex.quote(script)} launcher"
     )
 
 
