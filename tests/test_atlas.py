@@ -18,9 +18,9 @@ def small(name="tabular", length=2):
     return family, fp.task_reward(family.sequences, ONE)
 
 
-@pytest.mark.parametrize("normalisation", ["rloo", "grpo", "group_std"])
+@pytest.mark.parametrize("normalisation", ["rloo", "grpo", "group_std", "loo_std"])
 @pytest.mark.parametrize("group", [2, 3])
-@pytest.mark.parametrize("config", ["k1-reward", "k3-reward", "k3-loss", "k1-both", "k3-loss-ratio"])
+@pytest.mark.parametrize("config", ["k1-reward", "k3-reward", "k3-loss", "k1-both", "k3-loss-ratio", "k3-loss-score"])
 def test_the_exchangeable_update_is_every_group_enumerated(normalisation, group, config):
     """E[A_1 | y_1] from the multisets of the others (or the mean-field group of a linear normalisation) gives the
     same expected update as kl.reinforce_loss over all n^G groups, to rounding."""
@@ -29,7 +29,33 @@ def test_the_exchangeable_update_is_every_group_enumerated(normalisation, group,
     spec = kl.KLSpec.from_name(config, 0.7)
     brute = fp.ExpectedUpdate(family, rewards, spec, group=group, advantage=normalisation)(theta)
     exact = fp.NormalisedUpdate(family, rewards, spec, normalisation, group)(theta)
-    assert torch.allclose(brute, exact, atol=1e-15, rtol=0)
+    # ÷ the others' std amplifies rounding where the others' shaped rewards nearly agree: relative there.
+    tolerance = 1e-13 * float(brute.abs().max()) if normalisation == "loo_std" else 1e-15
+    assert torch.allclose(brute, exact, atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("config", ["k1-reward", "k3-loss-score"])
+def test_the_leave_one_out_std_update_is_every_group_enumerated_at_g4(config):
+    """NeMo-RL's loo_std is not linear in the others' rewards: its E[A_1 | y_1] needs the multisets; at G = 4 they
+    give the update of all 4^4 groups."""
+    family, rewards = small()
+    theta = family.reference_theta() + torch.tensor([0.3, -0.2, 0.5], dtype=fp.DTYPE)
+    spec = kl.KLSpec.from_name(config, 0.7)
+    brute = fp.ExpectedUpdate(family, rewards, spec, group=4, advantage="loo_std")(theta)
+    exact = fp.NormalisedUpdate(family, rewards, spec, "loo_std", 4)(theta)
+    assert torch.allclose(brute, exact, atol=1e-14 * max(1.0, float(brute.abs().max())), rtol=0)
+
+
+def test_the_leave_one_out_std_task_scale():
+    """loo_std's c_G(p) = E[w], w = 1/(the others' std + 1e-6), or 1 where the others agree: not zero-sum, so
+    E[A_1 | R_1 = 1]/(1 − p) would be wrong; 1 at G = 2 (RLOO), → 1 as p → 0 (the others all fail)."""
+    for p in (0.02, 0.3, 0.5, 0.9):
+        weights = [math.comb(7, k) * p**k * (1 - p) ** (7 - k) for k in range(8)]
+        spread = [math.sqrt(k * (7 - k) / (7 * 6)) for k in range(8)]
+        expected = sum(w * (1 / (s + 1e-6) if s > 0 else 1.0) for w, s in zip(weights, spread, strict=True))
+        assert atlas.task_scale("loo_std", 8, p) == pytest.approx(expected, rel=1e-12)
+        assert atlas.task_scale("loo_std", 2, p) == pytest.approx(1, abs=1e-12)
+    assert atlas.task_scale("loo_std", 8, 1e-4) == pytest.approx(1, abs=0.01)
 
 
 def test_the_task_scale_of_each_normalisation():
@@ -45,7 +71,9 @@ def test_the_task_scale_of_each_normalisation():
         assert atlas.task_scale("batch_std", 4, p) == pytest.approx(batch, rel=1e-12)
 
 
-@pytest.mark.parametrize("normalisation, group", [("grpo", 2), ("group_std", 2), ("group_std", 4), ("batch_std", 4)])
+@pytest.mark.parametrize(
+    "normalisation, group", [("grpo", 2), ("group_std", 2), ("group_std", 4), ("batch_std", 4), ("loo_std", 4)]
+)
 def test_a_normalisation_with_the_kl_in_the_loss_ends_where_rloo_ends_at_beta_over_c(normalisation, group):
     """With a 0/1 reward and the KL in the loss only, the task term is c_G(p)·∇p: the fixed point at β is RLOO's at
     β / c_G(p_end) (docs/atlas.md)."""

@@ -223,8 +223,24 @@ def test_each_normalisation_by_hand():
     batch_std = rewards.flatten().std()
     torch.testing.assert_close(kl.batch_std_advantages(rewards), centred / (batch_std + 1e-4))
     # A group without spread has no advantage under any normalisation.
-    for name in ("rloo", "grpo", "group_std", "batch_std"):
+    for name in ("rloo", "grpo", "group_std", "batch_std", "loo_std"):
         assert kl.ADVANTAGES[name](torch.ones(1, 3)).abs().max() == 0
+
+
+def test_the_leave_one_out_std_by_hand():
+    """NeMo-RL's: RLOO ÷ (the Bessel-corrected std of the other G − 1 rewards + 1e-6), undivided where the others
+    agree; RLOO itself at G = 2. Increasing in the own reward, but not zero-sum: [1, 0, 0, 0] sums to 1 − √3."""
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 5.0]], dtype=torch.float64)
+    third = (1 / 3) ** 0.5  # std of [1, 0, 0]
+    expected = torch.tensor(
+        [[1.0, -(1 / 3) / (third + 1e-6), -(1 / 3) / (third + 1e-6), -(1 / 3) / (third + 1e-6)],
+         [-1 / (3**0.5 + 1e-6), -1 / (3**0.5 + 1e-6), -1 / (3**0.5 + 1e-6), 3.0]],
+        dtype=torch.float64,
+    )  # fmt: skip
+    torch.testing.assert_close(kl.loo_std_advantages(rewards), expected, rtol=0, atol=1e-15)
+    assert float(kl.loo_std_advantages(rewards)[0].sum()) == pytest.approx(1 - 3**0.5, abs=1e-5)
+    pair = torch.tensor([[0.3, 1.7], [1.0, 1.0]], dtype=torch.float64)
+    torch.testing.assert_close(kl.loo_std_advantages(pair), kl.rloo_advantages(pair), rtol=0, atol=0)
 
 
 def test_batch_std_takes_the_last_two_dimensions_as_the_batch():
@@ -235,15 +251,15 @@ def test_batch_std_takes_the_last_two_dimensions_as_the_batch():
         torch.testing.assert_close(together[run], kl.batch_std_advantages(rewards[run]))
 
 
-@pytest.mark.parametrize("name", ["rloo", "grpo", "group_std", "batch_std"])
+@pytest.mark.parametrize("name", ["rloo", "grpo", "group_std", "batch_std", "loo_std"])
 def test_every_normalisation_is_zero_mean_and_increasing_in_the_own_reward(name):
-    """What the tabular fixed-point derivation of docs/atlas.md needs of an advantage: Σ_i A_i = 0 in each group (RLOO:
-    in expectation only), and A_1 strictly increasing in R_1 with the others fixed."""
+    """What the tabular fixed-point derivation of docs/atlas.md needs of an advantage: Σ_i A_i = 0 in each group (RLOO
+    and loo_std: not in a group), and A_1 strictly increasing in R_1 with the others fixed."""
     generator = torch.Generator().manual_seed(1)
     others = torch.rand(200, 1, 3, generator=generator, dtype=torch.float64)
     own = torch.linspace(-3, 3, 61, dtype=torch.float64).view(1, -1, 1)
     groups = torch.cat([own.expand(200, -1, 1), others.expand(-1, 61, -1)], -1)  # (200 draws, 61 values of R_1, G)
     advantages = kl.ADVANTAGES[name](groups.unsqueeze(-2)).squeeze(-2)  # batch_std: a batch of one group
     assert (advantages[..., 0].diff(dim=-1) > 0).all()
-    if name != "rloo":
+    if name not in ("rloo", "loo_std"):
         assert advantages.sum(-1).abs().max() < 1e-9 * max(1.0, float(advantages.abs().max()))

@@ -16,8 +16,9 @@ and any advantage that sums to zero in a group has E[A_1 | R_1] = c_G(p)·(R_1 �
 of the expected update is c_G(p)·∇p, while the KL term is the normalisation's own. So the setting's fixed point at β
 is the RLOO fixed point (c = 1) at β / c_G(p_end): RLOO c = 1, group mean c = (G − 1)/G, batch std (many groups)
 c = (G − 1)/(G·σ), σ = √(p(1 − p)), group std c_G(p) = E[A_1 | R_1 = 1]/(1 − p), which is 1/√2 at G = 2 for every p
-and lies in [1.39, 1.50] at G = 4 (1.3995 at p = 1/2; docs/atlas.md derives it). ``task_scale`` computes c_G(p)
-from kl.ADVANTAGES.
+and lies in [1.39, 1.50] at G = 4 (1.3995 at p = 1/2; docs/atlas.md derives it). NeMo-RL's loo_std is not zero-sum,
+but E[A_1 | R_1] is affine in the binary R_1 all the same: c = E[A_1 | R_1 = 1] − E[A_1 | R_1 = 0], the mean of the
+reciprocal of the others' std (+ 1e-6; 1 where they agree). ``task_scale`` computes c_G(p) from kl.ADVANTAGES.
 """
 
 from __future__ import annotations
@@ -141,20 +142,25 @@ class OptimumCurve:
 
 
 def task_scale(normalisation: str, group: int, p: float) -> float:
-    """c_G(p) = E[A_1 | R_1 = 1]/(1 − p) for a 0/1 reward with success probability p: the factor the normalisation
-    puts on the task term of the expected update (RLOO: 1). Exact, from kl.ADVANTAGES: the other G − 1 members'
-    successes are enumerated (binomial); batch_std takes the batch's spread to be π's, √(p(1 − p))."""
+    """c_G(p) = E[A_1 | R_1 = 1] − E[A_1 | R_1 = 0] for a 0/1 reward with success probability p: the factor the
+    normalisation puts on the task term of the expected update (RLOO: 1), since E[A_1 | R_1] is affine in the binary
+    R_1 and a constant term has no expected gradient (for a zero-sum advantage it is E[A_1 | R_1 = 1]/(1 − p)). Exact,
+    from kl.ADVANTAGES: the other G − 1 members' successes are enumerated (binomial); batch_std takes the batch's
+    spread to be π's, √(p(1 − p))."""
     successes = torch.arange(group, dtype=torch.float64)  # among the other G − 1
     weights = torch.tensor([math.comb(group - 1, k) * p**k * (1 - p) ** (group - 1 - k) for k in range(group)],
                            dtype=torch.float64)  # fmt: skip
     others = (torch.arange(group - 1, dtype=torch.float64) < successes.unsqueeze(-1)).to(torch.float64)
-    groups = torch.cat([torch.ones(group, 1, dtype=torch.float64), others], -1)  # (k, G): the first member succeeds
-    if normalisation == "batch_std":
-        spread = torch.tensor(math.sqrt(p * (1 - p)), dtype=torch.float64)
-        advantages = kl.batch_std_advantages(groups.unsqueeze(-2), spread).squeeze(-2)
-    else:
-        advantages = kl.ADVANTAGES[normalisation](groups)
-    return float((weights * advantages[:, 0]).sum() / (1 - p))
+    conditional = []
+    for own in (1.0, 0.0):
+        groups = torch.cat([torch.full((group, 1), own, dtype=torch.float64), others], -1)  # (k, G)
+        if normalisation == "batch_std":
+            spread = torch.tensor(math.sqrt(p * (1 - p)), dtype=torch.float64)
+            advantages = kl.batch_std_advantages(groups.unsqueeze(-2), spread).squeeze(-2)
+        else:
+            advantages = kl.ADVANTAGES[normalisation](groups)
+        conditional.append(float((weights * advantages[:, 0]).sum()))
+    return conditional[0] - conditional[1]
 
 
 # ------------------------------------------------------------------------------------------------ length

@@ -237,7 +237,7 @@ class ExpectedUpdate:
 # Normalisations whose advantage is linear in the other members' rewards: E[A_1 | y_1] is their advantage with every
 # other member's reward replaced by its mean (batch_std with the policy's own spread, that of a batch of many groups).
 LINEAR_NORMALISATIONS = ("rloo", "grpo", "batch_std")
-ENUMERATION_LIMIT = 2_000_000  # (classes × multisets × G) per θ beyond which group_std's expectation is not enumerated
+ENUMERATION_LIMIT = 2_000_000  # (classes × multisets × G) per θ beyond which a non-linear one is not enumerated
 
 
 class NormalisedUpdate:
@@ -248,10 +248,11 @@ class NormalisedUpdate:
 
     where A_1 is the normalisation's advantage of the group's first member and the other G − 1 are drawn from π.
     a(y) is computed with kl.ADVANTAGES itself: for a normalisation linear in the other rewards, on the group whose
-    other members all have the mean shaped reward; for group_std, on every multiset of the others' rewards, weighted by
-    its multinomial probability. Without the KL in the reward the shaped reward is the task reward, so the multisets
-    run over its values (2 for a 0/1 reward, any G); with it, over the sequences (2^T classes). batch_std is the limit
-    of a batch of many groups, whose standard deviation is that of the shaped reward under π.
+    other members all have the mean shaped reward; for the others (group_std, loo_std), on every multiset of the
+    others' rewards, weighted by its multinomial probability. Without the KL in the reward the shaped reward is the
+    task reward, so the multisets run over its values (2 for a 0/1 reward, any G); with it, over the sequences (2^T
+    classes). batch_std is the limit of a batch of many groups, whose standard deviation is that of the shaped reward
+    under π.
     θ may carry leading batch dimensions (..., n_params)."""
 
     def __init__(self, family: Family, rewards: torch.Tensor, spec: kl.KLSpec, normalisation: str, group: int):

@@ -275,6 +275,28 @@ def batch_std_advantages(rewards: torch.Tensor, spread: torch.Tensor | None = No
     return group_mean_advantages(rewards) / (spread + STD_EPSILON)
 
 
+LOO_STD_EPSILON = 1e-6  # NeMo-RL adds it to the others' standard deviation
+
+
+def loo_std_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """NeMo-RL's GRPO (``use_leave_one_out_baseline`` and ``normalize_rewards``, its defaults;
+    nemo_rl/algorithms/advantage_estimator.py, utils.calculate_baseline_and_std_per_prompt): the RLOO advantage
+    R_i − mean_{j≠i} R_j divided by the standard deviation of the *other* G − 1 rewards (Bessel-corrected: over G − 2)
+    + LOO_STD_EPSILON, and left undivided where that deviation is 0 (always at G = 2). Baseline and divisor do not
+    depend on R_i: A_i is increasing in R_i and unbiased (E[A_i·∇log π(y_i)] = E[w]·∇E[R], w = the divisor's
+    reciprocal, or 1), but not zero-sum in a group."""
+    import torch
+
+    group_size = rewards.shape[-1]
+    if group_size < 3:
+        return rloo_advantages(rewards)
+    index = torch.tensor([[j for j in range(group_size) if j != i] for i in range(group_size)], device=rewards.device)
+    others = rewards[..., index]  # (..., G, G − 1): member i's others
+    centred = rewards - others.mean(-1)
+    agree = (others == others[..., :1]).all(-1)  # the others' std is 0 exactly, not a rounding residue
+    return torch.where(agree, centred, centred / (others.std(-1) + LOO_STD_EPSILON))
+
+
 # Advantage normalisations by name (config ``train.advantage``; the toy's ``normalisations``). Each maps shaped rewards
 # (..., G) to advantages of the same shape; "none" (no baseline) is Figure 1's b = 0.
 ADVANTAGES = {
@@ -282,6 +304,7 @@ ADVANTAGES = {
     "grpo": group_mean_advantages,
     "group_std": group_std_advantages,
     "batch_std": batch_std_advantages,
+    "loo_std": loo_std_advantages,
     "none": lambda r: r,
 }
 # TRL 1.16's scale_rewards value that gives each normalisation (with the group mean as its baseline).
