@@ -350,6 +350,9 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
                     ax.plot(drawn["T"], values, ms=5, lw=1, label=name, **setting_style(rows.iloc[0], beta))
             if row == 1:
                 ax.set_yscale("log")
+                if (mine[mine.status == "stable"].objective_gap < figures.GAP_FLOOR).any():
+                    ax.axhline(figures.GAP_FLOOR, color="0.6", lw=0.8, ls="-", zorder=1,
+                               label="on the optimum to rounding error (drawn on this line)")  # fmt: skip
             else:
                 ax.axhline(1, ls="--", color="0.5", lw=1)
             ax.set_xlabel("T, tokens per answer")
@@ -384,12 +387,12 @@ setting's end point. Top: β_eff against the β asked for, β ∈ {{{betas}}}, p
 dashed line a setting regularises as strongly as asked, below it less. Middle and bottom: the length sweep, exact, \
 for T = 1 to {max_length} (the parametric family from T = 2: at T = 1 it is the tabular one), the reward at least \
 ceil({fraction:g} × T) ones: the gap J_β(optimum) − J_β(end) on a log axis (a gap below {floor:g} is on the optimum \
-to rounding error and is drawn at {floor:g}) and β_eff/β (dashed: 1). Colour = KL configuration (as in every \
-figure), marker shape = advantage normalisation (○ RLOO, ◇ group mean, □ group std, △ batch std), marker fill = G \
-(filled 2, half 4, hollow 8), line style = β (as in every figure). Settings whose points coincide at every β (or \
-every T) are drawn once and named together. A setting without a stable fixed point, or whose end point has more KL \
-than the optimum at the smallest β searched ({beta_min:g}), has no β_eff there and is left out of the line; those are \
-listed below. The table gives every setting's end point, gap, β_eff and whether its on-policy Monte Carlo runs \
+to rounding error and is drawn on the grey line at {floor:g}) and β_eff/β (dashed: 1). Colour = KL configuration (as \
+in every figure), marker shape = advantage normalisation (○ RLOO, ◇ group mean, □ group std, △ batch std), marker \
+fill = G (filled 2, half 4, hollow 8), line style = β (as in every figure). Settings whose points coincide at every β \
+(or every T) are drawn once and named together. A setting without a stable fixed point, or whose end point has more \
+KL than the optimum at the smallest β searched ({beta_min:g}), has no β_eff there and is left out of the line; those \
+are listed below. The table gives every setting's end point, gap, β_eff and whether its on-policy Monte Carlo runs \
 end there."""
 
 
