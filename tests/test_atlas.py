@@ -112,3 +112,83 @@ def test_the_effective_beta_of_an_optimum_is_its_own_beta(name):
         k = fp.policy_metrics(family, family.sequence_logprobs(theta), rewards, beta)["kl"]
         assert curve.effective_beta(k) == pytest.approx(beta, rel=1e-8)
     assert math.isnan(curve.effective_beta(curve.kls.max() * 2))  # beyond every optimum's KL: none
+
+
+# ------------------------------------------------------------------------------------------------ the figure
+
+SECTION = {
+    "configs": ["k3-loss"],
+    "normalisations": ["rloo", "group_std"],
+    "group_sizes": [2],
+    "reference": {"a_ref": -0.5, "b_ref": 0.1},
+    "presets": {  # small G, to keep it quick; verl's coincides with a grid setting the figure draws
+        "trl-grpo": {
+            "framework": "TRL",
+            "version": "1.16.0",
+            "source": "trl",
+            "kl": "k3-loss-ratio",
+            "normalisation": "group_std",
+            "group": 4,
+        },
+        "verl-grpo": {
+            "framework": "verl",
+            "version": "main",
+            "source": "verl",
+            "kl": "k3-loss",
+            "normalisation": "group_std",
+            "group": 2,
+        },
+    },  # fmt: skip
+    "length": {
+        "settings": ["k3-loss/rloo/G2", "trl-grpo"],
+        "betas": [1.0],
+        "threshold_fraction": 0.75,
+        "max_length": {"tabular": 2, "parametric": 3},
+    },  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module")
+def drawn():
+    """The atlas figure on the small families above (T = 2; the length sweep to T = 3): (figure, caption)."""
+    import pandas as pd
+
+    settings = atlas.grid_settings(SECTION)
+    points = pd.concat(
+        [atlas.end_points(fp.Family(name, 2, -0.5, 0.1), ONE, settings, [0.3, 1.0], FLOW) for name in fp.FAMILIES],
+        ignore_index=True,
+    )
+    length = atlas.length_sweep(SECTION, FLOW)
+    fig, text = atlas.figure(points, length, SECTION)
+    yield fig, text, points
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_the_atlas_figure_passes_the_render_checks(drawn):
+    """No two texts overlap, no legend over a data point, no font below 7 pt; a one-line title, the caption beside
+    it; the setting that coincides with a preset is drawn once, named with it."""
+    from rendered import problems
+
+    fig, text, points = drawn
+    assert problems(fig) == []
+    assert "\n" not in fig._suptitle.get_text()
+    assert "Effective β" in text and "floor" not in fig.axes[len(fig.axes) // 3].get_ylabel()
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "K3 in loss, ÷ group std (GRPO), G = 2 = verl GRPO" in [" ".join(label.split()) for label in labels]
+
+
+def test_no_legend_label_is_a_setting_id(drawn):
+    """Legends speak the reader's words: 'K3 in loss, ÷ group std (GRPO), G = 8', 'TRL 1.16 GRPO', not
+    'k3-loss/group_std/G8', 'trl-grpo' or 'group_std'."""
+    import re
+
+    fig, _, points = drawn
+    labels = [t.get_text() for legend in [*fig.legends, *(ax.get_legend() for ax in fig.axes)] if legend
+              for t in legend.get_texts()]  # fmt: skip
+    assert labels
+    ids = set(points.setting) | set(points.config) | set(points.normalisation) | {"β set"}
+    raw = [label for label in labels if re.search(r"\b[a-z]\d-[a-z]|/G\d", label) or any(i in label for i in ids)]
+    assert raw == []
+    assert any("TRL 1.16 GRPO" in " ".join(label.split()) for label in labels)

@@ -146,8 +146,10 @@ def _toy_atlas_report(args):
     runs = atlas.monte_carlo(atlas_section, fixed["reward"], fixed_points.family_of(fixed, "tabular"))
     judged = atlas.claims(runs, points, section, config["claims_rule"], fixed["tolerance"])
     out = Path(args.png)
-    atlas.draw(points, length, out)
+    text = atlas.draw(points, length, out, section)
     atlas.write_tables(points, length, runs, judged, section, out.parent)
+    table = out.with_suffix(".md")  # the figure's caption opens its table's Markdown, which has the figure's name
+    table.write_text(f"![{out.stem}]({out.name})\n\n{text}\n\n{table.read_text()}")
     print(judged.to_string(index=False))
     print(f"toy atlas report in {time.perf_counter() - start:.2f}s")
 
