@@ -220,11 +220,12 @@ FIGURE_SETTINGS = ("k3-loss/rloo/G2", "k3-loss/grpo/G8", "k3-loss/group_std/G2",
 
 # A setting as a reader names it: its KL configuration (figures.kl_label), its normalisation in words, its G.
 NORMALISATION_NAMES = {"rloo": "RLOO", "grpo": "− group mean (Dr. GRPO)", "group_std": "÷ group std (GRPO)",
-                       "batch_std": "÷ batch std (TRL batch)"}  # fmt: skip
+                       "batch_std": "÷ batch std (TRL batch)",
+                       "loo_std": "RLOO ÷ the others' std (NeMo-RL)", "none": "no baseline"}  # fmt: skip
 # Without colour: the marker's shape says the normalisation, its fill G (colour is the KL configuration's, as in
 # every figure; line style is β's, as in every figure).
-NORMALISATION_MARKERS = {"rloo": "o", "grpo": "D", "group_std": "s", "batch_std": "^"}
-GROUP_FILLS = {2: "full", 4: "bottom", 8: "none"}
+NORMALISATION_MARKERS = {"rloo": "o", "grpo": "D", "group_std": "s", "batch_std": "^", "loo_std": "v", "none": "P"}
+GROUP_FILLS = {2: "full", 4: "bottom", 8: "none", 16: "left"}
 NBSP = "\u00a0"  # "G = 8" and "β = 1" are not broken across a legend's wrapped lines
 
 
@@ -235,7 +236,8 @@ def preset_name(name: str, preset: dict | None = None) -> str:
         return name
     version = str(preset.get("version", ""))
     number = ".".join(version.split(".")[:2]) if version[:1].isdigit() else ""
-    kind = name.split("-", 1)[1] if "-" in name else ""
+    framework = preset["framework"].lower()  # the key's first words name the framework ('nemo-rl-grpo')
+    kind = name[len(framework) + 1 :] if name.lower().startswith(framework + "-") else name.split("-", 1)[-1]
     kind = kind.upper() if kind in ("grpo", "rloo", "ppo") else kind.replace("-", " ")
     return " ".join(part for part in (preset["framework"], number, kind) if part)
 
@@ -370,8 +372,8 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
     figures.figure_legend(fig, axes.ravel(), wrap=40)
     fig.suptitle("How strongly each setup regularises, against the β asked for (toy model, exact)", fontsize=11)
     figures.footnote(fig, "Colour: KL configuration; marker shape: advantage normalisation; marker fill: G (filled 2, "
-                     "half 4, hollow 8);\nline style: β (lower rows). Settings with the same points are drawn once "
-                     "and named together.")  # fmt: skip
+                     "lower half 4, hollow 8, left half 16);\nline style: β (lower rows). Settings with the same "
+                     "points are drawn once and named together.")  # fmt: skip
     return fig, figures.caption(_caption(points, length, section), "\n".join(listed))
 
 
@@ -394,12 +396,12 @@ dashed line a setting regularises as strongly as asked, below it less. Middle an
 for T = 1 to {max_length} (the parametric family from T = 2: at T = 1 it is the tabular one), the reward at least \
 ceil({fraction:g} × T) ones: the gap J_β(optimum) − J_β(end) on a log axis (a gap below {floor:g} is on the optimum \
 to rounding error and is drawn on the grey line at {floor:g}) and β_eff/β (dashed: 1). Colour = KL configuration (as \
-in every figure), marker shape = advantage normalisation (○ RLOO, ◇ group mean, □ group std, △ batch std), marker \
-fill = G (filled 2, half 4, hollow 8), line style = β (as in every figure). Settings whose points coincide at every β \
-(or every T) are drawn once and named together. A setting without a stable fixed point, or whose end point has more \
-KL than the optimum at the smallest β searched ({beta_min:g}), has no β_eff there and is left out of the line; those \
-are listed below. The table gives every setting's end point, gap, β_eff and whether its on-policy Monte Carlo runs \
-end there."""
+in every figure), marker shape = advantage normalisation (○ RLOO, ◇ group mean, □ group std, △ batch std, ▽ RLOO ÷ \
+the others' std), marker fill = G (filled 2, lower half 4, hollow 8, left half 16), line style = β (as in every \
+figure). Settings whose points coincide at every β (or every T) are drawn once and named together. A setting without \
+a stable fixed point, or whose end point has more KL than the optimum at the smallest β searched ({beta_min:g}), has \
+no β_eff there and is left out of the line; those are listed below. The table gives every setting's end point, gap, \
+β_eff and whether its on-policy Monte Carlo runs end there."""
 
 
 def _caption(points: pd.DataFrame, length: pd.DataFrame, section: dict | None) -> str:
