@@ -115,7 +115,7 @@ def sacct(env) -> pd.DataFrame:
 
 
 SUBMITTED_RULES = (
-    "toy_bias_variance", "toy_fixed_points", "toy_monte_carlo",
+    "toy_bias_variance", "toy_fixed_points", "toy_monte_carlo", "toy_atlas",
     "train_rl", "evaluate_cell", "evaluate_base", "divergence",
 )  # fmt: skip
 

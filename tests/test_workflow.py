@@ -429,3 +429,14 @@ def test_a_slurm_jobs_caches_go_under_its_tmpdir_or_results_cache(tmp_path):
     ]
     assert caches(SLURM_JOB_ID="7")[1] == f"{tmp_path}/results/cache/klstudy-cache/triton"
     assert caches(SLURM_JOB_ID="7", VLLM_CACHE_ROOT="/big/vllm")[0] == "/big/vllm"
+
+
+def test_the_slurm_test_counts_every_rule_that_is_submitted():
+    """tests/test_slurm.py counts the jobs SLURM ran against the rules Snakemake submits: every rule that is not a
+    localrule (a new one left out there fails the SLURM test only on a machine that runs it)."""
+    from test_slurm import SUBMITTED_RULES
+
+    snakefiles = [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]
+    rules = {m for path in snakefiles for m in re.findall(r"^rule (\w+):", path.read_text(), re.M)}
+    local = re.search(r"^localrules:\n((?:\s+\w+,?\n)+)", (ROOT / "Snakefile").read_text(), re.M).group(1)
+    assert set(SUBMITTED_RULES) == rules - set(re.findall(r"\w+", local))
