@@ -103,9 +103,13 @@ def test_write_tables_and_every_configured_figure_draws_with_gaps(config, result
     tables_module.write_study_tables(config, read, tmp_path / "toy.csv", out)
     claims = figures.read_claims(out / "claims.csv")  # the verdicts the figures print, as the workflow passes them
     for name in config["figures"]:  # drawn in memory (writing each costs a second or two); two written below
-        plt.close(figures.draw_paper_figure(name, config, read, claims))
+        fig, caption = figures.draw_paper_figure(name, config, read, claims)
+        plt.close(fig)
+        assert caption, name
     for study in config["studies"]:
-        plt.close(figures.draw_training_figure(study, config, read))
+        fig, caption = figures.draw_training_figure(study, config, read)
+        plt.close(fig)
+        assert caption, study
     figures.paper_figure("fig02_k1_in_loss", config, read, out / "fig02_k1_in_loss.png", claims)
     figures.claims_forest(claims, config, out / "claims_forest.png")
     for name in ("fig02_k1_in_loss", "claims_forest"):
