@@ -268,20 +268,9 @@ def setting_style(setting: dict | pd.Series, beta: float | None = None) -> dict:
 
 def _groups(rows: pd.DataFrame, columns: list[str]) -> list[tuple[list[str], pd.DataFrame]]:
     """Settings whose rows (status and ``columns``) coincide, grouped: [(settings, rows)], each group drawn once."""
-    groups: list[tuple[list[str], pd.DataFrame]] = []
-    for setting, group in rows.groupby("setting", sort=False):
-        group = group.sort_values(columns[0]).reset_index(drop=True)
-        for names, first in groups:
-            values = [c for c in columns if c in group]
-            same = len(first) == len(group) and (first.status.astype(str) == group.status.astype(str)).all() and (
-                np.allclose(first[values].astype(float), group[values].astype(float), rtol=1e-6, atol=1e-9,
-                            equal_nan=True))  # fmt: skip
-            if same:
-                names.append(setting)
-                break
-        else:
-            groups.append(([setting], group))
-    return groups
+    from klstudy import figures
+
+    return figures.coinciding_groups(rows, "setting", [c for c in columns if c in rows], equal_nan=True)
 
 
 def _group_label(names: list[str], rows: pd.DataFrame, presets: dict | None) -> str:

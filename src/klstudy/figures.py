@@ -1241,7 +1241,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     listed = []
     for row, family in enumerate(families):
         mine = points[points.family == family]
-        groups = _coinciding_end_points(mine)
+        groups = coinciding_groups(mine, "config", ["beta", "reward", "kl"])
         for col in (0, 1):  # a group with any of the paper's configurations left, with any framework's variant centre
             ax = axes[row, col]
             _draw_toy_frontier(ax, fronts, mine, family)
@@ -1287,19 +1287,22 @@ a description of their scatter, not a test), labelled with β, for β ∈ {{{mc_
 named together in the legend. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
 
 
-def _coinciding_end_points(rows: pd.DataFrame) -> list[tuple[list[str], pd.DataFrame]]:
-    """Configurations whose exact end points (status, reward, KL at every β) coincide, grouped: each drawn once."""
+def coinciding_groups(rows: pd.DataFrame, key: str, columns: list[str], equal_nan: bool = False):
+    """[(names, rows)]: the values of ``key`` whose rows (status and ``columns``, sorted by the first) coincide,
+    grouped, each group drawn once. ``equal_nan``: NaN (and a missing status) equals NaN."""
     groups: list[tuple[list[str], pd.DataFrame]] = []
-    for config, group in rows.groupby("config", sort=False):
-        group = group.sort_values("beta").reset_index(drop=True)
+    for name, group in rows.groupby(key, sort=False):
+        group = group.sort_values(columns[0]).reset_index(drop=True)
         for names, first in groups:
-            same = len(first) == len(group) and (first.status == group.status).all() and np.allclose(
-                first[["beta", "reward", "kl"]], group[["beta", "reward", "kl"]], rtol=1e-6, atol=1e-9)  # fmt: skip
+            status = (first.status.astype(str), group.status.astype(str)) if equal_nan else (first.status, group.status)
+            same = len(first) == len(group) and (status[0] == status[1]).all() and np.allclose(
+                first[columns].astype(float), group[columns].astype(float), rtol=1e-6, atol=1e-9,
+                equal_nan=equal_nan)  # fmt: skip
             if same:
-                names.append(config)
+                names.append(name)
                 break
         else:
-            groups.append(([config], group))
+            groups.append(([name], group))
     return groups
 
 
