@@ -272,3 +272,22 @@ def test_toy_claims_go_through_the_claims_tables_judgement_with_every_reason_it_
     points, runs = synthetic({"k3-both": "stable"}, {"k3-both": [0.5]})
     one = fp.toy_claims(runs, points, {"judged": claims["judged"]}, RULE, TOLERANCE)
     assert one.verdict.iloc[0] == "not testable: one seed"
+
+
+def test_no_end_point_lies_above_the_frontier_and_the_optimum_lies_on_it():
+    """below_frontier is ≥ 0 up to rounding for every stable end point of the default's tabular family, and 0 for K1
+    in the reward (on the optimum): a frontier drawn as chords between its β nodes would read −3e-05 there."""
+    import yaml
+
+    from klstudy import config as config_module
+
+    config = config_module.validate_config(yaml.safe_load(open("config.yaml")))
+    section = config["toy"]["fixed_points"]
+    points, front = fp.exact_tables(section, ["k1-reward", "k3-loss", "k3-both"], "tabular")
+    gaps = fp.below_frontier(points, front)
+    stable = points.status == "stable"
+    beyond = gaps.isna()  # past the frontier's largest KL: documented as NaN
+    assert (points.kl[beyond] > front.kl.max()).all()
+    assert (gaps[stable & ~beyond] > -1e-9).all(), gaps[stable].min()
+    assert gaps[points.config == "k1-reward"].abs().max() < 1e-9
+    assert (gaps[stable & (points.config == "k3-loss")] > 1e-7).all()

@@ -554,8 +554,10 @@ def family_of(section: dict, name: str) -> Family:
 
 
 def frontier_betas(section: dict) -> list[float]:
+    """The frontier's β grid with the fixed points' own β in it, so that an end point on the optimum sits on a node
+    of the frontier rather than on an interpolated chord (which a concave frontier leaves below the curve)."""
     grid = section["frontier_betas"]
-    return np.geomspace(grid["min"], grid["max"], grid["points"]).tolist()
+    return sorted(set(np.geomspace(grid["min"], grid["max"], grid["points"]).tolist()) | set(section["betas"]))
 
 
 def exact_tables(section: dict, configs, family_name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -664,15 +666,19 @@ def toy_claims(end_points: pd.DataFrame, points: pd.DataFrame, claims: dict, rul
 # ------------------------------------------------------------------------------------------------ figure and tables
 
 def below_frontier(points: pd.DataFrame, fronts: pd.DataFrame) -> pd.Series:
-    """How far below the frontier each end point lies: the frontier's reward at the end point's KL (interpolated
-    over the frontier's β grid) minus its reward. 0 on the frontier; NaN beyond the frontier's range of KL (a point
-    that drifted there is off it by construction: the frontier's reward is 1 at finite KL)."""
+    """How far below the frontier each end point lies: the frontier's reward at the end point's KL (a shape-preserving
+    cubic through the frontier's β grid: a straight chord would put the concave frontier below end points near it)
+    minus its reward. 0 on the frontier; NaN beyond the frontier's range of KL (a point that drifted there is off it
+    by construction: the frontier's reward is 1 at finite KL)."""
+    from scipy.interpolate import PchipInterpolator
+
     gaps = pd.Series(np.nan, index=points.index)
     for family, front in fronts.groupby("family"):
-        front = front.sort_values("kl")
+        front = front.sort_values("kl").drop_duplicates("kl")
         rows = points.family == family
         inside = rows & points.kl.between(front.kl.min(), front.kl.max())
-        gaps[inside] = np.interp(points.kl[inside], front.kl, front.reward) - points.reward[inside]
+        curve = PchipInterpolator(front.kl.to_numpy(), front.reward.to_numpy())
+        gaps[inside] = curve(points.kl[inside].to_numpy()) - points.reward[inside]
     return gaps
 
 
