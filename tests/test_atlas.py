@@ -114,6 +114,18 @@ def test_the_effective_beta_of_an_optimum_is_its_own_beta(name):
     assert math.isnan(curve.effective_beta(curve.kls.max() * 2))  # beyond every optimum's KL: none
 
 
+def test_below_the_frontier_is_zero_on_the_optimum_and_positive_off_it():
+    """K1 in the reward with RLOO ends on the tabular optimum: nothing below the frontier; K3 in the loss with ÷ group
+    std at G = 2 ends off it, below the frontier by more than rounding, and no setting lies above it."""
+    family, _ = small("tabular", 3)
+    settings = [{"setting": s, "config": s.split("/")[0], "normalisation": s.split("/")[1], "group": 2}
+                for s in ("k1-reward/rloo/G2", "k3-loss/group_std/G2")]  # fmt: skip
+    table = atlas.end_points(family, ONE, settings, [0.3, 1.0], FLOW).set_index(["setting", "beta"])
+    assert table.loc["k1-reward/rloo/G2"].below_frontier.abs().max() < 1e-9
+    off = table.loc["k3-loss/group_std/G2"].below_frontier
+    assert (off > 1e-6).all(), off
+
+
 # ------------------------------------------------------------------------------------------------ the figure
 
 SECTION = {

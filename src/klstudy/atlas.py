@@ -95,6 +95,8 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
         for k, status in zip(table.get("kl", np.nan), table.status, strict=True)
     ]
     table["beta_eff_ratio"] = table.beta_eff / table.beta
+    # The reward below the frontier at the end point's KL: the optimum at β_eff has that KL and the most reward there.
+    table["below_frontier"] = np.array([curve.frontier_reward(b) for b in table.beta_eff]) - table.get("reward", np.nan)
     # Where β_eff is beyond the curve: an end point with more KL than the optimum at the curve's smallest β
     # regularises like a β below it ("< β_min"), drifting or not.
     table["beyond_curve"] = (table.status == "stable") & (table.get("kl", np.nan) >= curve.kls.max())
@@ -119,8 +121,19 @@ class OptimumCurve:
         self.kls = np.array([self.kl_at(b, self.optima[b]) for b in self.betas])
 
     def kl_at(self, beta: float, start: torch.Tensor) -> float:
+        return self.metrics_at(beta, start)["kl"]
+
+    def metrics_at(self, beta: float, start: torch.Tensor) -> dict:
         theta = fp.family_optimum(self.family, self.rewards, beta, start)
-        return fp.policy_metrics(self.family, self.family.sequence_logprobs(theta), self.rewards, beta)["kl"]
+        return fp.policy_metrics(self.family, self.family.sequence_logprobs(theta), self.rewards, beta)
+
+    def frontier_reward(self, beta: float) -> float:
+        """E[R] of the optimum at ``beta``: the most task reward any policy of the family has at that optimum's KL
+        (the reward–KL frontier at KL = KL(π*_β ‖ π_ref)). NaN for a NaN β."""
+        if not np.isfinite(beta):
+            return float("nan")
+        nearest = self.betas[np.argmin(np.abs(np.log(self.betas) - math.log(beta)))]
+        return self.metrics_at(beta, self.optima[nearest])["reward"]
 
     def effective_beta(self, kl_value: float) -> float:
         """The β whose optimum has KL ``kl_value`` (NaN outside the curve's range of KL)."""
@@ -193,15 +206,19 @@ def length_sweep(section: dict, flow: dict) -> pd.DataFrame:
 def monte_carlo(section: dict, reward: dict, family: fp.Family) -> pd.DataFrame:
     """The Monte Carlo runs of ``monte_carlo.settings``, on-policy, through the trainer's loss with each setting's
     normalisation and G (fixed_points.train_monte_carlo); config column = the setting's name."""
-    carlo, rows = section["monte_carlo"], []
+    carlo, rows, trained = section["monte_carlo"], [], {}
     by_name = {s["setting"]: s for s in grid_settings(section)}
     for name in carlo["settings"]:
         setting = by_name[name]
-        runs = fp.train_monte_carlo(
-            family, reward, setting["config"], carlo["betas"], dict(carlo, group_size=setting["group"]),
-            "on-policy", setting["normalisation"],
-        )  # fmt: skip
-        rows.append(runs.assign(config=name))
+        # A preset that is a grid setting in the toy (verl's and OpenRLHF's GRPO are K3 in the loss ÷ group std at
+        # G = 8) has the same sampled updates: trained once, its runs carry each name.
+        key = (setting["config"], setting["normalisation"], setting["group"])
+        if key not in trained:
+            trained[key] = fp.train_monte_carlo(
+                family, reward, setting["config"], carlo["betas"], dict(carlo, group_size=setting["group"]),
+                "on-policy", setting["normalisation"],
+            )  # fmt: skip
+        rows.append(trained[key].assign(config=name))
     return pd.concat(rows, ignore_index=True)
 
 
@@ -426,13 +443,14 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     judged.to_csv(out_dir / "atlas_claims.csv", index=False)
     readable = table.assign(
         reward=table.reward.map(_fmt), kl=table.kl.map(_fmt), gap=table.objective_gap.map(lambda v: _fmt(v, "{:.2g}")),
+        below=table.below_frontier.map(lambda v: _fmt(v, "{:.2g}")),
         beta_eff=[f"< {m:g}" if beyond else _fmt(b) for b, beyond, m in
                   zip(table.beta_eff, table.beyond_curve, table.curve_beta_min, strict=True)],
         ratio=[f"< {m / beta:.2g}" if beyond else _fmt(r, "{:.2f}") for r, beyond, m, beta in
                zip(table.beta_eff_ratio, table.beyond_curve, table.curve_beta_min, table.beta, strict=True)],
         mc=[("–" if pd.isna(a) else ("agrees" if a else "differs")) for a in table.mc_agrees],
     )  # fmt: skip
-    columns = ["family", "setting", "beta", "status", "exact", "reward", "kl", "gap", "beta_eff", "ratio", "mc"]
+    columns = ["family", "setting", "beta", "status", "exact", "reward", "kl", "gap", "below", "beta_eff", "ratio", "mc"]
     presets = readable[readable.preset.fillna("") != ""]
     preset_rows = "\n".join(
         f"- **{name}**: {p['framework']} {p['version']}: `{p['kl']}`, {p['normalisation']}, G = {p['group']}. Read "
@@ -451,7 +469,9 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
                      "tolerance", "seeds", "verdict"]  # fmt: skip
     (out_dir / "atlas.md").write_text(
         "The atlas (toy model, exact, float64): each setting's end point against the optimum of J_β = E[R] − β·KL in "
-        "the same family: task reward, KL(π‖π_ref), the gap J_β(optimum) − J_β(end), β_eff (the β whose optimum has "
+        "the same family: task reward, KL(π‖π_ref), the gap J_β(optimum) − J_β(end), below: the reward below the "
+        "reward–KL frontier at the end point's KL (the reward of the optimum at β_eff, which has that KL, minus the end "
+        "point's; – without β_eff), β_eff (the β whose optimum has "
         "the end point's KL; – where the setting has no stable fixed point; < β_min where its KL is above that of the "
         "optimum at the smallest β searched, 0.01) and "
         "β_eff/β (< 1: weaker regularisation than asked for). exact: how the expected update is known. mc: whether "

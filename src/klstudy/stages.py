@@ -143,7 +143,10 @@ def _toy_atlas_report(args):
     length = pd.read_csv(args.length)
     carlo = dict(fixed["monte_carlo"], **section["monte_carlo"])
     atlas_section = dict(section, reference=fixed["reference"], monte_carlo=carlo)
-    runs = atlas.monte_carlo(atlas_section, fixed["reward"], fixed_points.family_of(fixed, "tabular"))
+    runs = pd.concat(
+        atlas.monte_carlo(atlas_section, fixed["reward"], fixed_points.family_of(fixed, family))
+        for family in carlo["families"]
+    )
     judged = atlas.claims(runs, points, section, config["claims_rule"], fixed["tolerance"])
     out = Path(args.png)
     text = atlas.draw(points, length, out, section)
