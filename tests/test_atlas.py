@@ -213,6 +213,18 @@ def test_every_normalisation_has_a_name_and_a_marker():
     assert len(set(atlas.NORMALISATION_MARKERS.values())) == len(atlas.NORMALISATION_MARKERS)
 
 
+def test_every_default_group_size_has_its_own_fill():
+    """A G the default grid or a default preset uses is drawn with a fill of its own (one missing fell back to G = 2's)."""
+    import yaml
+
+    from klstudy import config as config_module
+
+    section = config_module.validate_config(yaml.safe_load(open("config.yaml")))["toy"]["atlas"]
+    groups = set(section["group_sizes"]) | {p["group"] for p in section["presets"].values()}
+    assert groups <= set(atlas.GROUP_FILLS)
+    assert len(set(atlas.GROUP_FILLS.values())) == len(atlas.GROUP_FILLS)
+
+
 def test_a_preset_is_named_by_its_framework():
     assert atlas.preset_name("nemo-rl-grpo", {"framework": "NeMo-RL", "version": "0.6.0"}) == "NeMo-RL 0.6 GRPO"
     assert atlas.preset_name("trl-grpo", {"framework": "TRL", "version": "1.16.0"}) == "TRL 1.16 GRPO"

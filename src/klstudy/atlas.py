@@ -242,7 +242,7 @@ NORMALISATION_NAMES = {"rloo": "RLOO", "grpo": "− group mean (Dr. GRPO)", "gro
 # Without colour: the marker's shape says the normalisation, its fill G (colour is the KL configuration's, as in
 # every figure; line style is β's, as in every figure).
 NORMALISATION_MARKERS = {"rloo": "o", "grpo": "D", "group_std": "s", "batch_std": "^", "loo_std": "v", "none": "P"}
-GROUP_FILLS = {2: "full", 4: "bottom", 8: "none", 16: "left"}
+GROUP_FILLS = {2: "full", 4: "bottom", 5: "right", 8: "none", 16: "left"}
 NBSP = "\u00a0"  # "G = 8" and "β = 1" are not broken across a legend's wrapped lines
 
 
@@ -378,7 +378,7 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
     figures.figure_legend(fig, axes.ravel(), wrap=40)
     fig.suptitle("How strongly each setup regularises, against the β asked for (toy model, exact)", fontsize=11)
     figures.footnote(fig, "Colour: KL configuration; marker shape: advantage normalisation; marker fill: G (filled 2, "
-                     "lower half 4, hollow 8, left half 16);\nline style: β (lower rows). Settings with the same "
+                     "lower half 4, right half 5, hollow 8, left half 16);\nline style: β (lower rows). Settings with the same "
                      "points are drawn once and named together.")  # fmt: skip
     return fig, figures.caption(_caption(points, length, section), "\n".join(listed))
 
@@ -403,7 +403,7 @@ for T = 1 to {max_length} (the parametric family from T = 2: at T = 1 it is the 
 ceil({fraction:g} × T) ones: the gap J_β(optimum) − J_β(end) on a log axis (a gap below {floor:g} is on the optimum \
 to rounding error and is drawn on the grey line at {floor:g}) and β_eff/β (dashed: 1). Colour = KL configuration (as \
 in every figure), marker shape = advantage normalisation (○ RLOO, ◇ group mean, □ group std, △ batch std, ▽ RLOO ÷ \
-the others' std), marker fill = G (filled 2, lower half 4, hollow 8, left half 16), line style = β (as in every \
+the others' std), marker fill = G (filled 2, lower half 4, right half 5, hollow 8, left half 16), line style = β (as in every \
 figure). Settings whose points coincide at every β (or every T) are drawn once and named together. A setting without \
 a stable fixed point, or whose end point has more KL than the optimum at the smallest β searched ({beta_min:g}), has \
 no β_eff there and is left out of the line; those are listed below. The table gives every setting's end point, gap, \
