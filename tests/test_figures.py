@@ -122,6 +122,11 @@ def test_one_palette_colour_is_the_configuration_and_line_style_the_beta_by_its_
     # β by its value: the same β has the same style in a run of two β and in one of four
     assert figures.beta_linestyle(0.1) == "--" and figures.beta_hatch(0.1) == "//"
     assert figures.beta_linestyle(0.0) == figures.beta_linestyle(None) == "-"
+    # every β has a style of its own, none of them no KL's solid line or unhatched bar
+    styles = [figures.beta_linestyle(b) for b in figures.BETA_STYLES]
+    hatches = [figures.beta_hatch(b) for b in figures.BETA_STYLES]
+    assert "-" not in styles and "" not in hatches
+    assert len({str(x) for x in styles}) == len(styles) and len(set(hatches)) == len(hatches)
     # verdict colours are no configuration's colour
     verdicts = {mcolors.to_hex(c) for c in [*figures.VERDICT_COLOURS.values(), figures.UNTESTED_COLOUR]}
     assert not verdicts & {mcolors.to_hex(figures.config_colour(k)) for k in [*PAPER_CONFIGS, "base"]}

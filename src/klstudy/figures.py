@@ -68,7 +68,7 @@ ESTIMATOR_FILLS = {"k1": "full", "k3": "none", "k2": "bottom"}
 BETA_STYLES = {
     0.005: ((0, (1, 1)), "oo"),
     0.01: ((0, (3, 1, 1, 1, 1, 1)), "++"),
-    0.05: ("-", ""),
+    0.05: ((0, (6, 1.5, 1, 1.5)), "||"),  # not solid: solid is no KL's
     0.1: ("--", "//"),
     0.3: ("-.", "\\\\"),
     1.0: (":", ".."),
@@ -662,7 +662,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             _mark_verdicts(ax, stats.assign(x=x), claims, kl_config)
         drawn.seeds.update(stats.n)
     if claims is not None and configs:
-        for verdict in ("shown", "contradicted"):
+        against_none = claims[(claims.baseline == NO_KL) & claims.candidate.isin(configs)]
+        for verdict in [v for v in ("shown", "contradicted") if v in set(against_none.verdict)]:
             ax.plot([], [], "o", markersize=11, markerfacecolor="none", markeredgewidth=1.6, linestyle="",
                     color=VERDICT_COLOURS[verdict], label=f"ring: {verdict} against no KL")  # fmt: skip
         drawn.notes.append(
@@ -858,8 +859,8 @@ def series_se_text(claims: pd.DataFrame | None) -> str:
     used = claims.dropna(subset=["critical", "seeds"]).groupby("seeds").critical.min()
     return SERIES_SE.format(widths=" (" + ", ".join(f"{c:.3g} at {int(n)} seeds" for n, c in used.items()) + ")")
 IN_IMAGE_SE = (
-    "Mean over n seeds ± 1 se (n: panel titles): a description, not a test.\n"
-    "Which differences are findings: the claims figure and this figure's caption."
+    "Mean over n seeds (panel titles) ± 1 se; a bar's se includes lm-eval's error over questions (one seed: that alone).\n"
+    "A description, not a test: which differences are findings, the claims figure and this figure's caption say."
 )
 
 
@@ -956,8 +957,8 @@ def draw_training_figure(study: str, config: dict, tables: dict):
                loc="outside right center", fontsize=8, frameon=False)  # fmt: skip
     fig.suptitle(f"Training dynamics: {study_name(config, study)}", fontsize=11)
     footnote(fig, f"Thick: each run's trailing {window}-step mean, then the mean over n seeds ± 1 se (a "
-             "description, not a test); thin: each step as logged.\nKL: the K3 estimate on the sampling policy's own "
-             "batch.")  # fmt: skip
+             f"description, not a test); thin (panels of at most {RAW_LINES_UP_TO} lines): each step as logged.\nKL: the "
+             "K3 estimate on the sampling policy's own batch.")  # fmt: skip
     text = TRAINING_CAPTION.format(study=study, description=spec.get("description", study), window=window,
                                    raw=RAW_LINES_UP_TO, run=run_text(config, spec["models"]), uncertainty=UNCERTAINTY,
                                    design=_design_text(spec["train"]))  # fmt: skip
@@ -1083,7 +1084,8 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict):
                      or [claims.iloc[:0]])  # no claims: one empty panel, said below  # fmt: skip
     if not groups:
         say_why_empty(axes[0, 0], "the config names no claims")
-    fig.legend(handles=_forest_handles(), loc="outside right upper", fontsize=8, frameon=False)
+    fig.legend(handles=_forest_handles(claims.get("verdict", [])), loc="outside right upper", fontsize=8,
+               frameon=False)  # fmt: skip
     fig.suptitle("Every claim: effect ± critical·se, the interval its verdict reads", fontsize=11)
     footnote(fig, "Effect: candidate − baseline in the metric's units; ▶/◀ after a claim's name: the direction "
              "predicted.\n"
@@ -1107,8 +1109,11 @@ critical value, and n, the paired units. One panel per metric; a claim that a co
 tested as a slope over the β grid, has its own panel (per decade of β)."""
 
 
-def _forest_handles() -> list:
-    handles = [plt.Line2D([], [], color=c, marker="o", linestyle="-", label=v) for v, c in VERDICT_COLOURS.items()]
+def _forest_handles(verdicts) -> list:
+    """The legend: the verdicts that occur (a key to a colour no row has would be read as a finding), then the marks."""
+    present = set(verdicts)
+    handles = [plt.Line2D([], [], color=c, marker="o", linestyle="-", label=v)
+               for v, c in VERDICT_COLOURS.items() if v in present]  # fmt: skip
     handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linestyle="",
                               label="no interval (not testable,\nno prediction)"))  # fmt: skip
     handles.append(plt.Line2D([], [], color="0.3", marker="|", markersize=10, linestyle="",
