@@ -465,7 +465,7 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
         exact=judged.exact_effect.map(lambda v: _fmt(v, "{:+.3g}")),
         tolerance=judged.bound.map(lambda v: _fmt(v, "±{:.2g}")),
     )
-    claim_columns = ["claim", "beta", "candidate", "baseline", "predicted", "exact_status", "effect", "exact",
+    claim_columns = ["claim", "family", "beta", "candidate", "baseline", "predicted", "exact_status", "effect", "exact",
                      "tolerance", "seeds", "verdict"]  # fmt: skip
     (out_dir / "atlas.md").write_text(
         "The atlas (toy model, exact, float64): each setting's end point against the optimum of J_β = E[R] − β·KL in "
