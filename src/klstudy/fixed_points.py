@@ -665,20 +665,21 @@ def toy_claims(end_points: pd.DataFrame, points: pd.DataFrame, claims: dict, rul
 
 # ------------------------------------------------------------------------------------------------ figure and tables
 
-def below_frontier(points: pd.DataFrame, fronts: pd.DataFrame) -> pd.Series:
-    """How far below the frontier each end point lies: the frontier's reward at the end point's KL (a shape-preserving
-    cubic through the frontier's β grid: a straight chord would put the concave frontier below end points near it)
-    minus its reward. 0 on the frontier; NaN beyond the frontier's range of KL (a point that drifted there is off it
-    by construction: the frontier's reward is 1 at finite KL)."""
-    from scipy.interpolate import PchipInterpolator
+def below_frontier(points: pd.DataFrame, section: dict) -> pd.Series:
+    """How far below the frontier each end point lies: the most task reward any policy of its family has at the end
+    point's KL, minus its reward. Exact: that policy is the family's optimum at the β whose optimum has this KL
+    (atlas.OptimumCurve.effective_beta, Brent's method to 1e-12), so an end point on the optimum reads 0 to
+    rounding. NaN beyond the optimum curve's range of KL (a point that drifted there is off it by construction: the
+    frontier's reward is 1 at finite KL) and where the end point has no KL."""
+    from klstudy import atlas
 
     gaps = pd.Series(np.nan, index=points.index)
-    for family, front in fronts.groupby("family"):
-        front = front.sort_values("kl").drop_duplicates("kl")
-        rows = points.family == family
-        inside = rows & points.kl.between(front.kl.min(), front.kl.max())
-        curve = PchipInterpolator(front.kl.to_numpy(), front.reward.to_numpy())
-        gaps[inside] = curve(points.kl[inside].to_numpy()) - points.reward[inside]
+    for name, rows in points.groupby("family"):
+        family = family_of(section, name)
+        curve = atlas.OptimumCurve(family, task_reward(family.sequences, section["reward"]))
+        for index, row in rows.iterrows():
+            beta = curve.effective_beta(row.kl) if np.isfinite(row.kl) else float("nan")
+            gaps[index] = curve.frontier_reward(beta) - row.reward
     return gaps
 
 

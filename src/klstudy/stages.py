@@ -100,7 +100,7 @@ def _toy_fixed_points_report(args):
     points = pd.concat([pd.read_csv(path) for path in args.points], ignore_index=True)
     fronts = pd.concat([pd.read_csv(path) for path in args.frontiers], ignore_index=True)
     end_points = pd.concat([pd.read_csv(path) for path in args.monte_carlo], ignore_index=True)
-    points = points.assign(below_frontier=fixed_points.below_frontier(points, fronts))
+    points = points.assign(below_frontier=fixed_points.below_frontier(points, section))
     agreed = fixed_points.agreement(end_points, points)
     claims = fixed_points.toy_claims(end_points, points, section["claims"], config["claims_rule"], section["tolerance"])
     out = Path(args.png)
