@@ -286,7 +286,7 @@ def test_the_regularisation_table_compares_each_beta_with_no_kl_and_states_the_p
     table = tables.regularisation(alone, cells, config, tests, ["onpolicy"])
     assert table.minus_no_kl.isna().all() and set(table.claim_below_no_kl) == {"no claim"}
     compact = tables.regularisation_sections(table)[0][1]
-    assert "claims table: below no KL" in compact and "below_no_kl" not in compact
+    assert "claims table: against no KL" in compact and "below_no_kl" not in compact
 
 
 def test_the_short_claims_table_takes_every_number_and_verdict_from_the_claims_table():

@@ -370,7 +370,8 @@ def regularisation(
     """The on-policy KL to the reference at the end of training (aggregate.final_values) per configuration and β:
     mean ± se over seeds (aggregate.UNCERTAINTY); its difference from the no-KL run of the same study, model and seed
     (the same data order: paired), mean ± se; what the toy model predicts (expected_pull); and what the claims table
-    says of it (below no KL; lower at a larger β): its verdicts, never a comparison of means made here."""
+    says of it (against no KL, below or above as the claim says; lower at a larger β): its verdicts, never a
+    comparison of means made here."""
     keys = ["study", "model", "kl", "beta"]
     final = final_values(training[training.study.isin(studies)], config)
     status = cells.set_index([*keys, "seed"]).status
@@ -412,7 +413,7 @@ def regularisation_sections(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame
             "n": table.seeds,
             "− no KL, paired": [plus_minus(m, s) for m, s in zip(table.minus_no_kl, table.minus_no_kl_se, strict=True)],
             "Table 1 predicts": table.predicted,
-            "claims table: below no KL": table.claim_below_no_kl,
+            "claims table: against no KL": table.claim_below_no_kl,
             "claims table: lower at larger β": table.claim_lower_at_larger_beta,
         }
     )
