@@ -71,7 +71,9 @@ def test_the_separation_overlay_merges_into_the_default(tmp_path):
     update_config(merged, yaml.safe_load((ROOT / "config/separation.yaml").read_text()))
     counts = job_counts(snakemake("-n", "--cores", "1", "--configfile", *overlay, cwd=tmp_path))
     assert counts == expected_jobs(merged)
-    assert counts["train_rl"] == (1 + 6 * 3) * 4 + 18  # on-policy: no KL and six penalties at three β, four seeds
+    # on-policy: no KL and six penalties at three β, four seeds; bridge: no KL and three at two β, seeds 4-7; then 18
+    assert counts["train_rl"] == (1 + 6 * 3) * 4 + (1 + 3 * 2) * 4 + 18
+    assert merged["studies"]["bridge"]["seeds"] == [4, 5, 6, 7]  # seeds the runs that suggested its claims did not see
     onpolicy = merged["studies"]["onpolicy"]["train"]
     assert onpolicy["batch_prompts"] == onpolicy["minibatch_prompts"] == 16  # one update a batch: still on-policy
     assert onpolicy["learning_rate"] == 1e-4 and onpolicy["steps"] == 15  # the rest of config.yaml's settings
