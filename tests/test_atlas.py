@@ -106,7 +106,7 @@ def test_k1_in_the_reward_has_a_zero_update_at_the_tabular_optimum(normalisation
 @pytest.mark.parametrize("name", fp.FAMILIES)
 def test_the_effective_beta_of_an_optimum_is_its_own_beta(name):
     family, rewards = small(name, 3)
-    curve = atlas.OptimumCurve(family, rewards)
+    curve = fp.OptimumCurve(family, rewards)
     for beta in (0.07, 0.4, 2.5):
         theta = fp.family_optimum(family, rewards, beta, curve.optima[min(curve.optima, key=lambda b: abs(b - beta))])
         k = fp.policy_metrics(family, family.sequence_logprobs(theta), rewards, beta)["kl"]
@@ -214,7 +214,8 @@ def test_every_normalisation_has_a_name_and_a_marker():
 
 
 def test_every_default_group_size_has_its_own_fill():
-    """A G the default grid or a default preset uses is drawn with a fill of its own (one missing fell back to G = 2's)."""
+    """A G the default grid or a default preset uses is drawn with a fill of its own (one missing fell back to G = 2's
+    fill)."""
     import yaml
 
     from klstudy import config as config_module

@@ -28,12 +28,11 @@ import math
 import numpy as np
 import pandas as pd
 import torch
-from scipy.optimize import brentq
 
 from klstudy import fixed_points as fp
 from klstudy import kl
 
-EFFECTIVE_BETA_RANGE = (1e-2, 1e2)  # β_eff is searched in it; an end point whose KL is beyond it has none
+EFFECTIVE_BETA_RANGE = fp.EFFECTIVE_BETA_RANGE
 
 
 def label(config: str, normalisation: str, group: int) -> str:
@@ -71,7 +70,7 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
     """One row per (setting, β): the exact end point against the family's optimum (fixed_points.fixed_point_table's
     columns), how it is known, and β_eff. RLOO's update is G-free: computed once per configuration."""
     rewards = fp.task_reward(family.sequences, reward)
-    curve = OptimumCurve(family, rewards)
+    curve = fp.OptimumCurve(family, rewards)
     cache, rows = {}, []
     for setting in settings:
         config, normalisation, group = setting["config"], setting["normalisation"], setting["group"]
@@ -102,56 +101,6 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
     table["beyond_curve"] = (table.status == "stable") & (table.get("kl", np.nan) >= curve.kls.max())
     table["curve_beta_min"] = curve.betas.min()
     return table
-
-
-class OptimumCurve:
-    """KL(π*_β ‖ π_ref) of the family's optimum against β, and its inverse (``effective_beta``)."""
-
-    def __init__(self, family: fp.Family, rewards: torch.Tensor, points: int = 25):
-        self.family, self.rewards = family, rewards
-        # Down from the largest β, each optimum from the previous; the curve stops where the family has no interior
-        # optimum any more (parametric, small β: the optimum's logits leave for the boundary).
-        self.optima, start = {}, family.reference_theta()
-        for beta in np.geomspace(*EFFECTIVE_BETA_RANGE, points)[::-1].tolist():
-            try:
-                self.optima[beta] = start = fp.family_optimum(family, rewards, beta, start)
-            except RuntimeError:
-                break
-        self.betas = np.array(sorted(self.optima))
-        self.kls = np.array([self.kl_at(b, self.optima[b]) for b in self.betas])
-
-    def kl_at(self, beta: float, start: torch.Tensor) -> float:
-        return self.metrics_at(beta, start)["kl"]
-
-    def metrics_at(self, beta: float, start: torch.Tensor) -> dict:
-        theta = fp.family_optimum(self.family, self.rewards, beta, start)
-        return fp.policy_metrics(self.family, self.family.sequence_logprobs(theta), self.rewards, beta)
-
-    def frontier_reward(self, beta: float) -> float:
-        """E[R] of the optimum at ``beta``: the most task reward any policy of the family has at that optimum's KL
-        (the reward–KL frontier at KL = KL(π*_β ‖ π_ref)). NaN for a NaN β."""
-        if not np.isfinite(beta):
-            return float("nan")
-        nearest = self.betas[np.argmin(np.abs(np.log(self.betas) - math.log(beta)))]
-        return self.metrics_at(beta, self.optima[nearest])["reward"]
-
-    def effective_beta(self, kl_value: float) -> float:
-        """The β whose optimum has KL ``kl_value`` (NaN outside the curve's range of KL)."""
-        if not self.kls.min() < kl_value < self.kls.max():
-            return float("nan")
-        # KL falls with β: the bracket is the last grid β whose KL is still above kl_value, and the next.
-        i = int(np.nonzero(self.kls > kl_value)[0].max())
-        low, high = self.betas[i], self.betas[i + 1]
-
-        def gap(log_beta):
-            beta = math.exp(log_beta)  # Newton's method from the nearer of the two grid optima
-            start = self.optima[low if abs(log_beta - math.log(low)) < abs(log_beta - math.log(high)) else high]
-            return self.kl_at(beta, start) - kl_value
-
-        try:
-            return math.exp(brentq(gap, math.log(low), math.log(high), xtol=1e-12, rtol=1e-12))
-        except (ValueError, RuntimeError):  # the family's optimum not found between the two (parametric, small β)
-            return float("nan")
 
 
 def task_scale(normalisation: str, group: int, p: float) -> float:
@@ -378,7 +327,8 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
     figures.figure_legend(fig, axes.ravel(), wrap=40)
     fig.suptitle("How strongly each setup regularises, against the β asked for (toy model, exact)", fontsize=11)
     figures.footnote(fig, "Colour: KL configuration; marker shape: advantage normalisation; marker fill: G (filled 2, "
-                     "lower half 4, right half 5, hollow 8, left half 16);\nline style: β (lower rows). Settings with the same "
+                     "lower half 4, right half 5, hollow 8, left half 16);\nline style: β (lower rows). Settings with "
+                     "the same "
                      "points are drawn once and named together.")  # fmt: skip
     return fig, figures.caption(_caption(points, length, section), "\n".join(listed))
 
@@ -403,7 +353,8 @@ for T = 1 to {max_length} (the parametric family from T = 2: at T = 1 it is the 
 ceil({fraction:g} × T) ones: the gap J_β(optimum) − J_β(end) on a log axis (a gap below {floor:g} is on the optimum \
 to rounding error and is drawn on the grey line at {floor:g}) and β_eff/β (dashed: 1). Colour = KL configuration (as \
 in every figure), marker shape = advantage normalisation (○ RLOO, ◇ group mean, □ group std, △ batch std, ▽ RLOO ÷ \
-the others' std), marker fill = G (filled 2, lower half 4, right half 5, hollow 8, left half 16), line style = β (as in every \
+the others' std), marker fill = G (filled 2, lower half 4, right half 5, hollow 8, left half 16), line style = β \
+(as in every \
 figure). Settings whose points coincide at every β (or every T) are drawn once and named together. A setting without \
 a stable fixed point, or whose end point has more KL than the optimum at the smallest β searched ({beta_min:g}), has \
 no β_eff there and is left out of the line; those are listed below. The table gives every setting's end point, gap, \
@@ -450,7 +401,8 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
                zip(table.beta_eff_ratio, table.beyond_curve, table.curve_beta_min, table.beta, strict=True)],
         mc=[("–" if pd.isna(a) else ("agrees" if a else "differs")) for a in table.mc_agrees],
     )  # fmt: skip
-    columns = ["family", "setting", "beta", "status", "exact", "reward", "kl", "gap", "below", "beta_eff", "ratio", "mc"]
+    columns = ["family", "setting", "beta", "status", "exact", "reward", "kl", "gap", "below", "beta_eff", "ratio",
+               "mc"]  # fmt: skip
     presets = readable[readable.preset.fillna("") != ""]
     preset_rows = "\n".join(
         f"- **{name}**: {p['framework']} {p['version']}: `{p['kl']}`, {p['normalisation']}, G = {p['group']}. Read "
@@ -470,7 +422,8 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     (out_dir / "atlas.md").write_text(
         "The atlas (toy model, exact, float64): each setting's end point against the optimum of J_β = E[R] − β·KL in "
         "the same family: task reward, KL(π‖π_ref), the gap J_β(optimum) − J_β(end), below: the reward below the "
-        "reward–KL frontier at the end point's KL (the reward of the optimum at β_eff, which has that KL, minus the end "
+        "reward–KL frontier at the end point's KL (the reward of the optimum at β_eff, which has that KL, minus the "
+        "end "
         "point's; – without β_eff), β_eff (the β whose optimum has "
         "the end point's KL; – where the setting has no stable fixed point; < β_min where its KL is above that of the "
         "optimum at the smallest β searched, 0.01) and "

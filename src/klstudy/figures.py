@@ -859,7 +859,8 @@ def series_se_text(claims: pd.DataFrame | None) -> str:
     used = claims.dropna(subset=["critical", "seeds"]).groupby("seeds").critical.min()
     return SERIES_SE.format(widths=" (" + ", ".join(f"{c:.3g} at {int(n)} seeds" for n, c in used.items()) + ")")
 IN_IMAGE_SE = (
-    "Mean over n seeds (panel titles) ± 1 se; a bar's se includes lm-eval's error over questions (one seed: that alone).\n"
+    "Mean over n seeds (panel titles) ± 1 se; a bar's se includes lm-eval's error over questions (one seed: that "
+    "alone).\n"
     "A description, not a test: which differences are findings, the claims figure and this figure's caption say."
 )
 
@@ -957,7 +958,8 @@ def draw_training_figure(study: str, config: dict, tables: dict):
                loc="outside right center", fontsize=8, frameon=False)  # fmt: skip
     fig.suptitle(f"Training dynamics: {study_name(config, study)}", fontsize=11)
     footnote(fig, f"Thick: each run's trailing {window}-step mean, then the mean over n seeds ± 1 se (a "
-             f"description, not a test); thin (panels of at most {RAW_LINES_UP_TO} lines): each step as logged.\nKL: the "
+             f"description, not a test); thin (panels of at most {RAW_LINES_UP_TO} lines): each step as logged."
+             "\nKL: the "
              "K3 estimate on the sampling policy's own batch.")  # fmt: skip
     text = TRAINING_CAPTION.format(study=study, description=spec.get("description", study), window=window,
                                    raw=RAW_LINES_UP_TO, run=run_text(config, spec["models"]), uncertainty=UNCERTAINTY,
