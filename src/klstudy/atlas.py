@@ -328,8 +328,7 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
     fig.suptitle("How strongly each setup regularises, against the β asked for (toy model, exact)", fontsize=11)
     figures.footnote(fig, "Colour: KL configuration; marker shape: advantage normalisation; marker fill: G (filled 2, "
                      "lower half 4, right half 5, hollow 8, left half 16);\nline style: β (lower rows). Settings with "
-                     "the same "
-                     "points are drawn once and named together.")  # fmt: skip
+                     "the same points are drawn once and named together.")  # fmt: skip
     return fig, figures.caption(_caption(points, length, section), "\n".join(listed))
 
 
@@ -354,8 +353,8 @@ ceil({fraction:g} × T) ones: the gap J_β(optimum) − J_β(end) on a log axis 
 to rounding error and is drawn on the grey line at {floor:g}) and β_eff/β (dashed: 1). Colour = KL configuration (as \
 in every figure), marker shape = advantage normalisation (○ RLOO, ◇ group mean, □ group std, △ batch std, ▽ RLOO ÷ \
 the others' std), marker fill = G (filled 2, lower half 4, right half 5, hollow 8, left half 16), line style = β \
-(as in every \
-figure). Settings whose points coincide at every β (or every T) are drawn once and named together. A setting without \
+(as in every figure). Settings whose points coincide at every β (or every T) are drawn once and named together. \
+A setting without \
 a stable fixed point, or whose end point has more KL than the optimum at the smallest β searched ({beta_min:g}), has \
 no β_eff there and is left out of the line; those are listed below. The table gives every setting's end point, gap, \
 β_eff and whether its on-policy Monte Carlo runs end there."""
@@ -423,10 +422,9 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
         "The atlas (toy model, exact, float64): each setting's end point against the optimum of J_β = E[R] − β·KL in "
         "the same family: task reward, KL(π‖π_ref), the gap J_β(optimum) − J_β(end), below: the reward below the "
         "reward–KL frontier at the end point's KL (the reward of the optimum at β_eff, which has that KL, minus the "
-        "end "
-        "point's; – without β_eff), β_eff (the β whose optimum has "
-        "the end point's KL; – where the setting has no stable fixed point; < β_min where its KL is above that of the "
-        "optimum at the smallest β searched, 0.01) and "
+        "end point's; – without β_eff), β_eff (the β whose optimum has the end point's KL; – where the setting has "
+        "no stable fixed point; < β_min where its KL is above that of the optimum at the smallest β searched, 0.01) "
+        "and "
         "β_eff/β (< 1: weaker regularisation than asked for). exact: how the expected update is known. mc: whether "
         "the on-policy Monte Carlo runs end there (fixed_points.agreement). docs/atlas.md explains it.\n\n"
         "## Presets\n\n" + preset_rows + "\n\n" + presets[columns].to_markdown(index=False) + "\n\n"

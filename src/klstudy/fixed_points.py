@@ -555,8 +555,9 @@ def family_of(section: dict, name: str) -> Family:
 
 
 def frontier_betas(section: dict) -> list[float]:
-    """The frontier's β grid with the fixed points' own β in it, so that an end point on the optimum sits on a node
-    of the frontier rather than on an interpolated chord (which a concave frontier leaves below the curve)."""
+    """The drawn frontier's β grid with the fixed points' own β in it, so that in the figure an end point on the
+    optimum sits on a node of the line rather than on a chord (which a concave frontier leaves below the curve); the
+    tables read the frontier exactly (below_frontier)."""
     grid = section["frontier_betas"]
     return sorted(set(np.geomspace(grid["min"], grid["max"], grid["points"]).tolist()) | set(section["betas"]))
 
