@@ -24,11 +24,12 @@ $(INSTALLED): pyproject.toml requirements.lock
 
 ## The whole embedded study: every rule of the default config, then the HTML report. --keep-going: a cell
 ## that fails (as opposed to one that diverges or collapses, which is recorded and succeeds) stops no other.
-## Every job runs in a warm server that has imported torch, transformers, TRL and lm-eval once (klstudy/warm.py): the
-## imports are about 7 s of a 20-30 s job on a CPU. `WARM=` runs each job in a fresh interpreter instead.
-## Interrupted at any moment (Ctrl-C, SIGTERM, kill -9), `make study` again finishes it: klstudy/drive.py says how.
-## CONFIG=config/paper.yaml: the paper's study on this machine's GPUs, each job on GPUs of its own (klstudy/devices.py):
-## all that CUDA_VISIBLE_DEVICES or nvidia-smi shows (GPUS=auto, none on a CPU), or GPUS=0,1,3; GPUS= turns it off.
+## Every job runs in a warm server that has imported torch, transformers, TRL and lm-eval once (klstudy/run/warm.py):
+## the imports are about 7 s of a 20-30 s job on a CPU. `WARM=` runs each job in a fresh interpreter instead.
+## Interrupted at any moment (Ctrl-C, SIGTERM, kill -9), `make study` again finishes it: klstudy/run/drive.py says how.
+## CONFIG=config/paper.yaml: the paper's study on this machine's GPUs, each job on GPUs of its own
+## (klstudy/run/devices.py): all that CUDA_VISIBLE_DEVICES or nvidia-smi shows (GPUS=auto, none on a CPU), or
+## GPUS=0,1,3; GPUS= turns it off.
 ## CONFIG="config.yaml config/separation.yaml": an overlay merged into the default (the design that separates the
 ## penalties; its cost: docs/cost.md); run it in its own clone, as it writes the same results/ and figures/.
 WARM ?= --warm
@@ -45,7 +46,7 @@ status: $(INSTALLED)
 
 ## Before a cluster run, on the login node: hub access to every model and dataset, data sources, the SLURM account,
 ## partitions, time limits and GPUs, free disk against the run's peak; then the peak disk and GPU-hours
-## (src/klstudy/preflight.py). `snakemake --profile slurm` runs it too before submitting anything.
+## (src/klstudy/run/preflight.py). `snakemake --profile slurm` runs it too before submitting anything.
 preflight: $(INSTALLED)
 	$(BIN)/python -m klstudy preflight --config $(CONFIG)
 

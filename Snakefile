@@ -28,18 +28,18 @@ validate_config(config, load_schema(Path(workflow.basedir) / "workflow/schemas/c
 if "training_slots" not in workflow.global_resources:
     workflow.register_resource("training_slots", config["cluster"]["training_slots"])
 
-# What the run costs (klstudy/estimate.py), on every invocation of the driver, the dry run included; not in jobs.
+# What the run costs (klstudy/run/estimate.py), on every invocation of the driver, the dry run included; not in jobs.
 if workflow.is_main_process and any("parameters_b" in model for model in config["models"].values()):
-    from klstudy.estimate import summary
+    from klstudy.run.estimate import summary
 
     print("\n".join(summary(config)), file=sys.stderr)
 
 
 # On a cluster, before the first job is submitted: hub access, data sources, SLURM account, partitions, time limits,
-# GPUs and disk (klstudy/preflight.py); a failing check stops the run. `--config preflight=False` skips it.
+# GPUs and disk (klstudy/run/preflight.py); a failing check stops the run. `--config preflight=False` skips it.
 onstart:
     if workflow.non_local_exec:
-        from klstudy.preflight import run_before_submitting
+        from klstudy.run.preflight import run_before_submitting
 
         train_rl = workflow.get_rule("train_rl")
         train_rl.restart_times = max(CLUSTER_TRAIN_RETRIES, workflow.execution_settings.retries)

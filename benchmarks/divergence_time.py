@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from klstudy import divergence, models, standins
 from klstudy.config import validate_config
+from klstudy.evaluate import divergence
+from klstudy.train import models, standins
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_rewards import FUZZ_RECORDS, adversarial_completions  # noqa: E402
 
-from klstudy import rewards  # noqa: E402
+from klstudy.data import rewards  # noqa: E402
 
 ORDINARY = {
     "math": ["So the total is 3. The answer is \\boxed{3}.", "I think it is \\boxed{\\frac{1}{2}}."],

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
-from klstudy import standins
-from klstudy.trainer import KLTrainer, KLTrainerConfig
+from klstudy.train import standins
+from klstudy.train.trainer import KLTrainer, KLTrainerConfig
 
 GIB = 2**30
 

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 import yaml
 
-from klstudy import kl, toy
+from klstudy import kl
+from klstudy.analysis import toy
 
 
 def full_protocol(config) -> float:

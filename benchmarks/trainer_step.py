@@ -27,8 +27,8 @@ from datasets import Dataset
 from transformers import PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from klstudy import models, standins
-from klstudy.trainer import KLTrainer, KLTrainerConfig
+from klstudy.train import models, standins
+from klstudy.train.trainer import KLTrainer, KLTrainerConfig
 
 PROMPTS = 64  # the training set: an epoch is PROMPTS / --prompts steps
 

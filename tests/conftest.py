@@ -3,7 +3,8 @@
 import pytest
 from workflow_helpers import reduced_run  # noqa: F401  (the reduced study, run once per session)
 
-from klstudy import data, procedural, tiny
+from klstudy.data import procedural, staging
+from klstudy.train import tiny
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +20,6 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("data")
-    data.write_jsonl(procedural.arithmetic("t", 16, 0, ["add1"], "train"), path / "train.jsonl")
-    data.write_jsonl(procedural.arithmetic("h", 6, 0, ["add1"], "heldout"), path / "heldout.jsonl")
+    staging.write_jsonl(procedural.arithmetic("t", 16, 0, ["add1"], "train"), path / "train.jsonl")
+    staging.write_jsonl(procedural.arithmetic("h", 6, 0, ["add1"], "heldout"), path / "heldout.jsonl")
     return path

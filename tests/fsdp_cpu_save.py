@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from klstudy import cell, models
+from klstudy.train import cell, models
 
 base, out = Path(sys.argv[1]), Path(sys.argv[2])
 accelerator = Accelerator(cpu=True)

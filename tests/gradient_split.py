@@ -22,7 +22,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 
 from klstudy import kl
-from klstudy.trainer import KLTrainer, KLTrainerConfig
+from klstudy.train.trainer import KLTrainer, KLTrainerConfig
 
 GROUP, PROMPTS_PER_BATCH, MAX_LENGTH = 4, 4, 12
 GLOBAL = GROUP * PROMPTS_PER_BATCH  # completions per optimiser step, however they are split

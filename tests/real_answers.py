@@ -26,7 +26,8 @@ import datasets
 import hub_layout
 import yaml
 
-from klstudy import config, data, prompts, rewards
+from klstudy import config
+from klstudy.data import choice_letter, prompts, rewards, staging
 
 FIXTURE = Path(__file__).parent / "fixtures" / "real_answers"
 MMLU_TASKS = ("mmlu_college_physics", "mmlu_college_chemistry", "mmlu_college_biology")
@@ -40,8 +41,8 @@ def completion_key(row: dict) -> tuple:
 
 def labelled_completions() -> list[dict]:
     """Every completion of the fixture with its label (LABELLING.md): a letter, a math answer, or None."""
-    labels = {tuple(row["key"]): row for row in data.read_jsonl(FIXTURE / "labels.jsonl")}
-    rows = data.read_jsonl(FIXTURE / "completions.jsonl")
+    labels = {tuple(row["key"]): row for row in staging.read_jsonl(FIXTURE / "labels.jsonl")}
+    rows = staging.read_jsonl(FIXTURE / "completions.jsonl")
     missing = [completion_key(row)[:3] for row in rows if completion_key(row) not in labels]
     if missing:
         raise AssertionError(f"{len(missing)} completions have no label in labels.jsonl, e.g. {missing[:3]}")
@@ -61,7 +62,7 @@ def staged_records(refdata: Path, tasks=MMLU_TASKS + MATH_TASKS) -> dict[str, di
         staged = {}
         for task in tasks:
             settings = {**paper["data"][task], "local_dir": str(local_dirs[paper["data"][task]["hub_id"]])}
-            records = data.prepare(task, settings, Path(work) / f"{task}.jsonl")
+            records = staging.prepare(task, settings, Path(work) / f"{task}.jsonl")
             staged[task] = {record["id"]: record for record in records}
     return staged
 
@@ -127,10 +128,10 @@ def lm_eval_extractor(task_dir: str, name: str) -> Callable:
 
 
 def klstudy_letter(completion: str, choices) -> str | None:
-    return rewards.extract_letter(completion, choices)
+    return choice_letter.extract_letter(completion, choices)
 
 
-OURS = "klstudy (rewards.extract_letter)"
+OURS = "klstudy (choice_letter.extract_letter)"
 LETTER_EXTRACTORS: dict[str, Callable] = {
     OURS: _each(klstudy_letter),
     # the first line, stripped, compared whole with the letter

@@ -10,9 +10,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from klstudy import aggregate, figures, kl, tables
-from klstudy import tables as tables_module
+from klstudy import kl
 from klstudy.config import all_cells, run_path, validate_config
+from klstudy.report import aggregate, tables
+from klstudy.report import tables as tables_module
+from klstudy.report.figures import encoding, forest
+from klstudy.report.figures import paper as paper_figures
+from klstudy.report.figures import training as training_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +30,7 @@ def config():
 
 
 def write_cell(results: Path, cell: dict, status: str, pass_at_1: list[float], steps_per_eval: int = 5) -> None:
-    """A run's outputs as klstudy.cell writes them: metrics, held-out pass@1 and summary."""
+    """A run's outputs as klstudy.train.cell writes them: metrics, held-out pass@1 and summary."""
     directory = results / "runs" / run_path(cell)
     directory.mkdir(parents=True)
     heldout = [{"step": i * steps_per_eval, "pass_at_1": p, "stderr": 0.05} for i, p in enumerate(pass_at_1)]
@@ -101,17 +105,17 @@ def test_write_tables_and_every_configured_figure_draws_with_gaps(config, result
                          "worst_case": "", "alpha": 0.01}])  # fmt: skip
     toy.to_csv(tmp_path / "toy.csv", index=False)
     tables_module.write_study_tables(config, read, tmp_path / "toy.csv", out)
-    claims = figures.read_claims(out / "claims.csv")  # the verdicts the figures print, as the workflow passes them
+    claims = encoding.read_claims(out / "claims.csv")  # the verdicts the figures print, as the workflow passes them
     for name in config["figures"]:  # drawn in memory (writing each costs a second or two); two written below
-        fig, caption = figures.draw_paper_figure(name, config, read, claims)
+        fig, caption = paper_figures.draw_paper_figure(name, config, read, claims)
         plt.close(fig)
         assert caption, name
     for study in config["studies"]:
-        fig, caption = figures.draw_training_figure(study, config, read)
+        fig, caption = training_figures.draw_training_figure(study, config, read)
         plt.close(fig)
         assert caption, study
-    figures.paper_figure("fig02_k1_in_loss", config, read, out / "fig02_k1_in_loss.png", claims)
-    figures.claims_forest(claims, config, out / "claims_forest.png")
+    paper_figures.paper_figure("fig02_k1_in_loss", config, read, out / "fig02_k1_in_loss.png", claims)
+    forest.claims_forest(claims, config, out / "claims_forest.png")
     for name in ("fig02_k1_in_loss", "claims_forest"):
         assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.pdf").stat().st_size > 0, name
 
@@ -209,7 +213,7 @@ def test_aggregation_and_figure_jobs_do_not_import_torch():
     """Eleven figure jobs and the aggregation run per study, light and local on SLURM: importing torch would add
     about 1.5 s to each and put them on the two cores' critical path at the end of the run."""
     code = (
-        "import sys, klstudy.cli, klstudy.aggregate, klstudy.figures;"
+        "import sys, klstudy.run.cli, klstudy.report.aggregate, klstudy.report.figures;"
         "print([m for m in ('torch', 'transformers') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,13 +1,15 @@
-"""The atlas (src/klstudy/atlas.py): the expected update with every advantage normalisation and group size, exact
-against enumerating every group, the rule that a normalisation rescales β, and the effective β."""
+"""The atlas (src/klstudy/analysis/atlas.py): the expected update with every advantage normalisation and group size,
+exact against enumerating every group, the rule that a normalisation rescales β, and the effective β."""
 
 import math
 
 import pytest
 import torch
 
-from klstudy import atlas, kl
-from klstudy import fixed_points as fp
+from klstudy import kl
+from klstudy.analysis import atlas
+from klstudy.analysis import fixed_points as fp
+from klstudy.report.figures import atlas as atlas_figure
 
 FLOW = {"step": 0.25, "steps": 200, "newton_every": 25}
 ONE = {"kind": "ones_at_least", "threshold": 1}
@@ -171,7 +173,7 @@ def drawn():
         ignore_index=True,
     )
     length = atlas.length_sweep(SECTION, FLOW)
-    fig, text = atlas.figure(points, length, SECTION)
+    fig, text = atlas_figure.figure(points, length, SECTION, beta_min=fp.EFFECTIVE_BETA_RANGE[0])
     yield fig, text, points
     import matplotlib.pyplot as plt
 
@@ -208,9 +210,9 @@ def test_no_legend_label_is_a_setting_id(drawn):
 
 def test_every_normalisation_has_a_name_and_a_marker():
     """A normalisation kl.ADVANTAGES gains is drawn and named in the figure (a missing one raised in the report)."""
-    assert set(atlas.NORMALISATION_NAMES) == set(kl.ADVANTAGES)
-    assert set(atlas.NORMALISATION_MARKERS) == set(kl.ADVANTAGES)
-    assert len(set(atlas.NORMALISATION_MARKERS.values())) == len(atlas.NORMALISATION_MARKERS)
+    assert set(atlas_figure.NORMALISATION_NAMES) == set(kl.ADVANTAGES)
+    assert set(atlas_figure.NORMALISATION_MARKERS) == set(kl.ADVANTAGES)
+    assert len(set(atlas_figure.NORMALISATION_MARKERS.values())) == len(atlas_figure.NORMALISATION_MARKERS)
 
 
 def test_every_default_group_size_has_its_own_fill():
@@ -222,11 +224,11 @@ def test_every_default_group_size_has_its_own_fill():
 
     section = config_module.validate_config(yaml.safe_load(open("config.yaml")))["toy"]["atlas"]
     groups = set(section["group_sizes"]) | {p["group"] for p in section["presets"].values()}
-    assert groups <= set(atlas.GROUP_FILLS)
-    assert len(set(atlas.GROUP_FILLS.values())) == len(atlas.GROUP_FILLS)
+    assert groups <= set(atlas_figure.GROUP_FILLS)
+    assert len(set(atlas_figure.GROUP_FILLS.values())) == len(atlas_figure.GROUP_FILLS)
 
 
 def test_a_preset_is_named_by_its_framework():
-    assert atlas.preset_name("nemo-rl-grpo", {"framework": "NeMo-RL", "version": "0.6.0"}) == "NeMo-RL 0.6 GRPO"
-    assert atlas.preset_name("trl-grpo", {"framework": "TRL", "version": "1.16.0"}) == "TRL 1.16 GRPO"
-    assert atlas.preset_name("slime-default", {"framework": "slime", "version": "main"}) == "slime default"
+    assert atlas_figure.preset_name("nemo-rl-grpo", {"framework": "NeMo-RL", "version": "0.6.0"}) == "NeMo-RL 0.6 GRPO"
+    assert atlas_figure.preset_name("trl-grpo", {"framework": "TRL", "version": "1.16.0"}) == "TRL 1.16 GRPO"
+    assert atlas_figure.preset_name("slime-default", {"framework": "slime", "version": "main"}) == "slime default"

@@ -1,4 +1,4 @@
-"""The claims table (klstudy.claims): every claim of config.yaml is called shown on results built to show it and
+"""The claims table (klstudy.report.claims): every claim of config.yaml is called shown on results built to show it and
 contradicted on results built to contradict it; results with no difference (seeds apart, runs stopped early or
 non-finite), or with the configuration labels permuted at random, are called shown no more often than the rule's
 error rate; one seed is never judged; a run that did not finish whole moves or leaves its comparison, and the row says
@@ -15,10 +15,10 @@ import pytest
 import yaml
 from scipy.stats import binom
 
-from klstudy import aggregate, claims
-from klstudy.aggregate import cell_columns
-from klstudy.claims import METRICS
 from klstudy.config import ConfigError, all_cells, divergence_cells, evaluated_cells, selected_betas, validate_config
+from klstudy.report import aggregate, claims, claims_rule
+from klstudy.report.aggregate import cell_columns
+from klstudy.report.claims import METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = [0, 1, 2, 3, 4, 5]
@@ -157,7 +157,7 @@ def test_a_claim_of_no_difference_is_shown_inside_its_margin_and_contradicted_fa
     assert set(verdicts(single, synthetic_tables(single, built_for(config, claim, 1.0, delta=2.0)))) == {"contradicted"}
     # Inside the margin (0.5 of a baseline of 1), but by fewer than critical standard errors: not shown; outside it,
     # but not by critical standard errors: not shown either.
-    judged = claims.judge([0.45, -0.6, -0.8], [0.05] * 3, [5] * 3, ["same"] * 3, [0.5] * 3, config["claims_rule"])
+    judged = claims_rule.judge([0.45, -0.6, -0.8], [0.05] * 3, [5] * 3, ["same"] * 3, [0.5] * 3, config["claims_rule"])
     assert list(judged["verdict"]) == ["not shown", "not shown", "contradicted"]
 
 
@@ -236,8 +236,8 @@ def test_with_the_configuration_labels_permuted_nothing_is_shown_beyond_the_erro
 
 def test_the_rule_asks_for_more_standard_errors_where_few_units_make_the_error_uncertain():
     rule = {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}
-    assert claims.critical_value([1, 3, 39], rule) == pytest.approx([31.82, 4.54, 3.0], abs=0.01)
-    judged = claims.judge([-1.0, -1.0, 1.0, 1.0, 1.0], [0.1, 0.1, 0.1, math.nan, 0.1], [1, 39, 39, 0, 39],
+    assert claims_rule.critical_value([1, 3, 39], rule) == pytest.approx([31.82, 4.54, 3.0], abs=0.01)
+    judged = claims_rule.judge([-1.0, -1.0, 1.0, 1.0, 1.0], [0.1, 0.1, 0.1, math.nan, 0.1], [1, 39, 39, 0, 39],
                           ["lower", "lower", "lower", "lower", None], [math.nan] * 5, rule)  # fmt: skip
     assert judged["z"][0] == pytest.approx(10) and judged["critical"][0] == pytest.approx(31.82, abs=0.01)
     assert list(judged["verdict"]) == ["not shown", "shown", "contradicted", "not shown", "not shown"]
@@ -251,7 +251,7 @@ def test_pairing_by_question_uses_seeds_and_questions_both():
                               "per_question": [[1, 0, 1, 0], [1, 1, 1, 0]]}, index=[0, 1])  # fmt: skip
     base = pd.DataFrame({"value": [0.25, 0.25], "se": [0.1, 0.1],
                          "per_question": [[0, 0, 1, 0], [1, 0, 0, 0]]}, index=[0, 1])  # fmt: skip
-    test = claims.paired_test(candidate, base, "questions")
+    test = claims_rule.paired_test(candidate, base, "questions")
     d = np.array([[1, 0, 0, 0], [0, 1, 1, 0]], dtype=float)
     rows, columns = d.mean(axis=1), d.mean(axis=0)
     residual = d - rows[:, None] - columns[None, :] + d.mean()
@@ -259,10 +259,10 @@ def test_pairing_by_question_uses_seeds_and_questions_both():
     expected = math.sqrt(max(rows.var(ddof=1), ms_residual / 4) / 2 + columns.var(ddof=1) / 4)
     assert test["effect"] == pytest.approx(0.375) and test["se"] == pytest.approx(expected)
     assert (test["df"], test["units"], test["seeds"], test["why"]) == (1, 4, 2, None)
-    by_seed = claims.paired_test(candidate, base, "seeds")
+    by_seed = claims_rule.paired_test(candidate, base, "seeds")
     assert by_seed["effect"] == pytest.approx(0.375) and by_seed["df"] == 1
-    assert claims.paired_test(candidate.loc[[0]], base.loc[[0]], "questions")["why"] == "one seed"
-    assert claims.paired_test(candidate.loc[[0]], base.loc[[0]], "seeds")["why"] == "one seed"
+    assert claims_rule.paired_test(candidate.loc[[0]], base.loc[[0]], "questions")["why"] == "one seed"
+    assert claims_rule.paired_test(candidate.loc[[0]], base.loc[[0]], "seeds")["why"] == "one seed"
 
 
 def test_table1_predictions_follow_the_exact_computation():
@@ -293,7 +293,7 @@ def test_missing_runs_give_rows_that_say_so(config):
     table = claims.claims_table(single, tables, TOY_TESTS)
     assert set(table.verdict) == {"not testable: no paired runs"} and (table.seeds == 0).all()
     assert table.note.str.contains("no results: none seed 0, 1, 2, 3, 4, 5").all()
-    assert set(table.verdict) <= set(claims.VERDICTS)
+    assert set(table.verdict) <= set(claims_rule.VERDICTS)
 
 
 @pytest.mark.parametrize(
@@ -333,10 +333,11 @@ def test_seeds_that_agree_by_chance_do_not_make_the_error_zero():
     0, and the error is the measurements' own, so one question's difference is not 'shown'."""
     candidate = pd.DataFrame({"value": [0.34, 0.35], "se": [0.05, 0.05]}, index=[0, 1])
     baseline = pd.DataFrame({"value": [0.35, 0.36], "se": [0.05, 0.05]}, index=[0, 1])
-    test = claims.paired_test(candidate, baseline, "seeds")
+    test = claims_rule.paired_test(candidate, baseline, "seeds")
     assert test["se"] == pytest.approx(math.sqrt(4 * 0.05**2) / 2) and test["df"] == 1 and "own error" in test["note"]
     rule = {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}
-    assert claims.judge([test["effect"]], [test["se"]], [1], ["lower"], [math.nan], rule)["verdict"][0] == "not shown"
+    verdict = claims_rule.judge([test["effect"]], [test["se"]], [1], ["lower"], [math.nan], rule)["verdict"][0]
+    assert verdict == "not shown"
 
 
 def test_an_unknown_measurement_error_is_no_floor_at_all():
@@ -344,9 +345,9 @@ def test_an_unknown_measurement_error_is_no_floor_at_all():
     spread."""
     candidate = pd.DataFrame({"value": [0.30, 0.40], "se": [math.nan, 0.5]}, index=[0, 1])
     baseline = pd.DataFrame({"value": [0.20, 0.20], "se": [0.5, 0.5]}, index=[0, 1])
-    test = claims.paired_test(candidate, baseline, "seeds")
+    test = claims_rule.paired_test(candidate, baseline, "seeds")
     assert test["se"] == pytest.approx(np.std([0.1, 0.2], ddof=1) / math.sqrt(2)) and test["note"] == ""
-    assert claims.paired_test(candidate.assign(value=0.3), baseline, "seeds")["why"] == "no error estimate"
+    assert claims_rule.paired_test(candidate.assign(value=0.3), baseline, "seeds")["why"] == "no error estimate"
 
 
 def test_below_compares_each_beta_with_the_next_smaller_one(config):
@@ -529,10 +530,10 @@ def test_a_row_shown_alone_but_not_within_the_tables_false_discovery_rate_is_not
     needs p ≤ q/40 of the smallest, and the row is not shown; alone in its table, it is."""
     rule = {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}
     effect = np.array([3.6] + [0.1] * 39)
-    judged = claims.judge(effect, np.ones(40), np.full(40, 5), ["higher"] * 40, np.full(40, np.nan), rule)
+    judged = claims_rule.judge(effect, np.ones(40), np.full(40, 5), ["higher"] * 40, np.full(40, np.nan), rule)
     assert judged["z"][0] >= judged["critical"][0] and judged["p"][0] <= rule["alpha"]
     assert judged["verdict"][0] == "not shown" and judged["q_value"][0] > rule["q"]
-    alone = claims.judge(effect[:1], [1.0], [5], ["higher"], [np.nan], rule)
+    alone = claims_rule.judge(effect[:1], [1.0], [5], ["higher"], [np.nan], rule)
     assert alone["verdict"][0] == "shown" and alone["q_value"][0] == pytest.approx(alone["p"][0])
 
 
@@ -549,7 +550,7 @@ def test_the_claims_rule_is_checked_and_its_table_wide_rate_has_a_default(rule, 
 def test_a_one_question_heldout_evaluation_has_an_unknown_standard_error():
     """One held-out prompt: no spread to estimate an error from, so the stderr is unknown (NaN: heldout.jsonl and the
     trackers take it as a number), not 0.0, which the claims table would have taken for an exact measurement."""
-    from klstudy import cell
+    from klstudy.train import cell
 
     class Model:
         training = True

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from scipy.stats import binom, false_discovery_control
 
-from klstudy import claims
-from klstudy.aggregate import window_mean
+from klstudy.report import claims_rule
+from klstudy.report.aggregate import window_mean
 
 RULE = {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}
 SIGMA = 0.047  # a run's own error: held-out pass@1 from 100 questions at 0.35
@@ -31,7 +31,7 @@ def within_promise(shown: int, rows: int, rate: float = RULE["alpha"]) -> bool:
 def shown_by_the_rule(effect, se, df) -> int:
     """Rows the rule calls shown on its own test (z ≥ critical; the table-wide control only removes more)."""
     with np.errstate(invalid="ignore"):
-        return int((effect / se >= claims.critical_value(df, RULE)).sum())
+        return int((effect / se >= claims_rule.critical_value(df, RULE)).sum())
 
 
 def null_seed_differences(rng, seeds: int, spread: float, lost: float = 0.2):
@@ -52,7 +52,7 @@ def test_paired_by_seed_no_claim_is_shown_beyond_alpha_and_ignoring_the_seeds_sp
     rng = np.random.default_rng(seeds)
     for spread in SPREADS:
         d, floor = null_seed_differences(rng, seeds, spread)
-        effect, se, df = claims.seed_level(d, floor)
+        effect, se, df = claims_rule.seed_level(d, floor)
         shown = shown_by_the_rule(effect, se, df)
         assert within_promise(shown, ROWS), (seeds, spread, shown)
         assert (np.isnan(se) == (np.isfinite(d).sum(axis=1) < 2)).all()  # one seed left: never judged
@@ -68,16 +68,16 @@ def test_critical_three_without_the_t_quantile_fails_with_few_seeds():
     rng = np.random.default_rng(7)
     for seeds in (2, 3):
         d, floor = null_seed_differences(rng, seeds, 2.0, lost=0.0)
-        effect, se, df = claims.seed_level(d, floor)
+        effect, se, df = claims_rule.seed_level(d, floor)
         assert within_promise(shown_by_the_rule(effect, se, df), ROWS)
         assert not within_promise(int((effect / se >= 3).sum()), ROWS), seeds
 
 
 def test_losing_runs_never_lowers_what_a_claim_needs():
     """The critical value never falls as seeds go, and one seed cannot be shown however large its effect."""
-    critical = claims.critical_value(np.arange(1, 6), RULE)
+    critical = claims_rule.critical_value(np.arange(1, 6), RULE)
     assert (np.diff(critical) <= 0).all() and critical[0] == pytest.approx(31.82, abs=0.01)
-    effect, se, df = claims.seed_level(np.array([[5.0, np.nan, np.nan]]), floor=0.01)
+    effect, se, df = claims_rule.seed_level(np.array([[5.0, np.nan, np.nan]]), floor=0.01)
     assert np.isnan(se[0]) and df[0] == 0
 
 
@@ -101,7 +101,7 @@ def test_paired_by_question_no_claim_is_shown_beyond_alpha_and_questions_alone_f
     rng = np.random.default_rng(20 + seeds)
     for spread in (0.0, 0.05, 0.1):
         d = null_question_scores(rng, seeds, spread)
-        effect, se, df = claims.question_level(d)
+        effect, se, df = claims_rule.question_level(d)
         assert within_promise(shown_by_the_rule(effect, se, df), len(d)), (seeds, spread)
     per_question = d.mean(axis=1)
     old_se = per_question.std(axis=1, ddof=1) / np.sqrt(d.shape[2])
@@ -119,10 +119,10 @@ def test_against_one_evaluation_of_the_base_model_its_error_enters_once(seeds):
     base = rng.normal(0, error, size=(ROWS, 1))
     d = candidate - base
     floor = error * np.sqrt(seeds) / seeds
-    effect, se, df = claims.seed_level(d, floor, shared_var=error**2)
+    effect, se, df = claims_rule.seed_level(d, floor, shared_var=error**2)
     assert within_promise(shown_by_the_rule(effect, se, df), ROWS)
     copied_floor = error * np.sqrt(2 * seeds) / seeds  # the base's error counted as if each seed had its own
-    copied = claims.seed_level(d, copied_floor)
+    copied = claims_rule.seed_level(d, copied_floor)
     assert seeds < 6 or not within_promise(shown_by_the_rule(*copied), ROWS)
 
 
@@ -132,7 +132,7 @@ def null_and_true_tables(rng, tables: int, rows: int, true_rows: int, seeds: int
     truth = np.zeros((tables, rows), dtype=bool)
     truth[:, :true_rows] = True
     d = rng.normal(0, 1, size=(tables, rows, seeds)) + np.where(truth, shift, 0.0)[..., None]
-    effect, se, df = claims.seed_level(d.reshape(-1, seeds))
+    effect, se, df = claims_rule.seed_level(d.reshape(-1, seeds))
     return effect.reshape(tables, rows), se.reshape(tables, rows), df.reshape(tables, rows), truth
 
 
@@ -144,11 +144,11 @@ def test_the_table_wide_control_keeps_the_false_fraction_of_rows_shown_under_q_w
     effect, se, df, truth = null_and_true_tables(rng, tables=300, rows=400, true_rows=10, shift=5.0)
     false_fraction, false_alone, false_shown = [], [], []
     for e, s, f, true in zip(effect, se, df, truth, strict=True):
-        verdict = claims.judge(e, s, f, ["higher"] * len(e), np.nan, RULE)["verdict"]
-        shown = verdict == claims.SHOWN
+        verdict = claims_rule.judge(e, s, f, ["higher"] * len(e), np.nan, RULE)["verdict"]
+        shown = verdict == claims_rule.SHOWN
         false_fraction.append((shown & ~true).sum() / max(shown.sum(), 1))
         false_shown.append((shown & ~true).sum())
-        alone = e / s >= claims.critical_value(f, RULE)
+        alone = e / s >= claims_rule.critical_value(f, RULE)
         false_alone.append((alone & ~true).sum() / max(alone.sum(), 1))
     mean, error = np.mean(false_fraction), np.std(false_fraction) / np.sqrt(len(false_fraction))
     assert mean <= RULE["q"] + 3 * error, (mean, error)
@@ -160,15 +160,15 @@ def test_q_values_are_benjamini_hochbergs_where_alpha_does_not_cap_them_and_yeku
     rng = np.random.default_rng(61)
     p = np.concatenate([rng.uniform(0, 0.0004, 8), rng.uniform(0, 1, 30)])
     rule = {**RULE, "alpha": 1.0}  # no cap: the plain procedures
-    assert claims.q_values(p, rule) == pytest.approx(false_discovery_control(p, method="bh"))
-    assert claims.q_values(p, {**rule, "fdr": "by"}) == pytest.approx(false_discovery_control(p, method="by"))
+    assert claims_rule.q_values(p, rule) == pytest.approx(false_discovery_control(p, method="bh"))
+    assert claims_rule.q_values(p, {**rule, "fdr": "by"}) == pytest.approx(false_discovery_control(p, method="by"))
     # The cap: 5 rows at p 0.003 and 25 at 0.014 of 100. Benjamini-Hochberg alone takes in all 30 at q = 0.05
     # (0.014 ≤ 0.05 · 30/100) and a filter p ≤ alpha would then keep the 5, at a false fraction the procedure no
     # longer bounds; the capped thresholds min(q·k/m, alpha) take in none.
     p = np.array([0.003] * 5 + [0.014] * 25 + [0.5] * 70)
     assert (false_discovery_control(p, method="bh") <= 0.05).sum() == 30
-    assert (claims.q_values(p, RULE) <= RULE["q"]).sum() == 0
-    assert np.isnan(claims.q_values(np.array([np.nan, 0.001]), RULE)[0])
+    assert (claims_rule.q_values(p, RULE) <= RULE["q"]).sum() == 0
+    assert np.isnan(claims_rule.q_values(np.array([np.nan, 0.001]), RULE)[0])
 
 
 def test_the_window_means_error_holds_where_the_kl_trends_and_the_steps_spread_does_not():
@@ -203,16 +203,16 @@ def on_the_margin(rng, seeds: int, correlation: float, end: int, margin: float =
 
 def same_verdicts(candidate, baseline, margin: float, paired_ends: bool):
     """The same claim's verdicts, its margin taken from the baseline's mean: judged on the two ends c − (1 ± m)·b paired
-    seed by seed (claims.margin_ends, vectorised here), or (paired_ends False: the rule this replaces) on the effect's
-    interval against m × |mean b|, the margin's noise left out."""
-    effect, se, df = claims.seed_level(candidate - baseline)
+    seed by seed (claims_rule.margin_ends, vectorised here), or (paired_ends False: the rule this replaces) on the
+    effect's interval against m × |mean b|, the margin's noise left out."""
+    effect, se, df = claims_rule.seed_level(candidate - baseline)
     sign = np.sign(baseline.mean(axis=1, keepdims=True))
     ends = None
     if paired_ends:
-        above, below = (claims.seed_level(candidate - (1 + s * margin * sign) * baseline) for s in (1, -1))
+        above, below = (claims_rule.seed_level(candidate - (1 + s * margin * sign) * baseline) for s in (1, -1))
         ends = (above[0], above[1], below[0], below[1])
     bound = margin * np.abs(baseline.mean(axis=1))
-    return claims.judge(effect, se, df, ["same"] * len(effect), bound, RULE, ends)["verdict"]
+    return claims_rule.judge(effect, se, df, ["same"] * len(effect), bound, RULE, ends)["verdict"]
 
 
 @pytest.mark.parametrize("seeds", [2, 3, 5, 10])
@@ -224,21 +224,22 @@ def test_a_same_claim_on_its_margin_is_shown_at_most_at_alpha_and_a_margin_from_
     for correlation in (0.0, 0.9):
         for end in (1, -1):
             candidate, baseline = on_the_margin(rng, seeds, correlation, end)
-            shown = int((same_verdicts(candidate, baseline, 0.5, True) == claims.SHOWN).sum())
+            shown = int((same_verdicts(candidate, baseline, 0.5, True) == claims_rule.SHOWN).sum())
             assert within_promise(shown, ROWS), (correlation, end, shown)
     if seeds >= 3:
         candidate, baseline = on_the_margin(rng, seeds, 0.9, 1)
-        assert not within_promise(int((same_verdicts(candidate, baseline, 0.5, False) == claims.SHOWN).sum()), ROWS)
+        shown = int((same_verdicts(candidate, baseline, 0.5, False) == claims_rule.SHOWN).sum())
+        assert not within_promise(shown, ROWS)
 
 
 def test_margin_ends_is_what_the_calibration_simulates():
-    """claims.margin_ends, which the claims table calls per row, gives the vectorised ends above, row by row."""
+    """claims_rule.margin_ends, which the claims table calls per row, gives the vectorised ends above, row by row."""
     rng = np.random.default_rng(90)
     candidate, baseline = on_the_margin(rng, 4, 0.9, 1)
     for c, b in zip(candidate[:20], baseline[:20], strict=True):
-        ends = claims.margin_ends(pd.DataFrame({"value": c, "se": np.nan}), pd.DataFrame({"value": b, "se": np.nan}),
-                                  "seeds", 0.5)  # fmt: skip
-        above = claims.seed_level(c - 1.5 * b)
-        below = claims.seed_level(c - 0.5 * b)
+        ends = claims_rule.margin_ends(pd.DataFrame({"value": c, "se": np.nan}),
+                                       pd.DataFrame({"value": b, "se": np.nan}), "seeds", 0.5)  # fmt: skip
+        above = claims_rule.seed_level(c - 1.5 * b)
+        below = claims_rule.seed_level(c - 0.5 * b)
         assert ends["above"] == pytest.approx(above[0][0]) and ends["se_above"] == pytest.approx(above[1][0])
         assert ends["below"] == pytest.approx(below[0][0]) and ends["se_below"] == pytest.approx(below[1][0])

@@ -229,12 +229,13 @@ def test_snakemake_stops_before_any_job(tmp_path, edit, expected):
 def test_a_stage_given_part_of_its_section_gets_the_schemas_defaults(tmp_path):
     """`klstudy prepare-data` and `klstudy evaluate` run by hand with a section that lacks keys the schema defaults
     fill them, as the workflow's validation does; a key without a default is named, in one line."""
-    from klstudy import cli, data
+    from klstudy.data import staging
+    from klstudy.run import cli
 
     entry = {"kind": "arithmetic", "role": "MATH train", "levels": ["add1w"], "size": 4, "seed": 0, "split": "train"}
     out = tmp_path / "x.jsonl"
     assert cli.run(["prepare-data", "--name", "x", "--settings", json.dumps(entry), "--out", str(out)]) == 0
-    assert len(data.read_jsonl(out)) == 4
+    assert len(staging.read_jsonl(out)) == 4
     evaluation = section_settings("evaluation", {"tasks": ["math500"], "studies": {}, "k": 2})
     assert evaluation["limit"] is None and evaluation["hf"] == {"device": "auto", "dtype": "auto"}
     assert evaluation["backend"] == "hf" and evaluation["k"] == 2

@@ -8,19 +8,20 @@ import datasets
 import hub_layout
 import pytest
 
-from klstudy import config, data, procedural, rewards
+from klstudy import config
+from klstudy.data import choice_letter, procedural, rewards, staging
 
 
 def test_procedural_sets_follow_the_schema_and_their_own_reward():
     records = procedural.arithmetic("math_train", 200, 0, list(procedural.ARITHMETIC_LEVELS), "train")
-    data.check_records(records, "math_train")
+    staging.check_records(records, "math_train")
     for record in records:
         assert rewards.math_reward(record["solution"], record["answer"]) == 1.0, record
         assert "\\boxed{}" in record["prompt"] and record["prompt"].startswith(record["problem"])
     for kind in procedural.MULTIPLE_CHOICE:
         mc = procedural.multiple_choice(kind, kind, 50, 0, "heldout")
-        data.check_records(mc, kind)
-        assert all(rewards.multiple_choice_reward(r["solution"], r["answer"]) == 1.0 for r in mc)
+        staging.check_records(mc, kind)
+        assert all(choice_letter.multiple_choice_reward(r["solution"], r["answer"]) == 1.0 for r in mc)
         assert {r["answer"] for r in mc} == {"A", "B", "C", "D"}
 
 
@@ -38,9 +39,9 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
     spec = config.dataset_settings(
         "math_train", {"kind": "arithmetic", "size": 100, "seed": 7, "levels": ["add2", "sub2"], "split": "train"}
     )
-    data.prepare("math_train", spec, tmp_path / "a.jsonl")
-    data.prepare("math_train", spec, tmp_path / "b.jsonl")
-    data.prepare("math_train", {**spec, "seed": 8}, tmp_path / "c.jsonl")
+    staging.prepare("math_train", spec, tmp_path / "a.jsonl")
+    staging.prepare("math_train", spec, tmp_path / "b.jsonl")
+    staging.prepare("math_train", {**spec, "seed": 8}, tmp_path / "c.jsonl")
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
     assert (tmp_path / "a.jsonl").read_bytes() != (tmp_path / "c.jsonl").read_bytes()
 
@@ -59,21 +60,21 @@ def test_warm_up_train_and_held_out_problems_never_overlap():
 def test_countdown_from_reasoning_gym_is_deterministic_and_solvable():
     difficulty = dict(min_numbers=3, max_numbers=3, min_value=1, max_value=9, min_target=5, max_target=30)
     first, again = (
-        data.countdown("cd", 20, 3, "train", **difficulty),
-        data.countdown("cd", 20, 3, "train", **difficulty),
+        staging.countdown("cd", 20, 3, "train", **difficulty),
+        staging.countdown("cd", 20, 3, "train", **difficulty),
     )
     assert first == again
-    data.check_records(first, "cd")
+    staging.check_records(first, "cd")
     assert all(rewards.countdown_reward(r["solution"], r["numbers"], r["target"]) == 1.0 for r in first)
 
 
 def test_bad_records_name_the_dataset_and_record():
-    with pytest.raises(data.InvalidRecords, match="dataset 'x', record 2: field 'answer'"):
-        data.check_records(
+    with pytest.raises(staging.InvalidRecords, match="dataset 'x', record 2: field 'answer'"):
+        staging.check_records(
             [{"id": "1", "prompt": "p", "answer": "a", "reward": "math"}, {"id": "2", "prompt": "p"}], "x"
         )
-    with pytest.raises(data.InvalidRecords, match="duplicate id"):
-        data.check_records([{"id": "1", "prompt": "p", "answer": "a", "reward": "math"}] * 2, "x")
+    with pytest.raises(staging.InvalidRecords, match="duplicate id"):
+        staging.check_records([{"id": "1", "prompt": "p", "answer": "a", "reward": "math"}] * 2, "x")
 
 
 def test_unreachable_hub_fails_at_once_without_a_file(tmp_path, monkeypatch):
@@ -83,8 +84,9 @@ def test_unreachable_hub_fails_at_once_without_a_file(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: pytest.fail("load_dataset was called"))
     out = tmp_path / "mmlu.jsonl"
     spec = {"kind": "mmlu", "hub_id": "cais/mmlu", "subject": "college_physics", "splits": ["test"]}
-    with pytest.raises(data.DataUnavailable, match="cais/mmlu.*huggingface-cli download --repo-type dataset cais/mmlu"):
-        data.prepare("mmlu_physics", spec, out)
+    hint = "cais/mmlu.*huggingface-cli download --repo-type dataset cais/mmlu"
+    with pytest.raises(staging.DataUnavailable, match=hint):
+        staging.prepare("mmlu_physics", spec, out)
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
@@ -111,15 +113,15 @@ def test_mmlu_loads_from_a_local_snapshot_in_the_hub_format(tmp_path):
             "local_dir": str(tmp_path),
         },
     )
-    records = data.prepare("mmlu_physics", spec, tmp_path / "out.jsonl")
+    records = staging.prepare("mmlu_physics", spec, tmp_path / "out.jsonl")
     assert len(records) == 5 and {r["answer"] for r in records} == {"B"}
     assert "B) 3e8 m/s" in records[0]["prompt"]
 
 
 def test_math_loaders_on_local_snapshots(tmp_path):
     math_row = {"problem": "Find x.", "level": "Level 2", "type": "Algebra", "solution": "So $x=\\boxed{\\frac12}$."}
-    write_hub_snapshot(tmp_path / "math", {s: {"train": [math_row]} for s in data.MATH_SUBJECTS})
-    records = data.prepare(
+    write_hub_snapshot(tmp_path / "math", {s: {"train": [math_row]} for s in staging.MATH_SUBJECTS})
+    records = staging.prepare(
         "math_train",
         config.dataset_settings(
             "math_train",
@@ -142,7 +144,7 @@ def test_math_loaders_on_local_snapshots(tmp_path):
         "unique_id": "test/a.json",
     }
     write_hub_snapshot(tmp_path / "m500", {"default": {"test": [row500]}})
-    records = data.prepare(
+    records = staging.prepare(
         "math500",
         config.dataset_settings(
             "math500",
@@ -173,15 +175,15 @@ def write_csv_snapshot(root, header: list[str], rows: list[list[str]]):
 def test_math_squared_columns_come_from_the_config(tmp_path):
     write_csv_snapshot(tmp_path / "m2", ["Q", "Sol"], [["1+1?", "So $\\boxed{2}$."], ["2+2?", "$4$"]])
     spec = math_squared_spec(tmp_path / "m2", columns={"problem": ["Q"], "answer": ["Sol"]})
-    records = data.prepare("math_squared", spec, tmp_path / "m2.jsonl")
+    records = staging.prepare("math_squared", spec, tmp_path / "m2.jsonl")
     assert [r["answer"] for r in records] == ["2", "4"]  # a solution's box; a bare answer without its "$"
     assert records[0]["prompt"].startswith("1+1?") and records[0]["gold_rule"] == "one box"
 
 
 def test_math_squared_without_its_columns_fails_naming_them_and_the_key(tmp_path):
     write_csv_snapshot(tmp_path / "m2", ["Q", "Sol"], [["1+1?", "2"]])
-    with pytest.raises(data.InvalidRecords) as error:
-        data.prepare("math_squared", math_squared_spec(tmp_path / "m2"), tmp_path / "m2.jsonl")
+    with pytest.raises(staging.InvalidRecords) as error:
+        staging.prepare("math_squared", math_squared_spec(tmp_path / "m2"), tmp_path / "m2.jsonl")
     message = str(error.value)
     assert "['question', 'problem', 'Question', 'Problem']" in message  # the schema's default guess
     assert "data.math_squared.columns.problem" in message and "['Q', 'Sol']" in message
@@ -190,8 +192,8 @@ def test_math_squared_without_its_columns_fails_naming_them_and_the_key(tmp_path
 
 def test_a_gold_answer_its_reward_cannot_read_fails_staging_naming_it(tmp_path):
     write_csv_snapshot(tmp_path / "m2", ["question", "answer"], [["a?", "2"], ["b?", "}"], ["c?", "3"]])
-    with pytest.raises(data.InvalidRecords, match=r"1 bare gold answers do not score 1.*: math_squared-00001$"):
-        data.prepare("math_squared", math_squared_spec(tmp_path / "m2"), tmp_path / "m2.jsonl")
+    with pytest.raises(staging.InvalidRecords, match=r"1 bare gold answers do not score 1.*: math_squared-00001$"):
+        staging.prepare("math_squared", math_squared_spec(tmp_path / "m2"), tmp_path / "m2.jsonl")
     assert not (tmp_path / "m2.jsonl").exists()
 
 
@@ -204,7 +206,7 @@ def test_reference_solutions_below_the_threshold_fail_staging(tmp_path):
         "type": "Algebra",
         "solution": "$d=\\boxed{-3}$.\n\nNote: $\\boxed{3}$ is also accepted.",
     }
-    write_hub_snapshot(tmp_path / "math", {s: {"test": [row]} for s in data.MATH_SUBJECTS})
+    write_hub_snapshot(tmp_path / "math", {s: {"test": [row]} for s in staging.MATH_SUBJECTS})
     entry = {
         "kind": "hendrycks_math",
         "hub_id": "EleutherAI/hendrycks_math",
@@ -212,14 +214,14 @@ def test_reference_solutions_below_the_threshold_fail_staging(tmp_path):
         "local_dir": str(tmp_path / "math"),
     }
     with pytest.raises(
-        data.InvalidRecords, match=r"0 of 7 reference solutions score 1 \(0.0000 < min_reference_pass 0.99\)"
+        staging.InvalidRecords, match=r"0 of 7 reference solutions score 1 \(0.0000 < min_reference_pass 0.99\)"
     ):
-        data.prepare("math_test", config.dataset_settings("math_test", entry), tmp_path / "t.jsonl")
-    records = data.prepare(
+        staging.prepare("math_test", config.dataset_settings("math_test", entry), tmp_path / "t.jsonl")
+    records = staging.prepare(
         "math_test", config.dataset_settings("math_test", {**entry, "min_reference_pass": 0}), tmp_path / "t.jsonl"
     )
     assert {r["answer"] for r in records} == {"-3"}
-    report = json.loads(data.check_path(tmp_path / "t.jsonl").read_text())
+    report = json.loads(staging.check_path(tmp_path / "t.jsonl").read_text())
     assert report["reference_solutions"]["passed"] == 0 and report["bare_gold"]["passed"] == 7
 
 
@@ -236,7 +238,7 @@ def test_staging_writes_the_self_check_beside_the_data(tmp_path):
     ]
     plain = {"problem": "z?", "level": "Level 1", "type": "Algebra", "solution": "$z = \\boxed{5}$."}
     write_hub_snapshot(
-        tmp_path / "math", {"algebra": {"train": rows}, **{s: {"train": [plain]} for s in data.MATH_SUBJECTS[1:]}}
+        tmp_path / "math", {"algebra": {"train": rows}, **{s: {"train": [plain]} for s in staging.MATH_SUBJECTS[1:]}}
     )
     entry = {
         "kind": "hendrycks_math",
@@ -246,9 +248,9 @@ def test_staging_writes_the_self_check_beside_the_data(tmp_path):
         "local_dir": str(tmp_path / "math"),
         "min_reference_pass": 0.5,
     }
-    records = data.prepare("math_train", config.dataset_settings("math_train", entry), tmp_path / "m.jsonl")
+    records = staging.prepare("math_train", config.dataset_settings("math_train", entry), tmp_path / "m.jsonl")
     assert [r["answer"] for r in records] == ["2", "1, 9"] + ["5"] * 6
-    report = json.loads(data.check_path(tmp_path / "m.jsonl").read_text())
+    report = json.loads(staging.check_path(tmp_path / "m.jsonl").read_text())
     assert report["rows_read"] == 9 and report["staged"] == 8
     assert [entry["id"] for entry in report["set_aside"]] == ["math_train-algebra-00001"]
     assert "no answer box" in report["set_aside"][0]["reason"]
@@ -267,7 +269,7 @@ def test_two_local_snapshots_laid_out_alike_each_stage_their_own_rows(tmp_path):
         row = {"problem": "x?", "solution": f"\\boxed{{{answer}}}", "answer": answer, "unique_id": "test/a/1.json"}
         write_hub_snapshot(tmp_path / copy / "m500", {"default": {"test": [row] * int(answer)}})
         entry = config.dataset_settings("math500", {**spec, "local_dir": str(tmp_path / copy / "m500")})
-        answers[copy] = [r["answer"] for r in data.prepare("math500", entry, tmp_path / f"{copy}.jsonl")]
+        answers[copy] = [r["answer"] for r in staging.prepare("math500", entry, tmp_path / f"{copy}.jsonl")]
     assert answers == {"first": ["2", "2"], "second": ["3", "3", "3"]}
 
 

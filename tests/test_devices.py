@@ -20,7 +20,7 @@ import pytest
 import yaml
 from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config
 
-from klstudy import devices
+from klstudy.run import devices
 
 # A job that records the devices it was given and when it held them; the first two wait for each other (an event,
 # with a time-out), so that the test knows two jobs ran at once; a job listed in KILLED kills itself with SIGKILL.
@@ -51,13 +51,13 @@ rule first:
     output: "out/0.json"
     priority: 100
     resources: local_gpus={per_job}
-    shell: "{python} -m klstudy.devices --count {per_job} -- {python} {record} {{output}} 0 {killed}"
+    shell: "{python} -m klstudy.run.devices --count {per_job} -- {python} {record} {{output}} 0 {killed}"
 
 rule job:
     output: "out/{{i}}.json"
     wildcard_constraints: i="[1-9][0-9]*"
     resources: local_gpus={per_job}
-    shell: "{python} -m klstudy.devices --count {per_job} -- {python} {record} {{output}} {{wildcards.i}} {killed}"
+    shell: "{python} -m klstudy.run.devices --count {per_job} -- {python} {record} {{output}} {{wildcards.i}} {killed}"
 """
 
 
@@ -128,8 +128,8 @@ def test_without_devices_to_share_a_job_runs_as_it_is(tmp_path):
     code = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
     env = {k: v for k, v in os.environ.items() if k != devices.GPUS_ENV}
     env["CUDA_VISIBLE_DEVICES"] = "7"  # e.g. what SLURM set
-    out = subprocess.run([sys.executable, "-m", "klstudy.devices", "--count", "2", "--", sys.executable, "-c", code],
-                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    command = [sys.executable, "-m", "klstudy.run.devices", "--count", "2", "--", sys.executable, "-c", code]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "7"
 
 
@@ -165,7 +165,7 @@ def test_two_concurrent_two_process_cells_rendezvous_at_ports_of_their_own(tmp_p
 
 
 def test_which_devices_drive_shares(monkeypatch):
-    from klstudy import drive
+    from klstudy.run import drive
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert drive.visible_gpus("auto") == drive.visible_gpus("all") == ["2", "3"]

@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from klstudy import divergence, kl, tiny
-from klstudy.prompts import chat_prompt
+from klstudy import kl
+from klstudy.data.prompts import chat_prompt
+from klstudy.evaluate import divergence
+from klstudy.train import tiny
 
 PROMPT = "What is 2 + 2?"
 

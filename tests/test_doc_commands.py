@@ -150,7 +150,8 @@ def test_the_command_finders():
     assert options(["--cores", "2", "-n", "--report=x.html", "results/x"]) == ["--cores", "-n", "--report"]
     assert BARE_TOOL.match("python -m klstudy --help") and BARE_TOOL.match("tensorboard --logdir x")
     assert not BARE_TOOL.match(".venv/bin/python -m klstudy --help")
-    assert not BARE_TOOL.match("snakemake --profile slurm") and not BARE_TOOL.match("python -m klstudy.devices --count")
+    assert not BARE_TOOL.match("snakemake --profile slurm")
+    assert not BARE_TOOL.match("python -m klstudy.run.devices --count")
 
 
 def test_a_make_target_or_variable_that_does_not_exist_is_caught():

@@ -6,8 +6,10 @@ import pytest
 import yaml
 from workflow_helpers import ROOT
 
-from klstudy import data, evaluate, procedural, tiny
-from klstudy.tasks import utils
+from klstudy.data import procedural, staging
+from klstudy.evaluate import harness
+from klstudy.evaluate.tasks import utils
+from klstudy.train import tiny
 
 
 def test_mean_at_k_and_unread_by_hand():
@@ -23,7 +25,7 @@ def test_mean_at_k_and_unread_by_hand():
 
 
 def test_every_task_file_names_a_staged_dataset():
-    assert evaluate.task_names() == sorted(
+    assert harness.task_names() == sorted(
         [
             "countdown_test",
             "math500",
@@ -45,16 +47,16 @@ def harness_inputs(tmp_path_factory):
     tiny.save(tiny.build_model(spec, tokenizer), tokenizer, path / "model", spec, {})
     (path / "data").mkdir()
     records = procedural.multiple_choice("mmlu_college_biology", "mc_next", 5, 0, "heldout")
-    data.write_jsonl(records, path / "data" / "mmlu_college_biology.jsonl")
+    staging.write_jsonl(records, path / "data" / "mmlu_college_biology.jsonl")
     records = procedural.arithmetic("math500", 5, 0, ["add1w", "sub1w"], "heldout")
-    data.write_jsonl(records, path / "data" / "math500.jsonl")
+    staging.write_jsonl(records, path / "data" / "math500.jsonl")
     return path
 
 
 @pytest.fixture(scope="module")
 def harness_run(harness_inputs):
     path = harness_inputs
-    return evaluate.run(path / "model", ["mmlu_college_biology"], path / "data", k=4, max_tokens=16, limit=3)[
+    return harness.run(path / "model", ["mmlu_college_biology"], path / "data", k=4, max_tokens=16, limit=3)[
         "mmlu_college_biology"
     ]
 
@@ -76,11 +78,11 @@ def test_harness_keeps_all_k_repeats_and_averages_them(harness_run):
 def test_harness_scores_every_repeat_with_the_reward(harness_inputs, monkeypatch):
     """An untrained model is never right, so swap in a reward that often is: the score lm-eval reports must be
     the mean over questions of the mean over all k repeats of that reward (a part-right question included)."""
-    from klstudy import rewards
+    from klstudy.data import rewards
 
     monkeypatch.setattr(rewards, "judge", lambda record, completion: rewards.Verdict(True, float(len(completion) % 2)))
     path = harness_inputs
-    result = evaluate.run(path / "model", ["mmlu_college_biology"], path / "data", k=4, max_tokens=16, limit=3)
+    result = harness.run(path / "model", ["mmlu_college_biology"], path / "data", k=4, max_tokens=16, limit=3)
     result = result["mmlu_college_biology"]
     per_question = [sum(len(c) % 2 for c in s["filtered_resps"][0]) / 4 for s in result["samples"]]
     assert [s["mean_at_k"] for s in result["samples"]] == per_question
@@ -113,10 +115,10 @@ def test_one_call_for_several_tasks_scores_each_as_its_own_call(harness_inputs):
     path = harness_inputs
     settings = dict(k=2, max_tokens=12, limit=3, temperature=0)
     tasks = ["mmlu_college_biology", "math500"]
-    together = evaluate.run(path / "model", tasks, path / "data", **settings)
+    together = harness.run(path / "model", tasks, path / "data", **settings)
     assert list(together) == tasks
     for task in tasks:
-        alone = evaluate.run(path / "model", [task], path / "data", **settings)[task]
+        alone = harness.run(path / "model", [task], path / "data", **settings)[task]
         assert together[task]["task"] == task and [s["doc"] for s in together[task]["samples"]] == [
             s["doc"] for s in alone["samples"]
         ]
@@ -132,18 +134,18 @@ def test_hf_backend_runs_on_the_gpu_when_there_is_one(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     auto = {"device": "auto", "dtype": "auto"}
-    assert evaluate.model_arguments("hf", "m", auto) == "pretrained=m,device=cuda,dtype=auto"
+    assert harness.model_arguments("hf", "m", auto) == "pretrained=m,device=cuda,dtype=auto"
     explicit = {"device": "cuda:1", "dtype": "float16"}
-    assert evaluate.model_arguments("hf", "m", explicit) == "pretrained=m,device=cuda:1,dtype=float16"
+    assert harness.model_arguments("hf", "m", explicit) == "pretrained=m,device=cuda:1,dtype=float16"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert evaluate.model_arguments("hf", "m", auto) == "pretrained=m,device=cpu,dtype=float32"
-    assert evaluate.model_arguments("hf", "m", {"device": "cpu", "dtype": "bfloat16"}).endswith("cpu,dtype=bfloat16")
+    assert harness.model_arguments("hf", "m", auto) == "pretrained=m,device=cpu,dtype=float32"
+    assert harness.model_arguments("hf", "m", {"device": "cpu", "dtype": "bfloat16"}).endswith("cpu,dtype=bfloat16")
 
 
 def test_evaluation_job_hands_the_backends_own_section_to_lm_eval(monkeypatch, tmp_path):
     """`klstudy evaluate` passes evaluation.hf (not evaluation.vllm) to the hf backend: its device reaches lm-eval."""
-    from klstudy import cli
     from klstudy.config import validate_config
+    from klstudy.run import cli
 
     seen = {}
 
@@ -151,7 +153,7 @@ def test_evaluation_job_hands_the_backends_own_section_to_lm_eval(monkeypatch, t
         seen.update(kwargs)
         return {task: {"mean_at_k": 0.5, "stderr": 0.1, "unread": 0.0, "k": 1, "samples": []} for task in tasks}
 
-    monkeypatch.setattr(evaluate, "run", fake_run)
+    monkeypatch.setattr(harness, "run", fake_run)
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
     section = {**config["evaluation"], "hf": {"device": "cuda:3", "dtype": "bfloat16"}}
     cli.main(["evaluate", "--model", "m", "--task", "math500", "--data-dir", "d", "--settings", json.dumps(section),

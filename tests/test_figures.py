@@ -12,8 +12,11 @@ import pytest
 import yaml
 from rendered import problems
 
-from klstudy import aggregate, figures
 from klstudy.config import validate_config
+from klstudy.report import aggregate
+from klstudy.report.figures import encoding, forest, panels, paper
+from klstudy.report.figures import toy as toy_figures
+from klstudy.report.figures import training as training_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["math500", "math_squared", "mmlu_college_physics", "mmlu_college_chemistry", "mmlu_college_biology"]
@@ -115,26 +118,26 @@ PAPER_CONFIGS = ["none", "k1-reward", "k1-loss", "k3-reward", "k3-loss", "k1-bot
 
 
 def test_one_palette_colour_is_the_configuration_and_line_style_the_beta_by_its_value():
-    low, high = figures.style_of("k1-reward", 0.1), figures.style_of("k1-reward", 1.0)
+    low, high = encoding.style_of("k1-reward", 0.1), encoding.style_of("k1-reward", 1.0)
     assert low["color"] == high["color"] and low["linestyle"] != high["linestyle"]
-    colours = {str(figures.config_colour(k)) for k in [*PAPER_CONFIGS, "k3-loss-ratio", "base"]}
+    colours = {str(encoding.config_colour(k)) for k in [*PAPER_CONFIGS, "k3-loss-ratio", "base"]}
     assert len(colours) == len(PAPER_CONFIGS) + 2  # a framework's variant is told apart from its pathwise configuration
     # β by its value: the same β has the same style in a run of two β and in one of four
-    assert figures.beta_linestyle(0.1) == "--" and figures.beta_hatch(0.1) == "//"
-    assert figures.beta_linestyle(0.0) == figures.beta_linestyle(None) == "-"
+    assert encoding.beta_linestyle(0.1) == "--" and encoding.beta_hatch(0.1) == "//"
+    assert encoding.beta_linestyle(0.0) == encoding.beta_linestyle(None) == "-"
     # every β has a style of its own, none of them no KL's solid line or unhatched bar
-    styles = [figures.beta_linestyle(b) for b in figures.BETA_STYLES]
-    hatches = [figures.beta_hatch(b) for b in figures.BETA_STYLES]
+    styles = [encoding.beta_linestyle(b) for b in encoding.BETA_STYLES]
+    hatches = [encoding.beta_hatch(b) for b in encoding.BETA_STYLES]
     assert "-" not in styles and "" not in hatches
     assert len({str(x) for x in styles}) == len(styles) and len(set(hatches)) == len(hatches)
     # verdict colours are no configuration's colour
-    verdicts = {mcolors.to_hex(c) for c in [*figures.VERDICT_COLOURS.values(), figures.UNTESTED_COLOUR]}
-    assert not verdicts & {mcolors.to_hex(figures.config_colour(k)) for k in [*PAPER_CONFIGS, "base"]}
+    verdicts = {mcolors.to_hex(c) for c in [*encoding.VERDICT_COLOURS.values(), encoding.UNTESTED_COLOUR]}
+    assert not verdicts & {mcolors.to_hex(encoding.config_colour(k)) for k in [*PAPER_CONFIGS, "base"]}
 
 
 def test_placement_and_estimator_read_without_colour():
     """Marker shape = placement, marker fill = estimator: every configuration has its own (shape, fill)."""
-    keys = {(figures.marker_of(k)["marker"], figures.marker_of(k)["fillstyle"], figures.marker_of(k).get(
+    keys = {(encoding.marker_of(k)["marker"], encoding.marker_of(k)["fillstyle"], encoding.marker_of(k).get(
         "markerfacecolor")) for k in PAPER_CONFIGS}  # fmt: skip
     assert len(keys) == len(PAPER_CONFIGS)
 
@@ -144,11 +147,11 @@ def test_the_palette_is_colour_blind_safe_for_the_papers_contrasts():
     a red-green colour-blind reader still sees), not only in hue."""
 
     def lightness(kl):
-        r, g, b = mcolors.to_rgb(figures.config_colour(kl))
+        r, g, b = mcolors.to_rgb(encoding.config_colour(kl))
         return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
     def blue_yellow(kl):  # the opponent axis that red-green colour blindness keeps
-        r, g, b = mcolors.to_rgb(figures.config_colour(kl))
+        r, g, b = mcolors.to_rgb(encoding.config_colour(kl))
         return b - (r + g) / 2
 
     for a, b in [("k3-reward", "k3-loss"), ("k1-reward", "k1-loss")]:
@@ -185,7 +188,7 @@ def test_the_last_point_of_a_trailing_curve_is_the_final_value(config, tables):
 @pytest.mark.parametrize("verdict", ["not shown", "shown", "not testable: one seed"])
 def test_a_figure_states_the_claims_verdict_never_its_own(config, tables, verdict):
     """Fig. 13's means fall with β for K1 in the reward; what it says is the claims table's verdict."""
-    fig, caption = figures.draw_paper_figure("fig13_regularisation", config, tables, claims_rows(verdict))
+    fig, caption = paper.draw_paper_figure("fig13_regularisation", config, tables, claims_rows(verdict))
     seen = texts(fig)
     assert "falls with β" not in seen and "does not fall" not in seen
     assert f"k1_reward_falls_with_beta, β = 1: {verdict} (" in caption  # the verdicts, with z: in the caption
@@ -193,29 +196,29 @@ def test_a_figure_states_the_claims_verdict_never_its_own(config, tables, verdic
     if verdict != "shown":
         assert ": shown (" not in caption
     plt.close(fig)
-    plain, text = figures.draw_paper_figure("fig13_regularisation", config, tables)  # no table: no verdict at all
+    plain, text = paper.draw_paper_figure("fig13_regularisation", config, tables)  # no table: no verdict at all
     assert "shown" not in texts(plain) and "k1_reward_regularises" not in text
     plt.close(plain)
 
 
 def test_every_panel_with_data_has_bands_or_error_bars_and_names_n(config, tables):
     claims = claims_rows("not shown")
-    figs = [figures.draw_paper_figure(name, config, tables, claims) for name in config["figures"]]
-    figs += [figures.draw_training_figure(study, config, tables) for study in config["studies"]]
+    figs = [paper.draw_paper_figure(name, config, tables, claims) for name in config["figures"]]
+    figs += [training_figures.draw_training_figure(study, config, tables) for study in config["studies"]]
     drawn = 0
     for fig, text in figs:
         for ax in data_axes(fig):
             drawn += 1
             assert ax.collections, ax.get_title()  # fill_between bands, error bar lines
             assert "n = " in ax.get_title(), ax.get_title()
-        assert figures.UNCERTAINTY[1:] in text and "not a test" in texts(fig)
+        assert aggregate.UNCERTAINTY[1:] in text and "not a test" in texts(fig)
         plt.close(fig)
     assert drawn >= 10
 
 
 def test_no_panel_is_empty_without_saying_why_and_legends_stay_outside(config, tables):
     for name in config["figures"]:
-        fig, caption = figures.draw_paper_figure(name, config, tables)
+        fig, caption = paper.draw_paper_figure(name, config, tables)
         for ax in fig.axes:
             assert ax.get_legend() is None  # one legend for the figure, beside the panels
             if not (ax.lines or ax.patches or ax.collections):
@@ -229,14 +232,14 @@ def test_lines_at_equal_values_do_not_hide_each_other(config, tables):
     """Every held-out line starts at 0.3 at step 0: dodged sideways, no two markers at the same point."""
     fig, ax = plt.subplots()
     panel = {"kind": "curves", "study": "onpolicy", "model": "tiny"}
-    figures.curves_panel(ax, panel, config, tables)
+    panels.curves_panel(ax, panel, config, tables)
     starts = {(round(line.get_xdata()[0], 6), line.get_ydata()[0]) for line in ax.lines if len(line.get_xdata()) > 1}
     assert len(starts) == len([line for line in ax.lines if len(line.get_xdata()) > 1]) == 9
     plt.close(fig)
 
 
 def test_panels_of_one_quantity_share_a_y_axis(config, tables):
-    fig, caption = figures.draw_paper_figure("fig05_eval_k1_reward_vs_k3_loss", config, tables)
+    fig, caption = paper.draw_paper_figure("fig05_eval_k1_reward_vs_k3_loss", config, tables)
     limits = {ax.get_ylim() for ax in data_axes(fig)}
     assert len(limits) == 1 and next(iter(limits))[0] == 0
     plt.close(fig)
@@ -244,11 +247,11 @@ def test_panels_of_one_quantity_share_a_y_axis(config, tables):
 
 def test_captions_name_the_model_and_scale_and_titles_are_one_line_without_them(config, tables):
     other = {**config, "scale": "paper", "models": {"tiny": {"hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"}}}
-    fig, caption = figures.draw_paper_figure("fig02_k1_in_loss", other, tables)
+    fig, caption = paper.draw_paper_figure("fig02_k1_in_loss", other, tables)
     assert "Models: HuggingFaceTB/SmolLM2-135M-Instruct; paper scale." in caption
     assert fig._suptitle.get_text() == "K1 in the loss"
     plt.close(fig)
-    fig, caption = figures.draw_training_figure("onpolicy", config, tables)
+    fig, caption = training_figures.draw_training_figure("onpolicy", config, tables)
     assert fig._suptitle.get_text() == "Training dynamics: on-policy grid"  # no study id, no figure numbers
     assert "tiny (built locally)" in caption and "tiny" not in fig._suptitle.get_text()
     plt.close(fig)
@@ -257,14 +260,14 @@ def test_captions_name_the_model_and_scale_and_titles_are_one_line_without_them(
 def test_a_run_that_stopped_early_is_counted_and_marked(config, tables):
     fig, ax = plt.subplots()
     panel = {"kind": "curves", "study": "onpolicy", "model": "tiny", "kl": ["k3-reward"]}
-    figures.curves_panel(ax, panel, config, tables)
+    panels.curves_panel(ax, panel, config, tables)
     assert "K3 in reward, β = 1 (1/2 collapsed)" in [line.get_label() for line in ax.lines]
     assert any(c.get_offsets().shape[0] == 1 for c in ax.collections)  # the cross at its last point
     plt.close(fig)
 
 
 def test_a_panel_without_results_says_so(config, tables):
-    fig, caption = figures.draw_paper_figure("fig07_async", config, tables)  # async studies have no results here
+    fig, caption = paper.draw_paper_figure("fig07_async", config, tables)  # async studies have no results here
     assert all(not ax.lines for ax in fig.axes)
     assert "no run of this panel has held-out results yet" in texts(fig)
     plt.close(fig)
@@ -274,13 +277,13 @@ def test_the_forest_draws_every_claim_coloured_by_its_verdict(config):
     claims = pd.concat([claims_rows("shown").head(1), claims_rows("not shown").iloc[1:2],
                         claims_rows("not testable: one seed").iloc[2:]], ignore_index=True)  # fmt: skip
     claims.loc[2, ["se", "z", "critical"]] = np.nan  # a claim that cannot be tested has no interval
-    fig, caption = figures.draw_claims_forest(claims, config)
+    fig, caption = forest.draw_claims_forest(claims, config)
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels == ["k1_reward_falls_with_beta, β = 1 vs 0.1  ◀", "k1_reward_regularises, β = 0.1  ◀",
                       "k1_loss_does_not_regularise, β = 0.1"]  # fmt: skip (◀: predicted lower; same: none)
     interval = [line for line in ax.lines if len(line.get_xdata()) == 2 and line.get_ydata()[0] == 0][0]
-    assert interval.get_color() == figures.VERDICT_COLOURS["shown"]
+    assert interval.get_color() == encoding.VERDICT_COLOURS["shown"]
     # in the metric's own sign: effect -0.3 drawn at -0.3; its interval ± 31.82 · 0.1 clipped below at -0.6 (a KL of
     # at least 0 against a baseline of 0.6, marked |) and cut above at the panel (an arrow)
     assert [line.get_xdata()[0] for line in ax.lines if line.get_marker() == "o"][0] == pytest.approx(-0.3)
@@ -296,7 +299,7 @@ def test_the_forest_draws_every_claim_coloured_by_its_verdict(config):
 def test_lines_that_lie_on_one_another_are_named(config, tables):
     """Runs that log the same values (every reward 0, say) draw one line over another: the figure names them."""
     flat = tables["training"].assign(task_reward=0.0)
-    fig, caption = figures.draw_training_figure("onpolicy", config, {**tables, "training": flat})
+    fig, caption = training_figures.draw_training_figure("onpolicy", config, {**tables, "training": flat})
     seen = texts(fig)
     assert "task reward, β = 0.1: no KL (β = 0), K1 in reward, β = 0.1" in caption
     assert "lie on one line (0 at every step)" in caption
@@ -306,24 +309,24 @@ def test_lines_that_lie_on_one_another_are_named(config, tables):
 
 
 def test_a_config_without_claims_gets_a_forest_that_says_so(config):
-    fig, caption = figures.draw_claims_forest(claims_rows("shown").iloc[:0], config)
+    fig, caption = forest.draw_claims_forest(claims_rows("shown").iloc[:0], config)
     assert "the config names no claims" in texts(fig)
     plt.close(fig)
 
 
 def test_a_panel_title_counts_its_claims_verdicts(config, tables):
     """A difference the eye sees is read beside the rule's count: 'claims: 0 of 3 shown'."""
-    fig, caption = figures.draw_paper_figure("fig13_regularisation", config, tables, claims_rows("not shown"))
+    fig, caption = paper.draw_paper_figure("fig13_regularisation", config, tables, claims_rows("not shown"))
     (ax,) = data_axes(fig)
     assert ax.get_title().endswith("claims: 0 of 3 shown")
     plt.close(fig)
     claims = claims_rows("not shown")
     claims.loc[1, "verdict"] = "shown"
     claims.loc[2, "verdict"] = "contradicted"
-    fig, caption = figures.draw_paper_figure("fig13_regularisation", config, tables, claims)
+    fig, caption = paper.draw_paper_figure("fig13_regularisation", config, tables, claims)
     assert data_axes(fig)[0].get_title().endswith("claims: 1 of 3 shown, 1 contradicted")
     plt.close(fig)
-    plain, _ = figures.draw_paper_figure("fig13_regularisation", config, tables)
+    plain, _ = paper.draw_paper_figure("fig13_regularisation", config, tables)
     assert "claims:" not in data_axes(plain)[0].get_title()  # no claims table, no count
     plt.close(plain)
 
@@ -342,26 +345,26 @@ def test_fig13_rings_only_the_points_the_claims_table_shows(config, tables, show
     claims = claims_rows("not shown")
     if shown:
         claims.loc[1, "verdict"] = "shown"
-    fig, caption = figures.draw_paper_figure("fig13_regularisation", config, tables, claims)
+    fig, caption = paper.draw_paper_figure("fig13_regularisation", config, tables, claims)
     (ax,) = data_axes(fig)
     ringed = rings(ax)
     if shown:
-        assert len(ringed) == 1 and ringed[0].get_color() == figures.VERDICT_COLOURS["shown"]
+        assert len(ringed) == 1 and ringed[0].get_color() == encoding.VERDICT_COLOURS["shown"]
         assert ringed[0].get_xdata()[0] == pytest.approx(0.1, rel=0.1)
     else:
         assert ringed == []
     assert "no ring: not shown" in caption
     plt.close(fig)
     claims.loc[2, "verdict"] = "contradicted"  # K1 in the loss at β = 0.1 against no KL
-    fig, caption = figures.draw_paper_figure("fig13_regularisation", config, tables, claims)
-    assert figures.VERDICT_COLOURS["contradicted"] in [line.get_color() for line in rings(data_axes(fig)[0])]
+    fig, caption = paper.draw_paper_figure("fig13_regularisation", config, tables, claims)
+    assert encoding.VERDICT_COLOURS["contradicted"] in [line.get_color() for line in rings(data_axes(fig)[0])]
     plt.close(fig)
 
 
 def test_bars_carry_their_unread_fraction_chance_and_leave_the_untemplated_base_model_to_the_caption(config, tables):
     """Every bar is labelled with its unread fraction (10 % here); a chance line spans each multiple-choice task; the
     base model without its chat template (0 everywhere) is not drawn but listed in the caption."""
-    fig, caption = figures.draw_paper_figure("fig05_eval_k1_reward_vs_k3_loss", config, tables)
+    fig, caption = paper.draw_paper_figure("fig05_eval_k1_reward_vs_k3_loss", config, tables)
     for ax in data_axes(fig):
         bars = [p for p in ax.patches if p.get_height() > 0]
         assert [t.get_text() for t in ax.texts] == ["10%"] * len(bars) == ["10%"] * 3 * len(TASKS)  # base, 2 configs
@@ -378,7 +381,7 @@ def test_a_crowded_panel_draws_no_raw_steps(config, tables):
     for kls, raw in ((["none", "k1-reward", "k1-loss", "k3-reward", "k3-loss"], False), (["none", "k1-reward"], True)):
         fig, ax = plt.subplots()
         rows = training[training.kl.isin(kls) & training.beta.isin([0.0, 1.0])]
-        figures.step_curves(ax, rows, "task_reward", window)
+        panels.step_curves(ax, rows, "task_reward", window)
         thin = [line for line in ax.lines if line.get_label().startswith("_")]
         assert len(thin) == (len(kls) if raw else 0)
         assert len(ax.collections) == len(kls)  # a band for every line either way
@@ -387,14 +390,14 @@ def test_a_crowded_panel_draws_no_raw_steps(config, tables):
 
 def test_the_forest_says_why_an_interval_spans_the_axis_and_names_a_margin_z(config):
     claims = claims_rows("not shown")
-    fig, caption = figures.draw_claims_forest(claims, config)
+    fig, caption = forest.draw_claims_forest(claims, config)
     seen = texts(fig)
     assert "An arrow: the interval runs past the panel" in caption and "(2 seeds: ± 31.8 se)" in caption
     assert "not shown margin z 5 / 3 n 2" in seen  # the same claim's z is its distance inside the margin
     assert "not shown z 3 / 31.8 n 2" in seen
     plt.close(fig)
     narrow = claims.assign(se=0.001, critical=3.0)  # every interval inside its panel: no arrow, no note
-    fig, caption = figures.draw_claims_forest(narrow, config)
+    fig, caption = forest.draw_claims_forest(narrow, config)
     assert "An arrow:" not in caption
     plt.close(fig)
 
@@ -404,7 +407,7 @@ def test_a_panel_of_one_beta_counts_that_betas_claims(config, tables):
     claims = claims_rows("not shown").iloc[:2].assign(metric="evaluation", candidate="k1-reward", baseline="k3-loss",
                                                        predicted="higher", beta=[0.1, 1.0])  # fmt: skip
     claims.loc[1, "verdict"] = "shown"
-    fig, caption = figures.draw_paper_figure("fig05_eval_k1_reward_vs_k3_loss", config, tables, claims)
+    fig, caption = paper.draw_paper_figure("fig05_eval_k1_reward_vs_k3_loss", config, tables, claims)
     titles = [ax.get_title() for ax in data_axes(fig)]
     assert "claims: 0 of 1 shown" in titles[0] and "claims: 1 of 1 shown" in titles[1]
     plt.close(fig)
@@ -412,21 +415,21 @@ def test_a_panel_of_one_beta_counts_that_betas_claims(config, tables):
 
 def test_gradient_norms_are_drawn_on_a_log_axis_and_question_pairs_name_their_seeds(config, tables):
     """A gradient norm of 0.2 beside one of 6 is a flat line at 0 on a linear axis shared across β."""
-    fig, caption = figures.draw_training_figure("onpolicy", config, tables)
+    fig, caption = training_figures.draw_training_figure("onpolicy", config, tables)
     scales = {ax.get_ylabel(): ax.get_yscale() for ax in fig.axes if ax.get_ylabel()}
     assert scales["gradient norm before clipping\n(trailing 5-step mean, log)"] == "log"
     assert scales["task reward, batch mean\n(trailing 5-step mean)"] == "linear"
     assert "KL(π_sampling‖π_ref), K3, nats\n(trailing 5-step mean)" in scales  # the sampling policy's, smoothed
     plt.close(fig)
     questions = claims_rows("not shown").head(1).assign(pair_by="questions", units=100, seeds=4)
-    fig, caption = figures.draw_claims_forest(questions, config)
+    fig, caption = forest.draw_claims_forest(questions, config)
     assert "n 100 questions × 4 seeds" in texts(fig)
     plt.close(fig)
 
 
 def test_a_training_figure_keys_colour_and_line_style_apart(config, tables):
     """One legend entry per configuration and one per β (9 lines, 7 entries), not one per configuration × β."""
-    fig, caption = figures.draw_training_figure("onpolicy", config, tables)
+    fig, caption = training_figures.draw_training_figure("onpolicy", config, tables)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels == ["no KL (β = 0)", "K1 in reward", "K1 in loss", "K3 in reward", "K3 in loss", "β = 0.1", "β = 1"]
     plt.close(fig)
@@ -454,9 +457,9 @@ def toy_results() -> tuple[pd.DataFrame, pd.DataFrame]:
 def test_fig01_draws_the_exact_bias_over_the_noise_floor_and_names_coinciding_and_unbiased_configurations(tmp_path):
     results, tests = toy_results()
     png = tmp_path / "fig01_toy_bias_variance.png"
-    figures.fig01_toy_bias_variance(results, tests, png)
+    toy_figures.fig01_toy_bias_variance(results, tests, png)
     assert png.is_file() and "Monte Carlo noise floor" in png.with_suffix(".md").read_text()
-    fig, caption = figures.draw_fig01(results, tests)
+    fig, caption = toy_figures.draw_fig01(results, tests)
     labels = [" ".join(t.get_text().split()) for t in fig.legends[0].get_texts()]  # wrapped labels joined
     assert "K3 in loss = K1 in loss" in labels  # equal exact biases: one line, named together
     assert labels[-1].startswith("squared bias exactly 0 (not drawn): K1 in reward")
@@ -474,9 +477,10 @@ def test_rendered_figures_overlap_no_text_hide_no_data_under_a_legend_and_use_no
     """Every paper, training and claims figure as saved: no two text boxes overlap, no legend box holds a data point,
     no font below 7 pt (renderer extents)."""
     claims = claims_rows("not shown")
-    drawn = [(name, *figures.draw_paper_figure(name, config, tables, claims)) for name in config["figures"]]
-    drawn += [(study, *figures.draw_training_figure(study, config, tables)) for study in ("onpolicy", "async_math")]
-    drawn.append(("claims_forest", *figures.draw_claims_forest(claims, config)))
+    drawn = [(name, *paper.draw_paper_figure(name, config, tables, claims)) for name in config["figures"]]
+    drawn += [(study, *training_figures.draw_training_figure(study, config, tables))
+              for study in ("onpolicy", "async_math")]  # fmt: skip
+    drawn.append(("claims_forest", *forest.draw_claims_forest(claims, config)))
     found = []
     for name, fig, _ in drawn:
         found += [f"{name}: {problem}" for problem in problems(fig)]
@@ -500,7 +504,7 @@ def test_the_checks_catch_an_overlap_a_legend_over_data_and_a_small_font():
 def test_a_footnote_of_more_than_two_lines_is_refused():
     fig = plt.figure()
     with pytest.raises(ValueError, match="caption"):
-        figures.footnote(fig, "one\ntwo\nthree")
+        encoding.footnote(fig, "one\ntwo\nthree")
     plt.close(fig)
 
 
@@ -526,7 +530,7 @@ def toy_end_points():
 
 def test_the_toy_figure_names_coinciding_configurations_once_labels_monte_carlo_betas_and_hides_nothing():
     points, fronts, agreed, section = toy_end_points()
-    fig, caption = figures.draw_toy_fixed_points(points, fronts, agreed, section)
+    fig, caption = toy_figures.draw_toy_fixed_points(points, fronts, agreed, section)
     plane = fig.axes[0]
     labels = [line.get_label() for line in plane.lines]
     assert "K1 in reward = K3 in reward and loss" in labels and "K1 in reward" not in labels  # drawn once
@@ -547,12 +551,12 @@ def test_an_asynchronous_run_shorter_than_its_lag_says_its_kl_is_zero_by_constru
     runs = tables["training"][tables["training"].step <= 5].assign(study="async_countdown", kl_k3=0.0, task_reward=0.0)
     runs = runs[runs.kl.isin(["none", "k1-reward"]) & runs.beta.isin([0.0, 0.1])].assign(
         beta=lambda t: np.where(t.kl == "none", 0.0, 0.05))  # fmt: skip
-    fig, caption = figures.draw_training_figure("async_countdown", config, {**tables, "training": runs})
+    fig, caption = training_figures.draw_training_figure("async_countdown", config, {**tables, "training": runs})
     assert "0 by construction" in texts(fig)
     assert "its KL row is 0 at every step, and its reward is the reference's, by construction" in caption
     assert problems(fig) == []
     plt.close(fig)
-    fig, caption = figures.draw_training_figure("onpolicy", config, tables)
+    fig, caption = training_figures.draw_training_figure("onpolicy", config, tables)
     assert "by construction" not in texts(fig) + caption
     plt.close(fig)
 
@@ -562,12 +566,12 @@ def test_one_beta_is_one_category_and_one_seed_has_no_band(config, tables):
     seed has no band (its own error over steps is not a spread over seeds)."""
     fig, ax = plt.subplots()
     panel = {"kind": "kl_vs_beta", "study": "onpolicy", "model": "tiny", "betas": [0.1]}
-    figures.kl_vs_beta_panel(ax, panel, config, tables)
+    panels.kl_vs_beta_panel(ax, panel, config, tables)
     assert ax.get_xscale() == "linear" and [t.get_text() for t in ax.get_xticklabels()] == ["0.1"]
     plt.close(fig)
     one_seed = tables["training"][tables["training"].seed == 0]
     fig, ax = plt.subplots()
-    figures.step_curves(ax, one_seed[one_seed.kl.isin(["none", "k1-reward"]) & one_seed.beta.isin([0.0, 0.1])],
+    panels.step_curves(ax, one_seed[one_seed.kl.isin(["none", "k1-reward"]) & one_seed.beta.isin([0.0, 0.1])],
                         "kl_k3", 5)  # fmt: skip
     bands = [c for c in ax.collections if len(c.get_paths()) and len(c.get_paths()[0].vertices)]
     assert bands == []

@@ -1,14 +1,15 @@
-"""Where each KL configuration leads in the toy model (src/klstudy/fixed_points.py): exact fixed points against the
-exact optimum of J_β = E[R] − β·KL, and Monte Carlo training through the trainer's loss ending where they say."""
+"""Where each KL configuration leads in the toy model (src/klstudy/analysis/fixed_points.py): exact fixed points against
+the exact optimum of J_β = E[R] − β·KL, and Monte Carlo training through the trainer's loss ending where they say."""
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from klstudy import claims as claims_module
-from klstudy import fixed_points as fp
-from klstudy import kl, toy
+from klstudy import kl
+from klstudy.analysis import fixed_points as fp
+from klstudy.analysis import monte_carlo, toy
+from klstudy.report import claims_rule
 
 REWARD = {"kind": "ones_at_least", "threshold": 3}
 FLOW = {"step": 0.25, "steps": 200, "newton_every": 25}
@@ -154,8 +155,8 @@ MC = dict(
 def test_monte_carlo_training_ends_where_the_exact_fixed_point_says(config, mode):
     fam, betas = family("tabular"), [1.0, 3.0]
     points = fp.fixed_point_table(fam, REWARD, [config], betas, FLOW)
-    runs = fp.train_monte_carlo(fam, REWARD, config, betas, MC, mode)
-    agreed = fp.agreement(runs, points)
+    runs = monte_carlo.train_monte_carlo(fam, REWARD, config, betas, MC, mode)
+    agreed = monte_carlo.agreement(runs, points)
     assert (agreed.seeds == 20).all()
     assert agreed.agrees.astype(bool).all(), agreed[["beta", "mc_reward", "reward", "z_reward", "mc_kl", "kl", "z_kl"]]
     # and it tells configurations apart: K3 in the loss's end points are not the optimum's (K1 in the reward's)
@@ -172,7 +173,7 @@ def test_the_numbers_are_the_same_run_after_run_and_thread_count():
     second = fp.fixed_point_table(fam, REWARD, ["k3-loss", "k3-reward"], [0.3, 1.0], FLOW)
     pd.testing.assert_frame_equal(first, second, check_exact=True)
     small = dict(MC, seeds=3, steps=20)
-    runs = [fp.train_monte_carlo(fam, REWARD, "k3-loss", [1.0], small, "off-policy") for _ in range(2)]
+    runs = [monte_carlo.train_monte_carlo(fam, REWARD, "k3-loss", [1.0], small, "off-policy") for _ in range(2)]
     pd.testing.assert_frame_equal(*runs, check_exact=True)
 
 
@@ -193,7 +194,7 @@ def default_runs():
     fam, configs, betas = family("tabular"), ["k3-both", "k3-loss", "k3-loss-ratio"], [0.3, 1.0, 3.0]
     points = fp.fixed_point_table(fam, REWARD, configs, betas, FLOW)
     runs = pd.concat(
-        fp.train_monte_carlo(fam, REWARD, config, betas, MC, mode)
+        monte_carlo.train_monte_carlo(fam, REWARD, config, betas, MC, mode)
         for config in configs
         for mode in ("on-policy", "off-policy")
     )
@@ -211,7 +212,7 @@ def test_every_toy_claim_can_fail_on_the_optimum_never_off_it_and_off_it_never_o
         for config in ("k3-both", "k3-loss", "k3-loss-ratio")
         for direction, words in DIRECTIONS.items()
     }
-    table = fp.toy_claims(runs, points, claims, RULE, TOLERANCE)
+    table = monte_carlo.toy_claims(runs, points, claims, RULE, TOLERANCE)
     assert len(table) == 9 * 3 * 2 and (table.exact_status == "stable").all()
     shown = table[table.verdict == "shown"]
     assert not ((shown.candidate == "k3-both") & (shown.predicted != "same")).any(), shown
@@ -228,9 +229,9 @@ def test_runs_on_the_optimum_do_not_agree_with_a_fixed_point_off_it(default_runs
     points, runs = default_runs
     on_optimum = runs[runs.config == "k3-both"]
     for biased in ("k3-loss", "k3-loss-ratio"):
-        disguised = fp.agreement(on_optimum.assign(config=biased), points)
+        disguised = monte_carlo.agreement(on_optimum.assign(config=biased), points)
         assert not disguised.agrees.astype(bool).any(), disguised[["mode", "beta", "z_reward", "nearer_than_optimum"]]
-        assert fp.agreement(runs[runs.config == biased], points).agrees.astype(bool).all()
+        assert monte_carlo.agreement(runs[runs.config == biased], points).agrees.astype(bool).all()
 
 
 def synthetic(statuses: dict, rewards: dict, seeds: int = 5):
@@ -249,7 +250,7 @@ def synthetic(statuses: dict, rewards: dict, seeds: int = 5):
 
 def test_toy_claims_go_through_the_claims_tables_judgement_with_every_reason_it_cannot_judge():
     """No fixed point on either side (drifts, still moving), identical differences and one seed are not testable,
-    with the claims table's own words; a testable row's verdict is claims.judged's."""
+    with the claims table's own words; a testable row's verdict is claims_rule.judged's."""
     points, runs = synthetic(
         {"none": "drifts", "k1-loss": "drifts", "k2-both": "still moving", "k1-reward": "stable", "k3-both": "stable"},
         {"none": [0.9, 0.95, 0.97], "k1-loss": [0.8, 0.9, 0.93], "k2-both": [0.6, 0.62, 0.61],
@@ -262,15 +263,15 @@ def test_toy_claims_go_through_the_claims_tables_judgement_with_every_reason_it_
         "exact": dict(text="", candidate="k1-reward", baseline="optimum", predicted="same"),
         "judged": dict(text="", candidate="k3-both", baseline="optimum", predicted="same"),
     }
-    table = fp.toy_claims(runs, points, claims, RULE, TOLERANCE).set_index("claim")
+    table = monte_carlo.toy_claims(runs, points, claims, RULE, TOLERANCE).set_index("claim")
     assert table.verdict["drift"] == table.verdict["moving"] == table.verdict["baseline drifts"]
-    assert table.verdict["drift"] == "not testable: no fixed point" and "no fixed point" in claims_module.NOT_TESTABLE
+    assert table.verdict["drift"] == "not testable: no fixed point" and "no fixed point" in claims_rule.NOT_TESTABLE
     assert table.verdict["exact"] == "not testable: no error estimate"
     assert table.bound["judged"] == pytest.approx(TOLERANCE * 0.2)
     rows = table.loc[["judged"]].reset_index().drop(columns=["z", "critical", "p", "q_value", "verdict"])
-    assert table.verdict["judged"] == claims_module.judged(rows, RULE).verdict.iloc[0] == "not shown"
+    assert table.verdict["judged"] == claims_rule.judged(rows, RULE).verdict.iloc[0] == "not shown"
     points, runs = synthetic({"k3-both": "stable"}, {"k3-both": [0.5]})
-    one = fp.toy_claims(runs, points, {"judged": claims["judged"]}, RULE, TOLERANCE)
+    one = monte_carlo.toy_claims(runs, points, {"judged": claims["judged"]}, RULE, TOLERANCE)
     assert one.verdict.iloc[0] == "not testable: one seed"
 
 

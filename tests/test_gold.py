@@ -3,7 +3,7 @@ seen in real MATH solutions (the ids in the comments are MATH's own file names).
 
 import pytest
 
-from klstudy import gold
+from klstudy.data import gold
 
 
 @pytest.fixture(scope="module")

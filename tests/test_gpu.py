@@ -28,7 +28,9 @@ import pytest
 import torch
 from workflow_helpers import ROOT, validated_cell
 
-from klstudy import config, data, models, standins
+from klstudy import config
+from klstudy.data import staging
+from klstudy.train import models, standins
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.cuda.is_available()
@@ -142,7 +144,8 @@ def trained(workdir):
     for name, spec in CELLS.items():
         start = time.perf_counter()
         _check(_train(workdir, name, spec))
-        _throughput(name, spec, data.read_jsonl(workdir / "runs" / name / "metrics.jsonl"), time.perf_counter() - start)
+        metrics = staging.read_jsonl(workdir / "runs" / name / "metrics.jsonl")
+        _throughput(name, spec, metrics, time.perf_counter() - start)
     return workdir
 
 
@@ -152,7 +155,7 @@ def test_cells_train_under_fsdp_with_one_metrics_line_per_step(trained, name):
     summary = json.loads((cell / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["processes"] == 1
     steps = CELLS[name]["train"]["steps"]
-    rows = data.read_jsonl(cell / "metrics.jsonl")
+    rows = staging.read_jsonl(cell / "metrics.jsonl")
     updates = CELLS[name]["train"]["batch_prompts"] // CELLS[name]["train"]["minibatch_prompts"]
     assert [row["optimizer_step"] for row in rows] == list(range(1, steps * updates + 1))
     assert sorted({row["step"] for row in rows}) == list(range(1, steps + 1))
@@ -164,7 +167,7 @@ def test_cells_train_under_fsdp_with_one_metrics_line_per_step(trained, name):
         assert all(row["peak_memory_gib"] > 0 for row in rows)
         checkpoint = trained / "checkpoints" / name / f"checkpoint-{2 * updates}"
         assert (checkpoint / "pytorch_model_fsdp_0").is_dir(), "the launch config's FSDP did not shard the model"
-    assert [row["step"] for row in data.read_jsonl(cell / "heldout.jsonl")] == list(range(0, steps + 1, 2))
+    assert [row["step"] for row in staging.read_jsonl(cell / "heldout.jsonl")] == list(range(0, steps + 1, 2))
     _assert_loads_in_bf16(cell / "final", REPORT["parameters"])
 
 
@@ -174,10 +177,10 @@ def killed_and_resumed(workdir):
     metrics as they were then, and the rerun that resumes it."""
     killed = _train(workdir, "killed", KILLED, env={"KLSTUDY_KILL_AT_STEP": str(KILL_AT)})
     assert killed.returncode != 0, "the job killed at step 3 should have failed"
-    before = data.read_jsonl(workdir / "runs" / "killed" / "metrics.jsonl")
+    before = staging.read_jsonl(workdir / "runs" / "killed" / "metrics.jsonl")
     start = time.perf_counter()
     log = _check(_train(workdir, "killed", KILLED))
-    rows = data.read_jsonl(workdir / "runs" / "killed" / "metrics.jsonl")
+    rows = staging.read_jsonl(workdir / "runs" / "killed" / "metrics.jsonl")
     _throughput("killed_resumed", KILLED, rows[2:], time.perf_counter() - start)  # the resumed attempt's steps
     return workdir, before, log
 
@@ -188,7 +191,7 @@ def test_a_killed_fsdp_run_resumes_from_its_checkpoint(killed_and_resumed):
     assert [row["step"] for row in before] == [1, 2, 3]  # killed after writing step 3's line
     summary = json.loads((cell / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["resumed_from"].endswith("checkpoint-2")
-    rows = data.read_jsonl(cell / "metrics.jsonl")
+    rows = staging.read_jsonl(cell / "metrics.jsonl")
     assert [row["step"] for row in rows] == [1, 2, 3, 4]  # step 3 once: the killed attempt's line was dropped
     assert rows[:2] == before[:2]  # restored from the checkpoint, not recomputed
     assert "step 3/4" in log and "step 1/4" not in log  # the second attempt trained steps 3 and 4 only
@@ -208,7 +211,7 @@ def test_lm_eval_hf_backend_runs_on_the_gpu(trained):
     REPORT["evaluate_seconds"] = round(time.perf_counter() - start, 1)
     for out in outs:
         result = json.loads(out.read_text())
-        assert 0 <= result["mean_at_k"] <= 1 and len(data.read_jsonl(out.with_suffix(".samples.jsonl"))) == 8
+        assert 0 <= result["mean_at_k"] <= 1 and len(staging.read_jsonl(out.with_suffix(".samples.jsonl"))) == 8
         expected = "device=cuda,dtype=auto" if CUDA else "device=cpu,dtype=float32"
         assert expected in result["model_args"]
     print(f"\nlm-eval hf backend, 2 tasks × 8 questions × k = 2: {REPORT['evaluate_seconds']} s", flush=True)

@@ -3,7 +3,8 @@
 import huggingface_hub
 import pytest
 
-from klstudy import data, models, tiny
+from klstudy.data import staging
+from klstudy.train import models, tiny
 
 
 def test_unreachable_hub_fails_at_once_naming_the_model(tmp_path, monkeypatch):
@@ -11,7 +12,7 @@ def test_unreachable_hub_fails_at_once_naming_the_model(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     # "At once": the reachability probe answers, huggingface_hub (which retries) is never called.
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: pytest.fail("snapshot_download called"))
-    with pytest.raises(data.DataUnavailable, match=r"Qwen/Qwen2.5-7B.*huggingface-cli download Qwen/Qwen2.5-7B"):
+    with pytest.raises(staging.DataUnavailable, match=r"Qwen/Qwen2.5-7B.*huggingface-cli download Qwen/Qwen2.5-7B"):
         models.build_base_model("qwen", {"source": "hub", "hub_id": "Qwen/Qwen2.5-7B"}, [], tmp_path / "m")
     assert not (tmp_path / "m").exists()
 
@@ -60,7 +61,7 @@ def test_the_weights_digest_tells_models_apart_by_one_bit(tmp_path):
 
 def test_a_local_copy_without_weights_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(data.DataUnavailable, match="no config.json"):
+    with pytest.raises(staging.DataUnavailable, match="no config.json"):
         models.build_base_model(
             "q",
             {"source": "hub", "hub_id": "Qwen/Qwen2.5-7B", "local_dir": str(tmp_path / "empty")},
@@ -139,7 +140,7 @@ def _warm_start_file(tmp_path):
     from klstudy.config import dataset_settings
 
     entry = {"kind": "arithmetic", "levels": ["add1"], "size": 8, "seed": 0, "split": "warmup"}
-    data.prepare("warm_math", dataset_settings("warm_math", entry), path)
+    staging.prepare("warm_math", dataset_settings("warm_math", entry), path)
     return path
 
 

@@ -15,8 +15,9 @@ import pytest
 import yaml
 from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config, snakemake
 
-from klstudy import data, models
-from klstudy.cell import MEASURED_COLUMNS
+from klstudy.data import staging
+from klstudy.train import models
+from klstudy.train.cell import MEASURED_COLUMNS
 
 STEPS, KILL_AT = 4, 3
 TWO_PROCESSES = "config/accelerate/cpu-2proc.yaml"
@@ -60,16 +61,16 @@ def two_process_runs(request, tmp_path_factory):
 
 def _metrics(cell_dir):
     return [{k: v for k, v in row.items() if k not in MEASURED_COLUMNS}
-            for row in data.read_jsonl(cell_dir / "metrics.jsonl")]  # fmt: skip
+            for row in staging.read_jsonl(cell_dir / "metrics.jsonl")]  # fmt: skip
 
 
 def test_one_process_writes_one_line_per_step_and_per_evaluation(two_process_runs):
     workdir, _ = two_process_runs
     cell = workdir / _cell("whole")
-    assert [row["step"] for row in data.read_jsonl(cell / "metrics.jsonl")] == list(range(1, STEPS + 1))
-    heldout = data.read_jsonl(cell / "heldout.jsonl")
+    assert [row["step"] for row in staging.read_jsonl(cell / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    heldout = staging.read_jsonl(cell / "heldout.jsonl")
     assert [row["step"] for row in heldout] == [0, 2, 4]
-    assert {row["prompts"] for row in heldout} == {len(data.read_jsonl(workdir / "results/data/math_test.jsonl"))}
+    assert {row["prompts"] for row in heldout} == {len(staging.read_jsonl(workdir / "results/data/math_test.jsonl"))}
     log = (workdir / "logs" / "train" / "whole/tiny/k1-loss/beta~0.1/seed~0.log").read_text()
     assert log.count(f"cell {_cell('whole')}: ok") == 1  # the summary line comes from the main process only
     summary = json.loads((cell / "summary.json").read_text())
@@ -94,7 +95,7 @@ def test_a_killed_two_process_run_resumes_to_the_metrics_of_an_uninterrupted_one
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["resumed_from"].endswith("checkpoint-2")
     assert _metrics(resumed) == _metrics(whole)
-    assert data.read_jsonl(resumed / "heldout.jsonl") == data.read_jsonl(whole / "heldout.jsonl")
+    assert staging.read_jsonl(resumed / "heldout.jsonl") == staging.read_jsonl(whole / "heldout.jsonl")
     assert sorted(p.name for p in (resumed / "snapshots").glob("step~*")) == ["step~2", "step~4"]
     for snapshot in (resumed / "snapshots").glob("step~*"):
         models.check_saved_model(snapshot, "float32")
@@ -106,7 +107,7 @@ def test_fsdp2_shards_are_gathered_into_a_whole_model_in_the_base_dtype(tmp_path
     import torch
     from transformers import AutoModelForCausalLM
 
-    from klstudy import tiny
+    from klstudy.train import tiny
 
     spec = tiny.TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, sft_steps=0)
     tokenizer = tiny.build_tokenizer()

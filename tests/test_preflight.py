@@ -11,8 +11,8 @@ import yaml
 from huggingface_hub import errors
 from workflow_helpers import ROOT
 
-from klstudy import estimate, preflight
 from klstudy.config import validate_config
+from klstudy.run import estimate, preflight
 
 
 def paper(**cluster) -> dict:
@@ -274,7 +274,7 @@ def test_gpu_hours_scale_with_the_assumed_throughput_and_name_unknown_sizes():
 
 
 def test_the_cli_prints_the_table_and_fails_on_a_failing_row(tmp_path, capsys):
-    from klstudy.cli import run
+    from klstudy.run.cli import run
 
     with pytest.raises(SystemExit):
         run(["preflight", "--config", str(ROOT / "config/paper.yaml"), "--root", str(tmp_path), "--no-hub"])
@@ -312,7 +312,7 @@ def test_the_docs_quote_the_computed_costs():
 
 def test_the_processes_follow_slurms_gpus_or_cuda_visible_devices():
     """--gpus-per-node sets SLURM_GPUS_ON_NODE as --gres does; a SLURM job without it counts CUDA_VISIBLE_DEVICES."""
-    from klstudy.devices import allocated_processes
+    from klstudy.run.devices import allocated_processes
 
     assert allocated_processes(8, {"SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_NUM_NODES": "2"}) == 8
     assert allocated_processes(4, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 4

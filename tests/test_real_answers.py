@@ -22,7 +22,7 @@ import hub_layout
 import pytest
 import real_answers
 
-from klstudy import rewards
+from klstudy.data import choice_letter, rewards
 
 REFDATA = hub_layout.refdata_dir()
 needs_refdata = pytest.mark.skipif(
@@ -121,7 +121,7 @@ def test_the_rule_depends_on_the_options_it_is_given(rows, records):
     assert len(moved) > 100
 
     def read_as_label(options_of) -> int:
-        return sum(rewards.extract_letter(row["completion"], options_of(row, true, shuffled)) == row["label"]
+        return sum(choice_letter.extract_letter(row["completion"], options_of(row, true, shuffled)) == row["label"]
                    for row, true, shuffled in moved)  # fmt: skip
 
     without_options = read_as_label(lambda row, true, shuffled: None)

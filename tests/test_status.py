@@ -11,8 +11,8 @@ import time
 import yaml
 from workflow_helpers import ROOT, reduced_config
 
-from klstudy import status
 from klstudy.config import validate_config
+from klstudy.run import status
 
 NOW = time.time()
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 import yaml
 
-from klstudy import data, models, rewards, tiny
 from klstudy.config import validate_config
-from klstudy.prompts import chat_prompt
+from klstudy.data import rewards, staging
+from klstudy.data.prompts import chat_prompt
+from klstudy.train import models, tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=5, sft_batch=4)
@@ -53,7 +54,7 @@ def _build(path, records, **spec):
 
 
 def _records():
-    from klstudy import procedural
+    from klstudy.data import procedural
 
     return procedural.arithmetic("w", 12, 0, ["add1"], "warmup")
 
@@ -86,7 +87,7 @@ def _stage_configured_base_model(tmp_path, pinned: bool):
     paths = []
     for name in model_spec["warm_start_data"]:
         paths.append(tmp_path / f"{name}.jsonl")
-        data.prepare(name, config["data"][name], paths[-1])
+        staging.prepare(name, config["data"][name], paths[-1])
     subprocess.run(
         [sys.executable, "-m", "klstudy", "base-model", "--name", "tiny", "--settings", json.dumps(model_spec),
          "--warm-start-data", *map(str, paths), "--out", str(tmp_path / "tiny")],
@@ -98,7 +99,7 @@ def _stage_configured_base_model(tmp_path, pinned: bool):
 def _heldout_pass_at_1(config, model_dir, tmp_path) -> float:
     """Held-out pass@1 at T = 1 of the on-policy study's held-out questions, 4 samples each, at its token budget."""
     heldout_name = config["studies"]["onpolicy"]["heldout_data"]
-    heldout = data.prepare(heldout_name, config["data"][heldout_name], tmp_path / "heldout.jsonl")
+    heldout = staging.prepare(heldout_name, config["data"][heldout_name], tmp_path / "heldout.jsonl")
     model, tokenizer = models.load(model_dir)
     samples, max_tokens = 4, config["studies"]["onpolicy"]["train"]["max_response_tokens"]
     prompts = [r["prompt"] for r in heldout] * samples

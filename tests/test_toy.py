@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from klstudy import kl, toy
+from klstudy import kl
+from klstudy.analysis import toy
 
 SETTINGS = [
     toy.ToySetting("close", 0.2, 0.05, 0.0, 0.0),

@@ -12,9 +12,9 @@ import pytest
 from test_trainer import _cell, _command, _env
 from workflow_helpers import validated_cell
 
-from klstudy import data
-from klstudy.cell import MEASURED_COLUMNS
+from klstudy.data import staging
 from klstudy.progress import Progress
+from klstudy.train.cell import MEASURED_COLUMNS
 
 STEPS, KILL_AT = 6, 5  # checkpoints every 2 steps: the resumed job starts at step 4 and redoes step 5
 
@@ -30,7 +30,7 @@ def _run(model_dir, data_dir, tmp_path, name, report_to, kill_at=None, extra_env
 
 
 def _rows(path):
-    return [{k: v for k, v in row.items() if k not in MEASURED_COLUMNS} for row in data.read_jsonl(path)]
+    return [{k: v for k, v in row.items() if k not in MEASURED_COLUMNS} for row in staging.read_jsonl(path)]
 
 
 def _scalars(event_dir):
@@ -47,11 +47,11 @@ def test_tensorboard_holds_every_step_and_tracking_changes_nothing_trained(model
     assert _run(model_dir, data_dir, tmp_path, "tracked", ["tensorboard"]).returncode == 0
     assert _rows(tmp_path / "tracked" / "metrics.jsonl") == _rows(tmp_path / "untracked" / "metrics.jsonl")
     scalars = _scalars(tmp_path / "tracking" / "tensorboard" / "tracked/tiny/k1-loss/beta~0.1/seed~0")
-    metrics = data.read_jsonl(tmp_path / "tracked" / "metrics.jsonl")
+    metrics = staging.read_jsonl(tmp_path / "tracked" / "metrics.jsonl")
     for column in ("task_reward", "kl_k1", "kl_k3", "loss", "entropy"):
         assert [step for step, _ in scalars[f"train/{column}"]] == list(range(1, STEPS + 1))
         assert [value for _, value in scalars[f"train/{column}"]] == pytest.approx([row[column] for row in metrics])
-    heldout = data.read_jsonl(tmp_path / "tracked" / "heldout.jsonl")
+    heldout = staging.read_jsonl(tmp_path / "tracked" / "heldout.jsonl")
     assert scalars["heldout/pass_at_1"] == [(row["step"], pytest.approx(row["pass_at_1"])) for row in heldout]
     assert not (tmp_path / "tracking" / "tensorboard" / "untracked/tiny/k1-loss/beta~0.1/seed~0").exists()
 
@@ -60,7 +60,7 @@ def test_a_resumed_job_continues_its_tensorboard_run_each_step_once(model_dir, d
     assert _run(model_dir, data_dir, tmp_path, "cell", "tensorboard", kill_at=KILL_AT).returncode == -signal.SIGKILL
     assert _run(model_dir, data_dir, tmp_path, "cell", "tensorboard").returncode == 0
     scalars = _scalars(tmp_path / "tracking" / "tensorboard" / "cell/tiny/k1-loss/beta~0.1/seed~0")
-    metrics = data.read_jsonl(tmp_path / "cell" / "metrics.jsonl")
+    metrics = staging.read_jsonl(tmp_path / "cell" / "metrics.jsonl")
     assert [step for step, _ in scalars["train/kl_k3"]] == list(range(1, STEPS + 1))
     assert [value for _, value in scalars["train/kl_k3"]] == pytest.approx([row["kl_k3"] for row in metrics])
 

@@ -16,10 +16,12 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 from workflow_helpers import validated_cell
 
-import klstudy.cell as grid_cell
-from klstudy import data, kl, models, tiny
-from klstudy.cell import MEASURED_COLUMNS
-from klstudy.trainer import KLTrainer, KLTrainerConfig
+import klstudy.train.cell as grid_cell
+from klstudy import kl
+from klstudy.data import staging
+from klstudy.train import models, tiny
+from klstudy.train.cell import MEASURED_COLUMNS
+from klstudy.train.trainer import KLTrainer, KLTrainerConfig
 
 GROUP = 4
 BETA = 0.1
@@ -357,7 +359,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted
     )
     assert killed.returncode == -signal.SIGKILL
     assert not (out / "summary.json").exists()
-    assert [row["step"] for row in data.read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    assert [row["step"] for row in staging.read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     # Snakemake deletes a failed job's outputs: the resumed run must not need them.
     shutil.rmtree(out)
     # A job killed while saving leaves a partial checkpoint, as one killed at its time limit did in CI: weights,
@@ -369,13 +371,13 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"].endswith("checkpoint-4")
     ignore = set(MEASURED_COLUMNS)
-    resumed = [{k: v for k, v in row.items() if k not in ignore} for row in data.read_jsonl(out / "metrics.jsonl")]
+    resumed = [{k: v for k, v in row.items() if k not in ignore} for row in staging.read_jsonl(out / "metrics.jsonl")]
     expected = [
-        {k: v for k, v in row.items() if k not in ignore} for row in data.read_jsonl(reference / "metrics.jsonl")
+        {k: v for k, v in row.items() if k not in ignore} for row in staging.read_jsonl(reference / "metrics.jsonl")
     ]
     assert [row["step"] for row in resumed] == list(range(1, 7))
     assert resumed == expected
-    assert data.read_jsonl(out / "heldout.jsonl") == data.read_jsonl(reference / "heldout.jsonl")
+    assert staging.read_jsonl(out / "heldout.jsonl") == staging.read_jsonl(reference / "heldout.jsonl")
     # Fig. 12's snapshots survive the kill (they wait beside the checkpoints) and equal the uninterrupted run's.
     assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["step~2", "step~6"]
     for step in (2, 6):
@@ -397,7 +399,7 @@ def test_a_run_resumed_after_an_epoch_boundary_ends_like_an_uninterrupted_one(
     subprocess.run(_command(model_dir, data_dir, out, checkpoints, cell), check=True, env=_env())
     assert json.loads((out / "summary.json").read_text())["resumed_from"].endswith("checkpoint-10")
     ignore = set(MEASURED_COLUMNS)
-    runs = [[{k: v for k, v in row.items() if k not in ignore} for row in data.read_jsonl(d / "metrics.jsonl")]
+    runs = [[{k: v for k, v in row.items() if k not in ignore} for row in staging.read_jsonl(d / "metrics.jsonl")]
             for d in (tmp_path / "ref", out)]  # fmt: skip
     assert runs[0] == runs[1]
 
@@ -435,7 +437,7 @@ def _history(rewards, **extra):
 
 
 def test_health_rules_name_collapse_divergence_and_leave_healthy_runs_alone():
-    from klstudy.cell import HealthRules
+    from klstudy.train.cell import HealthRules
 
     rules = HealthRules(max_kl=50, collapse_window=3, collapse_fraction=0.2, collapse_min_best=0.05)
     assert rules.verdict(_history([0.3, 0.4, 0.5, 0.45, 0.5, 0.4, 0.35])) is None
@@ -530,7 +532,7 @@ def test_a_setting_the_trainer_fixes_is_refused_not_overwritten(tmp_path, settin
 
 
 def test_a_collapse_window_of_zero_turns_the_collapse_rule_off():
-    from klstudy.cell import HealthRules
+    from klstudy.train.cell import HealthRules
 
     off = HealthRules(max_kl=50, collapse_window=0, collapse_fraction=0.2, collapse_min_best=0.05)
     assert off.verdict(_history([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])) is None

@@ -71,7 +71,9 @@ CHECK_K4 = textwrap.dedent(
     """
     import json, sys
     import torch, yaml
-    from klstudy import config as configuration, fixed_points, kl, tables, toy
+    from klstudy import config as configuration, kl
+    from klstudy.analysis import fixed_points, toy
+    from klstudy.report import tables
 
     config = configuration.validate_config(yaml.safe_load(open("config.yaml")))
     assert "k4-loss" in config["studies"]["onpolicy"]["kl"]

@@ -19,9 +19,11 @@ vllm = pytest.importorskip("vllm")
 
 from workflow_helpers import validated_cell  # noqa: E402
 
-from klstudy import cell as grid_cell  # noqa: E402
-from klstudy import data, evaluate, models, procedural, vllm_cpu  # noqa: E402
-from klstudy.prompts import chat_prompt  # noqa: E402
+from klstudy.data import procedural, staging  # noqa: E402
+from klstudy.data.prompts import chat_prompt  # noqa: E402
+from klstudy.evaluate import harness  # noqa: E402
+from klstudy.train import cell as grid_cell  # noqa: E402
+from klstudy.train import models, vllm_cpu  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 SETTINGS = {"dtype": "float32", "max_model_len": 512}  # the HF backend evaluates in float32 too
@@ -37,12 +39,12 @@ def workdir(tmp_path_factory):
     spec = {"spec": {"sft_steps": 150, "sft_batch": 32, "learning_rate": 3e-3, "seed": 0}}
     models.build_embedded(spec, warm, path / "base", log=lambda *_: None)
     (path / "data").mkdir()
-    data.write_jsonl(
+    staging.write_jsonl(
         procedural.arithmetic("math500", 30, 1, ["add1w", "sub1w"], "heldout"), path / "data/math500.jsonl"
     )
-    data.write_jsonl(procedural.arithmetic("train", 40, 0, ["add1w", "sub1w"], "train"), path / "data/train.jsonl")
+    staging.write_jsonl(procedural.arithmetic("train", 40, 0, ["add1w", "sub1w"], "train"), path / "data/train.jsonl")
     biology = procedural.multiple_choice("mmlu_college_biology", "mc_next", 30, 0, "heldout")
-    data.write_jsonl(biology, path / "data/mmlu_college_biology.jsonl")
+    staging.write_jsonl(biology, path / "data/mmlu_college_biology.jsonl")
     return path
 
 
@@ -131,7 +133,7 @@ def test_stock_trl_weight_sync_fails_on_the_cpu_backend(workdir):
 def test_greedy_completions_are_identical_across_backends(workdir, trained_with_vllm, which, task):
     model = workdir / "base" if which == "base" else trained_with_vllm[2] / "final"
     runs = {
-        backend: evaluate.run(
+        backend: harness.run(
             model,
             [task],
             workdir / "data",
@@ -152,7 +154,7 @@ def test_greedy_completions_are_identical_across_backends(workdir, trained_with_
 
 def test_sampled_mean_at_k_agrees_within_its_standard_error(workdir):
     runs = {
-        backend: evaluate.run(
+        backend: harness.run(
             workdir / "base",
             ["math500"],
             workdir / "data",
@@ -179,7 +181,7 @@ def test_sampled_mean_at_k_agrees_within_its_standard_error(workdir):
 
 def test_the_cpu_adaptation_is_active_only_without_cuda():
     assert vllm_cpu.on_cpu() is (not torch.cuda.is_available())
-    arguments = evaluate.model_arguments("vllm", Path("m"), {})
+    arguments = harness.model_arguments("vllm", Path("m"), {})
     assert ("enforce_eager=True" in arguments) is vllm_cpu.on_cpu()
 
 

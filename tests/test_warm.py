@@ -14,7 +14,7 @@ import psutil
 import pytest
 import yaml
 
-from klstudy import warm
+from klstudy.run import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ def server(tmp_path_factory):
     """A warm server with a short preload (what it preloads changes only how fast a job starts)."""
     folder = tmp_path_factory.mktemp("warm")
     path = str(folder / "socket")
-    code = f"from klstudy import warm; warm.serve({path!r}, preload=('numpy', 'pandas', 'klstudy.toy'))"
+    code = f"from klstudy.run import warm; warm.serve({path!r}, preload=('numpy', 'pandas', 'klstudy.analysis.toy'))"
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     deadline = time.monotonic() + 120
     while not os.path.exists(path) and time.monotonic() < deadline:

@@ -12,8 +12,8 @@ import yaml
 from snakemake.utils import update_config
 from workflow_helpers import ROOT, job_counts, snakemake
 
-from klstudy import models
-from klstudy.claims import VERDICTS
+from klstudy.report.claims_rule import VERDICTS
+from klstudy.train import models
 
 
 def expected_jobs(config: dict) -> dict:
@@ -131,10 +131,10 @@ def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
     if "paper" in name:
         # The launch config is the repository's (as validated), whatever directory the workflow runs in.
         launch_config = ROOT / "config/accelerate/fsdp.yaml"
-        # On one node, each GPU job first claims its own GPUs (klstudy.devices) and each launch its own port.
-        claim = f"{vllm_python} -m klstudy.devices --count {{}} -- {vllm_python}"
-        # --num_processes: what SLURM allocated (klstudy.devices --processes checks it is the config's 8).
-        processes = "$(python -m klstudy.devices --processes 8)"
+        # On one node, each GPU job first claims its own GPUs (klstudy.run.devices) and each launch its own port.
+        claim = f"{vllm_python} -m klstudy.run.devices --count {{}} -- {vllm_python}"
+        # --num_processes: what SLURM allocated (klstudy.run.devices --processes checks it is the config's 8).
+        processes = "$(python -m klstudy.run.devices --processes 8)"
         launch = f"{claim.format(8)} -m accelerate.commands.launch --config_file {launch_config}"
         launch += f" --num_processes {processes}"
         assert f"{launch} --main_process_port 0 -m klstudy train" in out
@@ -151,7 +151,8 @@ def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(tmp_path):
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
     cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
     out = snakemake(cell, "-n", "-p", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
-    processes = "$(python -m klstudy.devices --processes 16)"  # SLURM's 2 nodes × 8 GPUs, checked against the config
+    # SLURM's 2 nodes × 8 GPUs, checked against the config
+    processes = "$(python -m klstudy.run.devices --processes 16)"
     assert "srun --nodes 2 --ntasks-per-node 1" in out
     assert f"--num_processes {processes} --num_machines $SLURM_NNODES" in out
     # The command as the job's shell reads it: srun with the CPUs of each task (the job step drops SLURM_* variables,

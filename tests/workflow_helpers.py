@@ -26,7 +26,7 @@ def snakemake(*args, cwd=ROOT, timeout=600):
 
 def without_times(table):
     """A table of a run without the columns that measure time or memory (they differ from run to run)."""
-    from klstudy.cell import MEASURED_COLUMNS
+    from klstudy.train.cell import MEASURED_COLUMNS
 
     return table.drop(columns=[c for c in MEASURED_COLUMNS if c in table.columns])
 

@@ -1,5 +1,5 @@
 import sys
 
-from klstudy.cli import main
+from klstudy.run.cli import main
 
 sys.exit(main())

@@ -383,7 +383,7 @@ def _check_panel(config: dict, panel: dict, where: str) -> None:
         _check_subset([panel["task"]], config["divergence"]["tasks"], f"{where}.task", "divergence.tasks")
 
 
-# The study grid, shared by the workflow (workflow/rules/common.smk) and the aggregation (klstudy.aggregate).
+# The study grid, shared by the workflow (workflow/rules/common.smk) and the aggregation (klstudy.report.aggregate).
 # One directory per cell, readable by a person: onpolicy/tiny/k1-reward/beta~0.1/seed~0
 RUN_PATH = "{study}/{model}/{kl}/beta~{beta}/seed~{seed}"
 
@@ -458,6 +458,7 @@ def snapshot_steps(config: dict, cell: dict) -> list[int]:
 # What the workflow produces, shared by its rules (workflow/rules/common.smk) and `klstudy status`.
 RUN_DIR = f"results/runs/{RUN_PATH}"
 CHECKPOINT_COMPLETE = "klstudy_complete"  # a checkpoint's last file: it is complete (cell.RunRecorder.on_save)
+SAVE_TOTAL_LIMIT = 2  # checkpoints a training cell keeps (cell.py hands it to Trainer; estimate.py counts them)
 
 
 def checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:

@@ -22,8 +22,8 @@ from klstudy.config import (
     pinned_directory,
     training_processes,
 )
-from klstudy.estimate import gpu_resources
-from klstudy.preflight import runtime_cap
+from klstudy.run.estimate import gpu_resources
+from klstudy.run.preflight import runtime_cap
 
 # Every stage is `python -m klstudy <stage>`, with the klstudy source tree importable. Without
 # --software-deployment-method conda, `python` is the interpreter running Snakemake (the project's
@@ -177,12 +177,12 @@ def stage_python(uses_vllm):
 
 def job_python(stage, uses_vllm=False):
     """The interpreter of a stage's job (stage_python); a GPU job on one node first claims GPUs of its own
-    (klstudy.devices: on one machine without a scheduler, `klstudy drive --gpus`; elsewhere it only runs the job)."""
+    (klstudy.run.devices: on one machine without a scheduler, `klstudy drive --gpus`; elsewhere it only runs the job)."""
     python = stage_python(uses_vllm)
     spec = config["resources"][stage]
     if not spec["gpus"] or spec["nodes"] > 1:
         return python
-    return f"{python} -m klstudy.devices --count {spec['gpus']} -- {python}"
+    return f"{python} -m klstudy.run.devices --count {spec['gpus']} -- {python}"
 
 
 def evaluate_python(wildcards):
@@ -224,7 +224,7 @@ def train_launcher(wildcards):
     # --num_processes: the GPUs the job got on each node × its nodes (accelerate reads it as the total over the
     # nodes), from SLURM's allocation when there is one, else what the config asks (one machine, klstudy drive).
     expected = training_processes(config, wildcards.study)
-    processes = f"$({stage_python(False)} -m klstudy.devices --processes {expected})"
+    processes = f"$({stage_python(False)} -m klstudy.run.devices --processes {expected})"
     launch = (
         f"{python} -m accelerate.commands.launch --config_file {shlex.quote(str(launch_config))}"
         f" --num_processes {processes}"

@@ -5,7 +5,7 @@
 
 rule prepare_data:
     """One dataset in the common schema: from the hub (paper scale) or generated from a seed (embedded). Every
-    gold answer is scored by its own reward first (src/klstudy/gold.py); the counts go beside it, and in the log."""
+    gold answer is scored by its own reward first (src/klstudy/data/gold.py); the counts go beside it, and in the log."""
     output:
         data="results/data/{dataset}.jsonl",
         check="results/data/{dataset}.check.json",

@@ -30,7 +30,7 @@ import torch
 from scipy.stats import norm
 
 from klstudy import kl
-from klstudy.aggregate import exactly_zero
+from klstudy.report.aggregate import exactly_zero
 
 DTYPE = torch.float64
 PARAMS = ("a", "b")

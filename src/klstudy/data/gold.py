@@ -2,7 +2,7 @@
 
 **The gold rule** for a MATH-style solution (docs/data.md, "Gold answers"), applied by ``math_gold``:
 
-1. Every box of the solution is read as MATH's own answer extraction reads one (``rewards.boxes``: ``\\boxed{}``,
+1. Every box of the solution is read as MATH's own answer extraction reads one (``answer_text.boxes``: ``\\boxed{}``,
    ``\\fbox{}``, nested braces, ``\\boxed 2``).
 2. These are no answers: an empty box, one left open, a box that holds only a ``\\phantom`` (a blank drawn in an
    equation), and a box in a sentence that calls it "also accepted" or "also an acceptable answer" (a second
@@ -31,7 +31,7 @@ import collections
 import re
 from dataclasses import dataclass, field
 
-from klstudy import rewards
+from klstudy.data import answer_text, rewards
 
 # math-verify's limit per call at staging: nothing is timed here, and a loaded login node must not fail a correct
 # gold answer (the training reward's 0.5 s guards a training step against adversarial completions).
@@ -65,7 +65,7 @@ def _sentence_around(text: str, start: int) -> str:
 def answer_boxes(solution: str) -> list[str]:
     """The boxes of ``solution`` that can be answers (steps 1 and 2 of the rule), stripped, in order."""
     answers = []
-    for start, content in rewards.boxes(solution):
+    for start, content in answer_text.boxes(solution):
         if content is None or not content.strip() or _BLANK.fullmatch(content):
             continue
         if _ALSO_ACCEPTED.search(_sentence_around(solution, start)):

@@ -22,7 +22,7 @@ import random
 import string
 import zlib
 
-from klstudy import prompts
+from klstudy.data import prompts
 
 ARITHMETIC_LEVELS = {
     "add1": "one-digit addition",

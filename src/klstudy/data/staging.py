@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
-from klstudy import gold, procedural, prompts
+from klstudy.data import gold, procedural, prompts
 
 REQUIRED_FIELDS = {"id": str, "prompt": str, "answer": str, "reward": str}
 REWARD_KINDS = ("math", "multiple_choice", "countdown")

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from klstudy.models import available_device, load
+from klstudy.data.prompts import chat_prompt
 from klstudy.progress import Progress
-from klstudy.prompts import chat_prompt
+from klstudy.train.models import available_device, load
 
 # Float32 copies of one position's vocabulary distribution alive at once while a chunk is scored (the KL's peak:
 # both models' log-probabilities, exp(ref), ref - pol and their product); the chunk size divides the budget by it.

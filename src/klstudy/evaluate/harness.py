@@ -1,5 +1,5 @@
-"""Evaluation with lm-eval-harness: mean@k on klstudy's tasks (src/klstudy/tasks), with lm-eval's hf backend (on the GPU
-when there is one, else the CPU) or its vllm backend.
+"""Evaluation with lm-eval-harness: mean@k on klstudy's tasks (src/klstudy/evaluate/tasks), with lm-eval's hf backend
+(on the GPU when there is one, else the CPU) or its vllm backend.
 
 The task files are shipped in the package and loaded with ``include_path``; they read the staged
 ``results/data/*.jsonl`` (passed as lm-eval metadata), never the hub. The number of samples k, min_p and the
@@ -16,7 +16,7 @@ from unittest import mock
 
 import yaml
 
-from klstudy import vllm_cpu
+from klstudy.train import vllm_cpu
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 BACKENDS = ("hf", "vllm")
@@ -47,7 +47,7 @@ def hf_placement(device: str = "auto", dtype: str = "auto") -> dict:
     """Device and dtype of lm-eval's hf backend (config evaluation.hf). ``auto``: the GPU when one is visible, in the
     dtype the model was saved in (bf16 for the paper's models); on a CPU, float32 (what the vLLM comparison of
     tests/test_vllm.py uses, and faster than bf16 on most CPUs)."""
-    from klstudy.models import available_device
+    from klstudy.train.models import available_device
 
     device = available_device() if device == "auto" else device
     if dtype == "auto" and device == "cpu":

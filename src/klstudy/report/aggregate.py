@@ -206,7 +206,7 @@ def stderr_of_mean(stderrs: pd.Series) -> float:
     return (stderrs.astype(float) ** 2).sum(min_count=len(stderrs)) ** 0.5 / len(stderrs)
 
 
-# The one uncertainty convention of every figure and table (figures.py, tables.py): a quantity measured once per
+# The one uncertainty convention of every figure and table (figures/, tables.py): a quantity measured once per
 # training seed, each measurement with its own standard error (over questions, prompts or a run's last steps), is
 # shown as the mean over the n seeds ± one standard error of that mean, se = max(s/√n, √(Σ eᵢ²)/n): the seeds' spread
 # (s, the standard deviation over seeds), never below what the measurements' own errors eᵢ alone give (two or three

@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import t as student_t
 
-from klstudy.aggregate import UNCERTAINTY, final_values, mean_and_se, stderr_of_mean
-from klstudy.claims import caption as claims_caption
-from klstudy.claims import claims_table, expected_pull
 from klstudy.config import STUDY_TABLES
 from klstudy.kl import NO_KL
+from klstudy.report.aggregate import UNCERTAINTY, final_values, mean_and_se, stderr_of_mean
+from klstudy.report.claims import caption as claims_caption
+from klstudy.report.claims import claims_table, expected_pull
 
 
 def sig(value, digits: int = 3) -> str:

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from klstudy import stages
+from klstudy.run import stages
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _drive(args) -> int:
-    from klstudy import drive
+    from klstudy.run import drive
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -53,13 +53,13 @@ def _drive(args) -> int:
 
 
 def _warm_serve(args) -> None:
-    from klstudy import warm
+    from klstudy.run import warm
 
     warm.serve(args.socket)
 
 
 def _config_reference(args) -> None:
-    from klstudy import config_reference
+    from klstudy.run import config_reference
 
     text = config_reference.reference()
     if args.out:
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     """``python -m klstudy``: the stage runs in the warm server when one serves this job (warm.py), else here."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] not in (["drive"], ["warm-serve"]):
-        from klstudy import warm
+        from klstudy.run import warm
 
         status = warm.delegate(argv)
         if status is not None:

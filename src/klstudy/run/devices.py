@@ -5,7 +5,7 @@ GPUs) but does not say which GPU a job gets (Snakemake's issue "Handle GPU ids",
 see every device. ``klstudy drive --gpus`` (drive.py) gives Snakemake the count and sets two variables for the jobs:
 ``KLSTUDY_GPUS``, the device ids to share, and ``KLSTUDY_GPU_LOCKS``, a directory. Each GPU job's command starts with
 
-    python -m klstudy.devices --count N -- <the job's command>
+    python -m klstudy.run.devices --count N -- <the job's command>
 
 which takes an exclusive ``flock`` on ``<locks>/gpu-<id>.lock`` for N ids that no running job holds, sets
 ``CUDA_VISIBLE_DEVICES`` to them and replaces itself (exec) with the job's command, which keeps the locks as open
@@ -41,7 +41,9 @@ def parse_ids(text: str, source: str = GPUS_ENV) -> list[str]:
 def claim(count: int, ids: list[str], locks: Path) -> tuple[list[str], list[int]]:
     """Lock ``count`` of ``ids`` that no live process holds: the ids and the (inheritable) lock descriptors."""
     if count > len(ids):
-        raise SystemExit(f"klstudy.devices: the job needs {count} GPUs, {GPUS_ENV} has {len(ids)} ({','.join(ids)})")
+        raise SystemExit(
+            f"klstudy.run.devices: the job needs {count} GPUs, {GPUS_ENV} has {len(ids)} ({','.join(ids)})"
+        )
     locks.mkdir(parents=True, exist_ok=True)
     claimed, fds = [], []
     for device in ids:
@@ -59,7 +61,7 @@ def claim(count: int, ids: list[str], locks: Path) -> tuple[list[str], list[int]
     for fd in fds:  # not enough: take none
         os.close(fd)
     raise SystemExit(
-        f"klstudy.devices: {count} free GPUs wanted, {len(claimed)} of {','.join(ids)} free in {locks}: is another "
+        f"klstudy.run.devices: {count} free GPUs wanted, {len(claimed)} of {','.join(ids)} free in {locks}: is another "
         "study using them with other locks, or Snakemake's --resources local_gpus above the number of devices?"
     )
 
@@ -77,14 +79,15 @@ def allocated_processes(expected: int, env=os.environ) -> int:
     got = int(per_node) * int(nodes or 1)
     if got != expected:
         raise SystemExit(
-            f"klstudy.devices: SLURM gave this job {per_node} GPUs on each of {nodes or 1} nodes ({got} processes), "
+            f"klstudy.run.devices: SLURM gave this job {per_node} GPUs on each of {nodes or 1} nodes "
+            f"({got} processes), "
             f"the config's resources.train asks for {expected}: resubmit it with the config's gres and nodes"
         )
     return got
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m klstudy.devices", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m klstudy.run.devices", description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, help="GPUs the job needs")
     parser.add_argument(
         "--processes", type=int, help="print the processes to launch for this many GPUs (allocated_processes)"
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     if os.environ.get(GPUS_ENV) and args.count > 0:
         devices, _ = claim(args.count, parse_ids(os.environ[GPUS_ENV]), Path(os.environ[LOCKS_ENV]))
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-        print(f"klstudy.devices: GPUs {','.join(devices)} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        print(f"klstudy.run.devices: GPUs {','.join(devices)} (pid {os.getpid()})", file=sys.stderr, flush=True)
     os.execvp(command[0], command)
 
 

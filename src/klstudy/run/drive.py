@@ -35,7 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from klstudy import devices
+from klstudy.run import devices
 
 LOCK = Path(".snakemake") / "klstudy-driver.lock"
 SNAKEMAKE_LOCKS = Path(".snakemake") / "locks"
@@ -146,7 +146,7 @@ def drive(command: list[str], warm_log: Path | None = None, gpus: str | None = N
             command = with_gpus(command, env, ids)
         if warm_log is None:
             return supervise(command, env, lock_fd)
-        from klstudy import warm
+        from klstudy.run import warm
 
         with warm.server(warm_log, env=env, preexec_fn=die_with_parent(signal.SIGTERM)) as warm_env:
             return supervise(command, warm_env, lock_fd)

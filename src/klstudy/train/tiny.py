@@ -24,7 +24,7 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
-from klstudy.prompts import chat_prompt
+from klstudy.data.prompts import chat_prompt
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (

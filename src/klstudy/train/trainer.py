@@ -41,9 +41,11 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, get_config_model_id, use_adapter
 
-from klstudy import kl, vllm_cpu
+from klstudy import kl
 
 # The paper's "normalisation by the total number of tokens in the sampled response batch" is what TRL
+from klstudy.train import vllm_cpu
+
 # calls dapo; Dr. GRPO (the asynchronous study) divides by batch size × max completion length.
 LOSS_TYPES = {"token_sum": "dapo", "dr_grpo": "dr_grpo"}
 TRAINER_ADVANTAGES = tuple(name for name in kl.ADVANTAGES if name != "none")  # a baseline is always subtracted

@@ -1,6 +1,6 @@
 """Functions the klstudy lm-eval tasks call: load a staged dataset, render its prompt, score k completions.
 
-Scoring is ``klstudy.rewards.judge``, the reward RL trained with; model text is never executed.
+Scoring is ``klstudy.data.rewards.judge``, the reward RL trained with; model text is never executed.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import datasets
 
-from klstudy import data, rewards
+from klstudy.data import rewards, staging
 
 
 def load_records(data_dir: str, name: str, limit: int | None = None, **_) -> datasets.DatasetDict:
@@ -17,7 +17,7 @@ def load_records(data_dir: str, name: str, limit: int | None = None, **_) -> dat
 
     ``data_dir`` and ``limit`` come from the TaskManager's metadata, ``name`` from the task's dataset_kwargs.
     """
-    records = data.read_jsonl(Path(data_dir) / f"{name}.jsonl")[:limit]
+    records = staging.read_jsonl(Path(data_dir) / f"{name}.jsonl")[:limit]
     rows = [{"id": r["id"], "prompt": r["prompt"], **{k: r.get(k) for k in rewards.SCORING_FIELDS}} for r in records]
     for row in rows:  # one column type per field, whatever the task family
         row["numbers"] = row["numbers"] or []

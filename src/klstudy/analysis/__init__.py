@@ -1,0 +1,11 @@
+"""The §3 analysis in the toy model: exact gradients, where training with each KL setup ends, the frameworks' atlas.
+
+    toy            the parametric autoregressive model of §3.3: exact KL gradients, Monte Carlo bias and variance
+    fixed_points   where each configuration's expected update ends, against the exact optimum of J_β; β_eff
+    monte_carlo    the toy trained by sampling as the trainer trains: end points, their agreement, claims, tables
+    atlas          the frameworks' KL setups with advantage normalisation and group size, in effective β
+
+Its claims are judged by the report's rule (report.claims_rule), and its figures are drawn by report.figures.
+
+May import: core, data, train, evaluate, report.
+"""

@@ -1,0 +1,10 @@
+"""What a run shows: tidy tables of the grid, the study's tables, the claims and their verdicts, every figure.
+
+    aggregate     tidy tables of everything the grid produced (missing cells included), and the uncertainty convention
+    tables        Table 1 with the runs' behaviour, Table 2, evaluation differences, regularisation, evaluations
+    claims        the claims table: each of the paper's claims, its paired effect and error, one row per model and β
+    claims_rule   the rule that judges every table of claims: paired tests, false-discovery control, verdicts
+    figures/      every figure, one module per family, one encoding for all
+
+May import: core, data, train, evaluate.
+"""

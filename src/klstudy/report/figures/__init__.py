@@ -1,0 +1,14 @@
+"""Every figure of the study, drawn from tidy result tables (never from typed-in numbers); the tables are tables.py's.
+
+    encoding   the one encoding every figure shares (colour, marker, line style, hatch), names, saving, captions
+    panels     the panels of the config's ``figures`` section, one function per kind (curves, bars, divergence, KL)
+    paper      those figures: their panels laid out, with the claims' verdicts on them
+    training   each study's training dynamics: reward, KL and gradient norm over steps
+    forest     the claims figure: every claim's effect ± critical·se, coloured by its verdict
+    toy        the toy model's: Figure 1, and where each configuration's training ends against the optimum
+    atlas      the atlas's: how strongly each framework's KL setup regularises (β_eff against β, and against length)
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")  # every figure is written to a file: no display is needed, none is assumed

@@ -1,0 +1,14 @@
+"""Running the pipeline, on a laptop or a cluster: the `klstudy` command and what keeps a study going.
+
+    cli                the `klstudy` command line (`python -m klstudy`)
+    stages             one subcommand per stage, each called by one Snakemake rule
+    drive              `klstudy drive`: Snakemake run so that an interrupted `make study` resumes
+    warm               warm workers: jobs forked from a server that imported torch, TRL and lm-eval once
+    devices            one machine's GPUs shared by a study's jobs, each on its own
+    status             `klstudy status`: where the grid stands, from its files alone
+    preflight          `klstudy preflight`: the Hub, data, SLURM account, partitions, limits, GPUs and disk, checked
+    estimate           a run's peak disk and GPU-hours, from its config
+    config_reference   config/README.md, written from the schema
+
+May import: core, data, train, evaluate, report, analysis.
+"""

@@ -1,0 +1,12 @@
+"""Training: the RL trainer beside its config, and one grid cell run end to end with it.
+
+    trainer     KLTrainer (TRL's GRPOTrainer with every KL configuration of the paper) and KLTrainerConfig
+    cell        one cell of a study grid: metrics, held-out pass@1, health rules, snapshots, resume
+    models      base models as local directories: built, staged from the Hub, loaded, checked
+    tiny        the embedded base model: a byte-level tokenizer, a small Qwen2 and its warm start
+    standins    random-weight stand-ins in the shapes of the paper's models (GPU suite, benchmarks)
+    tracking    experiment trackers of a cell (TensorBoard, Weights & Biases, trackio)
+    vllm_cpu    what TRL's colocated vLLM and lm-eval's vllm backend need on a CPU
+
+May import: core, data.
+"""
