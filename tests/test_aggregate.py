@@ -213,7 +213,9 @@ def test_aggregation_and_figure_jobs_do_not_import_torch():
     """Eleven figure jobs and the aggregation run per study, light and local on SLURM: importing torch would add
     about 1.5 s to each and put them on the two cores' critical path at the end of the run."""
     code = (
-        "import sys, klstudy.run.cli, klstudy.report.aggregate, klstudy.report.figures;"
+        "import sys, klstudy.run.cli, klstudy.report.aggregate, klstudy.report.tables, klstudy.report.figures.paper,"
+        "klstudy.report.figures.training, klstudy.report.figures.forest, klstudy.report.figures.toy,"
+        "klstudy.report.figures.atlas;"
         "print([m for m in ('torch', 'transformers') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -15,8 +15,9 @@ import pytest
 import yaml
 from scipy.stats import binom
 
+from klstudy import claims_rule
 from klstudy.config import ConfigError, all_cells, divergence_cells, evaluated_cells, selected_betas, validate_config
-from klstudy.report import aggregate, claims, claims_rule
+from klstudy.report import aggregate, claims
 from klstudy.report.aggregate import cell_columns
 from klstudy.report.claims import METRICS
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from scipy.stats import binom, false_discovery_control
 
-from klstudy.report import claims_rule
+from klstudy import claims_rule
 from klstudy.report.aggregate import window_mean
 
 RULE = {"alpha": 0.01, "min_z": 3, "q": 0.05, "fdr": "bh"}

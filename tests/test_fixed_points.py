@@ -6,10 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-from klstudy import kl
+from klstudy import claims_rule, kl
 from klstudy.analysis import fixed_points as fp
 from klstudy.analysis import monte_carlo, toy
-from klstudy.report import claims_rule
 
 REWARD = {"kind": "ones_at_least", "threshold": 3}
 FLOW = {"step": 0.25, "steps": 200, "newton_every": 25}

@@ -18,6 +18,7 @@ PACKAGE = ROOT / "src" / "klstudy"
 MAX_LINES = 600  # a module a newcomer reads in one sitting
 ENTRY = "entry"  # klstudy/__init__.py and __main__.py: the front door, above every layer
 CORE = "core"  # the modules at the package's root
+FILE_SUFFIXES = {"yaml", "yml", "md", "py", "json", "toml", "txt", "csv", "log"}  # klstudy.yaml is a file, not a module
 
 
 def layer_order(package: Path = PACKAGE) -> list[str]:
@@ -47,19 +48,30 @@ def layer_of(module: str, known: dict[str, Path]) -> str:
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module's imports of the package's modules, written ones only (relative ones resolved)."""
     known = modules(package)
-    return {name: {other for other in _imports(path, known, package) if other != name} for name, path in known.items()}
+    return {name: {other for other in _imports(name, path, known) if other != name} for name, path in known.items()}
 
 
-def _imports(path: Path, known: dict[str, Path], package: Path) -> set[str]:
+def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """What ``from a.b import c`` imports: a.b.c where that is a module, else a.b; ``from .x import y`` resolved."""
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
-                      for a in node.names}  # fmt: skip
-    return {name for name in found if name.split(".")[0] == package.name and name in known}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1]) if node.level else ""
+            module = ".".join(filter(None, [base, node.module or ""]))
+            found |= {f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names}
+    return {other for other in found if other in known}
+
+
+def with_parents(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph with what Python imports unasked: importing a.b.c runs a.b's __init__ first."""
+    parents = {name: {name.rpartition(".")[0]} & set(graph) - {name} for name in graph}
+    return {name: targets | parents[name] | {p for t in targets for p in parents.get(t, ())} - {name}
+            for name, targets in graph.items()}  # fmt: skip
 
 
 def upward_imports(package: Path = PACKAGE) -> list[str]:
@@ -110,9 +122,27 @@ def test_no_layer_imports_a_higher_one():
 
 def test_the_package_has_no_circle_of_imports():
     graph = import_graph()
-    assert {"klstudy.run.stages", "klstudy.run.warm"} <= graph["klstudy.run.cli"], "the graph is read"
-    assert "klstudy.report.claims_rule" in graph["klstudy.analysis.monte_carlo"], "lazy and top-level imports alike"
-    assert import_cycle(graph) is None
+    assert "klstudy.run.stages" in graph["klstudy.run.cli"], "a top-level import is read"
+    assert "klstudy.run.warm" in graph["klstudy.run.cli"], "so is one inside a function (cli imports warm lazily)"
+    assert import_cycle(with_parents(graph)) is None
+
+
+def test_every_dotted_name_of_the_package_names_a_module():
+    """Strings that name a module (warm's preloads, `python -m klstudy.run.devices`, messages, docs) follow a move:
+    each dotted reference to the package starts with a module that exists (a file such as envs/klstudy.yaml aside)."""
+    known = modules()
+    texts = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+             *(ROOT / "workflow").rglob("*.smk"), ROOT / "Snakefile", ROOT / "Makefile", *(ROOT / "docs").glob("*.md"),
+             ROOT / "README.md", *(ROOT / "workflow" / "schemas").glob("*.yaml")]  # fmt: skip
+    stale = []
+    for path in texts:
+        for reference in set(re.findall(r"(?<![\w/-])klstudy(?:\.[A-Za-z_]\w*)+", path.read_text())):
+            parts = reference.split(".")
+            if parts[-1] in FILE_SUFFIXES:
+                continue
+            if not any(".".join(parts[:n]) in known for n in range(2, len(parts) + 1)):
+                stale.append(f"{path.relative_to(ROOT)}: {reference}")
+    assert stale == []
 
 
 @pytest.mark.parametrize("subpackage", [p for p in sorted(PACKAGE.rglob("__init__.py")) if p.parent != PACKAGE],
@@ -145,9 +175,10 @@ def test_no_module_is_longer_than_one_sitting():
 
 
 def test_a_user_script_imports_from_the_front_door_without_paying_for_the_trainer():
-    """`from klstudy import KLTrainer, KLTrainerConfig, kl` works; `import klstudy` alone imports no torch."""
+    """`from klstudy import KLTrainer, KLTrainerConfig, kl` works; `import klstudy` and the core import no torch."""
     code = (
-        "import sys, klstudy; assert 'torch' not in sys.modules, 'import klstudy imported torch';"
+        "import sys, klstudy, klstudy.kl, klstudy.config, klstudy.claims_rule, klstudy.progress;"
+        "assert 'torch' not in sys.modules, 'the front door or the core imported torch';"
         "from klstudy import KLTrainer, KLTrainerConfig, kl;"
         "from klstudy.train.trainer import KLTrainer as T; assert KLTrainer is T and kl.__name__ == 'klstudy.kl';"
         "assert KLTrainerConfig.__module__ == 'klstudy.train.trainer'; print('ok')"
@@ -181,3 +212,12 @@ def test_an_upward_import_is_caught(tmp_path):
 def test_the_cycle_finder_finds_a_circle():
     assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    # a package whose __init__ imports a module that imports a sibling: a circle through the __init__
+    assert import_cycle(with_parents({"k.p": {"k.p.a"}, "k.p.a": set(), "k.p.b": {"k.p.a"}})) is not None
+
+
+def test_relative_imports_are_read(tmp_path):
+    root = fake_package(tmp_path, {"data/read.py": "from ..run import cli\nfrom . import other\n", "run/cli.py": "",
+                                   "data/other.py": ""})  # fmt: skip
+    assert import_graph(root)["klstudy.data.read"] == {"klstudy.run.cli", "klstudy.data.other"}
+    assert upward_imports(root) == ["klstudy.data.read (data) -> klstudy.run.cli (run)"]

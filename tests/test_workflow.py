@@ -12,7 +12,7 @@ import yaml
 from snakemake.utils import update_config
 from workflow_helpers import ROOT, job_counts, snakemake
 
-from klstudy.report.claims_rule import VERDICTS
+from klstudy.claims_rule import VERDICTS
 from klstudy.train import models
 
 

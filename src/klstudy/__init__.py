@@ -5,13 +5,16 @@ own layer and from the layers before it in this list, never from one after it (t
 and holds the code to it, circles of imports included).
 
     core       kl.py (the KL estimators and placements: the paper's Table 1, written once), config.py (validation,
-               the study grid, paths), progress.py (progress lines of a job's log)
+               the study grid, paths), claims_rule.py (the rule every claim is judged by, fixed in advance),
+               progress.py (progress lines of a job's log)
+    analysis   the §3 analysis in the toy model: exact gradients, where training ends (exact and sampled), the atlas
     data       the datasets as staged JSONL records (the Hub's, or procedural stand-ins), prompts, verifiable rewards
+               and the readers of a completion's answer
     train      the RL trainer beside its config, one grid cell end to end, base models, trackers, vLLM on a CPU
     evaluate   lm-eval-harness on klstudy's tasks, forward KL and entropy of training snapshots (Fig. 12)
-    report     the grid's tidy tables, the study's tables, the claims and the rule that judges them, every figure
-    analysis   the §3 analysis: the toy model's exact gradients, where training ends (fixed points), the atlas
-    run        the `klstudy` command: a subcommand per stage, the driver, warm workers, status, preflight, cost
+    report     the grid's tidy tables, the study's tables, the claims table, every figure
+    run        the `klstudy` command: a subcommand per stage, the driver, warm workers, status, preflight, cost, the
+               configuration reference
 
 What a user's script needs is imported from here: ``from klstudy import KLTrainer, KLTrainerConfig, kl``.
 """

@@ -88,6 +88,12 @@ EXPRESSIONS = {  # as Table 1 writes them, with r = π_ref / π_θ
 }
 
 
+def exactly_zero(bias: float, scale: float) -> bool:
+    """Table 1's exact verdict on a bias: an exact bias (float64 enumeration, analysis/toy.py) is zero when it is
+    rounding error relative to the gradient's size (here, torch-free, so that a figure reads the rule without torch)."""
+    return bool(bias <= 1e-9 * max(1.0, scale))
+
+
 @dataclass(frozen=True)
 class KLSpec:
     """One KL configuration of the study.

@@ -5,7 +5,7 @@
     monte_carlo    the toy trained by sampling as the trainer trains: end points, their agreement, claims, tables
     atlas          the frameworks' KL setups with advantage normalisation and group size, in effective β
 
-Its claims are judged by the report's rule (report.claims_rule), and its figures are drawn by report.figures.
+Its claims are judged by the core's rule (claims_rule.py), as the runs' are; its figures are drawn by report/figures.
 
-May import: core, data, train, evaluate, report.
+May import: core.
 """

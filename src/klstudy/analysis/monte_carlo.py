@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from klstudy import kl
+from klstudy import claims_rule, kl
 from klstudy.analysis.fixed_points import (
     DRIFT_BOUND,
     DTYPE,
@@ -29,7 +29,6 @@ from klstudy.analysis.fixed_points import (
     policy_metrics,
     task_reward,
 )
-from klstudy.report import claims_rule
 
 # ------------------------------------------------------------------------------------------------ Monte Carlo training
 

@@ -30,7 +30,6 @@ import torch
 from scipy.stats import norm
 
 from klstudy import kl
-from klstudy.report.aggregate import exactly_zero
 
 DTYPE = torch.float64
 PARAMS = ("a", "b")
@@ -354,7 +353,7 @@ def unbiasedness_tests(results: pd.DataFrame, alpha: float) -> pd.DataFrame:
                 worst_case=f"{worst['setting']}, T={worst['T']}, d/d{worst['param']}",
                 unbiased=bool(max_abs_z <= critical),
                 exact_unbiased=(
-                    exactly_zero(exact.max(), group["true_grad"].abs().max()) if exact.notna().any() else None
+                    kl.exactly_zero(exact.max(), group["true_grad"].abs().max()) if exact.notna().any() else None
                 ),
             )
         )

@@ -8,5 +8,5 @@
     choice_letter   the letter of a multiple-choice completion, one rule judged on what real models write
     gold            which box of a reference solution is its answer, and the self-check of every staged dataset
 
-May import: core.
+May import: core, analysis.
 """

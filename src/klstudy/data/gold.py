@@ -17,7 +17,7 @@
    equate): the gold is the last box, and the record is listed under ``several_boxed`` in the staging report.
 6. No answer left: the record is set aside, not staged, and listed with its reason.
 
-**The self-check** (``SelfCheck``), run by ``data.prepare`` on every dataset before it is written: each staged
+**The self-check** (``SelfCheck``), run by ``staging.prepare`` on every dataset before it is written: each staged
 record's bare gold answer, given as a completion (``\\boxed{answer}``), must score 1 with the reward that training
 and lm-eval use (``rewards.score``), or staging fails naming the ids. Where the dataset has reference solutions,
 each is scored as a completion too, and the share that scores 1 (records set aside count as failures) must reach

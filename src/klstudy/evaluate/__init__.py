@@ -4,5 +4,5 @@
     tasks/       the lm-eval task files, and the functions they call (load, render, score with data's rewards)
     divergence   forward KL(π_ref‖π_θ) and token entropy of a training snapshot (Fig. 12)
 
-May import: core, data, train.
+May import: core, analysis, data, train.
 """

@@ -218,12 +218,6 @@ UNCERTAINTY = (
 )
 
 
-def exactly_zero(bias: float, scale: float) -> bool:
-    """An exact bias (float64 enumeration, toy.py) is zero when it is rounding error relative to the gradient's size
-    (here, not in toy.py, so that a figure reads the rule without importing torch)."""
-    return bool(bias <= 1e-9 * max(1.0, scale))
-
-
 def mean_and_se(values, own_se=None) -> tuple[float, float, int]:
     """(mean, se, n) of one value per seed by the UNCERTAINTY convention; NaN values are left out, and se is NaN where
     neither the seeds' spread (one seed) nor the measurements' own errors (some unknown, or none given) give one."""

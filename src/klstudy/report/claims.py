@@ -23,9 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from klstudy.config import baseline_beta_of, selected_betas
-from klstudy.report.aggregate import window_mean
-from klstudy.report.claims_rule import (
+from klstudy.claims_rule import (
     BASE,
     FDR_NAMES,
     FDR_VALID_UNDER,
@@ -35,6 +33,8 @@ from klstudy.report.claims_rule import (
     margin_ends,
     paired_test,
 )
+from klstudy.config import baseline_beta_of, selected_betas
+from klstudy.report.aggregate import window_mean
 
 METRICS = {
     "final_kl": "KL(π_θ‖π_ref) at the end of training (K3 estimate, mean of the last final_steps steps)",
@@ -515,7 +515,7 @@ def caption(config: dict, cells: pd.DataFrame | None = None, table: pd.DataFrame
     fdr = FDR_NAMES[rule["fdr"]]
     return (
         f"Claims ({config['scale']} scale): which of the paper's claims this run shows, by a rule that is the same for "
-        "every run (claims_rule; src/klstudy/report/claims_rule.py). Each row compares a candidate with a baseline "
+        "every run (claims_rule; src/klstudy/claims_rule.py). Each row compares a candidate with a baseline "
         "on one metric, "
         "paired by training seed (the same data order): effect = candidate − baseline, the mean over seeds. Runs: a "
         "run that did not finish ok, with every planned step and finite values, moves a metric measured during "

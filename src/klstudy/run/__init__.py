@@ -1,4 +1,5 @@
-"""Running the pipeline, on a laptop or a cluster: the `klstudy` command and what keeps a study going.
+"""Running the pipeline, on a laptop or a cluster: the `klstudy` command and what keeps a study going. The jobs
+themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster); each calls a subcommand of stages.py.
 
     cli                the `klstudy` command line (`python -m klstudy`)
     stages             one subcommand per stage, each called by one Snakemake rule
@@ -10,5 +11,5 @@
     estimate           a run's peak disk and GPU-hours, from its config
     config_reference   config/README.md, written from the schema
 
-May import: core, data, train, evaluate, report, analysis.
+May import: core, analysis, data, train, evaluate, report.
 """

@@ -8,5 +8,5 @@
     tracking    experiment trackers of a cell (TensorBoard, Weights & Biases, trackio)
     vllm_cpu    what TRL's colocated vLLM and lm-eval's vllm backend need on a CPU
 
-May import: core, data.
+May import: core, analysis, data.
 """

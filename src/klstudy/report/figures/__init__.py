@@ -1,4 +1,5 @@
-"""Every figure of the study, drawn from tidy result tables (never from typed-in numbers); the tables are tables.py's.
+"""Every figure of the study, drawn from tidy result tables (aggregate.py's, and the toy analysis's: never typed-in
+numbers); the study's tables themselves are tables.py's.
 
     encoding   the one encoding every figure shares (colour, marker, line style, hatch), names, saving, captions
     panels     the panels of the config's ``figures`` section, one function per kind (curves, bars, divergence, KL)

@@ -12,10 +12,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from klstudy.kl import PATHWISE
-from klstudy.report.aggregate import (
-    exactly_zero,
-)
+from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures.encoding import (
     GAP_FLOOR,
     caption,

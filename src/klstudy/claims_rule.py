@@ -1,7 +1,7 @@
 """The rule every claim is judged by: paired tests, false-discovery control and verdicts.
 
 The verdict rule (config ``claims_rule``: alpha, min_z, q, fdr) is the same for every run and for every table of
-claims: the runs' (claims.py), the toy's and the atlas's (analysis/). It was chosen for what it promises (below) and
+claims: the runs' (report/claims.py), the toy's and the atlas's (analysis/). It was chosen for what it promises (below) and
 checked on simulated grids (tests/test_claims_calibration.py), not for the verdicts it gives.
 
 Paths. For seed s, candidate and baseline of the same study, model and seed share the data order: d_s = candidate −
