@@ -14,7 +14,7 @@ MIN_POINTS = 7
 
 
 def _render(fig):
-    """Lay the figure out as figures.save does (its size; the tight box only crops); returns the renderer."""
+    """Lay the figure out as encoding.save does (its size; the tight box only crops); returns the renderer."""
     fig.canvas.draw()
     return fig.canvas.get_renderer()
 

@@ -1,8 +1,8 @@
 """The rule every claim is judged by: paired tests, false-discovery control and verdicts.
 
 The verdict rule (config ``claims_rule``: alpha, min_z, q, fdr) is the same for every run and for every table of
-claims: the runs' (report/claims.py), the toy's and the atlas's (analysis/). It was chosen for what it promises (below) and
-checked on simulated grids (tests/test_claims_calibration.py), not for the verdicts it gives.
+claims: the runs' (report/claims.py), the toy's and the atlas's (analysis/). It was chosen for what it promises
+(below) and checked on simulated grids (tests/test_claims_calibration.py), not for the verdicts it gives.
 
 Paths. For seed s, candidate and baseline of the same study, model and seed share the data order: d_s = candidate −
 baseline. n: the seeds left; every path needs n ≥ 2, since the spread between training seeds is what a claim about a
@@ -187,7 +187,6 @@ def judge(effect, se, df, direction, margin_bound, rule: dict, at_margin=None) -
     return dict(z=z, critical=critical, p=p, q_value=np.where(z < 0, q_contradicted, q_shown), verdict=verdict)
 
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # Paired tests: one row's effect, error and degrees of freedom.
 
@@ -197,7 +196,6 @@ def _per_question(frame: pd.DataFrame, seeds) -> np.ndarray | None:
     if not all(isinstance(s, list) for s in scores) or len({len(s) for s in scores}) != 1:
         return None
     return np.array(scores, dtype=float)
-
 
 
 def paired_test(
@@ -261,8 +259,6 @@ def why_untestable(seeds: int, se: float) -> str | None:
     if seeds == 1:
         return "one seed"
     return None if se > 0 else "no error estimate"
-
-
 
 
 MARGIN_ENDS = ["above", "se_above", "below", "se_below"]  # margin_ends' columns: a same row's two one-sided tests

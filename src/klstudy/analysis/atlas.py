@@ -180,6 +180,7 @@ def claims(end_points_mc: pd.DataFrame, points: pd.DataFrame, section: dict, rul
 
 # ------------------------------------------------------------------------------------------------ tables
 
+
 def _fmt(value, spec="{:.3g}") -> str:
     return "–" if pd.isna(value) else spec.format(value)
 

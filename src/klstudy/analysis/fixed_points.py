@@ -28,7 +28,6 @@ at most max_y −log π_ref(y), and along no KL's flow it converges (2.74145 in 
 −log π_ref(1111) in the parametric one), so J_β there tends to 1 − β·KL∞.
 """
 
-
 from __future__ import annotations
 
 import itertools

@@ -108,7 +108,6 @@ def _end_points(family, rewards, config, mode, beta, theta) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------------ agreement and claims
 
 
-
 # Agreement of a Monte Carlo end point with the exact fixed point: the seeds' mean within AGREEMENT_Z standard errors
 # of it (or within ROUNDING: the seeds of K1 in the reward sit on the optimum to float64 rounding, where their standard
 # error is of that size too), and, where the fixed point is off the family's optimum, nearer it than the optimum in
@@ -202,8 +201,8 @@ def toy_claims(end_points: pd.DataFrame, points: pd.DataFrame, claims: dict, rul
     table["why"] = table.why.where(table.why.notna(), untestable)
     return claims_rule.judged(table, rule)
 
-# ------------------------------------------------------------------------------------------------ tables
 
+# ------------------------------------------------------------------------------------------------ tables
 
 
 def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFrame, out_dir) -> None:

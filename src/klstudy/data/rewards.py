@@ -149,7 +149,6 @@ def math_reward(completion: str, gold: str, verifier: IsolatedMathVerifier = MAT
     return float(verifier(str(gold), tail(completion))[1])
 
 
-
 # ------------------------------------------------------------------------------------------ countdown
 
 MAX_EXPRESSION_CHARS = 200

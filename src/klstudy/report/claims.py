@@ -341,7 +341,6 @@ def predicted_direction(claim: dict, tests: pd.DataFrame) -> tuple[str | None, s
     return direction, f"Table 1 exact: {pull}"
 
 
-
 def heldout_questions(config: dict, study: str) -> str:
     """What identifies a study's held-out questions: its held-out set's name and definition (the data config entry,
     from which the questions are generated or read)."""

@@ -1,5 +1,4 @@
-"""The claims figure: every claim of the claims table, effect ± critical·se, coloured by its verdict.
-"""
+"""The claims figure: every claim of the claims table, effect ± critical·se, coloured by its verdict."""
 
 from __future__ import annotations
 

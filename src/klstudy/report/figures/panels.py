@@ -1,5 +1,4 @@
-"""The panels of the config's ``figures`` section, one function per panel kind, from the aggregated tables.
-"""
+"""The panels of the config's ``figures`` section, one function per panel kind, from the aggregated tables."""
 
 from __future__ import annotations
 
@@ -357,8 +356,6 @@ PANELS = {
 }
 
 
-
-
 def seeds_text(seeds: set[int], unit: str = "point") -> str:
     """'n = 2 seeds per point', 'n = 1–2 seeds per bar': the title line that gives a panel's n."""
     if not seeds:
@@ -397,8 +394,6 @@ def coinciding(ax) -> list[str]:
         if len(labels) > 1:
             notes.append(f"{', '.join(labels)} lie on one line{' (0 at every step)' if not np.any(key) else ''}")
     return notes
-
-
 
 
 def too_short_for_lag(train: dict) -> bool:

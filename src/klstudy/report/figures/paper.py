@@ -1,5 +1,4 @@
-"""The figures of the config's ``figures`` section: panels (panels.py) laid out with the claims' verdicts on them.
-"""
+"""The figures of the config's ``figures`` section: panels (panels.py) laid out with the claims' verdicts on them."""
 
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from klstudy.report.aggregate import (
-    UNCERTAINTY,
-)
+from klstudy.report.aggregate import UNCERTAINTY
 from klstudy.report.figures.encoding import (
     CLAIM_COLUMNS,
     DODGED,
@@ -57,13 +54,10 @@ def verdicts_text(rows: pd.DataFrame) -> str:
     return f"claims: {counts}" + (f", {contradicted} contradicted" if contradicted else "")
 
 
-
 def _grid_shape(count: int) -> tuple[int, int]:
     """Rows and columns for a figure's panels: at most three across, four as two by two."""
     columns = 2 if count == 4 else min(count, 3)
     return math.ceil(count / columns), columns
-
-
 
 
 def draw_panels(fig, axes, panels: list[dict], config: dict, tables: dict, claims) -> list[str]:
@@ -114,6 +108,8 @@ def series_se_text(claims: pd.DataFrame | None) -> str:
         return SERIES_SE.format(widths="")
     used = claims.dropna(subset=["critical", "seeds"]).groupby("seeds").critical.min()
     return SERIES_SE.format(widths=" (" + ", ".join(f"{c:.3g} at {int(n)} seeds" for n, c in used.items()) + ")")
+
+
 IN_IMAGE_SE = (
     "Mean over n seeds (panel titles) ± 1 se; a bar's se includes lm-eval's error over questions (one seed: that "
     "alone).\n"

@@ -157,8 +157,6 @@ def _share_log_limits(axes) -> None:
             ax.set_ylim(min(values) / 5, top * 5)
 
 
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Where each KL configuration's training ends in the toy model (analysis/fixed_points.py's and monte_carlo.py's tables).
 
@@ -326,5 +324,7 @@ def _draw_toy_gaps(ax, groups: list[tuple[list[str], pd.DataFrame]], family: str
     ax.set_ylabel("J_β(family's optimum) − J_β(end point)")
     ax.set_title(f"{family} policy: distance to the optimum (stable, off it)", fontsize=10)
     ax.grid(alpha=0.3, which="major")
-    return [f"- {family} policy, on the optimum (gap < {GAP_FLOOR:g}) at every β: {', '.join(on_optimum) or 'none'}.",
-            f"- {family} policy, no fixed point: {'; '.join(no_fixed_point) or 'none'}."]
+    return [
+        f"- {family} policy, on the optimum (gap < {GAP_FLOOR:g}) at every β: {', '.join(on_optimum) or 'none'}.",
+        f"- {family} policy, no fixed point: {'; '.join(no_fixed_point) or 'none'}.",
+    ]

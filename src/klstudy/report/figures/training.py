@@ -1,5 +1,4 @@
-"""Training dynamics, what a researcher checks first: each study's reward, KL and gradient norm over steps.
-"""
+"""Training dynamics, what a researcher checks first: each study's reward, KL and gradient norm over steps."""
 
 from __future__ import annotations
 
@@ -134,9 +133,6 @@ LAGGED_METRICS = {
     "kl_k3": "every batch was sampled by the initial policy\n(async level {async_level}, {steps} steps): "
              "0 by construction",
 }  # fmt: skip
-
-
-
 
 
 def _key_handles(kls: list[str], betas: list[float]) -> list:
