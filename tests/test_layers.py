@@ -61,7 +61,7 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1]) if node.level else ""
+            base = here.rsplit(".", node.level - 1)[0] if node.level else ""  # level 1: here; 2: its parent
             module = ".".join(filter(None, [base, node.module or ""]))
             found |= {f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names}
     return {other for other in found if other in known}
@@ -69,14 +69,14 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 def with_parents(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """The graph with what Python imports unasked: importing a.b.c runs a.b's __init__ first."""
-    parents = {name: {name.rpartition(".")[0]} & set(graph) - {name} for name in graph}
-    return {name: targets | parents[name] | {p for t in targets for p in parents.get(t, ())} - {name}
+    parent = {name: name.rpartition(".")[0] for name in graph if name.rpartition(".")[0] in graph}
+    return {name: (targets | {parent[m] for m in (name, *targets) if m in parent}) - {name}
             for name, targets in graph.items()}  # fmt: skip
 
 
 def upward_imports(package: Path = PACKAGE) -> list[str]:
     """Every import from a lower layer to a higher one, as 'importer (layer) -> imported (layer)'."""
-    order = [CORE, *[layer for layer in layer_order(package) if layer != CORE], ENTRY]
+    order = [*layer_order(package), ENTRY]  # core first (test_the_layers_are_the_subpackages)
     known = modules(package)
     rank = {layer: i for i, layer in enumerate(order)}
     wrong = []
