@@ -11,7 +11,7 @@ import yaml
 from huggingface_hub import errors
 from workflow_helpers import ROOT
 
-from klstudy.config import validate_config
+from klstudy.config import ConfigError, validate_config
 from klstudy.run import estimate, preflight
 
 
@@ -266,11 +266,35 @@ def test_the_peak_disk_is_docs_cost_md_s_per_part():
 
 
 def test_gpu_hours_scale_with_the_assumed_throughput_and_name_unknown_sizes():
-    hours = estimate.gpu_hours(paper()).total
-    assert estimate.gpu_hours(paper(gpu_tflops=50)).total == pytest.approx(2 * hours)
+    hours, rates = estimate.gpu_hours(paper()).total, paper()["cluster"]["gpu_tflops"]
+    assert estimate.gpu_hours(paper(gpu_tflops={p: r / 2 for p, r in rates.items()})).total == pytest.approx(2 * hours)
     config = paper()
     del config["models"]["qwen3-4b-instruct-2507"]["parameters_b"]
     assert estimate.gpu_hours(config).unknown == {"qwen3-4b-instruct-2507"}
+
+
+def test_each_phase_of_a_training_step_is_divided_by_its_own_throughput():
+    """A step's token: 2·N FLOPs generated, 2 × 2·N scored (reference and sampling policy), 6·N trained. Halving one
+    phase's throughput adds that phase's share of the training hours, and only to training for the update."""
+    config = paper()
+    rates = config["cluster"]["gpu_tflops"]
+    assert set(rates) == {"generation", "scoring", "update"} and estimate.TRAIN_FLOPS == dict(generation=2, scoring=4,
+                                                                                                update=6)  # fmt: skip
+    base = estimate.gpu_hours(config).parts
+    seconds = {phase: estimate.TRAIN_FLOPS[phase] / rates[phase] for phase in rates}
+    for phase in rates:
+        slower = estimate.gpu_hours(paper(gpu_tflops={**rates, phase: rates[phase] / 2})).parts
+        share = seconds[phase] / sum(seconds.values())
+        assert slower["training"] - base["training"] == pytest.approx(base["training"] * share)
+        assert (slower["evaluation"] > base["evaluation"]) == (phase == "generation")
+        assert (slower["Fig. 12"] > base["Fig. 12"]) == (phase != "update")
+
+
+def test_a_single_throughput_is_refused_naming_the_key():
+    config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    config["cluster"]["gpu_tflops"] = 100
+    with pytest.raises(ConfigError, match="cluster.gpu_tflops"):
+        validate_config(config)
 
 
 def test_the_cli_prints_the_table_and_fails_on_a_failing_row(tmp_path, capsys):
@@ -301,7 +325,7 @@ def test_the_docs_quote_the_computed_costs():
         in (docs["docs/cost.md"])
     )
     assert f"{disk[8]:.1f} TB at 8 slots" in docs["docs/running.md"]
-    assert f"about {round(hours, -3):,.0f} GPU-hours at 100 TFLOP/s" in docs["docs/running.md"]
+    assert f"about {round(hours, -3):,.0f} GPU-hours at the schema's throughputs" in docs["docs/running.md"]
     pilot_disk, pilot_hours = estimate.peak_disk(pilot).total / 1e9, estimate.gpu_hours(pilot).total
     assert (
         f"about {pilot_hours:.1f} GPU-hours at the assumed throughput and {pilot_disk:.0f} GB"

@@ -9,10 +9,12 @@ base model (2), a training checkpoint in float32 with Adam's two moments (12), t
 stays; checkpoints exist only while a cell trains, so at most ``cluster.training_slots`` cells hold them at once (the
 largest models' cells, at worst).
 
-GPU-hours: an upper bound, every response at ``max_response_tokens``. Each token of a step costs about 10·N FLOPs for
-a model of N parameters: 2·N to generate it, 2·N for the reference and old log-probabilities, 6·N to train on it
-(forward and backward). An evaluation or Fig. 12 token costs 2·N. The FLOPs are divided by ``cluster.gpu_tflops``,
-the sustained throughput assumed per GPU.
+GPU-hours: an upper bound on the FLOPs, every response at ``max_response_tokens``, each divided by the sustained
+throughput of its phase (``cluster.gpu_tflops``: TFLOP/s per GPU for generation, scoring and the update). A training
+step's (prompt + response) token costs 2·N FLOPs to generate (N parameters), 2·N per scoring pass (two: the reference's
+and the sampling policy's log-probabilities) and 6·N to train on (forward and backward). An evaluation token costs 2·N
+of generation; a Fig. 12 token 2·N of generation and two scoring passes. The default scoring and update throughputs
+were measured (docs/paper-scale.md); generation's, vLLM's, was not.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ BF16, CHECKPOINT = 2, 12  # bytes per parameter
 # cell briefly holds one more than it keeps.
 CHECKPOINTS_AT_PEAK = SAVE_TOTAL_LIMIT + 1
 PROMPT_TOKENS = 256  # assumed prompt length (a MATH question in the chat template is 100-300 tokens)
-TRAIN_FLOPS, INFER_FLOPS = 10, 2  # FLOPs per token per parameter (module docstring)
+# FLOPs per token per parameter of each phase of a training step (module docstring).
+TRAIN_FLOPS = {"generation": 2, "scoring": 2 * 2, "update": 6}
+INFER_FLOPS = 2  # one forward pass
+PHASES = tuple(TRAIN_FLOPS)
 GB = 1e9
 
 
@@ -113,23 +118,27 @@ def _eval_tokens(config: dict, task: str) -> float:
 def gpu_hours(config: dict) -> Estimate:
     """GPU-hours of training, evaluation and Fig. 12 (module docstring)."""
     estimate = Estimate()
-    seconds = 1e12 * config["cluster"]["gpu_tflops"] * 3600
+    per_second = {phase: 1e12 * config["cluster"]["gpu_tflops"][phase] for phase in PHASES}
+
+    def seconds_per_token(flops: dict[str, float]) -> float:  # per parameter, over the phases that do the work
+        return sum(f / per_second[phase] for phase, f in flops.items())
+
     cells = [(c["model"], config["studies"][c["study"]]["train"]) for c in all_cells(config)]
-    estimate.parts["training"] = _sum(config, cells, lambda t: TRAIN_FLOPS * _train_tokens(t), estimate) / seconds
+    per_token = seconds_per_token(TRAIN_FLOPS)
+    estimate.parts["training"] = _sum(config, cells, lambda t: per_token * _train_tokens(t), estimate) / 3600
     eval_tokens = sum(_eval_tokens(config, task) for task in config["evaluation"]["tasks"])
     evaluated = [c["model"] for c in evaluated_cells(config)]
     evaluated += [m for m in evaluated_base_models(config) for _ in base_templates(config)]
-    estimate.parts["evaluation"] = (
-        _sum(config, [(m, m) for m in evaluated], lambda _: INFER_FLOPS * eval_tokens, estimate) / seconds
-    )
+    per_token = seconds_per_token({"generation": INFER_FLOPS})
+    models = [(m, m) for m in evaluated]
+    estimate.parts["evaluation"] = _sum(config, models, lambda _: per_token * eval_tokens, estimate) / 3600
     section = config["divergence"]
     # Each snapshot: sample `samples` responses per prompt, then score them under the policy and the reference.
     tokens = len(section["steps"]) * len(section["tasks"]) * section["prompts"] * section["samples"]
     tokens *= PROMPT_TOKENS + section["max_tokens"]
-    estimate.parts["Fig. 12"] = (
-        _sum(config, [(c["model"], c) for c in divergence_cells(config)], lambda _: 3 * INFER_FLOPS * tokens, estimate)
-        / seconds
-    )
+    per_token = seconds_per_token({"generation": INFER_FLOPS, "scoring": 2 * INFER_FLOPS})
+    divergence = [(c["model"], c) for c in divergence_cells(config)]
+    estimate.parts["Fig. 12"] = _sum(config, divergence, lambda _: per_token * tokens, estimate) / 3600
     return estimate
 
 
@@ -144,8 +153,9 @@ def summary(config: dict) -> list[str]:
         f"peak disk under results/: {disk.total / GB:,.0f} GB ("
         + ", ".join(f"{what} {size / GB:,.0f} GB" for what, size in disk.parts.items())
         + f"){disk.note()}",
-        f"GPU-hours (upper bound, every response at its maximum length, {config['cluster']['gpu_tflops']:g} TFLOP/s "
-        f"sustained per GPU: cluster.gpu_tflops): {_hours(hours.total)} ("
+        "GPU-hours (upper bound, every response at its maximum length; TFLOP/s sustained per GPU, cluster.gpu_tflops: "
+        + ", ".join(f"{phase} {config['cluster']['gpu_tflops'][phase]:g}" for phase in PHASES)
+        + f"): {_hours(hours.total)} ("
         + ", ".join(f"{what} {_hours(h)}" for what, h in hours.parts.items())
         + f"){hours.note()}",
     ]

@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from klstudy.train import tiny
 
-# Qwen2.5's published configs (hidden size, MLP width, layers, query and key-value heads, vocabulary, tied LM head);
-# "tiny" is the embedded model's shape with the unpadded byte vocabulary, for rehearsing GPU code on a CPU.
+# The published configs of Qwen2.5 and of Qwen3-4B(-Instruct-2507) (hidden size, MLP width, layers, query and key-value
+# heads, vocabulary, tied LM head; Qwen3's heads are 128 wide whatever the hidden size, with RMS norms on queries and
+# keys); "tiny" is the embedded model's shape with the unpadded byte vocabulary, for rehearsing GPU code on a CPU.
 SHAPES = {
     "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, vocab_size=None, tie_word_embeddings=True),
@@ -26,14 +27,22 @@ SHAPES = {
                          num_key_value_heads=2, vocab_size=151_936, tie_word_embeddings=True),
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, vocab_size=152_064, tie_word_embeddings=False),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151_936, tie_word_embeddings=True),
 }  # fmt: skip
+QWEN3_SHAPES = {"qwen3-4b"}
 
 
-def config_of(shape: str, tokenizer) -> Qwen2Config:
+def classes_of(shape: str) -> tuple[type, type]:
+    """(config class, model class) of a shape's architecture."""
+    return (Qwen3Config, Qwen3ForCausalLM) if shape in QWEN3_SHAPES else (Qwen2Config, Qwen2ForCausalLM)
+
+
+def config_of(shape: str, tokenizer) -> Qwen2Config | Qwen3Config:
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r}; known: {sorted(SHAPES)}")
     dims = {**SHAPES[shape], "vocab_size": len(tokenizer)}
-    return Qwen2Config(
+    return classes_of(shape)[0](
         **dims,
         max_position_embeddings=32_768,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
@@ -52,7 +61,7 @@ def build(shape: str, out: Path, dtype: str = "bfloat16", device: str = "cpu", s
     config = config_of(shape, tokenizer)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen2ForCausalLM(config)
+        model = classes_of(shape)[1](config)
     model.to(getattr(torch, dtype)).config.dtype = dtype
     parameters = sum(p.numel() for p in model.parameters())
     tiny.save_built(model, tokenizer, out, {"standin": shape, "parameters": parameters})
