@@ -9,6 +9,7 @@
 Skipped where vLLM is not installed (the main environment); CI runs them in the vLLM environment.
 """
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -89,17 +90,57 @@ def trained_with_vllm(workdir):
     cell = validated_cell(train, kl="k1-loss", beta=0.1)  # β·∇log π ≠ 0 from the first step: weights move every step
     VLLMGeneration.generate = checked_generate
     try:
-        summary = grid_cell.run(
-            cell, workdir / "base", workdir / "data/train.jsonl", workdir / "data/math500.jsonl",
-            workdir / "cell", workdir / "checkpoints", workdir / "tracking",
-        )  # fmt: skip
+        with _corrections_seen() as ratios:
+            summary = grid_cell.run(
+                cell, workdir / "base", workdir / "data/train.jsonl", workdir / "data/math500.jsonl",
+                workdir / "cell", workdir / "checkpoints", workdir / "tracking",
+            )  # fmt: skip
     finally:
         VLLMGeneration.generate = original
-    return summary, checks, workdir / "cell"
+    return summary, checks, workdir / "cell", ratios
+
+
+@contextlib.contextmanager
+def _corrections_seen():
+    """Each loss computation's vLLM importance-sampling ratios (TRL's correction), or None where the batch has none."""
+    from klstudy.train.trainer import KLTrainer
+
+    ratios, original = [], KLTrainer._compute_loss
+
+    def recorded(self, model, inputs):
+        ratio = inputs.get("importance_sampling_ratio")
+        ratios.append(None if ratio is None else ratio.detach().flatten().tolist())
+        return original(self, model, inputs)
+
+    KLTrainer._compute_loss = recorded
+    try:
+        yield ratios
+    finally:
+        KLTrainer._compute_loss = original
+
+
+def test_trls_vllm_correction_is_on_by_default_and_off_where_the_config_says(workdir, trained_with_vllm):
+    """TRL's default multiplies each sequence's surrogate by π_train / π_vLLM (1 here: both float32, the same weights);
+    `vllm_importance_sampling: false` (config/paper.yaml) leaves the batch without it, so that K1 or K3 in the reward
+    and the loss are the "both" configuration of §4.3, whose surrogate and KL term are weighted alike."""
+    ratios = trained_with_vllm[3]
+    assert ratios and all(r is not None for r in ratios)
+    assert all(abs(value - 1) < 1e-3 for r in ratios for value in r), ratios
+    train = dict(steps=1, batch_prompts=2, minibatch_prompts=2, rollouts=4, learning_rate=1e-2, max_response_tokens=8,
+                 temperature=1.0, advantage="rloo", loss_type="token_sum", async_level=0, eval_every=1,
+                 checkpoint_every=1, heldout_samples=1, generation="vllm", vllm_importance_sampling=False,
+                 report_to="none")  # fmt: skip
+    with _corrections_seen() as uncorrected:
+        summary = grid_cell.run(
+            validated_cell(train, kl="k1-both", beta=0.1), workdir / "base", workdir / "data/train.jsonl",
+            workdir / "data/math500.jsonl", workdir / "uncorrected", workdir / "uncorrected-checkpoints",
+            workdir / "tracking",
+        )  # fmt: skip
+    assert summary["status"] == "ok" and uncorrected and all(r is None for r in uncorrected)
 
 
 def test_the_colocated_engine_generates_from_the_updated_weights(trained_with_vllm):
-    summary, checks, cell = trained_with_vllm
+    summary, checks, cell, _ = trained_with_vllm
     print("log-prob gaps before each generation:", checks)  # shown by `pytest -rP`
     assert summary["status"] == "ok" and summary["steps_done"] == 3
     # Generations: held-out at step 0, batches of steps 1..3, held-out at step 3.

@@ -10,6 +10,7 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     preflight          `klstudy preflight`: the Hub, data, SLURM account, partitions, limits, GPUs and disk, checked
     estimate           a run's peak disk and GPU-hours, from its config
     config_reference   config/README.md, written from the schema
+    paper_settings     the paper's settings against config/paper.yaml (docs/paper-settings.md)
 
 May import: core, analysis, data, train, evaluate, report.
 """

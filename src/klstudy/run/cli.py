@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reference.add_argument("--out", help="write it to this file (default: print it)")
     reference.set_defaults(run=_config_reference)
+    settings = commands.add_parser(
+        "paper-settings", help="the paper's settings against config/paper.yaml (docs/paper-settings.md)"
+    )
+    settings.add_argument("--out", help="write the page to this file (default: print it)")
+    settings.set_defaults(run=_paper_settings)
     return parser
 
 
@@ -62,6 +67,16 @@ def _config_reference(args) -> None:
     from klstudy.run import config_reference
 
     text = config_reference.reference()
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+def _paper_settings(args) -> None:
+    from klstudy.run import paper_settings
+
+    text = paper_settings.page(paper_settings.load())
     if args.out:
         Path(args.out).write_text(text)
     else:

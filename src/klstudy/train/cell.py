@@ -158,6 +158,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         kl_loss_gradient=spec.loss_gradient,
         use_vllm=train["generation"] == "vllm",
         vllm_mode="colocate",
+        vllm_importance_sampling_correction=train["vllm_importance_sampling"],
         logging_steps=1,
         save_strategy="steps",
         save_steps=train["checkpoint_every"] * updates,

@@ -1,0 +1,137 @@
+"""The paper's settings, line by line (config/paper-settings.yaml), checked against config/paper.yaml and written out as
+docs/paper-settings.md.
+
+`python -m klstudy paper-settings --out docs/paper-settings.md` writes the page; tests/test_paper_settings.py fails
+where a row's value is not the config's, where the page is not what the mapping gives, and where a reference names a
+section, figure or table the paper does not have. The mapping file's header says what a row holds.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from klstudy import config as configuration
+
+MAPPING = configuration.REPO_ROOT / "config" / "paper-settings.yaml"
+KINDS = {
+    "stated": "the paper says it; the config holds it",
+    "read": "the words allow more than one reading; the one taken, and why",
+    "open": "the paper does not say; the choice, and why",
+    "pending": "a known difference, not yet resolved",
+}
+MISSING = object()
+
+
+def load(path: Path = MAPPING) -> dict:
+    mapping = yaml.safe_load(Path(path).read_text())
+    for index, row in enumerate(mapping["settings"]):
+        if row.get("kind") not in KINDS:
+            raise ValueError(f"{path}: settings[{index}].kind must be one of {sorted(KINDS)}, not {row.get('kind')!r}")
+        if row["kind"] != "pending" and "key" in row and "value" not in row:
+            raise ValueError(f"{path}: settings[{index}] names a key but no value")
+        if row["kind"] in ("read", "open", "pending") and not row.get("reading"):
+            raise ValueError(f"{path}: settings[{index}] ({row['kind']}) says no reading")
+    return mapping
+
+
+def keys_and_values(row: dict) -> list[tuple[str, object]]:
+    """(config path, value) pairs of a row: ``key`` a path and ``value`` its value, or both lists of the same length."""
+    if "key" not in row:
+        return []
+    if isinstance(row["key"], str):
+        return [(row["key"], row.get("value", MISSING))]
+    values = row.get("value", [MISSING] * len(row["key"]))
+    if len(values) != len(row["key"]):
+        raise ValueError(f"paper-settings row {row['paper'][:40]!r}: {len(row['key'])} keys but {len(values)} values")
+    return list(zip(row["key"], values, strict=True))
+
+
+def lookup(config: dict, path: str):
+    """The value at a dotted path of a validated config, or MISSING."""
+    node = config
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return MISSING
+        node = node[part]
+    return node
+
+
+def mismatches(config: dict, mapping: dict) -> list[str]:
+    """Each checked row's key whose config value is not the row's (a pending row's keys must only exist)."""
+    found = []
+    for row in mapping["settings"]:
+        for path, value in keys_and_values(row):
+            held = lookup(config, path)
+            if held is MISSING:
+                found.append(f"{path}: not in the config")
+            elif row["kind"] != "pending" and held != value:
+                found.append(f"{path}: the config has {held!r}, the paper's setting is {value!r} ({row['where']})")
+    return found
+
+
+def references(where: str) -> list[str]:
+    """The sections, figures and tables a ``where`` (or a claim's ``paper:``) names, each as written."""
+    parts = re.split(r",\s*", re.sub(r"\s*\([^)]*\)", "", where))  # remarks in brackets are no references
+    return [part.removeprefix("App. ").strip() for part in parts if part.strip()]
+
+
+def unknown_references(where: str, paper: dict) -> list[str]:
+    """The references of ``where`` that the paper does not have (``paper``: its sections, figures and tables)."""
+    unknown, previous = [], ""
+    for reference in references(where):
+        if re.fullmatch(r"\d+", reference) and previous.startswith("Fig"):
+            reference = f"Fig. {reference}"  # "Fig. 5, 6, 10": a list of figures
+        figure = re.fullmatch(r"Figs?\. (\d+)(?:[–-](\d+))?(?: (?:left|right|centre|center))?", reference)
+        table = re.fullmatch(r"Table (\d+)", reference)
+        if figure:
+            known = all(1 <= int(n) <= paper["figures"] for n in figure.groups() if n)
+        elif table:
+            known = 1 <= int(table.group(1)) <= paper["tables"]
+        else:
+            known = reference.removeprefix("§") in paper["sections"]
+        if not known:
+            unknown.append(reference)
+        previous = reference
+    return unknown
+
+
+def _format(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_format, value)) + "]"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _row(row: dict) -> str:
+    keys = "<br>".join(f"`{path}`" + ("" if value is MISSING else f" = `{_format(value)}`")
+                       for path, value in keys_and_values(row))  # fmt: skip
+    cells = [row["where"], " ".join(str(row["paper"]).split()), keys]
+    if row["kind"] != "stated":
+        cells.append(" ".join(row["reading"].split()))
+    return "| " + " | ".join(cells) + " |"
+
+
+def page(mapping: dict) -> str:
+    """docs/paper-settings.md."""
+    lines = [
+        "# The paper's settings, line by line",
+        "",
+        "[← the manual](README.md) · each setting the paper states, where it says it, and the `config/paper.yaml` key "
+        "that holds it.",
+        "",
+        "Written by `.venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md` from "
+        "`config/paper-settings.yaml`; `tests/test_paper_settings.py` fails where a value here is not "
+        "`config/paper.yaml`'s, or a reference names a section, figure or table the paper does not have. Sections "
+        "(§4.1) and appendices (B, D.2) are the paper's.",
+        "",
+    ]
+    for kind, heading in KINDS.items():
+        rows = [row for row in mapping["settings"] if row["kind"] == kind]
+        if not rows:
+            continue
+        columns = ["where", "the paper", "config", *(["reading"] if kind != "stated" else [])]
+        lines += [f"## {heading[0].upper()}{heading[1:]}", "", "| " + " | ".join(columns) + " |",
+                  "|" + "---|" * len(columns), *map(_row, rows), ""]  # fmt: skip
+    return "\n".join(lines)

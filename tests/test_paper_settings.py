@@ -1,0 +1,102 @@
+"""The paper's settings (config/paper-settings.yaml) against config/paper.yaml, the page written from them
+(docs/paper-settings.md), and every reference to the paper's sections, figures and tables in the configs."""
+
+import copy
+import re
+
+import pytest
+import yaml
+from workflow_helpers import ROOT
+
+from klstudy.config import validate_config
+from klstudy.run import paper_settings
+
+PAPER_TEXT = ROOT.parent / "shared" / "paper" / "comedy-of-estimators.md"
+CONFIGS = ["config.yaml", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").glob("*.yaml"))]
+
+
+@pytest.fixture(scope="module")
+def mapping():
+    return paper_settings.load()
+
+
+@pytest.fixture(scope="module")
+def paper_config():
+    return validate_config(yaml.safe_load((ROOT / "config/paper.yaml").read_text()))
+
+
+def test_every_setting_the_mapping_checks_is_the_paper_configs(mapping, paper_config):
+    assert paper_settings.mismatches(paper_config, mapping) == []
+
+
+def test_a_setting_changed_in_the_config_is_found(mapping, paper_config):
+    changed = copy.deepcopy(paper_config)
+    changed["studies"]["async_math"]["train"]["batch_prompts"] = 512
+    del changed["studies"]["unbiased"]["kl"]
+    found = paper_settings.mismatches(changed, mapping)
+    assert any(f.startswith("studies.async_math.train.batch_prompts: the config has 512") for f in found), found
+    assert "studies.unbiased.kl: not in the config" in found
+
+
+def test_the_page_is_what_the_mapping_gives(mapping):
+    committed = (ROOT / "docs/paper-settings.md").read_text()
+    assert committed == paper_settings.page(mapping), (
+        "docs/paper-settings.md is stale: .venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md"
+    )
+
+
+def test_every_row_is_on_the_page_with_its_keys(mapping):
+    text = (ROOT / "docs/paper-settings.md").read_text()
+    for row in mapping["settings"]:
+        for path, _ in paper_settings.keys_and_values(row):
+            assert f"`{path}`" in text
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_reference_to_the_paper_names_what_it_has(mapping, name):
+    """Each claim's `paper:` in every config, and each row's `where`, names sections, figures and tables that exist."""
+    config = yaml.safe_load((ROOT / name).read_text())
+    wheres = [claim["paper"] for claim in (config.get("claims") or {}).values() if "paper" in claim]
+    if name == "config/paper-settings.yaml":
+        wheres = [row["where"] for row in mapping["settings"]]
+    for where in wheres:
+        assert paper_settings.unknown_references(where, mapping["paper"]) == [], (name, where)
+
+
+def test_references_the_paper_does_not_have_are_found(mapping):
+    found = paper_settings.unknown_references("§3.4, Fig. 14, Table 4, §2.1, Fig. 5, 6, 10, Fig. 9 left, Fig. 2-4, B",
+                                              mapping["paper"])  # fmt: skip
+    assert found == ["§3.4", "Fig. 14", "Table 4", "§2.1"]
+
+
+def test_a_row_without_its_reading_is_refused(tmp_path):
+    text = (ROOT / "config/paper-settings.yaml").read_text()
+    broken = tmp_path / "settings.yaml"
+    broken.write_text(re.sub(r"    reading: >-\n(      .*\n)+", "", text, count=1))
+    with pytest.raises(ValueError, match=r"settings\[\d+\] \(read\) says no reading"):
+        paper_settings.load(broken)
+
+
+@pytest.mark.skipif(not PAPER_TEXT.exists(), reason=f"the paper's text is not at {PAPER_TEXT}")
+def test_the_mappings_list_of_sections_figures_and_tables_is_the_papers(mapping):
+    text = PAPER_TEXT.read_text()
+    headings = re.findall(r"^([1-9]|[A-F])((?:\.\d+)?) ([A-Z][A-Z0-9 ,\-²]+)", text, re.M)
+    sections = [number + sub for number, sub, title in headings if not title.startswith("COMEDY")]  # not the title
+    assert sections == mapping["paper"]["sections"]
+    assert max(int(n) for n in re.findall(r"^Figure (\d+):", text, re.M)) == mapping["paper"]["figures"]
+    assert max(int(n) for n in re.findall(r"^Table (\d+):", text, re.M)) == mapping["paper"]["tables"]
+
+
+def test_the_paper_cells_train_without_trls_vllm_correction(paper_config, tmp_path):
+    """The key reaches TRL: GRPOConfig's vllm_importance_sampling_correction, off for the paper, TRL's default (on)
+    where a config does not set it."""
+    from klstudy.config import cell_settings
+    from klstudy.train.cell import trainer_config
+
+    cell = cell_settings(paper_config, "async_math", "qwen2.5-7b", "k3-loss", 0.005, 0)
+    assert trainer_config(cell, tmp_path).vllm_importance_sampling_correction is False
+    default = copy.deepcopy(cell)
+    default["train"]["vllm_importance_sampling"] = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))[
+        "studies"
+    ]["onpolicy"]["train"]["vllm_importance_sampling"]
+    assert trainer_config(default, tmp_path).vllm_importance_sampling_correction is True
