@@ -219,3 +219,17 @@ def test_step_zero_shortcut_scores_what_a_copy_of_the_reference_scores():
     full = divergence.forward_kl_and_entropy(twin, reference, tokenizer, prompts, 2, 6, batch_prompts=2)
     assert shortcut["forward_kl"] == 0 and full["forward_kl"] == pytest.approx(0, abs=1e-6)
     assert shortcut["entropy"] == pytest.approx(full["entropy"], rel=1e-6) and shortcut["entropy"] > 0
+
+
+def test_fig12s_prompts_are_the_first_or_a_seeded_draw_across_the_task():
+    """A task staged subject by subject (7 subjects of 100, as MATH test is): the first 70 are one subject; a seeded
+    draw spans them all, in the task's order, the same for every call (every cell sees the same questions)."""
+    from klstudy.evaluate.divergence import chosen_prompts
+
+    records = [{"prompt": f"{subject}-{i}"} for subject in "abcdefg" for i in range(100)]
+    assert {p[0] for p in chosen_prompts(records, 70, None)} == {"a"}
+    drawn = chosen_prompts(records, 70, 0)
+    assert len(set(drawn)) == 70 and {p[0] for p in drawn} == set("abcdefg")
+    assert drawn == sorted(drawn, key=lambda p: records.index({"prompt": p}))
+    assert drawn == chosen_prompts(records, 70, 0) and drawn != chosen_prompts(records, 70, 1)
+    assert len(chosen_prompts(records[:5], 70, 0)) == 5  # a task smaller than the count: all of it

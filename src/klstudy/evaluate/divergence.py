@@ -35,6 +35,19 @@ from klstudy.train.models import available_device, load
 COPIES_PER_POSITION = 5
 
 
+def chosen_prompts(records: list[dict], count: int, seed: int | None) -> list[str]:
+    """The ``count`` questions of a task that Fig. 12 is computed on, the same for every cell: the first ``count``
+    (``seed`` None), or ``count`` drawn with ``seed`` and kept in the task's order, which spreads them over a task
+    staged subject by subject (MATH test: algebra first)."""
+    import random
+
+    if seed is None:
+        indices = range(min(count, len(records)))
+    else:
+        indices = sorted(random.Random(seed).sample(range(len(records)), min(count, len(records))))
+    return [records[index]["prompt"] for index in indices]
+
+
 def positions_per_chunk(logits_memory_mb: float, vocab_size: int) -> int:
     """Response positions whose vocabulary distributions are scored at once within ``logits_memory_mb``."""
     return max(1, int(logits_memory_mb * 2**20) // (COPIES_PER_POSITION * 4 * vocab_size))

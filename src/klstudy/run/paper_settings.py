@@ -115,6 +115,7 @@ def _row(row: dict) -> str:
 
 def page(mapping: dict) -> str:
     """docs/paper-settings.md."""
+    pending = sum(row["kind"] == "pending" for row in mapping["settings"])
     lines = [
         "# The paper's settings, line by line",
         "",
@@ -122,9 +123,13 @@ def page(mapping: dict) -> str:
         "that holds it.",
         "",
         "Written by `.venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md` from "
-        "`config/paper-settings.yaml`; `tests/test_paper_settings.py` fails where a value here is not "
-        "`config/paper.yaml`'s, or a reference names a section, figure or table the paper does not have. Sections "
-        "(§4.1) and appendices (B, D.2) are the paper's.",
+        "`config/paper-settings.yaml`, where the paper's words are typed by hand with their place; "
+        "`tests/test_paper_settings.py` fails where `config/paper.yaml` holds another value than a row's, or a "
+        "reference names a section, figure or table the paper does not have. Sections (§4.1) and appendices (B, D.2) "
+        "are the paper's; ω_t = π_θ / π_old is the per-token importance ratio (1 on-policy).",
+        "",
+        f"**{pending} known differences are not yet resolved**: the last table. Every other row is what "
+        "`config/paper.yaml` runs.",
         "",
     ]
     for kind, heading in KINDS.items():

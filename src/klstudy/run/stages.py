@@ -271,7 +271,7 @@ def _divergence(args):
 
     _threads(args.threads)
     section = json.loads(args.settings)
-    prompts = [record["prompt"] for record in staging.read_jsonl(Path(args.data))[: section["prompts"]]]
+    prompts = divergence.chosen_prompts(staging.read_jsonl(Path(args.data)), section["prompts"], section["prompt_seed"])
     rows = divergence.across_snapshots(Path(args.reference), Path(args.snapshots), prompts, section, args.seed)
     table = pd.DataFrame(rows)
     table.to_csv(args.out, index=False)
