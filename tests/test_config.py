@@ -151,6 +151,11 @@ BAD = [
         "figures.fig12_forward_kl_entropy.panels[0].metric",
     ),
     (
+        "several greedy held-out responses per prompt (all the same)",
+        lambda c: c["studies"]["onpolicy"]["train"].update(heldout_decoding="greedy", heldout_samples=2),
+        "studies.onpolicy.train.heldout_samples",
+    ),
+    (
         "snapshot step beyond the study's steps",
         lambda c: set_key(c, ["divergence", "steps"], [0, 10, 999]),
         "divergence.steps[2]",
@@ -260,3 +265,22 @@ def test_the_pilot_is_the_smallest_paper_path():
     paper_train = paper["studies"]["onpolicy"]["train"]
     assert {k: study["train"][k] for k in same} == {k: paper_train[k] for k in same}
     assert pilot["evaluation"]["backend"] == paper["evaluation"]["backend"] == "vllm"
+
+
+def test_a_studys_evaluation_length_grows_the_engine_and_leaves_the_others():
+    from klstudy.config import evaluation_settings
+
+    config = validate_config(yaml.safe_load((ROOT / "config/paper.yaml").read_text()))
+    config["evaluation"]["study_max_tokens"] = {"async_math": 5000}
+    longer = evaluation_settings(config, "async_math")
+    assert (longer["max_tokens"], longer["vllm"]["max_model_len"]) == (5000, 4096 + 5000 - 2048)
+    for study in (None, "onpolicy"):
+        assert evaluation_settings(config, study) == {**config["evaluation"]}
+    assert config["evaluation"]["max_tokens"] == 2048  # the config itself is left as it was
+
+
+def test_an_evaluation_length_for_a_study_that_is_not_evaluated_is_refused():
+    config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    config["evaluation"]["study_max_tokens"] = {"offpolicy_k1_loss": 4096}
+    with pytest.raises(ConfigError, match=r"evaluation.study_max_tokens.offpolicy_k1_loss"):
+        validate_config(config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from workflow_helpers import validated_cell
 
 import klstudy.train.cell as grid_cell
 from klstudy import kl
-from klstudy.data import staging
+from klstudy.data import procedural, staging
 from klstudy.train import models, tiny
 from klstudy.train.cell import MEASURED_COLUMNS
 from klstudy.train.trainer import KLTrainer, KLTrainerConfig
@@ -537,3 +538,22 @@ def test_a_collapse_window_of_zero_turns_the_collapse_rule_off():
     off = HealthRules(max_kl=50, collapse_window=0, collapse_fraction=0.2, collapse_min_best=0.05)
     assert off.verdict(_history([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])) is None
     assert off.verdict(_history([0.5, 0.5], kl_k3=60.0))[0] == "diverged"  # the other rules still hold
+
+
+def test_greedy_generation_is_the_same_whatever_the_seed_and_sampling_comes_back(model_dir, tmp_path):
+    """train.heldout_decoding greedy: the held-out pass decodes greedily (the same responses under any seed), and the
+    rollouts after it sample again (transformers' path; vLLM's temperature is set alike, tests/test_vllm.py)."""
+    trainer = ours(model_dir, tmp_path, temperature=1.0)
+    prompts = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(4)]
+
+    def completions(seed, greedy):
+        torch.manual_seed(seed)
+        with trainer.greedy_generation() if greedy else contextlib.nullcontext():
+            return trainer._generate(prompts)[1]
+
+    assert completions(0, greedy=True) == completions(1, greedy=True)
+    assert completions(0, greedy=False) != completions(1, greedy=False)
+    assert trainer.generation_config.do_sample and trainer.generation_kwargs["do_sample"]
+    records = procedural.arithmetic("h", 4, 0, ["add1"], "heldout")
+    runs = [grid_cell.heldout_pass_at_1(trainer, records, seed=seed, greedy=True)["per_prompt"] for seed in (0, 1)]
+    assert runs[0] == runs[1]

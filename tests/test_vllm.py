@@ -119,24 +119,38 @@ def _corrections_seen():
         KLTrainer._compute_loss = original
 
 
-def test_trls_vllm_correction_is_on_by_default_and_off_where_the_config_says(workdir, trained_with_vllm):
+def test_trls_vllm_correction_and_greedy_held_out_decoding_follow_the_config(workdir, trained_with_vllm):
     """TRL's default multiplies each sequence's surrogate by π_train / π_vLLM (1 here: both float32, the same weights);
     `vllm_importance_sampling: false` (config/paper.yaml) leaves the batch without it, so that K1 or K3 in the reward
     and the loss are the "both" configuration of §4.3, whose surrogate and KL term are weighted alike."""
     ratios = trained_with_vllm[3]
     assert ratios and all(r is not None for r in ratios)
     assert all(abs(value - 1) < 1e-3 for r in ratios for value in r), ratios
+    from trl.generation.vllm_generation import VLLMGeneration
+
     train = dict(steps=1, batch_prompts=2, minibatch_prompts=2, rollouts=4, learning_rate=1e-2, max_response_tokens=8,
                  temperature=1.0, advantage="rloo", loss_type="token_sum", async_level=0, eval_every=1,
-                 checkpoint_every=1, heldout_samples=1, generation="vllm", vllm_importance_sampling=False,
-                 report_to="none")  # fmt: skip
-    with _corrections_seen() as uncorrected:
-        summary = grid_cell.run(
-            validated_cell(train, kl="k1-both", beta=0.1), workdir / "base", workdir / "data/train.jsonl",
-            workdir / "data/math500.jsonl", workdir / "uncorrected", workdir / "uncorrected-checkpoints",
-            workdir / "tracking",
-        )  # fmt: skip
+                 checkpoint_every=1, heldout_samples=1, heldout_decoding="greedy", generation="vllm",
+                 vllm_importance_sampling=False, report_to="none")  # fmt: skip
+    temperatures, original = [], VLLMGeneration.generate
+
+    def recorded(self, *args, **kwargs):  # the engine's temperature at each generation
+        temperatures.append(self.temperature)
+        return original(self, *args, **kwargs)
+
+    VLLMGeneration.generate = recorded
+    try:
+        with _corrections_seen() as uncorrected:
+            summary = grid_cell.run(
+                validated_cell(train, kl="k1-both", beta=0.1), workdir / "base", workdir / "data/train.jsonl",
+                workdir / "data/math500.jsonl", workdir / "uncorrected", workdir / "uncorrected-checkpoints",
+                workdir / "tracking",
+            )  # fmt: skip
+    finally:
+        VLLMGeneration.generate = original
     assert summary["status"] == "ok" and uncorrected and all(r is None for r in uncorrected)
+    # heldout_decoding greedy: the held-out passes (steps 0 and 1) at temperature 0, the rollouts at the study's.
+    assert temperatures[0] == 0.0 and temperatures[-1] == 0.0 and 1.0 in temperatures[1:-1], temperatures
 
 
 def test_the_colocated_engine_generates_from_the_updated_weights(trained_with_vllm):

@@ -114,6 +114,24 @@ def test_the_default_base_model_is_staged_from_its_pinned_copy(tmp_path):
     assert f"pinned copy of {ROOT / pinned['path']}" in log and "warm start step" not in log
 
 
+def test_each_studys_cells_are_evaluated_at_its_own_length(tmp_path):
+    """config/paper.yaml: the asynchronous cells' answers may be as long as they trained (4096 tokens, vLLM's engine
+    grown to match), the on-policy cells' and the base models' 2048 (evaluation.study_max_tokens)."""
+    targets = {
+        "async_math": "results/evals/async_math/qwen2.5-7b/k1-reward/beta~0.005/seed~0/math500.json",
+        "onpolicy": "results/evals/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/math500.json",
+        "base": "results/evals/base/qwen2.5-7b/template~on/math500.json",
+    }
+    lengths = {}
+    for what, target in targets.items():
+        out = snakemake(target, "-n", "-p", "--cores", "1", "--configfile", str(ROOT / "config/paper.yaml"),
+                        cwd=tmp_path)  # fmt: skip
+        command = next(line for line in out.splitlines() if "-m klstudy evaluate" in line)
+        settings = json.loads(shlex.split(command.split("--settings ", 1)[1])[0])
+        lengths[what] = (settings["max_tokens"], settings["vllm"]["max_model_len"])
+    assert lengths == {"async_math": (4096, 6144), "onpolicy": (2048, 4096), "base": (2048, 4096)}
+
+
 @pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
 def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
     """At paper scale, generation in training and evaluation run vLLM: those jobs use the interpreter of the vLLM

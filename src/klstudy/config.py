@@ -141,6 +141,12 @@ def _check_references(config: dict) -> None:
                     f"config key 'evaluation.studies.{study}[{i}]': {kl_config!r} is not trained by study {study!r} "
                     f"(its kl: {', '.join(config['studies'][study]['kl'])})"
                 )
+    for study in config["evaluation"]["study_max_tokens"]:
+        if study not in config["evaluation"]["studies"]:
+            raise ConfigError(
+                f"config key 'evaluation.study_max_tokens.{study}': study {study!r} is not evaluated "
+                f"(evaluation.studies: {', '.join(config['evaluation']['studies']) or 'none'})"
+            )
     for i, task in enumerate(config["evaluation"]["tasks"]):
         _check_name(config, "data", task, f"evaluation.tasks[{i}]")
     for study, spec in config["studies"].items():
@@ -174,6 +180,11 @@ def _check_references(config: dict) -> None:
             raise ConfigError(
                 f"config key 'studies.{study}.health.collapse_window': {window} needs {2 * window} steps to decide a "
                 f"collapse, and the study has {train['steps']}: at most {train['steps'] // 2} (0 turns the rule off)"
+            )
+        if train["heldout_decoding"] == "greedy" and train["heldout_samples"] > 1:
+            raise ConfigError(
+                f"config key 'studies.{study}.train.heldout_samples': {train['heldout_samples']} greedy responses "
+                "per prompt would all be the same: 1 with heldout_decoding greedy"
             )
         if train["batch_prompts"] % train["minibatch_prompts"]:
             raise ConfigError(
@@ -422,6 +433,17 @@ def evaluated_base_models(config: dict) -> list[str]:
 def base_templates(config: dict) -> list[str]:
     """Chat template on, and off too when the config asks for the paper's "Baseline (No-CT)"."""
     return ["on", "off"] if config["evaluation"]["base_without_chat_template"] else ["on"]
+
+
+def evaluation_settings(config: dict, study: str | None = None) -> dict:
+    """The evaluation section as a cell of ``study`` is evaluated (None: a base model): its study's max_tokens
+    (evaluation.study_max_tokens), and vLLM's max_model_len grown by as much, so that the prompt keeps its room."""
+    settings = copy.deepcopy(config["evaluation"])
+    longest = settings["study_max_tokens"].get(study, settings["max_tokens"])
+    if "max_model_len" in settings["vllm"]:
+        settings["vllm"]["max_model_len"] += max(0, longest - settings["max_tokens"])
+    settings["max_tokens"] = longest
+    return settings
 
 
 def run_path(cell: dict) -> str:

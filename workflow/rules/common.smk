@@ -17,6 +17,7 @@ from klstudy.config import (
     all_cells,
     cell_settings,
     divergence_targets,
+    evaluation_settings,
     evaluation_targets,
     figure_targets,
     pinned_directory,

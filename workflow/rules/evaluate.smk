@@ -16,7 +16,7 @@ rule evaluate_cell:
         samples=evaluation_files(f"results/evals/{RUN_PATH}", ".samples.jsonl"),
     params:
         tasks=lambda wildcards: " ".join(evaluated_tasks(wildcards)),
-        settings=json.dumps(EVAL),
+        settings=lambda wildcards: json.dumps(evaluation_settings(config, wildcards.study)),
         data_dir="results/data",
         python=evaluate_python,
     log:

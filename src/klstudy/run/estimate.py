@@ -28,6 +28,7 @@ from klstudy.config import (
     divergence_cells,
     evaluated_base_models,
     evaluated_cells,
+    evaluation_settings,
 )
 
 BF16, CHECKPOINT = 2, 12  # bytes per parameter
@@ -110,9 +111,11 @@ def _train_tokens(train: dict) -> float:
     return train["steps"] * train["batch_prompts"] * train["rollouts"] * (PROMPT_TOKENS + train["max_response_tokens"])
 
 
-def _eval_tokens(config: dict, task: str) -> float:
-    evaluation = config["evaluation"]
-    return config["data"][task].get("size", 0) * evaluation["k"] * (PROMPT_TOKENS + evaluation["max_tokens"])
+def _eval_tokens(config: dict, study: str | None) -> float:
+    """Tokens of one model's evaluation on every task: a cell of ``study``, or a base model (None)."""
+    evaluation = evaluation_settings(config, study)
+    questions = sum(config["data"][task].get("size", 0) for task in evaluation["tasks"])
+    return questions * evaluation["k"] * (PROMPT_TOKENS + evaluation["max_tokens"])
 
 
 def gpu_hours(config: dict) -> Estimate:
@@ -126,12 +129,11 @@ def gpu_hours(config: dict) -> Estimate:
     cells = [(c["model"], config["studies"][c["study"]]["train"]) for c in all_cells(config)]
     per_token = seconds_per_token(TRAIN_FLOPS)
     estimate.parts["training"] = _sum(config, cells, lambda t: per_token * _train_tokens(t), estimate) / 3600
-    eval_tokens = sum(_eval_tokens(config, task) for task in config["evaluation"]["tasks"])
-    evaluated = [c["model"] for c in evaluated_cells(config)]
-    evaluated += [m for m in evaluated_base_models(config) for _ in base_templates(config)]
+    evaluated = [(c["model"], c["study"]) for c in evaluated_cells(config)]
+    evaluated += [(m, None) for m in evaluated_base_models(config) for _ in base_templates(config)]
     per_token = seconds_per_token({"generation": INFER_FLOPS})
-    models = [(m, m) for m in evaluated]
-    estimate.parts["evaluation"] = _sum(config, models, lambda _: per_token * eval_tokens, estimate) / 3600
+    tokens = {study: _eval_tokens(config, study) for study in {study for _, study in evaluated}}
+    estimate.parts["evaluation"] = _sum(config, evaluated, lambda study: per_token * tokens[study], estimate) / 3600
     section = config["divergence"]
     # Each snapshot: sample `samples` responses per prompt, then score them under the policy and the reference.
     tokens = len(section["steps"]) * len(section["tasks"]) * section["prompts"] * section["samples"]

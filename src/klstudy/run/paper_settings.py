@@ -101,6 +101,8 @@ def unknown_references(where: str, paper: dict) -> list[str]:
 def _format(value) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(map(_format, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_format(item)}" for key, item in value.items()) + "}"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

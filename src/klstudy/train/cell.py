@@ -16,6 +16,7 @@ metrics as an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -188,8 +189,10 @@ class RunRecorder(TrainerCallback):
         snapshot_steps: list[int] = (),
         snapshot_dir: Path | None = None,
         dtype: str = "float32",
+        greedy: bool = False,
     ):
         self.metrics_path = Path(out_dir) / "metrics.jsonl"
+        self.greedy = greedy  # held-out pass@1 from greedy responses (train.heldout_decoding)
         self.heldout_path = Path(out_dir) / "heldout.jsonl"
         self.heldout, self.eval_every, self.samples, self.updates = heldout, eval_every, samples, updates_per_batch
         self.rules, self.seed = rules, seed
@@ -262,7 +265,7 @@ class RunRecorder(TrainerCallback):
 
     def _evaluate(self, step: int) -> None:
         if self.heldout:  # every process generates for its share of the prompts; the main process writes
-            result = heldout_pass_at_1(self.trainer, self.heldout, self.seed + step, self.samples)
+            result = heldout_pass_at_1(self.trainer, self.heldout, self.seed + step, self.samples, greedy=self.greedy)
             if self.trainer.accelerator.is_main_process:
                 _append_jsonl(self.heldout_path, {"step": step, **result})
                 self.heldout_to_track = result
@@ -316,8 +319,11 @@ class FaultAtStep(TrainerCallback):
             self._signal_from(state)
 
 
-def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, samples: int = 1, chunk: int = 64) -> dict:
-    """Pass@1 from ``samples`` samples per held-out prompt (TRL's generation path: HF or vLLM).
+def heldout_pass_at_1(
+    trainer: KLTrainer, records: list[dict], seed: int, samples: int = 1, chunk: int = 64, greedy: bool = False
+) -> dict:
+    """Pass@1 from ``samples`` samples per held-out prompt (TRL's generation path: HF or vLLM), or from its greedy
+    response (``greedy``).
 
     With several processes each generates for its own share of the requests (process_share) and the scores are
     gathered, so the held-out set is evaluated once per evaluation step, not once per process.
@@ -330,7 +336,9 @@ def heldout_pass_at_1(trainer: KLTrainer, records: list[dict], seed: int, sample
     scores = []
     # The training run's random streams are left untouched: the CPU's and, where it samples, this process's GPU's (only
     # that one: touching the others would open a CUDA context on every GPU of the node from every process).
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    decoding = trainer.greedy_generation() if greedy else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=devices), decoding:
         torch.manual_seed(seed)
         for start in range(0, len(padded), chunk):
             part = [requests[i] for i in padded[start : start + chunk]]
@@ -430,6 +438,7 @@ def run(
         cell["snapshot_steps"],
         checkpoint_dir / "snapshots",
         dtype=models.config_dtype(model_dir),
+        greedy=cell["train"]["heldout_decoding"] == "greedy",
     )
     if main:
         last_complete_checkpoint(checkpoint_dir)  # removes partial checkpoints, before any process picks one

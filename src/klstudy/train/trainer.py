@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -321,6 +322,31 @@ class KLTrainer(GRPOTrainer):
 
     def _get_train_sampler(self, dataset=None):
         return EpochSeededSampler(super()._get_train_sampler(dataset))
+
+    # ------------------------------------------------------------------------------ held-out decoding
+
+    @contextlib.contextmanager
+    def greedy_generation(self):
+        """TRL's generation made greedy while the context lasts (the held-out pass of ``heldout_decoding: greedy``):
+        transformers' generation config without sampling, vLLM's temperature 0; restored afterwards."""
+        saved = {name: getattr(self, name, None) for name in ("generation_config", "generation_kwargs")}
+        engine = getattr(self, "vllm_generation", None)
+        temperature = getattr(engine, "temperature", None)
+        if saved["generation_config"] is not None:
+            self.generation_config = copy.deepcopy(saved["generation_config"])
+            self.generation_config.do_sample = False
+        if saved["generation_kwargs"] is not None:
+            self.generation_kwargs = {**saved["generation_kwargs"], "do_sample": False}
+        if engine is not None:
+            engine.temperature = 0.0  # vLLM: greedy
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is not None:
+                    setattr(self, name, value)
+            if engine is not None:
+                engine.temperature = temperature
 
     # ------------------------------------------------------------------------------ checkpoints
 
