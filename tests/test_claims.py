@@ -309,6 +309,8 @@ def test_missing_runs_give_rows_that_say_so(config):
         ({"metric": "evaluation", "candidate": "k1-loss"}, "claims.c.metric': evaluation: k1-loss"),
         ({"metric": "forward_kl", "candidate": "k3-reward"}, "claims.c.metric': forward_kl: k3-reward"),
         ({"beta": 0.3}, "claims.c.beta"),
+        ({"beta": [0.1, 0.3]}, "claims.c.beta"),
+        ({"model": "llama"}, "claims.c.model"),
         ({"beta": "min", "baseline_beta": "below"}, "claims.c.baseline_beta"),
         ({"text": 3}, "claims.c.text"),
     ],
@@ -349,6 +351,24 @@ def test_an_unknown_measurement_error_is_no_floor_at_all():
     test = claims_rule.paired_test(candidate, baseline, "seeds")
     assert test["se"] == pytest.approx(np.std([0.1, 0.2], ddof=1) / math.sqrt(2)) and test["note"] == ""
     assert claims_rule.paired_test(candidate.assign(value=0.3), baseline, "seeds")["why"] == "no error estimate"
+
+
+def test_a_claim_about_one_model_at_some_betas_is_judged_there_only(config):
+    """`model` and a list of β: a row for that model at each listed β, none for the study's other models or β; each
+    row judged on its own (config/paper.yaml's K1-in-the-loss claims, split as §4.1 words them)."""
+    models = {**config["models"], "other": config["models"]["tiny"]}
+    studies = {**config["studies"], "onpolicy": {**config["studies"]["onpolicy"], "models": ["tiny", "other"],
+                                                 "betas": [0.1, 0.3, 1.0]}}  # fmt: skip
+    claim = dict(config["claims"]["k1_loss_below_k1_reward"], model="other", beta=[0.3, 1.0])
+    single = validate_config({**config, "models": models, "studies": studies, "claims": {"c": claim}})
+
+    def level(metric, cell, base):  # k1-loss falls below k1-reward for the other model at β = 1 only
+        falls = cell["model"] == "other" and cell["kl"] == "k1-loss" and cell["beta"] == 1.0
+        return 0.5 if falls else 1.0
+
+    table = claims.claims_table(single, synthetic_tables(single, level), TOY_TESTS)
+    assert list(zip(table.model, table.beta, table.verdict, strict=True)) == [
+        ("other", 0.3, "not shown"), ("other", 1.0, "shown")]  # fmt: skip
 
 
 def test_below_compares_each_beta_with_the_next_smaller_one(config):

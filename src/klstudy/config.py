@@ -305,13 +305,18 @@ TREND_MIN_BETAS = 3  # a trend over β needs at least three values (two make it 
 
 
 def selected_betas(selector, betas: list[float]) -> list[float]:
-    """The β a claim's `beta` names among a study's: each (sorted), max, min, a value, or trend (every β: one row, the
-    slope over them)."""
+    """The β a claim's `beta` names among a study's: each (sorted), max, min, a value, a list of values (sorted), or
+    trend (every β: one row, the slope over them)."""
     if selector in ("each", "trend"):
         return sorted(betas)
     if selector in ("max", "min"):
         return [max(betas) if selector == "max" else min(betas)]
-    return [float(selector)]
+    return sorted(map(float, selector)) if isinstance(selector, list) else [float(selector)]
+
+
+def claim_models(config: dict, claim: dict) -> list[str]:
+    """The models a claim is judged on: its `model`, or each of its study's."""
+    return [claim["model"]] if "model" in claim else config["studies"][claim["study"]]["models"]
 
 
 def baseline_beta_of(selector, beta: float, betas: list[float]) -> float | None:
@@ -335,7 +340,12 @@ def check_claim(config: dict, claim: dict, where: str) -> None:
     _check_cells_selection(config, selection, f"{where}.baseline")
     for key, study in (("beta", claim["study"]), ("baseline_beta", baseline_study)):
         if not isinstance(claim[key], str):
-            _check_subset([claim[key]], config["studies"][study]["betas"], f"{where}.{key}", f"betas of {study}")
+            values = claim[key] if isinstance(claim[key], list) else [claim[key]]
+            _check_subset(values, config["studies"][study]["betas"], f"{where}.{key}", f"betas of {study}")
+    models = config["studies"][claim["study"]]["models"]
+    _check_subset([claim["model"]] if "model" in claim else [], models, f"{where}.model", f"models of {claim['study']}")
+    if "model" in claim and claim["model"] not in config["studies"][baseline_study]["models"]:
+        raise ConfigError(f"config key '{where}.model': {claim['model']!r} is not a model of {baseline_study!r}")
 
     def refuse(key: str, why: str):
         raise ConfigError(f"config key '{where}.{key}': {why}")

@@ -33,7 +33,7 @@ from klstudy.claims_rule import (
     margin_ends,
     paired_test,
 )
-from klstudy.config import baseline_beta_of, selected_betas
+from klstudy.config import baseline_beta_of, claim_models, selected_betas
 from klstudy.report.aggregate import window_mean
 
 METRICS = {
@@ -373,11 +373,12 @@ def claim_rows(name: str, claim: dict, config: dict, runs: RunTables, tests: pd.
     if metric in ("forward_kl", "entropy"):  # only the divergence section's cells save snapshots
         betas = [beta for beta in betas if beta in config["divergence"]["betas"]]
     betas = [0.0] if claim["candidate"] == "none" else selected_betas(claim["beta"], betas)  # no KL: once, at β = 0
+    models = claim_models(config, claim)
     if claim["beta"] == "trend":
-        return [trend_row(name, claim, config, runs, direction, basis, model, betas) for model in study["models"]]
+        return [trend_row(name, claim, config, runs, direction, basis, model, betas) for model in models]
     same_questions = heldout_questions(config, claim["study"]) == heldout_questions(config, baseline_study)
     rows = []
-    for model in study["models"]:
+    for model in models:
         for beta in betas:
             baseline_beta = baseline_beta_of(claim["baseline_beta"], beta, config["studies"][baseline_study]["betas"])
             if baseline_beta is None:  # "below" at the study's smallest β: nothing to compare with
