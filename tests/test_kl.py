@@ -1,6 +1,7 @@
 """kl.py: estimator values, placements, advantages. Exact checks on small categorical distributions."""
 
 import itertools
+import math
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,40 @@ def test_every_normalisation_is_zero_mean_and_increasing_in_the_own_reward(name)
     assert (advantages[..., 0].diff(dim=-1) > 0).all()
     if name not in ("rloo", "loo_std"):
         assert advantages.sum(-1).abs().max() < 1e-9 * max(1.0, float(advantages.abs().max()))
+
+
+def _verl_low_var_kl(logprob, ref_logprob):
+    """verl's kl_penalty "low_var_kl" (verl/trainer/ppo/core_algos.py), as it writes it, log-ratio clamp included."""
+    kl_value = torch.clamp(ref_logprob - logprob, min=-20, max=20)
+    return torch.clamp((torch.exp(kl_value) - kl_value - 1).contiguous(), min=-10, max=10)
+
+
+def test_a_clamped_k3_is_verls_low_var_kl_in_value_and_gradient():
+    """k3_clamp 10: verl's (and OpenRLHF's) K3 to float rounding, extreme log-ratios included, and no gradient where
+    the clamp binds; without a clamp, K3 as before (bitwise)."""
+    generator = torch.Generator().manual_seed(0)
+    logp = (torch.randn(4, 50, generator=generator, dtype=torch.float64) * 6).requires_grad_()
+    ref = torch.randn(4, 50, generator=generator, dtype=torch.float64) * 6
+    ours = kl.token_kl(logp, ref, "k3", k3_clamp=10.0)
+    theirs = _verl_low_var_kl(logp, ref)
+    assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+    clamped = ours.detach() >= 10
+    assert 20 < int(clamped.sum()) < 180  # both sides of the clamp are exercised
+    (gradient,) = torch.autograd.grad(ours.sum(), logp)
+    (expected,) = torch.autograd.grad(theirs.sum(), logp)
+    assert torch.allclose(gradient, expected) and (gradient[clamped] == 0).all() and (gradient[~clamped] != 0).all()
+    assert torch.equal(kl.token_kl(logp, ref, "k3"), kl.token_kl(logp, ref, "k3", k3_clamp=None))
+    assert torch.equal(kl.token_kl(logp, ref, "k1", k3_clamp=10.0), logp - ref)  # K1 is never clamped
+
+
+def test_the_clamp_reaches_the_reward_and_the_loss_and_is_checked():
+    logp = torch.tensor([[0.0, -30.0, -1.0]], requires_grad=True)
+    ref, mask = torch.tensor([[0.0, 0.0, 0.0]]), torch.ones(1, 3)
+    spec = kl.KLSpec.from_name("k3-both", 0.5, k3_clamp=10.0)
+    expected = 0.5 * (0.0 + 10.0 + (math.exp(1.0) - 2.0))
+    assert kl.reward_penalty(logp, ref, mask, spec).item() == pytest.approx(expected)
+    assert kl.loss_penalty(logp, ref, mask, spec).sum().item() == pytest.approx(expected)
+    (gradient,) = torch.autograd.grad(kl.loss_penalty(logp, ref, mask, spec).sum(), logp)
+    assert gradient[0, 1] == 0 and gradient[0, 2] != 0
+    with pytest.raises(ValueError, match="k3_clamp"):
+        kl.KLSpec.from_name("k3-loss", 0.1, k3_clamp=0.0)

@@ -87,16 +87,32 @@ def test_the_mappings_list_of_sections_figures_and_tables_is_the_papers(mapping)
     assert max(int(n) for n in re.findall(r"^Table (\d+):", text, re.M)) == mapping["paper"]["tables"]
 
 
-def test_the_paper_cells_train_without_trls_vllm_correction(paper_config, tmp_path):
+def test_the_paper_cells_train_without_trls_vllm_correction_and_with_verls_k3_clamp(paper_config, tmp_path):
     """The key reaches TRL: GRPOConfig's vllm_importance_sampling_correction, off for the paper, TRL's default (on)
     where a config does not set it."""
     from klstudy.config import cell_settings
     from klstudy.train.cell import trainer_config
 
     cell = cell_settings(paper_config, "async_math", "qwen2.5-7b", "k3-loss", 0.005, 0)
-    assert trainer_config(cell, tmp_path).vllm_importance_sampling_correction is False
+    args = trainer_config(cell, tmp_path)
+    assert args.vllm_importance_sampling_correction is False
+    assert args.kl_spec().k3_clamp == 10  # verl's low_var_kl clamp, as the paper's K3 runs had it
     default = copy.deepcopy(cell)
     default["train"]["vllm_importance_sampling"] = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))[
         "studies"
     ]["onpolicy"]["train"]["vllm_importance_sampling"]
     assert trainer_config(default, tmp_path).vllm_importance_sampling_correction is True
+
+
+def test_the_saving_the_unbiased_row_weighs_is_the_estimates(mapping, paper_config):
+    """The GPU-hours that reusing onpolicy's cells would save, as the estimate computes them (run/estimate.py)."""
+    from klstudy.run import estimate
+
+    trimmed = copy.deepcopy(paper_config)
+    trimmed["studies"]["unbiased"]["kl"] = ["k1-both", "k3-both"]  # without the two onpolicy also trains
+    total = estimate.gpu_hours(paper_config).parts["training"]
+    saved = total - estimate.gpu_hours(trimmed).parts["training"]
+    row = next(row for row in mapping["settings"] if row.get("key") == "studies.unbiased.kl")
+    assert f"about {saved:.0f} GPU-hours, {100 * saved / total:.0f} % of the training estimate" in " ".join(
+        row["reading"].split()
+    )

@@ -104,17 +104,20 @@ class KLSpec:
         beta: penalty coefficient β ≥ 0.
         loss_gradient: how the loss term is differentiated, one of ``LOSS_GRADIENTS`` (only ``pathwise`` without
             a loss term).
+        k3_clamp: K3 clamped to [−c, c] in the penalty (value, and no gradient beyond), as verl's low_var_kl and
+            OpenRLHF's k3 clamp it at 10; None: no clamp (the paper's analysis). K1 and K2 are never clamped.
     """
 
     estimator: str | None
     placement: str
     beta: float
     loss_gradient: str = PATHWISE
+    k3_clamp: float | None = None
 
     @classmethod
-    def from_name(cls, name: str, beta: float = 0.0) -> KLSpec:
-        """The configuration a grid names: ``<estimator>-<placement>[-<loss gradient>]`` with ``beta``, or
-        ``none``, which has no estimator and β = 0 whatever ``beta`` says."""
+    def from_name(cls, name: str, beta: float = 0.0, k3_clamp: float | None = None) -> KLSpec:
+        """The configuration a grid names: ``<estimator>-<placement>[-<loss gradient>]`` with ``beta`` (and
+        ``k3_clamp``), or ``none``, which has no estimator and β = 0 whatever ``beta`` says."""
         if not re.fullmatch(NAME_PATTERN, str(name)):
             raise ValueError(
                 f"kl configuration {name!r} is not 'none' or '<estimator>-<placement>[-<loss gradient>]' "
@@ -123,7 +126,7 @@ class KLSpec:
         if name == NO_KL:
             return cls(None, "none", 0.0)
         estimator, placement, *loss_gradient = name.split("-")
-        return cls(estimator, placement, float(beta), *loss_gradient)
+        return cls(estimator, placement, float(beta), *(loss_gradient or [PATHWISE]), k3_clamp=k3_clamp)
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS and not (self.estimator is None and self.placement == "none"):
@@ -134,6 +137,8 @@ class KLSpec:
             raise ValueError(f"kl beta must be >= 0, got {self.beta!r}")
         if self.loss_gradient not in LOSS_GRADIENTS:
             raise ValueError(f"kl loss gradient {self.loss_gradient!r} is not one of {LOSS_GRADIENTS}")
+        if self.k3_clamp is not None and not self.k3_clamp > 0:
+            raise ValueError(f"kl k3_clamp must be > 0 or None, got {self.k3_clamp!r}")
         if self.loss_gradient != PATHWISE and self.placement not in ("loss", "both"):
             raise ValueError(
                 f"kl loss gradient {self.loss_gradient!r} needs a loss term, not placement {self.placement!r}"
@@ -156,8 +161,9 @@ class KLSpec:
         return f"{self.estimator}-{self.placement}{suffix}"
 
 
-def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) from log-probs of the sampled tokens (any shape).
+def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, k3_clamp: float | None = None) -> torch.Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from log-probs of the sampled tokens (any shape); K3 clamped to
+    [−k3_clamp, k3_clamp] when given (KLSpec.k3_clamp).
 
     Differentiable in ``logp``; the caller detaches where the placement needs a stop-gradient.
     """
@@ -170,13 +176,16 @@ def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torc
         return 0.5 * log_ratio.square()
     if estimator == "k3":
         # Written as TRL writes it, so that the two agree to the last bit.
-        return torch.exp(-log_ratio) - 1 + log_ratio
+        k3 = torch.exp(-log_ratio) - 1 + log_ratio
+        # verl clamps the log-ratio to ±20 first in later versions: beyond it K3 > 10 whatever its sign, so at a
+        # clamp of 10 that changes nothing.
+        return k3 if k3_clamp is None else torch.clamp(k3, min=-k3_clamp, max=k3_clamp)
     raise ValueError(f"kl estimator {estimator!r} is not one of {ESTIMATORS}")
 
 
-def sequence_kl(logp, ref_logp, mask, estimator) -> torch.Tensor:
+def sequence_kl(logp, ref_logp, mask, estimator, k3_clamp: float | None = None) -> torch.Tensor:
     """Σ_t K_t over the response tokens of each sequence: shape ``logp.shape[:-1]``."""
-    return (token_kl(logp, ref_logp, estimator) * mask).sum(-1)
+    return (token_kl(logp, ref_logp, estimator, k3_clamp) * mask).sum(-1)
 
 
 def reward_penalty(logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
@@ -189,7 +198,7 @@ def reward_penalty(logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
 
     if not spec.in_reward:
         return torch.zeros(logp.shape[:-1], dtype=logp.dtype, device=logp.device)
-    return spec.beta * sequence_kl(logp.detach(), ref_logp.detach(), mask, spec.estimator)
+    return spec.beta * sequence_kl(logp.detach(), ref_logp.detach(), mask, spec.estimator, spec.k3_clamp)
 
 
 def shaped_rewards(task_rewards, logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
@@ -209,7 +218,7 @@ def loss_penalty(logp, ref_logp, mask, spec: KLSpec, old_logp=None) -> torch.Ten
     if not spec.in_loss:
         return torch.zeros_like(logp)
     ref_logp = ref_logp.detach()
-    per_token = token_kl(logp, ref_logp, spec.estimator)
+    per_token = token_kl(logp, ref_logp, spec.estimator, spec.k3_clamp)
     score = logp - logp.detach()  # value 0, gradient ∇log π_θ
     ratio = torch.exp(logp - (logp.detach() if old_logp is None else old_logp.detach()))
     if spec.loss_gradient == "ratio":

@@ -157,6 +157,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         loss_type=LOSS_TYPES[train["loss_type"]],
         async_level=train["async_level"],
         kl_loss_gradient=spec.loss_gradient,
+        kl_k3_clamp=train["k3_clamp"],
         use_vllm=train["generation"] == "vllm",
         vllm_mode="colocate",
         vllm_importance_sampling_correction=train["vllm_importance_sampling"],

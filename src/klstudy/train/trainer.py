@@ -94,6 +94,12 @@ class KLTrainerConfig(GRPOConfig):
             "k1+/k3+) or isst (OpenRLHF unbiased_gradient)."
         },
     )
+    kl_k3_clamp: float | None = field(
+        default=None,
+        metadata={
+            "help": "K3 clamped to ±this in the penalty, as verl's low_var_kl and OpenRLHF's k3 (10); None: not."
+        },
+    )
     measure_reference_kl: bool = field(
         default=True,
         metadata={"help": "Load the reference model even when β = 0, to log the K1 and K3 KL estimates."},
@@ -111,7 +117,9 @@ class KLTrainerConfig(GRPOConfig):
     FIXED = ("num_iterations", "scale_rewards", "use_bias_correction_kl")  # their defaults above are required
 
     def kl_spec(self) -> kl.KLSpec:
-        return kl.KLSpec(self.kl_estimator, self.kl_placement, float(self.beta), self.kl_loss_gradient)
+        return kl.KLSpec(
+            self.kl_estimator, self.kl_placement, float(self.beta), self.kl_loss_gradient, k3_clamp=self.kl_k3_clamp
+        )
 
     def __post_init__(self):
         self.kl_spec()  # the one check of a KL configuration
