@@ -151,6 +151,11 @@ BAD = [
         "figures.fig12_forward_kl_entropy.panels[0].metric",
     ),
     (
+        "a study's own GPUs where training jobs ask for none",
+        lambda c: c["studies"]["onpolicy"].update(gpus=2),
+        "studies.onpolicy.gpus",
+    ),
+    (
         "several greedy held-out responses per prompt (all the same)",
         lambda c: c["studies"]["onpolicy"]["train"].update(heldout_decoding="greedy", heldout_samples=2),
         "studies.onpolicy.train.heldout_samples",

@@ -207,6 +207,14 @@ def test_a_gpu_job_larger_than_the_nodes_with_its_gpus_fails(resources, words):
     assert rows["train: node size"].status == preflight.FAIL and "at most 512000 MB" in rows["train: node size"].detail
 
 
+def test_the_gpu_row_checks_the_most_any_study_asks():
+    """A study's own GPUs (studies.<study>.gpus) beyond what the nodes have fail the train row, naming the number."""
+    config = paper(gpu_partition="gpu", gpu_model="a100")
+    config["studies"]["onpolicy"]["gpus"] = 16
+    rows = {row.what: row for row in preflight.stage_checks(config, preflight.partitions(fake_run(SINFO)))}
+    assert rows["train: GPUs"].status == preflight.FAIL and "gpu:a100:16 per node" in rows["train: GPUs"].detail
+
+
 QOS = "normal|\nlong|7-00:00:00\nshort|04:00:00\n"
 
 

@@ -260,12 +260,13 @@ def rule_jobs(env, workdir: Path, rule: str) -> pd.DataFrame:
 
 
 def test_a_gpu_training_job_gets_its_gpus_on_one_node_and_starts_a_process_per_gpu(cluster, tmp_path):
-    """resources.train.gpus = 2 on one node: the job asks --gres=gpu:2 --nodes=1 in the gpu partition, SLURM's
-    allocation (scontrol show job -d) is one node with two GPUs, and accelerate starts two processes (gloo on the
-    CPU: the GPUs are simulated, local-slurm.sh)."""
+    """A study's own gpus = 2 (resources.train.gpus = 1 for the others) on one node: the job asks --gres=gpu:2
+    --nodes=1 in the gpu partition, SLURM's allocation (scontrol show job -d) is one node with two GPUs, and
+    accelerate starts two processes (gloo on the CPU: the GPUs are simulated, local-slurm.sh)."""
     config = small_grid()
     config["studies"]["onpolicy"]["train"]["accelerate_config"] = "config/accelerate/cpu-2proc.yaml"
-    config["resources"]["train"].update(gpus=2, cpus=1)
+    config["studies"]["onpolicy"]["gpus"] = 2
+    config["resources"]["train"].update(gpus=1, cpus=1)
     config["cluster"] = {"gpu_partition": "gpu", "account": "klstudy"}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     cell = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0"

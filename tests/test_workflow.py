@@ -114,22 +114,47 @@ def test_the_default_base_model_is_staged_from_its_pinned_copy(tmp_path):
     assert f"pinned copy of {ROOT / pinned['path']}" in log and "warm start step" not in log
 
 
-def test_each_studys_cells_are_evaluated_at_its_own_length(tmp_path):
+# Cells of config/paper.yaml whose jobs' commands two tests read, from one dry run (building the paper's DAG is slow).
+PAPER_TARGETS = {
+    "async_math eval": "results/evals/async_math/qwen2.5-7b/k1-reward/beta~0.005/seed~0/math500.json",
+    "onpolicy eval": "results/evals/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/math500.json",
+    "base eval": "results/evals/base/qwen2.5-7b/template~on/math500.json",
+    "async_countdown train": "results/runs/async_countdown/qwen3-4b-instruct-2507/k1-reward/beta~0.005/seed~0/"
+    "summary.json",
+    "async_math train": "results/runs/async_math/qwen2.5-7b/k1-reward/beta~0.005/seed~0/summary.json",
+}
+
+
+@pytest.fixture(scope="module")
+def paper_commands(tmp_path_factory) -> dict[str, str]:
+    """The shell command of each PAPER_TARGETS job, by its name there."""
+    out = snakemake(*PAPER_TARGETS.values(), "-n", "-p", "--cores", "1", "--configfile",
+                    str(ROOT / "config/paper.yaml"), cwd=tmp_path_factory.mktemp("paper"))  # fmt: skip
+    commands = [line for line in out.splitlines() if "-m klstudy evaluate" in line or "-m klstudy train" in line]
+    found = {}
+    for name, target in PAPER_TARGETS.items():
+        study_or_base = target.split("/")[2]
+        verb = "evaluate" if name.endswith("eval") else "train"
+        found[name] = next(c for c in commands if f"-m klstudy {verb}" in c and f"/{study_or_base}/" in c)
+    return found
+
+
+def test_each_studys_cells_are_evaluated_at_its_own_length(paper_commands):
     """config/paper.yaml: the asynchronous cells' answers may be as long as they trained (4096 tokens, vLLM's engine
     grown to match), the on-policy cells' and the base models' 2048 (evaluation.study_max_tokens)."""
-    targets = {
-        "async_math": "results/evals/async_math/qwen2.5-7b/k1-reward/beta~0.005/seed~0/math500.json",
-        "onpolicy": "results/evals/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/math500.json",
-        "base": "results/evals/base/qwen2.5-7b/template~on/math500.json",
-    }
     lengths = {}
-    for what, target in targets.items():
-        out = snakemake(target, "-n", "-p", "--cores", "1", "--configfile", str(ROOT / "config/paper.yaml"),
-                        cwd=tmp_path)  # fmt: skip
-        command = next(line for line in out.splitlines() if "-m klstudy evaluate" in line)
-        settings = json.loads(shlex.split(command.split("--settings ", 1)[1])[0])
-        lengths[what] = (settings["max_tokens"], settings["vllm"]["max_model_len"])
-    assert lengths == {"async_math": (4096, 6144), "onpolicy": (2048, 4096), "base": (2048, 4096)}
+    for name in ("async_math eval", "onpolicy eval", "base eval"):
+        settings = json.loads(shlex.split(paper_commands[name].split("--settings ", 1)[1])[0])
+        lengths[name] = (settings["max_tokens"], settings["vllm"]["max_model_len"])
+    assert lengths == {"async_math eval": (4096, 6144), "onpolicy eval": (2048, 4096), "base eval": (2048, 4096)}
+
+
+def test_a_study_trains_on_its_own_number_of_gpus(paper_commands):
+    """config/paper.yaml: the Countdown cells claim and launch 4 processes (studies.async_countdown.gpus), the others
+    resources.train's 8."""
+    countdown, math_cell = paper_commands["async_countdown train"], paper_commands["async_math train"]
+    assert "devices --count 4 --" in countdown and "--processes 4)" in countdown
+    assert "devices --count 8 --" in math_cell and "--processes 8)" in math_cell
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])

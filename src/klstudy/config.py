@@ -181,6 +181,11 @@ def _check_references(config: dict) -> None:
                 f"config key 'studies.{study}.health.collapse_window': {window} needs {2 * window} steps to decide a "
                 f"collapse, and the study has {train['steps']}: at most {train['steps'] // 2} (0 turns the rule off)"
             )
+        if "gpus" in spec and not config["resources"]["train"]["gpus"]:
+            raise ConfigError(
+                f"config key 'studies.{study}.gpus': training jobs ask for no GPU (resources.train.gpus is 0), so no "
+                "study can ask for a number of its own"
+            )
         if train["heldout_decoding"] == "greedy" and train["heldout_samples"] > 1:
             raise ConfigError(
                 f"config key 'studies.{study}.train.heldout_samples': {train['heldout_samples']} greedy responses "
@@ -264,7 +269,12 @@ def training_processes(config: dict, study: str) -> int:
     if accelerate_config is None:
         return 1
     resources = config["resources"]["train"]
-    return resources["gpus"] * resources["nodes"] or _launch_config(accelerate_config).get("num_processes", 1)
+    return train_gpus(config, study) * resources["nodes"] or _launch_config(accelerate_config).get("num_processes", 1)
+
+
+def train_gpus(config: dict, study: str) -> int:
+    """GPUs per node that train each cell of ``study``: the study's own `gpus`, else resources.train.gpus."""
+    return config["studies"][study].get("gpus", config["resources"]["train"]["gpus"])
 
 
 def _launch_config(accelerate_config: str | None) -> dict:

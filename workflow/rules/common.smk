@@ -21,6 +21,7 @@ from klstudy.config import (
     evaluation_targets,
     figure_targets,
     pinned_directory,
+    train_gpus,
     training_processes,
 )
 from klstudy.run.estimate import gpu_resources
@@ -133,6 +134,11 @@ def retry_runtime(stage):
 CLUSTER_TRAIN_RETRIES = 3
 
 
+def _train_gpu_resource(key):
+    """A training job's GPU request (gres or slurm_extra) for its study's GPUs."""
+    return lambda wildcards: gpu_resources(train_gpus(config, wildcards.study), config["cluster"])[key]
+
+
 def job_resources(stage):
     """The scheduler resources of a kind of job (config `resources` and `cluster`).
 
@@ -151,13 +157,11 @@ def job_resources(stage):
     if stage == "train":
         resources["training_slots"] = 1  # the global limit is cluster.training_slots (Snakefile)
     if spec["gpus"]:
-        resources.update(
-            **gpu_resources(spec["gpus"], cluster),
-            nodes=spec["nodes"],
-            local_gpus=spec["gpus"],
-            cpus_per_gpu=0,
-            tasks_per_gpu=0,
-        )
+        per_node, local_gpus = gpu_resources(spec["gpus"], cluster), spec["gpus"]
+        if stage == "train":  # a study may train on its own number of GPUs (studies.<study>.gpus)
+            per_node = {key: _train_gpu_resource(key) for key in per_node}
+            local_gpus = lambda wildcards: train_gpus(config, wildcards.study)  # noqa: E731
+        resources.update(**per_node, nodes=spec["nodes"], local_gpus=local_gpus, cpus_per_gpu=0, tasks_per_gpu=0)
     if spec["nodes"] > 1:
         # One task per node, each running `accelerate launch` for that node's GPUs.
         resources.update(nodes=spec["nodes"], tasks=spec["nodes"], mpi="srun")
@@ -176,14 +180,15 @@ def stage_python(uses_vllm):
     return shlex.quote(str(Path(workflow.basedir) / config["vllm_python"]))
 
 
-def job_python(stage, uses_vllm=False):
-    """The interpreter of a stage's job (stage_python); a GPU job on one node first claims GPUs of its own
-    (klstudy.run.devices: on one machine without a scheduler, `klstudy drive --gpus`; elsewhere it only runs the job)."""
+def job_python(stage, uses_vllm=False, gpus=None):
+    """The interpreter of a stage's job (stage_python); a GPU job on one node first claims GPUs of its own, `gpus` or
+    the stage's (klstudy.run.devices: on one machine without a scheduler, `klstudy drive --gpus`; elsewhere it only
+    runs the job)."""
     python = stage_python(uses_vllm)
     spec = config["resources"][stage]
     if not spec["gpus"] or spec["nodes"] > 1:
         return python
-    return f"{python} -m klstudy.run.devices --count {spec['gpus']} -- {python}"
+    return f"{python} -m klstudy.run.devices --count {gpus or spec['gpus']} -- {python}"
 
 
 def evaluate_python(wildcards):
@@ -218,7 +223,7 @@ def train_launcher(wildcards):
     (FSDP / ZeRO-3) when it names one; on several nodes, one launch per node through srun, rendezvous at the
     first node."""
     train = config["studies"][wildcards.study]["train"]
-    python = job_python("train", train["generation"] == "vllm")
+    python = job_python("train", train["generation"] == "vllm", train_gpus(config, wildcards.study))
     if train.get("accelerate_config") is None:
         return python
     launch_config = Path(workflow.basedir) / train["accelerate_config"]  # relative to the repository, as validated

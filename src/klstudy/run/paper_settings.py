@@ -130,8 +130,8 @@ def page(mapping: dict) -> str:
         "reference names a section, figure or table the paper does not have. Sections (§4.1) and appendices (B, D.2) "
         "are the paper's; ω_t = π_θ / π_old is the per-token importance ratio (1 on-policy).",
         "",
-        f"**{pending} known differences are not yet resolved**: the last table. Every other row is what "
-        "`config/paper.yaml` runs.",
+        f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. "
+        "Every other row is what `config/paper.yaml` runs.",
         "",
     ]
     for kind, heading in KINDS.items():

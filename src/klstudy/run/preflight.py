@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klstudy.config import REPO_ROOT
+from klstudy.config import REPO_ROOT, train_gpus
 from klstudy.run import estimate
 
 OK, FAIL, SKIP, WARN = "ok", "FAIL", "skip", "warn"  # a warning does not fail the preflight
@@ -408,6 +408,8 @@ def stage_checks(config: dict, found: dict[str, Partition], qos_minutes: int | N
         parts = [found[name] for name in names]
         checks.append(runtime_check(stage, spec["runtime"], parts, qos))
         if spec["gpus"]:
+            if stage == "train":  # the most any study's cells ask (studies.<study>.gpus)
+                spec = {**spec, "gpus": max(train_gpus(config, study) for study in config["studies"])}
             checks.append(gpu_check(stage, spec["gpus"], config["cluster"]["gpu_model"], parts))
             if checks[-1].status == OK:
                 checks.append(node_check(stage, spec, config["cluster"]["gpu_model"], parts))
