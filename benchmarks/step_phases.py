@@ -56,7 +56,8 @@ def paper_cell(study: str, kl: str, beta: float, prompts: int, steps: int) -> di
     paper["studies"] = {
         study: {**entry, "models": [model], "kl": [kl], "betas": [beta], "seeds": [0], "health": {"collapse_window": 0}}
     }  # too few steps to judge a collapse
-    paper["evaluation"]["studies"], paper["figures"], paper["claims"] = {}, {}, {}
+    paper["evaluation"].update(studies={}, study_max_tokens={})  # nothing of it is evaluated
+    paper["figures"], paper["claims"] = {}, {}
     paper["divergence"].update(study=study, kl=[kl], betas=[beta], seeds=[0], steps=[0])
     return config.cell_settings(config.validate_config(paper), study, model, kl, beta, 0)
 

@@ -103,7 +103,11 @@ def _format(value) -> str:
         return "[" + ", ".join(map(_format, value)) + "]"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{key}: {_format(item)}" for key, item in value.items()) + "}"
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, bool):
+        return str(value).lower()  # as YAML writes it
+    if isinstance(value, float):
+        return re.sub(r"e([+-])0(\d)", r"e\1\2", f"{value:g}")  # 1e-06 -> 1e-6
+    return str(value)
 
 
 def _row(row: dict) -> str:

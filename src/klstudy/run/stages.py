@@ -271,7 +271,9 @@ def _divergence(args):
 
     _threads(args.threads)
     section = json.loads(args.settings)
-    prompts = divergence.chosen_prompts(staging.read_jsonl(Path(args.data)), section["prompts"], section["prompt_seed"])
+    # prompt_seed: the schema's default (null, the first `prompts`) where a stage run by hand leaves it out.
+    seed = section.get("prompt_seed")
+    prompts = divergence.chosen_prompts(staging.read_jsonl(Path(args.data)), section["prompts"], seed)
     rows = divergence.across_snapshots(Path(args.reference), Path(args.snapshots), prompts, section, args.seed)
     table = pd.DataFrame(rows)
     table.to_csv(args.out, index=False)
