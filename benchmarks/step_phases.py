@@ -65,9 +65,9 @@ def paper_cell(study: str, kl: str, beta: float, prompts: int, steps: int) -> di
 class PhaseTimer(TrainerCallback):
     """Seconds, tokens and peak GPU memory of each phase of each optimiser step."""
 
-    def __init__(self, trainer, cuda: bool):
+    def __init__(self, trainer, cuda: bool, after_step):
         self.cuda, self.steps, self.current, self.phase = cuda, [], None, "update"
-        self.after_step = lambda steps: None  # called with the steps so far at the end of each
+        self.after_step = after_step  # called with the steps so far at the end of each
         generate, score_batch = trainer._generate, trainer._score_batch
         logps = trainer._get_per_token_logps_and_entropies
 
@@ -176,8 +176,6 @@ def main():
     trainer_args = cell.trainer_config(settings, workdir / "checkpoints")
     trainer_args.save_strategy = "no"
     trainer = cell.build_trainer(settings, trainer_args, workdir / "model", records)
-    timer = PhaseTimer(trainer, cuda)
-    trainer.add_callback(timer)
     built_s = time.perf_counter() - start
     setup = {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
@@ -208,7 +206,7 @@ def main():
         if args.out:
             args.out.write_text(text + "\n")
 
-    timer.after_step = report
+    trainer.add_callback(PhaseTimer(trainer, cuda, after_step=report))
     trainer.train()
 
 

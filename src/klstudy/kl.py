@@ -126,7 +126,7 @@ class KLSpec:
         if name == NO_KL:
             return cls(None, "none", 0.0)
         estimator, placement, *loss_gradient = name.split("-")
-        return cls(estimator, placement, float(beta), *(loss_gradient or [PATHWISE]), k3_clamp=k3_clamp)
+        return cls(estimator, placement, float(beta), *loss_gradient, k3_clamp=k3_clamp)
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS and not (self.estimator is None and self.placement == "none"):

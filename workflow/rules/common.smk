@@ -134,9 +134,14 @@ def retry_runtime(stage):
 CLUSTER_TRAIN_RETRIES = 3
 
 
+def _study_gpus(wildcards):
+    """GPUs per node of a training job: its study's (studies.<study>.gpus, else resources.train.gpus)."""
+    return train_gpus(config, wildcards.study)
+
+
 def _train_gpu_resource(key):
     """A training job's GPU request (gres or slurm_extra) for its study's GPUs."""
-    return lambda wildcards: gpu_resources(train_gpus(config, wildcards.study), config["cluster"])[key]
+    return lambda wildcards: gpu_resources(_study_gpus(wildcards), config["cluster"])[key]
 
 
 def job_resources(stage):
@@ -159,8 +164,7 @@ def job_resources(stage):
     if spec["gpus"]:
         per_node, local_gpus = gpu_resources(spec["gpus"], cluster), spec["gpus"]
         if stage == "train":  # a study may train on its own number of GPUs (studies.<study>.gpus)
-            per_node = {key: _train_gpu_resource(key) for key in per_node}
-            local_gpus = lambda wildcards: train_gpus(config, wildcards.study)  # noqa: E731
+            per_node, local_gpus = {key: _train_gpu_resource(key) for key in per_node}, _study_gpus
         resources.update(**per_node, nodes=spec["nodes"], local_gpus=local_gpus, cpus_per_gpu=0, tasks_per_gpu=0)
     if spec["nodes"] > 1:
         # One task per node, each running `accelerate launch` for that node's GPUs.
@@ -223,7 +227,7 @@ def train_launcher(wildcards):
     (FSDP / ZeRO-3) when it names one; on several nodes, one launch per node through srun, rendezvous at the
     first node."""
     train = config["studies"][wildcards.study]["train"]
-    python = job_python("train", train["generation"] == "vllm", train_gpus(config, wildcards.study))
+    python = job_python("train", train["generation"] == "vllm", _study_gpus(wildcards))
     if train.get("accelerate_config") is None:
         return python
     launch_config = Path(workflow.basedir) / train["accelerate_config"]  # relative to the repository, as validated
