@@ -174,3 +174,17 @@ def test_reference_solutions_score_as_the_report_says(staged):
     assert all(rate >= PAPER["data"][name]["min_reference_pass"] for name, rate in rates.items())
     assert rates["math500"] == 1.0
     assert all(staged[name]["report"]["reference_solutions"]["rate"] is None for name in STAGED if "mmlu" in name)
+
+
+def test_fig12s_questions_span_the_real_math_test_sets_subjects(staged):
+    """The real MATH test set is staged subject by subject: its first 200 questions are one subject, the seeded draw
+    of config/paper.yaml (divergence.prompts, divergence.prompt_seed) spans all seven."""
+    from klstudy.evaluate.divergence import chosen_prompts
+
+    records = staged["math_test"]["records"]
+    subject_of = {record["prompt"]: record["subject"] for record in records}
+    section = PAPER["divergence"]
+    first = {subject_of[p] for p in chosen_prompts(records, section["prompts"], None)}
+    drawn = [subject_of[p] for p in chosen_prompts(records, section["prompts"], section["prompt_seed"])]
+    assert len(first) == 1 and len(set(drawn)) == 7, (first, sorted(set(drawn)))
+    print({subject: drawn.count(subject) for subject in sorted(set(drawn))})
