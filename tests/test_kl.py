@@ -301,3 +301,58 @@ def test_the_clamp_reaches_the_reward_and_the_loss_and_is_checked():
     assert gradient[0, 1] == 0 and gradient[0, 2] != 0
     with pytest.raises(ValueError, match="k3_clamp"):
         kl.KLSpec.from_name("k3-loss", 0.1, k3_clamp=0.0)
+
+
+# prime-rl's policy losses for stale batches, as its trainer wrote them (src/prime_rl/trainer/rl/loss.py): the
+# "ratio" loss of commit e819f8a31 (August 2025, its default until 16 October 2025) and the masked loss of
+# 7e2f0273f (16 October 2025), per token, before its masking and sum.
+def prime_rl_ratio_loss(logprobs, old_logprobs, advantages, clip_ratio=8.0):
+    importance_ratio = torch.exp(logprobs - old_logprobs)
+    clipped_importance_ratio = torch.clamp(importance_ratio, 0, clip_ratio)
+    return -clipped_importance_ratio * advantages
+
+
+def prime_rl_masked_loss(logprobs, old_logprobs, advantages, mask_ratio_low=0.125, mask_ratio_high=8.0):
+    importance_ratio = torch.exp(logprobs - old_logprobs)
+    is_masked = (importance_ratio < mask_ratio_low) | (importance_ratio > mask_ratio_high)
+    return (-importance_ratio * advantages) * ~is_masked
+
+
+def stale_tokens():
+    """Log-probs of 2 sequences × 6 tokens whose ratios ω = π_θ/π_old span both sides of every bound (0.05 … 12)."""
+    ratios = torch.tensor([[0.05, 0.5, 0.9, 1.0, 1.1, 3.0], [12.0, 0.1, 6.0, 0.7, 9.0, 0.2]], dtype=torch.float64)
+    old = torch.log(torch.rand(2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 0.5 + 0.1)
+    logp = (old + ratios.log()).requires_grad_()
+    return logp, old, torch.tensor([1.5, -0.7], dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    "name, prime_rl", [("truncated_is", prime_rl_ratio_loss), ("masked_is", prime_rl_masked_loss)]
+)
+def test_prime_rls_losses_are_its_own_in_value_and_gradient(name, prime_rl):
+    logp, old, advantages = stale_tokens()
+    ours = kl.policy_surrogate(name, logp, old, advantages, 0.2, 0.2)
+    theirs = prime_rl(logp, old, advantages.unsqueeze(-1))
+    torch.testing.assert_close(ours, theirs)
+    (ours_grad,) = torch.autograd.grad(ours.sum(), logp)
+    (theirs_grad,) = torch.autograd.grad(theirs.sum(), logp)
+    torch.testing.assert_close(ours_grad, theirs_grad)
+    # The tokens it gives no gradient are the ones inactive_tokens names, and only those.
+    inactive = kl.inactive_tokens(name, torch.exp(logp - old), advantages.unsqueeze(-1), 0.2, 0.2)
+    assert inactive.any() and not inactive.all()
+    assert torch.equal(ours_grad == 0, inactive)
+
+
+def test_the_policy_losses_part_only_off_policy():
+    logp, old, advantages = stale_tokens()
+    losses = {name: kl.policy_surrogate(name, logp, old, advantages, 0.2, 0.2) for name in kl.POLICY_LOSSES}
+    assert not torch.allclose(losses["ppo_clip"], losses["truncated_is"])  # stale: PPO clips at 1.2, prime-rl at 8
+    on_policy = old.clone().requires_grad_()
+    gradients = []
+    for name in kl.POLICY_LOSSES:
+        (grad,) = torch.autograd.grad(kl.policy_surrogate(name, on_policy, old, advantages, 0.2, 0.2).sum(), on_policy)
+        gradients.append(grad)
+    for grad in gradients:  # ω = 1: −A·∇log π_θ for every token, whichever loss
+        torch.testing.assert_close(grad, -advantages.unsqueeze(-1).expand(2, 6))
+    with pytest.raises(ValueError, match="policy loss 'ppo' is not one of"):
+        kl.policy_surrogate("ppo", logp, old, advantages, 0.2, 0.2)

@@ -212,6 +212,38 @@ def test_k1_in_loss_adds_the_pathwise_term(model_dir, tmp_path):
     torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-8)
 
 
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "truncated_is", "masked_is"])
+def test_a_stale_batch_is_weighed_by_the_chosen_policy_loss(model_dir, tmp_path, policy_loss):
+    """The trainer's gradient on a batch sampled by an older policy (ω from 0.05 to 12), written by hand."""
+    trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="reward", policy_loss=policy_loss)
+    batch = scored(trainer)
+    mask = batch["completion_mask"].float()
+    stale = torch.tensor([0.05, 0.5, 1.0, 1.5, 6.0, 12.0]).repeat(mask.numel() // 6 + 1)[: mask.numel()]
+    batch["old_per_token_logps"] = _sequence_logps(trainer, batch).detach() - stale.view_as(mask).log()
+    _, grad = gradient(trainer, batch)
+    trainer.model.zero_grad()
+    logps = _sequence_logps(trainer, batch)
+    ratio, advantages = torch.exp(logps - batch["old_per_token_logps"]), batch["advantages"].unsqueeze(1)
+    if policy_loss == "ppo_clip":  # TRL's, at ε = 0.2
+        per_token = -torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)
+    elif policy_loss == "truncated_is":  # prime-rl until 16 October 2025
+        per_token = -ratio.clamp(max=8.0) * advantages
+    else:  # prime-rl after: tokens outside [1/8, 8] masked
+        per_token = -ratio * advantages * ((ratio >= 0.125) & (ratio <= 8.0))
+    ((per_token * mask).sum() / mask.sum()).backward()
+    expected = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-8)
+    # The fraction of tokens it gives no gradient, logged as TRL's clip_ratio/region_mean.
+    weights = stale.view_as(mask)
+    stopped = {
+        "ppo_clip": ((weights < 0.8) & (advantages < 0)) | ((weights > 1.2) & (advantages > 0)),
+        "truncated_is": weights > 8.0,
+        "masked_is": (weights < 0.125) | (weights > 8.0),
+    }[policy_loss].float()
+    logged = trainer._metrics["train"]["clip_ratio/region_mean"][-1]
+    assert logged == pytest.approx(((stopped * mask).sum() / mask.sum()).item()) and logged > 0
+
+
 @pytest.mark.parametrize("placement", ["reward", "loss"])
 def test_rloo_advantages_include_the_penalty_only_in_the_reward(model_dir, tmp_path, placement):
     trainer = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement=placement, advantage="rloo")

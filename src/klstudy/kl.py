@@ -245,6 +245,60 @@ def clipped_surrogate(logp, old_logp, advantages, epsilon_low: float, epsilon_hi
     return -torch.min(ratio * advantages, clipped * advantages)
 
 
+# prime-rl's importance-ratio bounds for its asynchronous (stale) batches: clip_ratio of its default "ratio" loss
+# (August to 16 October 2025) and mask_ratio_high / mask_ratio_low of the masked loss that replaced it.
+PRIME_RL_RATIO_HIGH = 8.0
+PRIME_RL_RATIO_LOW = 0.125
+
+
+def truncated_is_surrogate(logp, old_logp, advantages, cap: float = PRIME_RL_RATIO_HIGH):
+    """prime-rl's policy loss from August to 16 October 2025 (its default RatioLossConfig): −min(ω_t, cap)·A, a
+    truncated importance weight without PPO's clip; a token whose ω_t passes ``cap`` adds no gradient."""
+    import torch
+
+    ratio = torch.exp(logp - old_logp.detach())
+    return -torch.clamp(ratio, max=cap) * advantages.unsqueeze(-1)
+
+
+def masked_is_surrogate(logp, old_logp, advantages, low=PRIME_RL_RATIO_LOW, high=PRIME_RL_RATIO_HIGH):
+    """prime-rl's policy loss from 16 October 2025: −ω_t·A on tokens with low ≤ ω_t ≤ high, zero on the others
+    (masked: no value, no gradient)."""
+    import torch
+
+    ratio = torch.exp(logp - old_logp.detach())
+    kept = (ratio >= low) & (ratio <= high)
+    return torch.where(kept, -ratio * advantages.unsqueeze(-1), torch.zeros_like(ratio))
+
+
+# How the policy-gradient term weighs a token sampled by an older policy (train.policy_loss).
+POLICY_LOSSES = ("ppo_clip", "truncated_is", "masked_is")
+
+
+def policy_surrogate(name: str, logp, old_logp, advantages, epsilon_low: float, epsilon_high: float):
+    """The per-token policy loss ``name`` (POLICY_LOSSES): TRL's clipped surrogate (ppo_clip, at 1 − ε_low and
+    1 + ε_high), or prime-rl's truncated or masked importance weight. All three have gradient −A·∇log π_θ at
+    ω_t = 1 (on-policy)."""
+    if name == "ppo_clip":
+        return clipped_surrogate(logp, old_logp, advantages, epsilon_low, epsilon_high)
+    if name == "truncated_is":
+        return truncated_is_surrogate(logp, old_logp, advantages)
+    if name == "masked_is":
+        return masked_is_surrogate(logp, old_logp, advantages)
+    raise ValueError(f"policy loss {name!r} is not one of {POLICY_LOSSES}")
+
+
+def inactive_tokens(name: str, ratio, advantages, epsilon_low: float, epsilon_high: float):
+    """Where the policy loss ``name`` gives a token no gradient: clipped (ppo_clip), past the cap (truncated_is) or
+    masked (masked_is). ``ratio`` ω_t per token, ``advantages`` broadcastable to it."""
+    if name == "ppo_clip":
+        return ((ratio < 1 - epsilon_low) & (advantages < 0)) | ((ratio > 1 + epsilon_high) & (advantages > 0))
+    if name == "truncated_is":
+        return ratio > PRIME_RL_RATIO_HIGH
+    if name == "masked_is":
+        return (ratio < PRIME_RL_RATIO_LOW) | (ratio > PRIME_RL_RATIO_HIGH)
+    raise ValueError(f"policy loss {name!r} is not one of {POLICY_LOSSES}")
+
+
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """REINFORCE leave-one-out: A_i = R_i − mean_{j≠i} R_j within each group (the last dimension).
 

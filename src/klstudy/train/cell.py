@@ -156,6 +156,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path) -> KLTrainerConfig:
         advantage=train["advantage"],
         loss_type=LOSS_TYPES[train["loss_type"]],
         async_level=train["async_level"],
+        policy_loss=train["policy_loss"],
         kl_loss_gradient=spec.loss_gradient,
         kl_k3_clamp=train["k3_clamp"],
         use_vllm=train["generation"] == "vllm",

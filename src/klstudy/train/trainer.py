@@ -9,16 +9,17 @@ checkpointing and distributed training are TRL's own; on a CPU, vllm_cpu.py adap
    (A_i = R_i − mean_{j≠i} R_j, the paper's choice), the group mean (TRL's GRPO with ``scale_rewards="none"``;
    Dr. GRPO), or the group mean divided by the group's (``group_std``: TRL's "group", its default) or the batch's
    (``batch_std``: TRL's "batch") standard deviation. All of it comes from ``kl.py``.
-2. Loss (``_compute_loss``). TRL's clipped surrogate −min(ω·A, clip(ω)·A) per token, plus the KL term
-   β·K_t(θ) when the KL is placed in the loss, differentiated path-wise (the paper's) or as a framework does
-   (``kl_loss_gradient``: kl.py), normalised like TRL's ``dapo`` (all completion tokens of the generation
-   batch: the paper's token-sum normalisation) or ``dr_grpo``. TRL's ``use_bias_correction_kl`` is off;
-   ``kl_loss_gradient="ratio"`` is the same term.
+2. Loss (``_compute_loss``). TRL's clipped surrogate −min(ω·A, clip(ω)·A) per token, or prime-rl's truncated or
+   masked importance weight (``policy_loss``), plus the KL term β·K_t(θ) when the KL is placed in the loss,
+   differentiated path-wise (the paper's) or as a framework does (``kl_loss_gradient``: kl.py), normalised like
+   TRL's ``dapo`` (all completion tokens of the generation batch: the paper's token-sum normalisation) or
+   ``dr_grpo``. TRL's ``use_bias_correction_kl`` is off; ``kl_loss_gradient="ratio"`` is the same term.
 3. Asynchrony (``async_level = k``). A FIFO of generation batches: the batch trained at step t was
    generated and scored (old log-probs, reward KL, advantages) at step max(0, t − k) by the policy of that
-   time. Prompts are drawn k batches ahead, so every batch still sees each prompt once per epoch. A step
-   logs the reward, KL and length of the batch it trains on (with its staleness); the last k steps
-   generate nothing, since their batches would be trained after the run.
+   time, as prime-rl's orchestrator did until November 2025 (it waits for checkpoint t − k once k steps ahead).
+   Prompts are drawn k batches ahead, so every batch still sees each prompt once per epoch. A step logs the
+   reward, KL and length of the batch it trains on (with its staleness); the last k steps generate nothing,
+   since their batches would be trained after the run.
 
 Per-step metrics always include the KL between the sampling policy and the reference, estimated with
 K1 and K3 per sequence (a reference model is loaded even when β = 0, to measure it).
@@ -94,6 +95,14 @@ class KLTrainerConfig(GRPOConfig):
             "k1+/k3+) or isst (OpenRLHF unbiased_gradient)."
         },
     )
+    policy_loss: str = field(
+        default="ppo_clip",
+        metadata={
+            "help": "How a token sampled by an older policy is weighed (kl.POLICY_LOSSES): ppo_clip (TRL's clipped "
+            "surrogate), truncated_is (prime-rl to Oct. 2025: −min(ω, 8)·A) or masked_is (prime-rl since: ω·A, "
+            "tokens with ω outside [1/8, 8] masked)."
+        },
+    )
     kl_k3_clamp: float | None = field(
         default=None,
         metadata={
@@ -123,6 +132,8 @@ class KLTrainerConfig(GRPOConfig):
 
     def __post_init__(self):
         self.kl_spec()  # the one check of a KL configuration
+        if self.policy_loss not in kl.POLICY_LOSSES:
+            raise ValueError(f"policy_loss {self.policy_loss!r} is not one of {kl.POLICY_LOSSES}")
         if self.advantage not in TRAINER_ADVANTAGES:
             raise ValueError(f"advantage {self.advantage!r} is not one of {TRAINER_ADVANTAGES}")
         if self.loss_type not in LOSS_TYPES.values():
@@ -390,8 +401,8 @@ class KLTrainer(GRPOTrainer):
         old_logps = inputs.get("old_per_token_logps", logps.detach())
         ratio = torch.exp(logps - old_logps)  # ω_t = π_θ / π_old per token: 1 (with gradient) on-policy
         advantages = inputs["advantages"].unsqueeze(1)
-        per_token_loss = kl.clipped_surrogate(
-            logps, old_logps, inputs["advantages"], self.epsilon_low, self.epsilon_high
+        per_token_loss = kl.policy_surrogate(
+            self.args.policy_loss, logps, old_logps, inputs["advantages"], self.epsilon_low, self.epsilon_high
         )
         if "importance_sampling_ratio" in inputs:  # vLLM's sampling vs training mismatch, as TRL corrects it
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
@@ -420,9 +431,8 @@ class KLTrainer(GRPOTrainer):
             return (totals[0] / totals[1].clamp(min=1.0)).item()
 
         metrics["entropy"].append(masked_mean(entropies.detach()))
-        clipped = ((ratio < 1 - self.epsilon_low) & (advantages < 0)) | (
-            (ratio > 1 + self.epsilon_high) & (advantages > 0)
-        )
-        metrics["clip_ratio/region_mean"].append(masked_mean(clipped.float()))
+        # TRL's name; the tokens the policy loss gives no gradient (clipped, truncated or masked)
+        inactive = kl.inactive_tokens(self.args.policy_loss, ratio, advantages, self.epsilon_low, self.epsilon_high)
+        metrics["clip_ratio/region_mean"].append(masked_mean(inactive.float()))
         if "ref_per_token_logps" in inputs and "old_per_token_logps" not in inputs:
             self._log_sequence_kl(logps, inputs["ref_per_token_logps"], maskf)  # on-policy: π_θ is the sampler
