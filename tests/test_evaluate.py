@@ -160,3 +160,50 @@ def test_evaluation_job_hands_the_backends_own_section_to_lm_eval(monkeypatch, t
               "--out", str(tmp_path / "o.json"), "--samples", str(tmp_path / "s.jsonl")])  # fmt: skip
     assert seen["backend"] == "hf" and seen["backend_settings"] == {"device": "cuda:3", "dtype": "bfloat16"}
     assert config["evaluation"]["hf"] == {"device": "auto", "dtype": "auto"}  # the schema's defaults
+
+
+def test_evaluation_seeds_pool_each_questions_samples_and_keep_each_seeds_score(harness_inputs, monkeypatch):
+    """evaluation.seeds [0, 1]: each seed's run is the run alone under that seed, and the pooled score is the mean over
+    questions of each question's mean under both (lm-eval's stderr over those question means)."""
+    from klstudy.data import rewards
+
+    monkeypatch.setattr(rewards, "judge", lambda record, completion: rewards.Verdict(True, float(len(completion) % 2)))
+    path, settings = harness_inputs, dict(k=3, max_tokens=16, limit=4)
+    alone = [
+        harness.run(path / "model", ["math500"], path / "data", seed=seed, **settings)["math500"] for seed in (0, 1)
+    ]
+    assert [s["resps"] for s in alone[0]["samples"]] != [s["resps"] for s in alone[1]["samples"]]  # seeds differ
+    result = harness.run_seeds(path / "model", ["math500"], path / "data", [0, 1], **settings)["math500"]
+    assert [(each["seed"], each["mean_at_k"]) for each in result["per_seed"]] == [
+        (0, alone[0]["mean_at_k"]),
+        (1, alone[1]["mean_at_k"]),
+    ]
+    per_question = [(a["mean_at_k"] + b["mean_at_k"]) / 2 for a, b in zip(*(r["samples"] for r in alone), strict=True)]
+    assert result["mean_at_k"] == pytest.approx(sum(per_question) / 4)
+    mean = sum(per_question) / 4
+    spread = (sum((x - mean) ** 2 for x in per_question) / 3) ** 0.5
+    assert result["stderr"] == pytest.approx(spread / 2)
+    assert [s["engine_seed"] for s in result["samples"]] == [0] * 4 + [1] * 4
+
+
+@pytest.mark.parametrize("seeds, expected", [(None, [7]), ([3, 5], [3, 5])])
+def test_the_evaluation_job_runs_the_configured_seeds_or_the_training_seed(monkeypatch, tmp_path, seeds, expected):
+    from klstudy.config import validate_config
+    from klstudy.run import cli
+
+    seen = []
+
+    def fake_run(model, tasks, data_dir, seed, **kwargs):
+        seen.append(seed)
+        sample = {"doc_id": 0, "mean_at_k": seed / 10}
+        return {task: {"task": task, "mean_at_k": seed / 10, "stderr": None, "unread": 0.0, "k": 1,
+                       "results": {}, "samples": [sample]} for task in tasks}  # fmt: skip
+
+    monkeypatch.setattr(harness, "run", fake_run)
+    config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    section = {**config["evaluation"], "seeds": seeds}
+    cli.main(["evaluate", "--model", "m", "--task", "math500", "--data-dir", "d", "--settings", json.dumps(section),
+              "--seed", "7", "--out", str(tmp_path / "o.json"), "--samples", str(tmp_path / "s.jsonl")])  # fmt: skip
+    row = json.loads((tmp_path / "o.json").read_text())
+    assert seen == expected and row["engine_seeds"] == expected
+    assert row["mean_at_k"] == pytest.approx(sum(expected) / 10 / len(expected))

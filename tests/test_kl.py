@@ -326,9 +326,7 @@ def stale_tokens():
     return logp, old, torch.tensor([1.5, -0.7], dtype=torch.float64)
 
 
-@pytest.mark.parametrize(
-    "name, prime_rl", [("truncated_is", prime_rl_ratio_loss), ("masked_is", prime_rl_masked_loss)]
-)
+@pytest.mark.parametrize("name, prime_rl", [("truncated_is", prime_rl_ratio_loss), ("masked_is", prime_rl_masked_loss)])
 def test_prime_rls_losses_are_its_own_in_value_and_gradient(name, prime_rl):
     logp, old, advantages = stale_tokens()
     ours = kl.policy_surrogate(name, logp, old, advantages, 0.2, 0.2)

@@ -10,6 +10,8 @@ one and overrides them, so the shipped files stay the single definition of each 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -127,6 +129,42 @@ def run(
                 torch_random_seed=seed,
             )
     return {task: _task_result(output, task, name, k) for task, name in names.items()}
+
+
+def run_seeds(model_dir: Path, tasks: list[str], data_dir: Path, seeds: list[int], **settings) -> dict[str, dict]:
+    """``run`` under each engine seed (evaluation.seeds), each task's results pooled (``pooled``); one seed: run's
+    results as they are."""
+    by_seed = [run(model_dir, tasks, data_dir, seed=seed, **settings) for seed in seeds]
+    if len(seeds) == 1:
+        return by_seed[0]
+    return {task: pooled([results[task] for results in by_seed], seeds) for task in tasks}
+
+
+def pooled(results: list[dict], seeds: list[int]) -> dict:
+    """One task's results under several engine seeds as one: a question's score is the mean of its samples under
+    every seed, mean_at_k and its stderr are taken over questions as lm-eval takes them (mean, sample std / √n), and
+    per_seed keeps each seed's own mean_at_k, stderr and unread. Every sample record says its seed."""
+    scores: dict = {}
+    samples = []
+    for result, seed in zip(results, seeds, strict=True):
+        for sample in result["samples"]:
+            scores.setdefault(sample["doc_id"], []).append(sample["mean_at_k"])
+            samples.append({**sample, "engine_seed": seed})
+    if any(len(each) != len(seeds) for each in scores.values()):
+        raise ValueError(f"evaluation seeds {seeds}: not every question of {results[0]['task']} was scored under each")
+    questions = [statistics.fmean(each) for each in scores.values()]
+    stderr = statistics.stdev(questions) / math.sqrt(len(questions)) if len(questions) > 1 else None
+    per_seed = [{"seed": seed, **{key: result[key] for key in ("mean_at_k", "stderr", "unread")}}
+                for result, seed in zip(results, seeds, strict=True)]  # fmt: skip
+    return {
+        **results[0],
+        "mean_at_k": statistics.fmean(questions),
+        "stderr": stderr,
+        "unread": statistics.fmean(result["unread"] for result in results),
+        "per_seed": per_seed,
+        "results": {str(seed): result["results"] for result, seed in zip(results, seeds, strict=True)},
+        "samples": samples,
+    }
 
 
 def _task_result(output: dict, task: str, name: str, k: int) -> dict:

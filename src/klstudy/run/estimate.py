@@ -115,7 +115,8 @@ def _eval_tokens(config: dict, study: str | None) -> float:
     """Tokens of one model's evaluation on every task: a cell of ``study``, or a base model (None)."""
     evaluation = evaluation_settings(config, study)
     questions = sum(config["data"][task].get("size", 0) for task in evaluation["tasks"])
-    return questions * evaluation["k"] * (PROMPT_TOKENS + evaluation["max_tokens"])
+    runs = len(evaluation.get("seeds") or [None])  # one run per evaluation seed
+    return runs * questions * evaluation["k"] * (PROMPT_TOKENS + evaluation["max_tokens"])
 
 
 def gpu_hours(config: dict) -> Estimate:

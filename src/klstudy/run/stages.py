@@ -243,12 +243,13 @@ def _evaluate(args):
     _threads(args.threads)
     settings = config.section_settings("evaluation", json.loads(args.settings))
     # lm-eval's own progress bar (requests done, rate, time left) follows in the log.
-    print(f"lm-eval: {', '.join(args.task)} on {args.model}, k = {settings['k']}", flush=True)
+    seeds = settings["seeds"] or [args.seed]  # evaluation seeds apart from training seeds, or the training seed
+    print(f"lm-eval: {', '.join(args.task)} on {args.model}, k = {settings['k']}, seeds {seeds}", flush=True)
     start = time.perf_counter()
-    outputs = harness.run(
-        Path(args.model), args.task, Path(args.data_dir), k=settings["k"], min_p=settings["min_p"],
+    outputs = harness.run_seeds(
+        Path(args.model), args.task, Path(args.data_dir), seeds, k=settings["k"], min_p=settings["min_p"],
         max_tokens=settings["max_tokens"], chat_template=args.chat_template == "on", backend=settings["backend"],
-        seed=args.seed, limit=settings["limit"], batch_size=settings["batch_size"],
+        limit=settings["limit"], batch_size=settings["batch_size"],
         backend_settings=settings[settings["backend"]],  # evaluation.hf or evaluation.vllm
     )  # fmt: skip
     print(f"lm-eval: done in {time.perf_counter() - start:.0f} s", flush=True)
@@ -257,7 +258,8 @@ def _evaluate(args):
         output = outputs[task]
         row = {"task": task, "mean_at_k": output["mean_at_k"], "stderr": output["stderr"], "unread": output["unread"],
                "k": output["k"],
-               "chat_template": args.chat_template, "seed": args.seed, "cell_status": status}  # fmt: skip
+               "chat_template": args.chat_template, "seed": args.seed, "engine_seeds": seeds,
+               "cell_status": status}  # fmt: skip
         staging.write_jsonl(output.pop("samples"), Path(samples))
         Path(out).write_text(json.dumps({**row, **output}, indent=1) + "\n")
         print(json.dumps(row))
