@@ -1,0 +1,160 @@
+"""GPU memory of a training cell (its colocated vLLM engine beside training) and of an evaluation's vLLM engine.
+
+vLLM sizes itself from two numbers: ``max_model_len`` (the longest sequence it must hold) and the share of the
+GPU it may take (``gpu_memory_utilization``). Left to TRL, a colocated engine gets the model's own context length
+(131,072 tokens for Llama-3.1-8B, 262,144 for Qwen3-4B-Instruct-2507) in 30 % of the GPU, and the KV cache of one
+such sequence does not fit beside the weights: vLLM refuses to start. Here both come from the cell:
+
+- ``max_model_len`` = the longest prompt of the data the engine generates for (in the model's chat template) + the
+  longest response;
+- the engine's share = its weights (bf16, a whole copy per process) + the KV cache of every sequence a process
+  generates at once, at that length + ``VLLM_RESERVE`` (its activations, CUDA graphs, allocator), cut down to what
+  training leaves free; the plan fails where not even one sequence fits.
+
+Training's part, per process: 16 bytes per parameter (float32 weights, gradients, Adam's two moments) + 2 for the
+bf16 reference, all divided by the processes FSDP shards them over; FSDP's gathered layers; activations at
+``ACTIVATION_BYTES`` × layers × width per token of a micro-batch; and ``TRAINING_RESERVE``. The per-parameter bytes
+reproduce the update peaks measured on an H200 (docs/record/gpu/step-phases-*-h200.json, tested); the activation
+bytes are that step's remainder at 4B, and the reserves are allowances, not measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 2**30
+KV_BYTES = 2  # bf16 K and V (vLLM's "auto" cache dtype for a bf16 model)
+WEIGHT_BYTES = 2  # the engine's bf16 copy of the weights
+STATE_BYTES = 16  # float32 weights, gradients and Adam's two moments, per parameter
+REFERENCE_BYTES = 2  # the bf16 reference model, per parameter
+ACTIVATION_BYTES = 8  # per token, layer and unit of width: the 4B step's 7.8 GiB for 10 × ~1,130 tokens, rounded up
+VLLM_RESERVE = 3 * GIB  # vLLM's profiled activations, CUDA graphs and non-torch memory: an allowance
+TRAINING_RESERVE = 2 * GIB  # the CUDA context, NCCL buffers: an allowance
+HEADROOM = 0.05  # of the GPU left to the allocator's fragmentation
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What memory needs of a model's config.json."""
+
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    context: int  # max_position_embeddings: what vLLM takes for max_model_len when given none
+    parameters: int
+
+    @classmethod
+    def of(cls, config: dict) -> Shape:
+        heads = config["num_attention_heads"]
+        hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+        head_dim = config.get("head_dim") or hidden // heads
+        kv_heads = config.get("num_key_value_heads") or heads
+        vocab, inner = config["vocab_size"], config["intermediate_size"]
+        per_layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inner  # q, o, k, v; the MLP
+        embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
+        return cls(layers, hidden, kv_heads, head_dim, vocab, config["max_position_embeddings"],
+                   layers * per_layer + embeddings)  # fmt: skip
+
+    @classmethod
+    def read(cls, model_dir: Path) -> Shape:
+        return cls.of(json.loads((Path(model_dir) / "config.json").read_text()))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * KV_BYTES  # K and V, every layer
+
+    @property
+    def largest_gather(self) -> int:
+        """Parameters FSDP gathers at once: one decoder layer, or the embedding matrix."""
+        return max((self.parameters - self.vocab * self.hidden) // self.layers, self.vocab * self.hidden)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One process's GPU memory, in bytes, and the vLLM settings that follow."""
+
+    model: str
+    gpu: int  # the GPU's memory
+    max_model_len: int
+    sequences: int  # sequences the engine generates at a time (its share of the batch)
+    weights: int
+    kv_per_sequence: int
+    training: int  # what training holds beside the engine (0: an evaluation)
+
+    @property
+    def free_for_engine(self) -> int:
+        return int(self.gpu * (1 - HEADROOM)) - self.training
+
+    @property
+    def kv(self) -> int:
+        """The KV cache the engine gets: every sequence at once where it fits, else what is free."""
+        return max(0, min(self.sequences * self.kv_per_sequence, self.free_for_engine - self.weights - VLLM_RESERVE))
+
+    @property
+    def concurrent(self) -> int:
+        return self.kv // self.kv_per_sequence
+
+    @property
+    def share(self) -> float:
+        """vLLM's gpu_memory_utilization: its weights, KV cache and reserve, of the whole GPU (up to 0.01)."""
+        return math.ceil(100 * (self.weights + self.kv + VLLM_RESERVE) / self.gpu) / 100
+
+    def problem(self) -> str | None:
+        """Why the engine cannot start beside training, with the numbers; None where at least one sequence fits."""
+        if self.concurrent >= 1:
+            return None
+        return (
+            f"{self.model}: one {self.max_model_len}-token sequence needs {gib(self.kv_per_sequence)} GiB of KV cache, "
+            f"but a {gib(self.gpu)} GiB GPU leaves the vLLM engine {gib(self.free_for_engine)} GiB beside training's "
+            f"{gib(self.training)} GiB, of which its weights take {gib(self.weights)} and its reserve "
+            f"{gib(VLLM_RESERVE)}"
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.model}: max_model_len {self.max_model_len}, vLLM share {self.share:.2f} of {gib(self.gpu)} GiB "
+            f"(weights {gib(self.weights)}, KV {gib(self.kv)} GiB for {min(self.concurrent, self.sequences)} of "
+            f"{self.sequences} sequences at once), training {gib(self.training)} GiB"
+        )
+
+
+def gib(size: int | float) -> str:
+    return f"{size / GIB:.1f}"
+
+
+def training_bytes(shape: Shape, processes: int, micro_batch: int, tokens: int, reference: bool = True) -> int:
+    """What one process holds to train: sharded states (and reference), gathered layers, a micro-batch's
+    activations at ``tokens`` per sequence, the reserve (module docstring)."""
+    per_parameter = STATE_BYTES + (REFERENCE_BYTES if reference else 0)
+    states = per_parameter * shape.parameters / processes
+    gathered = 2 * 4 * shape.largest_gather if processes > 1 else 0  # float32, the next one prefetched
+    activations = ACTIVATION_BYTES * shape.layers * shape.hidden * micro_batch * tokens
+    return int(states + gathered + activations + TRAINING_RESERVE)
+
+
+def training_plan(model: str, shape: Shape, train: dict, processes: int, prompt_tokens: int, gpu: int) -> Plan:
+    """The colocated engine of a training cell: each process generates its share of the generation batch."""
+    length = prompt_tokens + train["max_response_tokens"]
+    sequences = math.ceil(train["batch_prompts"] * train["rollouts"] / processes)
+    micro = train.get("micro_batch") or train["minibatch_prompts"] * train["rollouts"] // processes
+    return Plan(model, gpu, length, sequences, WEIGHT_BYTES * shape.parameters, shape.kv_bytes_per_token * length,
+                training_bytes(shape, processes, micro, length))  # fmt: skip
+
+
+def evaluation_plan(model: str, shape: Shape, prompt_tokens: int, max_tokens: int, sequences: int, gpu: int) -> Plan:
+    """An evaluation's engine, alone on its GPU."""
+    length = prompt_tokens + max_tokens
+    return Plan(model, gpu, length, sequences, WEIGHT_BYTES * shape.parameters, shape.kv_bytes_per_token * length, 0)
+
+
+def longest_prompt(tokenizer, prompts, chat_template: bool = True) -> int:
+    """Tokens of the longest prompt, as the engine receives it (in the model's chat template, or not)."""
+    from klstudy.data.prompts import chat_prompt
+
+    texts = [chat_prompt(tokenizer, prompt) if chat_template else prompt for prompt in prompts]
+    return max(len(ids) for ids in tokenizer(texts, add_special_tokens=not chat_template)["input_ids"])
