@@ -277,6 +277,8 @@ def test_a_studys_evaluation_length_grows_the_engine_and_leaves_the_others():
 
     config = validate_config(yaml.safe_load((ROOT / "config/paper.yaml").read_text()))
     config["evaluation"]["study_max_tokens"] = {"async_math": 5000}
+    assert evaluation_settings(config, "async_math")["vllm"]["max_model_len"] is None  # measured by the job
+    config["evaluation"]["vllm"]["max_model_len"] = 4096  # a length set by hand grows by as much as the answers
     longer = evaluation_settings(config, "async_math")
     assert (longer["max_tokens"], longer["vllm"]["max_model_len"]) == (5000, 4096 + 5000 - 2048)
     for study in (None, "onpolicy"):

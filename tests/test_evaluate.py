@@ -207,3 +207,43 @@ def test_the_evaluation_job_runs_the_configured_seeds_or_the_training_seed(monke
     row = json.loads((tmp_path / "o.json").read_text())
     assert seen == expected and row["engine_seeds"] == expected
     assert row["mean_at_k"] == pytest.approx(sum(expected) / 10 / len(expected))
+
+
+@pytest.mark.parametrize("template", ["on", "off"])
+def test_a_vllm_job_without_an_engine_length_measures_its_prompts(harness_inputs, monkeypatch, tmp_path, template):
+    """evaluation.vllm.max_model_len null: the job's longest prompt (as the model receives it) + max_tokens + slack
+    reaches lm-eval's engine arguments; a length set in the config is kept."""
+    from klstudy.config import validate_config
+    from klstudy.data import staging
+    from klstudy.run import cli
+    from klstudy.train import gpu_memory, models
+
+    seen = []
+    monkeypatch.setattr(
+        harness,
+        "run",
+        lambda model, tasks, data_dir, seed, **kwargs: (
+            seen.append(kwargs)
+            or {
+                task: {"task": task, "mean_at_k": 0.0, "stderr": None, "unread": 0.0, "k": 1, "samples": []}
+                for task in tasks
+            }
+        ),
+    )
+    config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    path, tasks = harness_inputs, ["math500", "mmlu_college_biology"]
+    for length in (None, 777):
+        section = {
+            **config["evaluation"],
+            "backend": "vllm",
+            "vllm": {**config["evaluation"]["vllm"], "max_model_len": length},
+        }
+        cli.main(["evaluate", "--model", str(path / "model"), "--task", *tasks, "--data-dir", str(path / "data"),
+                  "--settings", json.dumps(section), "--chat-template", template,
+                  "--out", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                  "--samples", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])  # fmt: skip
+    tokenizer = models.load(path / "model")[1]
+    prompts = [r["prompt"] for task in tasks for r in staging.read_jsonl(path / "data" / f"{task}.jsonl")]
+    longest = gpu_memory.longest_prompt(tokenizer, prompts, chat_template=template == "on")
+    measured = longest + config["evaluation"]["max_tokens"] + gpu_memory.SLACK
+    assert [kwargs["backend_settings"]["max_model_len"] for kwargs in seen] == [measured, 777]

@@ -423,3 +423,60 @@ def test_jobs_above_the_per_user_submit_limit_warn():
     assert preflight.submit_limit_check(100, None, fake_run("", fails=["assoc"])).status == preflight.SKIP
     row = preflight.submit_limit_check(100, None, fake_run("50\n"))
     assert "-> lower jobs in slurm/profile.yaml to 50" in preflight.table([row])  # a warning's remedy is printed
+
+
+def staged_models(root: Path, tokenizer=None) -> None:
+    """The paper's models' config.json (tests/fixtures/model-configs) staged under results/models, with a tokenizer."""
+    for source in (ROOT / "tests/fixtures/model-configs").glob("*.json"):
+        folder = root / "results/models" / source.stem
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(source.read_text())
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    "cluster, status, words",
+    [
+        ({"gpu_model": "h100"}, preflight.OK, "vLLM share"),
+        ({"gpu_model": "a100", "gpu_memory_gib": 80}, preflight.OK, "vLLM share"),
+        ({"gpu_model": "a100"}, preflight.WARN, "GPU memory unknown; on 80 GiB"),
+    ],
+)
+def test_each_studys_engine_is_planned_from_the_staged_config_json(tmp_path, cluster, status, words):
+    staged_models(tmp_path)
+    rows = preflight.memory_checks(paper(**cluster), tmp_path)
+    config = paper()
+    expected = [f"GPU memory: {study} {model}" for study, spec in config["studies"].items() for model in spec["models"]]
+    assert [row.what for row in rows] == expected
+    assert {row.status for row in rows} == {status}
+    assert all(words in row.detail and "prompts assumed 256 tokens (data not staged)" in row.detail for row in rows)
+
+
+def test_a_gpu_too_small_for_the_engine_fails_naming_the_model_and_the_numbers(tmp_path):
+    staged_models(tmp_path)
+    rows = {row.what: row for row in preflight.memory_checks(paper(gpu_model="l4"), tmp_path)}  # 22 GiB
+    failed = rows["GPU memory: async_math qwen2.5-7b"]
+    assert failed.status == preflight.FAIL and "a GPU with more memory" in failed.remedy
+    assert failed.detail.startswith("qwen2.5-7b: one 4360-token sequence needs 0.2 GiB of KV cache, but a 22.0 GiB")
+
+
+def test_without_a_staged_config_json_the_plan_waits_for_staging(tmp_path):
+    rows = preflight.memory_checks(paper(gpu_model="h100"), tmp_path)
+    assert rows and {row.status for row in rows} == {preflight.SKIP}
+
+
+def test_staged_prompts_are_measured_in_the_models_chat_template(tmp_path):
+    from klstudy.data import procedural, staging
+    from klstudy.train import gpu_memory, tiny
+
+    tokenizer = tiny.build_tokenizer()
+    staged_models(tmp_path, tokenizer)
+    records = procedural.arithmetic("math_train", 20, 0, ["add1w", "sub1w"], "train")
+    for name in ("math_train", "math_test", "countdown_train", "countdown_test"):
+        staging.write_jsonl(records, tmp_path / f"results/data/{name}.jsonl")
+    longest = gpu_memory.longest_prompt(tokenizer, [r["prompt"] for r in records])
+    rows = preflight.memory_checks(paper(gpu_model="h200"), tmp_path)
+    onpolicy = next(row for row in rows if row.what == "GPU memory: onpolicy qwen2.5-7b")
+    assert f"max_model_len {longest + 1024 + gpu_memory.SLACK}," in onpolicy.detail
+    assert onpolicy.detail.endswith(f"longest prompt {longest} tokens") and "of 140.4 GiB" in onpolicy.detail

@@ -460,7 +460,7 @@ def evaluation_settings(config: dict, study: str | None = None) -> dict:
     (evaluation.study_max_tokens), and vLLM's max_model_len grown by as much, so that the prompt keeps its room."""
     settings = copy.deepcopy(config["evaluation"])
     longest = settings["study_max_tokens"].get(study, settings["max_tokens"])
-    if "max_model_len" in settings["vllm"]:
+    if settings["vllm"].get("max_model_len"):  # null: measured by the job from its prompts and max_tokens
         settings["vllm"]["max_model_len"] += max(0, longest - settings["max_tokens"])
     settings["max_tokens"] = longest
     return settings

@@ -65,7 +65,7 @@ def model_arguments(backend: str, model_dir: Path, settings: dict) -> str:
     else:
         # config evaluation.vllm (its defaults in the schema) and the job's engine seed: never a per-request seed in
         # gen_kwargs, with which every repeat of a question would be identical.
-        parts = {"pretrained": model_dir, **settings}
+        parts = {"pretrained": model_dir, **{key: value for key, value in settings.items() if value is not None}}
         if vllm_cpu.on_cpu():  # vLLM's CPU backend (vllm_cpu.py); a GPU engine is configured by the settings alone
             vllm_cpu.configure_environment()
             parts.update(vllm_cpu.ENGINE_ARGUMENTS)

@@ -243,6 +243,8 @@ def _evaluate(args):
     _threads(args.threads)
     settings = config.section_settings("evaluation", json.loads(args.settings))
     # lm-eval's own progress bar (requests done, rate, time left) follows in the log.
+    if settings["backend"] == "vllm" and not settings["vllm"].get("max_model_len"):
+        settings["vllm"]["max_model_len"] = _engine_length(args, settings["max_tokens"])
     seeds = settings["seeds"] or [args.seed]  # evaluation seeds apart from training seeds, or the training seed
     print(f"lm-eval: {', '.join(args.task)} on {args.model}, k = {settings['k']}, seeds {seeds}", flush=True)
     start = time.perf_counter()
@@ -263,6 +265,21 @@ def _evaluate(args):
         staging.write_jsonl(output.pop("samples"), Path(samples))
         Path(out).write_text(json.dumps({**row, **output}, indent=1) + "\n")
         print(json.dumps(row))
+
+
+def _engine_length(args, max_tokens: int) -> int:
+    """vLLM's max_model_len for an evaluation job: its tasks' longest prompt as the model receives it + the answer."""
+    from transformers import AutoTokenizer
+
+    from klstudy.data import staging
+    from klstudy.train import gpu_memory
+
+    prompts = [r["prompt"] for task in args.task for r in staging.read_jsonl(Path(args.data_dir) / f"{task}.jsonl")]
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    longest = gpu_memory.longest_prompt(tokenizer, prompts, chat_template=args.chat_template == "on")
+    length = gpu_memory.engine_length(longest, max_tokens)
+    print(f"vLLM engine: max_model_len {length} (longest prompt {longest}, answers {max_tokens})", flush=True)
+    return length
 
 
 def _divergence(args):

@@ -6,7 +6,7 @@ GPU it may take (``gpu_memory_utilization``). Left to TRL, a colocated engine ge
 such sequence does not fit beside the weights: vLLM refuses to start. Here both come from the cell:
 
 - ``max_model_len`` = the longest prompt of the data the engine generates for (in the model's chat template) + the
-  longest response;
+  longest response + a few tokens of slack;
 - the engine's share = its weights (bf16, a whole copy per process) + the KV cache of every sequence a process
   generates at once, at that length + ``VLLM_RESERVE`` (its activations, CUDA graphs, allocator), cut down to what
   training leaves free; the plan fails where not even one sequence fits.
@@ -34,6 +34,7 @@ ACTIVATION_BYTES = 8  # per token, layer and unit of width: the 4B step's 7.8 Gi
 VLLM_RESERVE = 3 * GIB  # vLLM's profiled activations, CUDA graphs and non-torch memory: an allowance
 TRAINING_RESERVE = 2 * GIB  # the CUDA context, NCCL buffers: an allowance
 HEADROOM = 0.05  # of the GPU left to the allocator's fragmentation
+SLACK = 8  # tokens beyond the longest prompt and answer: special tokens a library adds (lm-eval's BOS, say)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,11 @@ def gib(size: int | float) -> str:
     return f"{size / GIB:.1f}"
 
 
+def engine_length(prompt_tokens: int, answer_tokens: int) -> int:
+    """vLLM's max_model_len: the longest prompt, the longest answer and SLACK."""
+    return prompt_tokens + answer_tokens + SLACK
+
+
 def training_bytes(shape: Shape, processes: int, micro_batch: int, tokens: int, reference: bool = True) -> int:
     """What one process holds to train: sharded states (and reference), gathered layers, a micro-batch's
     activations at ``tokens`` per sequence, the reserve (module docstring)."""
@@ -139,7 +145,7 @@ def training_bytes(shape: Shape, processes: int, micro_batch: int, tokens: int, 
 
 def training_plan(model: str, shape: Shape, train: dict, processes: int, prompt_tokens: int, gpu: int) -> Plan:
     """The colocated engine of a training cell: each process generates its share of the generation batch."""
-    length = prompt_tokens + train["max_response_tokens"]
+    length = engine_length(prompt_tokens, train["max_response_tokens"])
     sequences = math.ceil(train["batch_prompts"] * train["rollouts"] / processes)
     micro = train.get("micro_batch") or train["minibatch_prompts"] * train["rollouts"] // processes
     return Plan(model, gpu, length, sequences, WEIGHT_BYTES * shape.parameters, shape.kv_bytes_per_token * length,
@@ -148,7 +154,7 @@ def training_plan(model: str, shape: Shape, train: dict, processes: int, prompt_
 
 def evaluation_plan(model: str, shape: Shape, prompt_tokens: int, max_tokens: int, sequences: int, gpu: int) -> Plan:
     """An evaluation's engine, alone on its GPU."""
-    length = prompt_tokens + max_tokens
+    length = engine_length(prompt_tokens, max_tokens)
     return Plan(model, gpu, length, sequences, WEIGHT_BYTES * shape.parameters, shape.kv_bytes_per_token * length, 0)
 
 
