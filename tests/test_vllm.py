@@ -278,3 +278,81 @@ def test_the_workflow_runs_its_vllm_jobs_with_the_vllm_interpreter(tmp_path):
     evaluation = json.loads((tmp_path / targets[1]).read_text())
     assert evaluation["backend"] == "vllm" and evaluation["versions"]["vllm_version"] == "0.32.0+cpu"
     assert evaluation["k"] == config["evaluation"]["k"]
+
+
+# ---------------------------------------------------------------------------------------- the paper's models' engines
+
+PAPER_TWINS = {
+    "llama-3.1-8b-instruct": "onpolicy",
+    "qwen2.5-7b": "onpolicy",
+    "qwen3-4b-instruct-2507": "async_countdown",
+}
+GPU = 80 * 2**30  # an A100 80GB, the paper's GPU
+
+
+def _twin_kv_bytes(real_kv_bytes: int, real, twin) -> int:
+    """The twin's KV space for as many tokens as ``real_kv_bytes`` hold for the real model (its cache is float32 on a
+    CPU, twice gpu_memory's bf16 bytes per element)."""
+    return real_kv_bytes // real.kv_bytes_per_token * twin.kv_bytes_per_token * 2
+
+
+@pytest.mark.parametrize("model", PAPER_TWINS)
+def test_a_paper_models_twin_trains_with_its_planned_engine_and_not_with_trls_defaults(workdir, tmp_path, model):
+    """A shape twin of the paper's model (its context, RoPE and grouped-query layout at the tiny width) trains a step
+    with TRL's colocated vLLM at its study's response length, in a KV space holding as many tokens as the planned
+    engine holds on an 80 GiB GPU. Without the plan (TRL's defaults: the model's whole context, in the KV space 30 % of
+    that GPU leaves beside the weights) vLLM refuses to start, with its own error."""
+    import json
+
+    import yaml
+
+    from klstudy.config import train_gpus, validate_config
+    from klstudy.train import gpu_memory, standins
+
+    published = json.loads((Path(__file__).parent / f"fixtures/model-configs/{model}.json").read_text())
+    real, study = gpu_memory.Shape.of(published), PAPER_TWINS[model]
+    twin = gpu_memory.Shape.of(standins.twin(published, tmp_path / "twin"))
+    assert twin.context == real.context and twin.kv_heads == 1  # the real context, one key-value head per group
+    paper = validate_config(yaml.safe_load((Path(__file__).parents[1] / "config/paper.yaml").read_text()))
+    paper_train = paper["studies"][study]["train"]
+    heldout = tmp_path / "heldout.jsonl"
+    staging.write_jsonl(staging.read_jsonl(workdir / "data/math500.jsonl")[:1], heldout)
+    records = staging.read_jsonl(workdir / "data/train.jsonl") + staging.read_jsonl(heldout)
+    prompt = gpu_memory.longest_prompt(models.load(tmp_path / "twin")[1], [r["prompt"] for r in records])
+    plan = gpu_memory.training_plan(model, real, paper_train, train_gpus(paper, study), prompt, GPU)
+    trl_default_kv = int(0.3 * GPU) - plan.weights - gpu_memory.VLLM_RESERVE
+
+    train = dict(
+        steps=1, batch_prompts=2, minibatch_prompts=2, rollouts=2, learning_rate=1e-3,
+        max_response_tokens=paper_train["max_response_tokens"], temperature=1.0, advantage="rloo",
+        loss_type="token_sum", async_level=0, eval_every=2, checkpoint_every=1, heldout_samples=1, generation="vllm",
+        report_to="none",
+    )  # fmt: skip
+    cell = {**validated_cell(train, kl="k1-reward", beta=0.1), "model": model}
+
+    engines = {}
+
+    def trained(kv_bytes: int, planned: bool, name: str):
+        arguments = {**vllm_cpu.ENGINE_ARGUMENTS, "kv_cache_memory_bytes": kv_bytes}
+        planned_engine = grid_cell.engine_settings
+
+        def engine(*args):  # the plan, or today's code: TRL's defaults
+            return engines.setdefault(name, planned_engine(*args) if planned else {})
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(vllm_cpu, "ENGINE_ARGUMENTS", arguments)
+            # VLLM_CPU_KVCACHE_SPACE (whole GiB) would override kv_cache_memory_bytes
+            patch.setattr(
+                vllm_cpu, "ENVIRONMENT", {k: v for k, v in vllm_cpu.ENVIRONMENT.items() if "KVCACHE" not in k}
+            )
+            patch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+            patch.setattr(grid_cell, "engine_settings", engine)
+            return grid_cell.run(cell, tmp_path / "twin", workdir / "data/train.jsonl", heldout, tmp_path / name,
+                                 tmp_path / f"{name}-checkpoints", tmp_path / f"{name}-tracking")  # fmt: skip
+
+    with pytest.raises(ValueError, match=rf"the model's max seq len \({real.context}\), .* KV cache is needed"):
+        trained(_twin_kv_bytes(trl_default_kv, real, twin), planned=False, name="trl-defaults")
+    summary = trained(_twin_kv_bytes(plan.kv, real, twin), planned=True, name="planned")
+    assert summary["status"] == "ok"
+    assert engines == {"trl-defaults": {}, "planned": {"vllm_max_model_length": plan.max_model_len}}
+    assert plan.max_model_len == prompt + paper_train["max_response_tokens"] + gpu_memory.SLACK

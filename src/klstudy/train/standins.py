@@ -8,10 +8,11 @@ weights never emit EOS: every rollout runs to its length limit, the worst case f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from klstudy.train import tiny
 
@@ -66,3 +67,34 @@ def build(shape: str, out: Path, dtype: str = "bfloat16", device: str = "cpu", s
     parameters = sum(p.numel() for p in model.parameters())
     tiny.save_built(model, tokenizer, out, {"standin": shape, "parameters": parameters})
     return parameters
+
+
+TWIN_HEAD_DIM = 32  # the narrowest head vLLM's CPU kernels serve
+
+
+def twin(config: dict, out: Path, seed: int = 0) -> dict:
+    """Save a shape twin of a published ``config`` (its config.json as a dict) in ``out``: its architecture, context
+    length, RoPE (theta and scaling) and grouped-query layout (query heads per key-value head), at the tiny width:
+    one key-value head of TWIN_HEAD_DIM, 2 layers, the byte-level tokenizer of tiny.py, float32 random weights.
+    Returns the twin's config.json. vLLM sizes its KV cache and context from these fields as for the real model."""
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    groups = heads // kv_heads  # query heads per key-value head
+    real_head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    width = round(
+        groups * TWIN_HEAD_DIM * config["hidden_size"] / (heads * real_head_dim)
+    )  # Qwen3: hidden ≠ heads × dim
+    tokenizer = tiny.build_tokenizer()
+    tokenizer.model_max_length = config["max_position_embeddings"]
+    kept = ("model_type", "max_position_embeddings", "rope_theta", "rope_scaling", "tie_word_embeddings",
+            "sliding_window", "use_sliding_window")  # fmt: skip
+    fields = {key: config[key] for key in kept if key in config}
+    twin_config = AutoConfig.for_model(
+        **fields, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2, num_attention_heads=groups,
+        num_key_value_heads=1, head_dim=TWIN_HEAD_DIM, vocab_size=len(tokenizer), bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(twin_config)
+    tiny.save_built(model, tokenizer, out, {"twin_of": config.get("architectures"), "groups": groups})
+    return json.loads((Path(out) / "config.json").read_text())
