@@ -12,7 +12,7 @@ from huggingface_hub import errors
 from workflow_helpers import ROOT
 
 from klstudy.config import ConfigError, validate_config
-from klstudy.run import estimate, preflight
+from klstudy.run import estimate, memory_plans, preflight
 
 
 def paper(**cluster) -> dict:
@@ -445,7 +445,7 @@ def staged_models(root: Path, tokenizer=None) -> None:
 )
 def test_each_studys_engine_is_planned_from_the_staged_config_json(tmp_path, cluster, status, words):
     staged_models(tmp_path)
-    rows = preflight.memory_checks(paper(**cluster), tmp_path)
+    rows = memory_plans.checks(paper(**cluster), tmp_path)
     config = paper()
     expected = [f"GPU memory: {study} {model}" for study, spec in config["studies"].items() for model in spec["models"]]
     assert [row.what for row in rows] == expected
@@ -455,14 +455,14 @@ def test_each_studys_engine_is_planned_from_the_staged_config_json(tmp_path, clu
 
 def test_a_gpu_too_small_for_the_engine_fails_naming_the_model_and_the_numbers(tmp_path):
     staged_models(tmp_path)
-    rows = {row.what: row for row in preflight.memory_checks(paper(gpu_model="l4"), tmp_path)}  # 22 GiB
+    rows = {row.what: row for row in memory_plans.checks(paper(gpu_model="l4"), tmp_path)}  # 22 GiB
     failed = rows["GPU memory: async_math qwen2.5-7b"]
     assert failed.status == preflight.FAIL and "a GPU with more memory" in failed.remedy
     assert failed.detail.startswith("qwen2.5-7b: one 4360-token sequence needs 0.2 GiB of KV cache, but a 22.0 GiB")
 
 
 def test_without_a_staged_config_json_the_plan_waits_for_staging(tmp_path):
-    rows = preflight.memory_checks(paper(gpu_model="h100"), tmp_path)
+    rows = memory_plans.checks(paper(gpu_model="h100"), tmp_path)
     assert rows and {row.status for row in rows} == {preflight.SKIP}
 
 
@@ -476,7 +476,7 @@ def test_staged_prompts_are_measured_in_the_models_chat_template(tmp_path):
     for name in ("math_train", "math_test", "countdown_train", "countdown_test"):
         staging.write_jsonl(records, tmp_path / f"results/data/{name}.jsonl")
     longest = gpu_memory.longest_prompt(tokenizer, [r["prompt"] for r in records])
-    rows = preflight.memory_checks(paper(gpu_model="h200"), tmp_path)
+    rows = memory_plans.checks(paper(gpu_model="h200"), tmp_path)
     onpolicy = next(row for row in rows if row.what == "GPU memory: onpolicy qwen2.5-7b")
     assert f"max_model_len {longest + 1024 + gpu_memory.SLACK}," in onpolicy.detail
     assert onpolicy.detail.endswith(f"longest prompt {longest} tokens") and "of 140.4 GiB" in onpolicy.detail

@@ -334,7 +334,7 @@ def test_a_paper_models_twin_trains_with_its_planned_engine_and_not_with_trls_de
 
     def trained(kv_bytes: int, planned: bool, name: str):
         arguments = {**vllm_cpu.ENGINE_ARGUMENTS, "kv_cache_memory_bytes": kv_bytes}
-        planned_engine = grid_cell.engine_settings
+        planned_engine = gpu_memory.engine_settings
 
         def engine(*args):  # the plan, or today's code: TRL's defaults
             return engines.setdefault(name, planned_engine(*args) if planned else {})
@@ -346,7 +346,7 @@ def test_a_paper_models_twin_trains_with_its_planned_engine_and_not_with_trls_de
                 vllm_cpu, "ENVIRONMENT", {k: v for k, v in vllm_cpu.ENVIRONMENT.items() if "KVCACHE" not in k}
             )
             patch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-            patch.setattr(grid_cell, "engine_settings", engine)
+            patch.setattr(gpu_memory, "engine_settings", engine)
             return grid_cell.run(cell, tmp_path / "twin", workdir / "data/train.jsonl", heldout, tmp_path / name,
                                  tmp_path / f"{name}-checkpoints", tmp_path / f"{name}-tracking")  # fmt: skip
 

@@ -8,6 +8,8 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     devices            one machine's GPUs shared by a study's jobs, each on its own
     status             `klstudy status`: where the grid stands, from its files alone
     preflight          `klstudy preflight`: the Hub, data, SLURM account, partitions, limits, GPUs and disk, checked
+    check              a row of the preflight's table and its statuses
+    memory_plans       the preflight's GPU memory rows: each study's vLLM engine beside training, on the cluster's GPU
     estimate           a run's peak disk and GPU-hours, from its config
     config_reference   config/README.md, written from the schema
     paper_settings     the paper's settings against config/paper.yaml (docs/paper-settings.md)

@@ -7,8 +7,8 @@ job is submitted, in one table with a remedy per failing row.
 - SLURM (skipped where there is no ``sinfo``: a local run): the account, the QOS, the profile's jobs against the
   per-user submit limit, each kind of job's partition(s), its runtime against the partition's MaxTime and the QOS's
   MaxWall, GPUs of the asked kind in the GPU partition, and a node with them that has the job's memory and CPUs.
-- GPU memory: each study's colocated vLLM engine beside training, per model, from its staged config.json and
-  prompts, on one GPU of cluster.gpu_model (train/gpu_memory.py); a plan in which not one sequence fits fails.
+- GPU memory (memory_plans.py): each study's colocated vLLM engine beside training, per model, on one GPU of
+  cluster.gpu_model; a plan in which not one sequence fits fails.
 - disk: free space under results/ against the run's peak (estimate.py), which is printed with the GPU-hours.
 
 `snakemake --profile slurm` runs it (the Snakefile's ``onstart``) unless ``--config preflight=False``.
@@ -25,19 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klstudy.config import REPO_ROOT, train_gpus
-from klstudy.run import estimate
+from klstudy.run import estimate, memory_plans
+from klstudy.run.check import FAIL, OK, SKIP, WARN, Check
 
-OK, FAIL, SKIP, WARN = "ok", "FAIL", "skip", "warn"  # a warning does not fail the preflight
 # Datasets whose hub source is not a known public copy: staged only from a local copy.
 NO_PUBLIC_COPY = {"math_squared"}
-
-
-@dataclass
-class Check:
-    what: str
-    status: str
-    detail: str
-    remedy: str = ""
 
 
 # ------------------------------------------------------------------------------------------------------------ the hub
@@ -143,78 +135,6 @@ def unstaged(config: dict, root: Path) -> list[str]:
         and not (root / f"results/models/{name}").exists()
     ]
     return missing
-
-
-# ----------------------------------------------------------------------------------------------------- GPU memory
-
-# One GPU's memory (GiB, as nvidia-smi reports it) by the GRES names clusters give it; a name that covers two sizes
-# (a100: 40 or 80 GB) is left out, and cluster.gpu_memory_gib says which.
-KNOWN_GPUS = {
-    "h100": 79.6, "h100_80gb": 79.6, "nvidia_h100_80gb_hbm3": 79.6, "h200": 140.4, "nvidia_h200": 140.4,
-    "a100_80gb": 80.0, "a100-80gb": 80.0, "nvidia_a100-sxm4-80gb": 80.0, "a100_40gb": 40.0, "a100-40gb": 40.0,
-    "nvidia_a100-sxm4-40gb": 40.0, "l40s": 44.4, "a40": 44.4, "a6000": 47.5, "l4": 22.0,
-}  # fmt: skip
-
-
-def gpu_memory_gib(cluster: dict) -> float | None:
-    """cluster.gpu_memory_gib, else gpu_model's size where KNOWN_GPUS has it, else None."""
-    model = (cluster.get("gpu_model") or "").lower()
-    return cluster.get("gpu_memory_gib") or KNOWN_GPUS.get(model)
-
-
-def _model_dir(config: dict, root: Path, model: str) -> Path | None:
-    """Where a model's config.json and tokenizer are before the run: staged, or its local copy."""
-    staged, local = root / "results/models" / model, config["models"][model].get("local_dir")
-    found = [path for path in (staged, Path(local) if local else None) if path and (path / "config.json").exists()]
-    return found[0] if found else None
-
-
-def _longest_prompt(config: dict, root: Path, model_dir: Path, datasets: list[str]) -> tuple[int, str]:
-    """The longest staged prompt of ``datasets`` in the model's chat template, and where it came from (the estimate's
-    assumed length where a dataset is not staged yet)."""
-    from transformers import AutoTokenizer
-
-    from klstudy.data import staging
-    from klstudy.train import gpu_memory
-
-    paths = [root / f"results/data/{name}.jsonl" for name in datasets]
-    if not all(path.exists() for path in paths):
-        return estimate.PROMPT_TOKENS, f"prompts assumed {estimate.PROMPT_TOKENS} tokens (data not staged)"
-    prompts = [record["prompt"] for path in paths for record in staging.read_jsonl(path)]
-    longest = gpu_memory.longest_prompt(AutoTokenizer.from_pretrained(model_dir), prompts)
-    return longest, f"longest prompt {longest} tokens"
-
-
-def memory_checks(config: dict, root: Path) -> list[Check]:
-    """Each study's colocated vLLM engine (generation: vllm) beside training, per model, on one GPU of
-    cluster.gpu_model: the plan of train/gpu_memory.py from the staged config.json and prompts."""
-    from klstudy.train import gpu_memory
-
-    gib = gpu_memory_gib(config["cluster"])
-    checks = []
-    for study, spec in config["studies"].items():
-        if spec["train"]["generation"] != "vllm":
-            continue
-        for model in spec["models"]:
-            what = f"GPU memory: {study} {model}"
-            model_dir = _model_dir(config, root, model)
-            if model_dir is None:
-                checks.append(Check(what, SKIP, "config.json not staged yet: `klstudy stage` first, then rerun"))
-                continue
-            prompt, source = _longest_prompt(config, root, model_dir, [spec["train_data"], spec["heldout_data"]])
-            shape = gpu_memory.Shape.read(model_dir)
-            plan = gpu_memory.training_plan(model, shape, spec["train"], train_gpus(config, study), prompt,
-                                            int((gib or 80) * gpu_memory.GIB))  # fmt: skip
-            if gib is None:
-                checks.append(Check(what, WARN, f"GPU memory unknown; on 80 GiB: {plan.describe()}; {source}",
-                                    "set cluster.gpu_memory_gib (or a gpu_model that names one size)"))  # fmt: skip
-            elif plan.problem():
-                checks.append(Check(what, FAIL, f"{plan.problem()}; {source}",
-                                    "a GPU with more memory, more GPUs per cell (studies.<study>.gpus), a smaller "
-                                    "micro_batch, or shorter responses"))  # fmt: skip
-            else:
-                checks.append(Check(what, OK, f"{plan.describe()}; {source}"))
-    return checks
 
 
 # -------------------------------------------------------------------------------------------------------- the sources
@@ -569,7 +489,7 @@ def disk_check(config: dict, root: Path) -> Check:
 
 def checks(config: dict, root: Path, hub: bool = True, client=None, jobs: int | None = None) -> list[Check]:
     rows = hub_checks(config, root, client) if hub else [Check("hub", SKIP, "--no-hub: not checked")]
-    rows += [*source_checks(config, root), *memory_checks(config, root), *slurm_checks(config, jobs=jobs)]
+    rows += [*source_checks(config, root), *memory_plans.checks(config, root), *slurm_checks(config, jobs=jobs)]
     return [*rows, disk_check(config, root)]
 
 

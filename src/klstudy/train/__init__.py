@@ -4,7 +4,8 @@
     cell        one cell of a study grid: metrics, held-out pass@1, health rules, snapshots, resume
     models      base models as local directories: built, staged from the Hub, loaded, checked
     tiny        the embedded base model: a byte-level tokenizer, a small Qwen2 and its warm start
-    standins    random-weight stand-ins in the shapes of the paper's models (GPU suite, benchmarks)
+    standins    random-weight stand-ins in the shapes of the paper's models (GPU suite, benchmarks), and shape twins
+    gpu_memory  a vLLM engine's length and share of the GPU beside training, from the model's config.json
     tracking    experiment trackers of a cell (TensorBoard, Weights & Biases, trackio)
     vllm_cpu    what TRL's colocated vLLM and lm-eval's vllm backend need on a CPU
 

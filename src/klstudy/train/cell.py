@@ -125,27 +125,6 @@ def to_dataset(records: list[dict]):
     return datasets.Dataset.from_list(rows)
 
 
-def engine_settings(cell: dict, model_dir: Path, prompts: list[str]) -> dict:
-    """TRL's settings for the colocated vLLM engine of a cell (generation: vllm): max_model_len from the longest of
-    ``prompts`` (training and held-out) and the longest response, and on a GPU the engine's share of its memory
-    (gpu_memory.py). Raises, with the numbers, where not one sequence fits beside training."""
-    from transformers import AutoTokenizer
-
-    train = cell["train"]
-    shape = gpu_memory.Shape.read(model_dir)
-    prompt_tokens = gpu_memory.longest_prompt(AutoTokenizer.from_pretrained(model_dir), prompts)
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
-    plan = gpu_memory.training_plan(cell["model"], shape, train, processes, prompt_tokens, gpu or 0)
-    settings = {"vllm_max_model_length": plan.max_model_len}
-    if gpu:  # a CPU engine sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (vllm_cpu.py), not by a share
-        if plan.problem():
-            raise RuntimeError(f"the colocated vLLM engine does not fit: {plan.problem()}")
-        settings["vllm_gpu_memory_utilization"] = plan.share
-    print(f"vLLM engine: {plan.describe() if gpu else f'max_model_len {plan.max_model_len} (CPU)'}", flush=True)
-    return settings
-
-
 def trainer_config(cell: dict, checkpoint_dir: Path, engine: dict | None = None) -> KLTrainerConfig:
     """KLTrainerConfig of a grid cell (the study's ``train`` settings plus the cell's KL, β and seed)."""
     train = cell["train"]
@@ -183,7 +162,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path, engine: dict | None = None)
         use_vllm=train["generation"] == "vllm",
         vllm_mode="colocate",
         vllm_importance_sampling_correction=train["vllm_importance_sampling"],
-        **(engine or {}),  # engine_settings: the colocated vLLM engine's length and memory share
+        **(engine or {}),  # gpu_memory.engine_settings: the colocated vLLM engine's length and memory share
         logging_steps=1,
         save_strategy="steps",
         save_steps=train["checkpoint_every"] * updates,
@@ -448,7 +427,7 @@ def run(
     train_records, heldout_records = staging.read_jsonl(train_path), staging.read_jsonl(heldout_path)
     engine = None
     if cell["train"]["generation"] == "vllm":
-        engine = engine_settings(cell, model_dir, [r["prompt"] for r in train_records + heldout_records])
+        engine = gpu_memory.engine_settings(cell, model_dir, [r["prompt"] for r in train_records + heldout_records])
     args = trainer_config(cell, checkpoint_dir, engine)
     processes = args.distributed_state or PartialState()  # set up with the args' device; the one of a plain run
     main = processes.is_main_process

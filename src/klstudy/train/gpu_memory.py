@@ -164,3 +164,27 @@ def longest_prompt(tokenizer, prompts, chat_template: bool = True) -> int:
 
     texts = [chat_prompt(tokenizer, prompt) if chat_template else prompt for prompt in prompts]
     return max(len(ids) for ids in tokenizer(texts, add_special_tokens=not chat_template)["input_ids"])
+
+
+def engine_settings(cell: dict, model_dir: Path, prompts: list[str]) -> dict:
+    """TRL's settings for the colocated vLLM engine of a cell (generation: vllm): max_model_len from the longest of
+    ``prompts`` (training and held-out) and the longest response, and on a GPU the engine's share of its memory
+    (py). Raises, with the numbers, where not one sequence fits beside training."""
+    import os
+
+    import torch
+    from transformers import AutoTokenizer
+
+    train = cell["train"]
+    shape = Shape.read(model_dir)
+    prompt_tokens = longest_prompt(AutoTokenizer.from_pretrained(model_dir), prompts)
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    plan = training_plan(cell["model"], shape, train, processes, prompt_tokens, gpu or 0)
+    settings = {"vllm_max_model_length": plan.max_model_len}
+    if gpu:  # a CPU engine sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (vllm_cpu.py), not by a share
+        if plan.problem():
+            raise RuntimeError(f"the colocated vLLM engine does not fit: {plan.problem()}")
+        settings["vllm_gpu_memory_utilization"] = plan.share
+    print(f"vLLM engine: {plan.describe() if gpu else f'max_model_len {plan.max_model_len} (CPU)'}", flush=True)
+    return settings
