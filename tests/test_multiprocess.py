@@ -30,6 +30,7 @@ def _config(async_level: int) -> dict:
     study["train"].update(steps=STEPS, batch_prompts=2, minibatch_prompts=2, rollouts=4, eval_every=2,
                           checkpoint_every=2, accelerate_config=TWO_PROCESSES, async_level=async_level)  # fmt: skip
     config["studies"] = {"whole": study, "killed": json.loads(json.dumps(study))}
+    config["resources"]["train"]["cpus"] = 2  # shared by the two processes: one thread each
     config["evaluation"]["studies"] = {}
     config["divergence"].update(study="killed", steps=[0, 2, 4])  # the killed cell saves snapshots across the kill
     config["figures"] = {}
@@ -73,6 +74,7 @@ def test_one_process_writes_one_line_per_step_and_per_evaluation(two_process_run
     assert {row["prompts"] for row in heldout} == {len(staging.read_jsonl(workdir / "results/data/math_test.jsonl"))}
     log = (workdir / "logs" / "train" / "whole/tiny/k1-loss/beta~0.1/seed~0.log").read_text()
     assert log.count(f"cell {_cell('whole')}: ok") == 1  # the summary line comes from the main process only
+    assert log.count("CPU threads per process: 1 (2 CPUs over 2 processes on this node)") == 1
     summary = json.loads((cell / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["processes"] == 2
 

@@ -346,6 +346,7 @@ def test_a_paper_models_twin_trains_with_its_planned_engine_and_not_with_trls_de
                 vllm_cpu, "ENVIRONMENT", {k: v for k, v in vllm_cpu.ENVIRONMENT.items() if "KVCACHE" not in k}
             )
             patch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+            patch.setenv("MASTER_PORT", "0")  # TRL picks a free port: an earlier engine here may hold its last one
             patch.setattr(gpu_memory, "engine_settings", engine)
             return grid_cell.run(cell, tmp_path / "twin", workdir / "data/train.jsonl", heldout, tmp_path / name,
                                  tmp_path / f"{name}-checkpoints", tmp_path / f"{name}-tracking")  # fmt: skip

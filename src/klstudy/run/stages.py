@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 from pathlib import Path
 
 
 def _threads(count: int | None) -> None:
+    """The job's CPUs shared by the processes `accelerate launch` started on this node (LOCAL_WORLD_SIZE): 8 ranks
+    of a 64-CPU job take 8 threads each, not 64."""
     import torch
 
     if count:
-        torch.set_num_threads(count)
+        torch.set_num_threads(threads_per_process(count))
+
+
+def threads_per_process(cpus: int, env=os.environ) -> int:
+    return max(1, cpus // int(env.get("LOCAL_WORLD_SIZE") or 1))
 
 
 def _toy(args):
@@ -219,6 +226,10 @@ def _train(args):
     from klstudy.train import cell
 
     _threads(args.threads)
+    if args.threads and os.environ.get("LOCAL_RANK", "0") == "0":  # once a node
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        print(f"CPU threads per process: {threads_per_process(args.threads)} ({args.threads} CPUs over {local} "
+              "processes on this node)", flush=True)  # fmt: skip
     summary = cell.run(
         json.loads(args.settings),
         Path(args.model),
