@@ -134,6 +134,12 @@ def test_the_documented_commands_run_the_study_through_sbatch_and_equal_a_local_
     submitted = sum(output.count(f"rule {rule}:") for rule in SUBMITTED_RULES)
     assert submitted > 0 and len(jobs) == submitted, output[-3000:]
     assert set(jobs.state) == {"COMPLETED"}
+    # the profile's names, and comments that say the rule and the cell (docs/running.md's squeue line shows both)
+    assert all(name.startswith("klstudy_") for name in jobs.name), set(jobs.name)
+    runs = (tmp_path / "results/runs").glob("*/*/*/beta~*/seed~*/summary.json")  # study/model/kl/beta~β/seed~s
+    parts = [summary.parent.relative_to(tmp_path / "results/runs").parts for summary in runs]
+    cells = {"rule_train_rl_wildcards_" + "_".join(part.split("~")[-1] for part in cell) for cell in parts}
+    assert set(jobs.comment[jobs.comment.str.startswith("rule_train_rl_")]) == cells
     logs = sorted((tmp_path / "logs" / "slurm").rglob("*.log"))
     assert sorted(p.stem for p in logs) == sorted(jobs.job_id)  # one SLURM log per job, named by its job id
 

@@ -121,6 +121,7 @@ InactiveLimit=0
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=16819
+AccountingStoreFlags=job_comment
 JobCompType=jobcomp/none
 GresTypes=gpu
 EnforcePartLimits=ALL
