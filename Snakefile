@@ -27,6 +27,9 @@ validate_config(config, load_schema(Path(workflow.basedir) / "workflow/schemas/c
 # training_slots=N on the command line wins.
 if "training_slots" not in workflow.global_resources:
     workflow.register_resource("training_slots", config["cluster"]["training_slots"])
+# The evaluation and Fig. 12 jobs queued or running at once (each holds one slot), likewise.
+if "evaluation_slots" not in workflow.global_resources:
+    workflow.register_resource("evaluation_slots", config["cluster"]["evaluation_slots"])
 
 # What the run costs (klstudy/run/estimate.py), on every invocation of the driver, the dry run included; not in jobs.
 if workflow.is_main_process and any("parameters_b" in model for model in config["models"].values()):

@@ -389,15 +389,19 @@ def test_training_slots_cap_the_cells_training_at_once(tmp_path):
     """Each training job holds one `training_slots`; the Snakefile provides cluster.training_slots of them (the
     command line's --resources wins), so at most that many cells train, and hold checkpoints, at once."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    config["cluster"] = {"training_slots": 2}
+    config["cluster"] = {"training_slots": 2, "evaluation_slots": 5}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     data = ["results/data/math500.jsonl", "--cores", "1", "--configfile", str(tmp_path / "config.yaml")]
-    assert 'Provided resources: training_slots=Resource("training_slots", 2)' in snakemake(*data, cwd=tmp_path)
+    provided = snakemake(*data, cwd=tmp_path)
+    assert 'training_slots=Resource("training_slots", 2)' in provided
+    assert 'evaluation_slots=Resource("evaluation_slots", 5)' in provided  # evaluations likewise
     out = snakemake(*data, "--forcerun", "prepare_data", "--resources", "training_slots=3", cwd=tmp_path)
     assert 'training_slots=Resource("training_slots", 3)' in out
     cell = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/summary.json"
-    dry = snakemake(cell, "-n", "--cores", "1", "--configfile", str(tmp_path / "config.yaml"), cwd=tmp_path)
+    evaluation = "results/evals/base/tiny/template~on/math500.json"
+    dry = snakemake(cell, evaluation, "-n", "--cores", "1", "--configfile", str(tmp_path / "config.yaml"), cwd=tmp_path)
     assert re.search(r"rule train_rl:.*?resources: [^\n]*training_slots=1", dry, re.S), dry[-2000:]
+    assert re.search(r"rule evaluate_base:.*?resources: [^\n]*evaluation_slots=1", dry, re.S), dry[-2000:]
 
 
 def test_make_stage_for_slurm_stages_every_input_and_nothing_else(tmp_path):

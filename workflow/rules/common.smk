@@ -161,6 +161,8 @@ def job_resources(stage):
         resources["qos"] = cluster["qos"]
     if stage == "train":
         resources["training_slots"] = 1  # the global limit is cluster.training_slots (Snakefile)
+    if stage in ("evaluate", "divergence"):
+        resources["evaluation_slots"] = 1  # the global limit is cluster.evaluation_slots (Snakefile)
     if spec["gpus"]:
         per_node, local_gpus = gpu_resources(spec["gpus"], cluster), spec["gpus"]
         if stage == "train":  # a study may train on its own number of GPUs (studies.<study>.gpus)
