@@ -479,6 +479,8 @@ def test_a_slurm_jobs_caches_go_under_its_tmpdir_or_results_cache(tmp_path):
         f"{under}/inductor",
     ]
     assert caches(SLURM_JOB_ID="7")[1] == f"{tmp_path}/results/cache/klstudy-cache/triton"
+    node_local = {"SLURM_JOB_ID": "7", "SLURM_TMPDIR": "/local/job7", "TMPDIR": f"{tmp_path}/scratch"}
+    assert caches(**node_local)[0] == "/local/job7/klstudy-cache/vllm"  # the site's node-local scratch first
     assert caches(SLURM_JOB_ID="7", VLLM_CACHE_ROOT="/big/vllm")[0] == "/big/vllm"
 
 

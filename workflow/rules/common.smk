@@ -35,10 +35,11 @@ from klstudy.run.preflight import runtime_cap
 _SRC = shlex.quote(str(Path(workflow.basedir) / "src"))
 _PYTHON_BIN = shlex.quote(str(Path(sys.executable).parent))
 _USES_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-# In a SLURM job, vLLM's, triton's and inductor's caches go under the job's TMPDIR (else results/cache), not the home
-# directory, which is often small on a cluster; a cache directory set beforehand is kept.
+# In a SLURM job, vLLM's, triton's and inductor's caches go under the job's node-local scratch (SLURM_TMPDIR where the
+# site sets it, else TMPDIR, else results/cache), not the home directory, which is often small on a cluster; a cache
+# directory set beforehand is kept.
 _CACHES = (
-    'if [ -n "${{SLURM_JOB_ID:-}}" ]; then _cache="${{TMPDIR:-$PWD/results/cache}}/klstudy-cache"; '
+    'if [ -n "${{SLURM_JOB_ID:-}}" ]; then _cache="${{SLURM_TMPDIR:-${{TMPDIR:-$PWD/results/cache}}}}/klstudy-cache"; '
     'export VLLM_CACHE_ROOT="${{VLLM_CACHE_ROOT:-$_cache/vllm}}"'
     ' TRITON_CACHE_DIR="${{TRITON_CACHE_DIR:-$_cache/triton}}"'
     ' TORCHINDUCTOR_CACHE_DIR="${{TORCHINDUCTOR_CACHE_DIR:-$_cache/inductor}}"; fi; '

@@ -9,12 +9,12 @@ base model (2), a training checkpoint in float32 with Adam's two moments (12), t
 stays; checkpoints exist only while a cell trains, so at most ``cluster.training_slots`` cells hold them at once (the
 largest models' cells, at worst).
 
-GPU-hours: an upper bound on the FLOPs, every response at ``max_response_tokens``, each divided by the sustained
-throughput of its phase (``cluster.gpu_tflops``: TFLOP/s per GPU for generation, scoring and the update). A training
-step's (prompt + response) token costs 2·N FLOPs to generate (N parameters), 2·N per scoring pass (two: the reference's
-and the sampling policy's log-probabilities) and 6·N to train on (forward and backward). An evaluation token costs 2·N
-of generation; a Fig. 12 token 2·N of generation and two scoring passes. The default scoring and update throughputs
-were measured (docs/paper-scale.md); generation's, vLLM's, was not.
+GPU-hours: an estimate, not a bound: the FLOPs with every response at ``max_response_tokens``, each divided by the
+sustained throughput of its phase (``cluster.gpu_tflops``: TFLOP/s per GPU for generation, scoring and the update).
+A training step's (prompt + response) token costs 2·N FLOPs to generate (N parameters), 2·N per scoring pass (two: the
+reference's and the sampling policy's log-probabilities) and 6·N to train on (forward and backward). An evaluation
+token costs 2·N of generation; a Fig. 12 token 2·N of generation and two scoring passes. The default scoring and update
+throughputs were measured (docs/paper-scale.md); generation's, vLLM's, was not.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def summary(config: dict) -> list[str]:
         f"peak disk under results/: {disk.total / GB:,.0f} GB ("
         + ", ".join(f"{what} {size / GB:,.0f} GB" for what, size in disk.parts.items())
         + f"){disk.note()}",
-        "GPU-hours (upper bound, every response at its maximum length; TFLOP/s sustained per GPU, cluster.gpu_tflops: "
+        "GPU-hours (estimate: every response at its maximum length; TFLOP/s sustained per GPU, cluster.gpu_tflops: "
         + ", ".join(f"{phase} {config['cluster']['gpu_tflops'][phase]:g}" for phase in PHASES)
         + f"): {_hours(hours.total)} ("
         + ", ".join(f"{what} {_hours(h)}" for what, h in hours.parts.items())
