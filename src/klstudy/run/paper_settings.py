@@ -105,6 +105,8 @@ def _format(value) -> str:
         return "{" + ", ".join(f"{key}: {_format(item)}" for key, item in value.items()) + "}"
     if isinstance(value, bool):
         return str(value).lower()  # as YAML writes it
+    if value is None:
+        return "null"
     if isinstance(value, float):
         return re.sub(r"e([+-])0(\d)", r"e\1\2", f"{value:g}")  # 1e-06 -> 1e-6
     return str(value)
@@ -132,10 +134,15 @@ def page(mapping: dict) -> str:
         "`config/paper-settings.yaml`, where the paper's words are typed by hand with their place; "
         "`tests/test_paper_settings.py` fails where `config/paper.yaml` holds another value than a row's, or a "
         "reference names a section, figure or table the paper does not have. Sections (§4.1) and appendices (B, D.2) "
-        "are the paper's; ω_t = π_θ / π_old is the per-token importance ratio (1 on-policy).",
+        "are the paper's; ω_t = π_θ / π_old is the per-token importance ratio, π_old the policy that sampled the "
+        "token, its log-probabilities as the trainer computes them (1 on-policy).",
         "",
-        f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. "
-        "Every other row is what `config/paper.yaml` runs.",
+        (
+            f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. "
+            "Every other row is what `config/paper.yaml` runs."
+            if pending
+            else "**No known difference is left unresolved**: every row is what `config/paper.yaml` runs."
+        ),
         "",
     ]
     for kind, heading in KINDS.items():

@@ -102,8 +102,10 @@ class Plan:
 
     @property
     def share(self) -> float:
-        """vLLM's gpu_memory_utilization: its weights, KV cache and reserve, of the whole GPU (up to 0.01)."""
-        return math.ceil(100 * (self.weights + self.kv + VLLM_RESERVE) / self.gpu) / 100
+        """vLLM's gpu_memory_utilization: its weights, KV cache and reserve, of the whole GPU, rounded up to 0.01 but
+        never past what training leaves free."""
+        wanted = math.ceil(100 * (self.weights + self.kv + VLLM_RESERVE) / self.gpu)
+        return min(wanted, math.floor(100 * self.free_for_engine / self.gpu)) / 100
 
     def problem(self) -> str | None:
         """Why the engine cannot start beside training, with the numbers; None where at least one sequence fits."""
