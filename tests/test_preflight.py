@@ -445,7 +445,7 @@ def staged_models(root: Path, tokenizer=None) -> None:
 )
 def test_each_studys_engine_is_planned_from_the_staged_config_json(tmp_path, cluster, status, words):
     staged_models(tmp_path)
-    rows = memory_plans.checks(paper(**cluster), tmp_path)
+    rows = memory_plans.checks(paper(**cluster), tmp_path)[1:]  # after the GPU model's row
     config = paper()
     expected = [f"GPU memory: {study} {model}" for study, spec in config["studies"].items() for model in spec["models"]]
     assert [row.what for row in rows] == expected
@@ -462,7 +462,7 @@ def test_a_gpu_too_small_for_the_engine_fails_naming_the_model_and_the_numbers(t
 
 
 def test_without_a_staged_config_json_the_plan_waits_for_staging(tmp_path):
-    rows = memory_plans.checks(paper(gpu_model="h100"), tmp_path)
+    rows = memory_plans.checks(paper(gpu_model="h100"), tmp_path)[1:]
     assert rows and {row.status for row in rows} == {preflight.SKIP}
 
 
@@ -480,3 +480,22 @@ def test_staged_prompts_are_measured_in_the_models_chat_template(tmp_path):
     onpolicy = next(row for row in rows if row.what == "GPU memory: onpolicy qwen2.5-7b")
     assert f"max_model_len {longest + 1024 + gpu_memory.SLACK}," in onpolicy.detail
     assert onpolicy.detail.endswith(f"longest prompt {longest} tokens") and "of 140.4 GiB" in onpolicy.detail
+
+
+@pytest.mark.parametrize(
+    "cluster, status, words",
+    [
+        ({"gpu_model": None}, preflight.WARN, "cluster.gpu_model unset"),
+        ({"gpu_model": "v100"}, preflight.FAIL, "v100 has no bfloat16"),
+        ({"gpu_model": "h100"}, preflight.OK, "h100, 79.6 GiB"),
+        ({"gpu_model": "a100", "gpu_memory_gib": 80}, preflight.OK, "a100, 80 GiB"),
+    ],
+)
+def test_the_paper_scale_names_a_gpu_that_computes_in_bfloat16(tmp_path, cluster, status, words):
+    row = memory_plans.checks(paper(**cluster), tmp_path)[0]
+    assert (row.what, row.status) == ("GPU model", status) and words in row.detail
+
+
+def test_the_embedded_scale_has_no_gpu_rows(tmp_path):
+    config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    assert memory_plans.checks(config, tmp_path) == []

@@ -1,6 +1,7 @@
-"""The preflight's GPU memory rows: each study's colocated vLLM engine beside training, per model, on one GPU of
-cluster.gpu_model, planned by train/gpu_memory.py from the model's staged config.json and the staged prompts (the
-estimate's assumed prompt length where the data are not staged yet)."""
+"""The preflight's GPU rows: at the paper's scale, the GPU kind named and able to compute in bfloat16; each study's
+colocated vLLM engine beside training, per model, on one GPU of cluster.gpu_model, planned by train/gpu_memory.py from
+the model's staged config.json and the staged prompts (the estimate's assumed prompt length where the data are not
+staged yet)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,26 @@ KNOWN_GPUS = {
     "a100_80gb": 80.0, "a100-80gb": 80.0, "nvidia_a100-sxm4-80gb": 80.0, "a100_40gb": 40.0, "a100-40gb": 40.0,
     "nvidia_a100-sxm4-40gb": 40.0, "l40s": 44.4, "a40": 44.4, "a6000": 47.5, "l4": 22.0,
 }  # fmt: skip
+
+
+# GRES names of GPUs without bfloat16 (before Ampere), on which the paper's bf16 models cannot train as configured.
+NO_BF16 = {"v100", "v100s", "v100_32gb", "v100-32gb", "tesla_v100-sxm2-32gb", "tesla_v100-sxm2-16gb", "p100", "t4",
+           "tesla_t4", "rtx8000", "quadro_rtx_8000"}  # fmt: skip
+
+
+def gpu_model_check(config: dict) -> Check | None:
+    """At the paper's scale: the GPU kind is named, and it computes in bfloat16 (None: the embedded scale)."""
+    if config["scale"] != "paper":
+        return None
+    model = config["cluster"].get("gpu_model")
+    if not model:
+        unset = "cluster.gpu_model unset: a node of any GPUs qualifies (without bfloat16, or with 40 GB)"
+        return Check("GPU model", WARN, unset, "set cluster.gpu_model to the GRES name of the GPUs the plans assume")
+    if model.lower() in NO_BF16:
+        return Check("GPU model", FAIL, f"{model} has no bfloat16, in which the paper's models train",
+                     "an Ampere or later GPU (A100, H100, ...)")  # fmt: skip
+    return Check("GPU model", OK, f"{model}" + (f", {gpu_memory_gib(config['cluster']):g} GiB"
+                                                 if gpu_memory_gib(config["cluster"]) else ""))  # fmt: skip
 
 
 def gpu_memory_gib(cluster: dict) -> float | None:
@@ -54,7 +75,7 @@ def checks(config: dict, root: Path) -> list[Check]:
     from klstudy.train import gpu_memory
 
     gib = gpu_memory_gib(config["cluster"])
-    checks = []
+    checks = [row for row in [gpu_model_check(config)] if row]
     for study, spec in config["studies"].items():
         if spec["train"]["generation"] != "vllm":
             continue
