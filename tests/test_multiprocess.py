@@ -93,6 +93,11 @@ def test_the_final_model_loads_whole(two_process_runs):
 def test_a_killed_two_process_run_resumes_to_the_metrics_of_an_uninterrupted_one(two_process_runs):
     workdir, killed_log = two_process_runs
     assert "SIGKILL" in killed_log  # the first attempt really was killed (both processes: torchrun ends the other)
+    # The history keeps the killed attempt's traceback under its header, and the next attempt's below it.
+    log = (workdir / "logs" / "attempts" / "train" / "killed/tiny/k1-loss/beta~0.1/seed~0.log").read_text()
+    headers = [line for line in log.splitlines() if line.startswith("=== attempt ")]
+    assert [h.split(":")[0] for h in headers] == ["=== attempt 1", "=== attempt 2"], headers
+    assert "job local on " in headers[0] and log.index("SIGKILL") < log.index("=== attempt 2")
     whole, resumed = workdir / _cell("whole"), workdir / _cell("killed")
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["resumed_from"].endswith("checkpoint-2")

@@ -52,6 +52,17 @@ shell.prefix(
 )
 
 
+# Snakemake removes a failed job's log before the next attempt, so a training job's output also goes to a history of
+# every attempt (params.history, outside the declared files), each under a line that says which: its number (the
+# headers before it + 1), the SLURM job id (or "local"), the host, the GPUs it sees and the time.
+ATTEMPT_HEADER = (
+    'mkdir -p "$(dirname {params.history:q})"; '
+    '_attempt=$(( $(grep -c "^=== attempt " {params.history:q} 2>/dev/null || true) + 1 )); '
+    'echo "=== attempt $_attempt: job ${{SLURM_JOB_ID:-local}} on $(hostname), GPUs ${{CUDA_VISIBLE_DEVICES:-none}},'
+    ' $(date -Iseconds)" >> {params.history:q}; '
+)
+
+
 wildcard_constraints:
     setting=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",

@@ -19,6 +19,7 @@ rule train_rl:
         out=RUN_DIR,
         # Outside the declared outputs: Snakemake deletes those when a job fails, checkpoints must survive.
         checkpoints=f"results/checkpoints/{RUN_PATH}",
+        history=f"logs/attempts/train/{RUN_PATH}.log",  # every attempt's output, kept across retries (common.smk)
     log:
         f"logs/train/{RUN_PATH}.log",
     benchmark:
@@ -29,7 +30,7 @@ rule train_rl:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "{params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}"
+        ATTEMPT_HEADER + "{params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}"
         " --train-data {input.train_data}"
         " --heldout-data {input.heldout_data} --out {params.out} --checkpoints {params.checkpoints}"
-        " --threads {threads} > {log} 2>&1"
+        " --threads {threads} 2>&1 | tee -a {params.history:q} > {log}"
