@@ -251,23 +251,27 @@ PRIME_RL_RATIO_HIGH = 8.0
 PRIME_RL_RATIO_LOW = 0.125
 
 
-def truncated_is_surrogate(logp, old_logp, advantages, cap: float = PRIME_RL_RATIO_HIGH):
-    """prime-rl's policy loss from August to 16 October 2025 (its default RatioLossConfig): −min(ω_t, cap)·A, a
-    truncated importance weight without PPO's clip; a token whose ω_t passes ``cap`` adds no gradient."""
+def truncated_is_surrogate(logp, old_logp, advantages):
+    """prime-rl's policy loss from August to 16 October 2025 (its default RatioLossConfig): −min(ω_t, 8)·A, a
+    truncated importance weight without PPO's clip; a token whose ω_t passes 8 adds no gradient."""
     import torch
 
     ratio = torch.exp(logp - old_logp.detach())
-    return -torch.clamp(ratio, max=cap) * advantages.unsqueeze(-1)
+    return -torch.clamp(ratio, max=PRIME_RL_RATIO_HIGH) * advantages.unsqueeze(-1)
 
 
-def masked_is_surrogate(logp, old_logp, advantages, low=PRIME_RL_RATIO_LOW, high=PRIME_RL_RATIO_HIGH):
-    """prime-rl's policy loss from 16 October 2025: −ω_t·A on tokens with low ≤ ω_t ≤ high, zero on the others
+def _prime_rl_masked(ratio):
+    """The tokens prime-rl's masked loss drops: ω_t outside [PRIME_RL_RATIO_LOW, PRIME_RL_RATIO_HIGH]."""
+    return (ratio < PRIME_RL_RATIO_LOW) | (ratio > PRIME_RL_RATIO_HIGH)
+
+
+def masked_is_surrogate(logp, old_logp, advantages):
+    """prime-rl's policy loss from 16 October 2025: −ω_t·A on tokens with 1/8 ≤ ω_t ≤ 8, zero on the others
     (masked: no value, no gradient)."""
     import torch
 
     ratio = torch.exp(logp - old_logp.detach())
-    kept = (ratio >= low) & (ratio <= high)
-    return torch.where(kept, -ratio * advantages.unsqueeze(-1), torch.zeros_like(ratio))
+    return torch.where(_prime_rl_masked(ratio), torch.zeros_like(ratio), -ratio * advantages.unsqueeze(-1))
 
 
 # How the policy-gradient term weighs a token sampled by an older policy (train.policy_loss).
@@ -295,7 +299,7 @@ def inactive_tokens(name: str, ratio, advantages, epsilon_low: float, epsilon_hi
     if name == "truncated_is":
         return ratio > PRIME_RL_RATIO_HIGH
     if name == "masked_is":
-        return (ratio < PRIME_RL_RATIO_LOW) | (ratio > PRIME_RL_RATIO_HIGH)
+        return _prime_rl_masked(ratio)
     raise ValueError(f"policy loss {name!r} is not one of {POLICY_LOSSES}")
 
 

@@ -5,6 +5,7 @@ staged yet)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from klstudy.config import train_gpus
@@ -36,8 +37,8 @@ def gpu_model_check(config: dict) -> Check | None:
     if model.lower() in NO_BF16:
         return Check("GPU model", FAIL, f"{model} has no bfloat16, in which the paper's models train",
                      "an Ampere or later GPU (A100, H100, ...)")  # fmt: skip
-    return Check("GPU model", OK, f"{model}" + (f", {gpu_memory_gib(config['cluster']):g} GiB"
-                                                 if gpu_memory_gib(config["cluster"]) else ""))  # fmt: skip
+    gib = gpu_memory_gib(config["cluster"])
+    return Check("GPU model", OK, f"{model}, {gib:g} GiB" if gib else model)
 
 
 def gpu_memory_gib(cluster: dict) -> float | None:
@@ -53,7 +54,8 @@ def _model_dir(config: dict, root: Path, model: str) -> Path | None:
     return found[0] if found else None
 
 
-def _longest_prompt(config: dict, root: Path, model_dir: Path, datasets: list[str]) -> tuple[int, str]:
+@functools.cache  # studies that share a model and data (onpolicy, unbiased) tokenize them once
+def _longest_prompt(root: Path, model_dir: Path, datasets: tuple[str, ...]) -> tuple[int, str]:
     """The longest staged prompt of ``datasets`` in the model's chat template, and where it came from (the estimate's
     assumed length where a dataset is not staged yet)."""
     from transformers import AutoTokenizer
@@ -85,7 +87,7 @@ def checks(config: dict, root: Path) -> list[Check]:
             if model_dir is None:
                 checks.append(Check(what, SKIP, "config.json not staged yet: `klstudy stage` first, then rerun"))
                 continue
-            prompt, source = _longest_prompt(config, root, model_dir, [spec["train_data"], spec["heldout_data"]])
+            prompt, source = _longest_prompt(root, model_dir, (spec["train_data"], spec["heldout_data"]))
             shape = gpu_memory.Shape.read(model_dir)
             plan = gpu_memory.training_plan(model, shape, spec["train"], train_gpus(config, study), prompt,
                                             int((gib or 80) * gpu_memory.GIB))  # fmt: skip

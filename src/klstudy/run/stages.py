@@ -26,8 +26,13 @@ def _threads(count: int | None) -> None:
         torch.set_num_threads(threads_per_process(count))
 
 
+def local_processes(env=os.environ) -> int:
+    """Processes `accelerate launch` started on this node (1 outside a launch)."""
+    return int(env.get("LOCAL_WORLD_SIZE") or 1)
+
+
 def threads_per_process(cpus: int, env=os.environ) -> int:
-    return max(1, cpus // int(env.get("LOCAL_WORLD_SIZE") or 1))
+    return max(1, cpus // local_processes(env))
 
 
 def _toy(args):
@@ -227,9 +232,8 @@ def _train(args):
 
     _threads(args.threads)
     if args.threads and os.environ.get("LOCAL_RANK", "0") == "0":  # once a node
-        local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
-        print(f"CPU threads per process: {threads_per_process(args.threads)} ({args.threads} CPUs over {local} "
-              "processes on this node)", flush=True)  # fmt: skip
+        print(f"CPU threads per process: {threads_per_process(args.threads)} ({args.threads} CPUs over "
+              f"{local_processes()} processes on this node)", flush=True)  # fmt: skip
     summary = cell.run(
         json.loads(args.settings),
         Path(args.model),
@@ -255,7 +259,11 @@ def _evaluate(args):
     settings = config.section_settings("evaluation", json.loads(args.settings))
     # lm-eval's own progress bar (requests done, rate, time left) follows in the log.
     if settings["backend"] == "vllm" and not settings["vllm"].get("max_model_len"):
-        settings["vllm"]["max_model_len"] = _engine_length(args, settings["max_tokens"])
+        from klstudy.train import gpu_memory
+
+        settings["vllm"]["max_model_len"] = gpu_memory.evaluation_length(
+            Path(args.model), Path(args.data_dir), args.task, args.chat_template == "on", settings["max_tokens"]
+        )
     seeds = settings["seeds"] or [args.seed]  # evaluation seeds apart from training seeds, or the training seed
     print(f"lm-eval: {', '.join(args.task)} on {args.model}, k = {settings['k']}, seeds {seeds}", flush=True)
     start = time.perf_counter()
@@ -276,21 +284,6 @@ def _evaluate(args):
         staging.write_jsonl(output.pop("samples"), Path(samples))
         Path(out).write_text(json.dumps({**row, **output}, indent=1) + "\n")
         print(json.dumps(row))
-
-
-def _engine_length(args, max_tokens: int) -> int:
-    """vLLM's max_model_len for an evaluation job: its tasks' longest prompt as the model receives it + the answer."""
-    from transformers import AutoTokenizer
-
-    from klstudy.data import staging
-    from klstudy.train import gpu_memory
-
-    prompts = [r["prompt"] for task in args.task for r in staging.read_jsonl(Path(args.data_dir) / f"{task}.jsonl")]
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    longest = gpu_memory.longest_prompt(tokenizer, prompts, chat_template=args.chat_template == "on")
-    length = gpu_memory.engine_length(longest, max_tokens)
-    print(f"vLLM engine: max_model_len {length} (longest prompt {longest}, answers {max_tokens})", flush=True)
-    return length
 
 
 def _divergence(args):

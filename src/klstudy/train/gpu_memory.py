@@ -1,4 +1,4 @@
-"""GPU memory of a training cell (its colocated vLLM engine beside training) and of an evaluation's vLLM engine.
+"""GPU memory of a training cell (its colocated vLLM engine beside training), and an evaluation engine's length.
 
 vLLM sizes itself from two numbers: ``max_model_len`` (the longest sequence it must hold) and the share of the
 GPU it may take (``gpu_memory_utilization``). Left to TRL, a colocated engine gets the model's own context length
@@ -85,7 +85,7 @@ class Plan:
     sequences: int  # sequences the engine generates at a time (its share of the batch)
     weights: int
     kv_per_sequence: int
-    training: int  # what training holds beside the engine (0: an evaluation)
+    training: int  # what training holds beside the engine
 
     @property
     def free_for_engine(self) -> int:
@@ -135,6 +135,19 @@ def engine_length(prompt_tokens: int, answer_tokens: int) -> int:
     return prompt_tokens + answer_tokens + SLACK
 
 
+def evaluation_length(model_dir: Path, data_dir: Path, tasks: list[str], chat_template: bool, max_tokens: int) -> int:
+    """vLLM's max_model_len for an evaluation job: its tasks' longest prompt as the model receives it + the answer."""
+    from transformers import AutoTokenizer
+
+    from klstudy.data import staging
+
+    prompts = [record["prompt"] for task in tasks for record in staging.read_jsonl(data_dir / f"{task}.jsonl")]
+    longest = longest_prompt(AutoTokenizer.from_pretrained(model_dir), prompts, chat_template)
+    length = engine_length(longest, max_tokens)
+    print(f"vLLM engine: max_model_len {length} (longest prompt {longest}, answers {max_tokens})", flush=True)
+    return length
+
+
 def training_bytes(shape: Shape, processes: int, micro_batch: int, tokens: int, reference: bool = True) -> int:
     """What one process holds to train: sharded states (and reference), gathered layers, a micro-batch's
     activations at ``tokens`` per sequence, the reserve (module docstring)."""
@@ -154,12 +167,6 @@ def training_plan(model: str, shape: Shape, train: dict, processes: int, prompt_
                 training_bytes(shape, processes, micro, length))  # fmt: skip
 
 
-def evaluation_plan(model: str, shape: Shape, prompt_tokens: int, max_tokens: int, sequences: int, gpu: int) -> Plan:
-    """An evaluation's engine, alone on its GPU."""
-    length = engine_length(prompt_tokens, max_tokens)
-    return Plan(model, gpu, length, sequences, WEIGHT_BYTES * shape.parameters, shape.kv_bytes_per_token * length, 0)
-
-
 def longest_prompt(tokenizer, prompts, chat_template: bool = True) -> int:
     """Tokens of the longest prompt, as the engine receives it (in the model's chat template, or not)."""
     from klstudy.data.prompts import chat_prompt
@@ -171,7 +178,7 @@ def longest_prompt(tokenizer, prompts, chat_template: bool = True) -> int:
 def engine_settings(cell: dict, model_dir: Path, prompts: list[str]) -> dict:
     """TRL's settings for the colocated vLLM engine of a cell (generation: vllm): max_model_len from the longest of
     ``prompts`` (training and held-out) and the longest response, and on a GPU the engine's share of its memory
-    (py). Raises, with the numbers, where not one sequence fits beside training."""
+    (training_plan). Raises, with the numbers, where not one sequence fits beside training."""
     import os
 
     import torch

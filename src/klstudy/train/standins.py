@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from klstudy.train import tiny
+from klstudy.train import gpu_memory, tiny
 
 # The published configs of Qwen2.5 and of Qwen3-4B(-Instruct-2507) (hidden size, MLP width, layers, query and key-value
 # heads, vocabulary, tied LM head; Qwen3's heads are 128 wide whatever the hidden size, with RMS norms on queries and
@@ -77,12 +77,10 @@ def twin(config: dict, out: Path, seed: int = 0) -> dict:
     length, RoPE (theta and scaling) and grouped-query layout (query heads per key-value head), at the tiny width:
     one key-value head of TWIN_HEAD_DIM, 2 layers, the byte-level tokenizer of tiny.py, float32 random weights.
     Returns the twin's config.json. vLLM sizes its KV cache and context from these fields as for the real model."""
-    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
-    groups = heads // kv_heads  # query heads per key-value head
-    real_head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    width = round(
-        groups * TWIN_HEAD_DIM * config["hidden_size"] / (heads * real_head_dim)
-    )  # Qwen3: hidden ≠ heads × dim
+    real, heads = gpu_memory.Shape.of(config), config["num_attention_heads"]
+    groups = heads // real.kv_heads  # query heads per key-value head
+    widening = real.hidden / (heads * real.head_dim)  # the hidden size over the heads' width: 0.625 in Qwen3-4B
+    width = round(groups * TWIN_HEAD_DIM * widening)
     tokenizer = tiny.build_tokenizer()
     tokenizer.model_max_length = config["max_position_embeddings"]
     kept = ("model_type", "max_position_embeddings", "rope_theta", "rope_scaling", "tie_word_embeddings",
