@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from workflow_helpers import validated_cell
 import klstudy.train.cell as grid_cell
 from klstudy import kl
 from klstudy.data import procedural, staging
-from klstudy.train import models, tiny
+from klstudy.train import models, slices, tiny
 from klstudy.train.cell import MEASURED_COLUMNS
 from klstudy.train.trainer import KLTrainer, KLTrainerConfig
 
@@ -435,6 +436,37 @@ def test_a_run_resumed_after_an_epoch_boundary_ends_like_an_uninterrupted_one(
     runs = [[{k: v for k, v in row.items() if k not in ignore} for row in staging.read_jsonl(d / "metrics.jsonl")]
             for d in (tmp_path / "ref", out)]  # fmt: skip
     assert runs[0] == runs[1]
+
+
+def test_a_run_stopped_before_its_jobs_end_goes_on_in_the_next_slice_like_an_uninterrupted_one(
+    model_dir, data_dir, tmp_path
+):
+    """A job whose end (KLSTUDY_JOB_END) is nearer than the reserve stops after its first step with a checkpoint
+    there (not a multiple of checkpoint_every), writes no outputs and leaves the slice mark; the next slice clears
+    the mark and ends with the metrics of an uninterrupted run. Asynchronous: the look-ahead batches resume too."""
+    cell = _cell(async_level=2, delete_checkpoints=False)
+    subprocess.run(_command(model_dir, data_dir, tmp_path / "ref", tmp_path / "ref-ckpt", cell), check=True, env=_env())
+    out, checkpoints = tmp_path / "sliced", tmp_path / "ckpt"
+    near = {**_env(), "KLSTUDY_JOB_END": str(time.time() + 3600)}  # an hour left, 2 reserved: stop at once
+    first = subprocess.run([*_command(model_dir, data_dir, out, checkpoints, cell), "--save-before-limit", "7200"],
+                           env=near, check=True, capture_output=True, text=True)  # fmt: skip
+    assert "unfinished after 1 steps" in first.stdout, first.stdout[-2000:]
+    assert not (out / "summary.json").exists() and not (out / "final").exists()
+    mark = json.loads((checkpoints / slices.SLICE_ENDED).read_text())
+    assert mark["step"] == 1 and mark["reserve_seconds"] == 7200 and mark["checkpoint_seconds"] >= 0, mark
+    assert (checkpoints / "checkpoint-1" / grid_cell.CHECKPOINT_COMPLETE).exists()
+    following = subprocess.run([sys.executable, "-m", "klstudy", "next-slice", "--checkpoints", str(checkpoints)],
+                               env=_env(), capture_output=True, text=True)  # fmt: skip
+    assert following.returncode == 3 and "run the workflow again" in following.stderr  # no SLURM job to requeue
+
+    subprocess.run(_command(model_dir, data_dir, out, checkpoints, cell), check=True, env=_env())
+    assert not (checkpoints / slices.SLICE_ENDED).exists()
+    assert json.loads((out / "summary.json").read_text())["resumed_from"].endswith("checkpoint-1")
+    ignore = set(MEASURED_COLUMNS)
+    runs = [[{k: v for k, v in row.items() if k not in ignore} for row in staging.read_jsonl(d / "metrics.jsonl")]
+            for d in (tmp_path / "ref", out)]  # fmt: skip
+    assert [row["step"] for row in runs[1]] == list(range(1, 7)) and runs[0] == runs[1]
+    assert staging.read_jsonl(out / "heldout.jsonl") == staging.read_jsonl(tmp_path / "ref" / "heldout.jsonl")
 
 
 def _weights(model_dir):

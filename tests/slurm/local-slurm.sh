@@ -95,6 +95,9 @@ SlurmctldHost=$host(127.0.0.1)
 SlurmUser=$user
 SlurmdUser=root
 AuthType=auth/munge
+# A requeued job (a training cell's next slice, a preempted job) waits cred_expire before it may start again: 120 s by
+# default, 10 here so that the tests of slices do not wait.
+AuthInfo=cred_expire=10
 CryptoType=crypto/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc

@@ -58,8 +58,8 @@ shell.prefix(
 ATTEMPT_HEADER = (
     'mkdir -p "$(dirname {params.history:q})"; '
     '_attempt=$(( $(grep -c "^=== attempt " {params.history:q} 2>/dev/null || true) + 1 )); '
-    'echo "=== attempt $_attempt: job ${{SLURM_JOB_ID:-local}} on $(hostname), GPUs ${{CUDA_VISIBLE_DEVICES:-none}},'
-    ' $(date -Iseconds)" >> {params.history:q}; '
+    'echo "=== attempt $_attempt: job ${{SLURM_JOB_ID:-local}}${{SLURM_RESTART_COUNT:+ (requeue $SLURM_RESTART_COUNT)}}'
+    ' on $(hostname), GPUs ${{CUDA_VISIBLE_DEVICES:-none}}, $(date -Iseconds)" >> {params.history:q}; '
 )
 
 
@@ -127,13 +127,14 @@ def job_partition(stage):
 
 def retry_runtime(stage):
     """runtime × attempt, capped: a retry asks for at most cluster.max_runtime, or else the smaller of the partition's
-    MaxTime and the QOS's MaxWall (read with sinfo and sacctmgr only when a retry is submitted), since a cell resumes
-    from its checkpoint and a longer ask is refused or pends for ever. With neither limit, twice the runtime."""
+    MaxTime and the QOS's MaxWall (read with sinfo and sacctmgr only when a retry is submitted), since a longer ask
+    is refused or pends for ever. With neither limit, twice the runtime. A training job asks its runtime every time:
+    it runs in slices of that length (slices.py) and resumes from its checkpoint."""
     first = config["resources"][stage]["runtime"]
 
     def runtime(wildcards, attempt):
-        if attempt == 1:
-            return first  # the preflight checks that the first attempt fits
+        if attempt == 1 or stage == "train":
+            return first  # the preflight checks that it fits
         cap = config["cluster"]["max_runtime"] or runtime_cap(job_partition(stage), config["cluster"]["qos"])
         return first * attempt if cap is None else min(first * attempt, max(cap, first))
 
@@ -173,6 +174,8 @@ def job_resources(stage):
         resources["qos"] = cluster["qos"]
     if stage == "train":
         resources["training_slots"] = 1  # the global limit is cluster.training_slots (Snakefile)
+        # What a job keeps free before its time limit (slices.py): a resource, so that changing it reruns no cell.
+        resources["save_before_limit_s"] = 60 * cluster["save_before_limit_minutes"]
     if stage in ("evaluate", "divergence"):
         resources["evaluation_slots"] = 1  # the global limit is cluster.evaluation_slots (Snakefile)
     if spec["gpus"]:

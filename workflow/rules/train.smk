@@ -29,8 +29,10 @@ rule train_rl:
         **job_resources("train"),
     conda:
         "../../envs/klstudy.yaml"
+    # A job that stops before its time limit (slices.py) leaves the cell unfinished; next-slice requeues it.
     shell:
-        ATTEMPT_HEADER + "{params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}"
+        ATTEMPT_HEADER + "{{ {params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}"
         " --train-data {input.train_data}"
         " --heldout-data {input.heldout_data} --out {params.out} --checkpoints {params.checkpoints}"
-        " --threads {threads} 2>&1 | tee -a {params.history:q} > {log}"
+        " --threads {threads} --save-before-limit {resources.save_before_limit_s};"
+        " python -m klstudy next-slice --checkpoints {params.checkpoints}; }} 2>&1 | tee -a {params.history:q} > {log}"

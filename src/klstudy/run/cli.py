@@ -1,4 +1,5 @@
-"""`klstudy` command line: the stages (stages.py), the study's driver (drive.py) and the warm server (warm.py).
+"""`klstudy` command line: the stages (stages.py), the study's driver (drive.py), the warm server (warm.py), a
+training job's next slice (train/slices.py) and the generated references.
 
 Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. ``python -m klstudy
 <stage>`` runs the stage in the warm server when one serves this job, else in this process. The imports go one way:
@@ -36,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reference.add_argument("--out", help="write it to this file (default: print it)")
     reference.set_defaults(run=_config_reference)
+    following = commands.add_parser(
+        "next-slice", help="after `train`: requeue the SLURM job whose cell stopped before its time limit (slices.py)"
+    )
+    following.add_argument("--checkpoints", required=True, help="the cell's checkpoint directory")
+    following.set_defaults(run=_next_slice)
     settings = commands.add_parser(
         "paper-settings", help="the paper's settings against config/paper.yaml (docs/paper-settings.md)"
     )
@@ -61,6 +67,12 @@ def _warm_serve(args) -> None:
     from klstudy.run import warm
 
     warm.serve(args.socket)
+
+
+def _next_slice(args) -> int:
+    from klstudy.train import slices
+
+    return slices.next_slice(Path(args.checkpoints))
 
 
 def _config_reference(args) -> None:

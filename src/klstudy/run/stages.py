@@ -242,6 +242,7 @@ def _train(args):
         Path(args.out),
         Path(args.checkpoints),
         Path(args.tracking_dir),
+        args.save_before_limit,
     )
     status = f"{summary['status']} after {summary['steps_done']} steps {summary['reason']}"
     PartialState().print(f"cell {args.out}: {status}")  # once, from the main process
@@ -500,6 +501,7 @@ def add_commands(commands) -> None:
     train.add_argument("--checkpoints", required=True, help="checkpoint directory, outside Snakemake's outputs")
     train.add_argument("--tracking-dir", default="results", help="tensorboard/<cell> and wandb/ go here (report_to)")
     train.add_argument("--threads", type=int)
+    train.add_argument("--save-before-limit", type=float, default=0, help="seconds kept before the job's end (slices)")
     train.set_defaults(run=_train)
 
     evaluate = commands.add_parser("evaluate", help="mean@k of one model on some tasks with lm-eval-harness")

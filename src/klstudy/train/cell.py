@@ -37,7 +37,7 @@ from klstudy import kl
 from klstudy.config import CHECKPOINT_COMPLETE, SAVE_TOTAL_LIMIT, batch_layout, checkpoints
 from klstudy.data import rewards, staging
 from klstudy.progress import Progress
-from klstudy.train import gpu_memory, models
+from klstudy.train import gpu_memory, models, slices
 from klstudy.train.tracking import Tracking, step_values
 from klstudy.train.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
 
@@ -415,10 +415,12 @@ def build_trainer(cell: dict, args: KLTrainerConfig, model_dir: Path, train_reco
 
 def run(
     cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_dir: Path, checkpoint_dir: Path,
-    tracking_dir: Path,
+    tracking_dir: Path, save_before_limit: float = 0,
 ) -> dict:  # fmt: skip
     """Train one cell (resuming from ``checkpoint_dir`` if it holds a checkpoint); returns summary.json.
     ``tracking_dir``: where TensorBoard's (tensorboard/<cell>) and W&B's (wandb/) files go (tracking.py).
+    ``save_before_limit``: seconds kept free before the job's end, when it has one (slices.py); a job stopped there
+    writes no outputs and returns status ``unfinished``.
 
     Under ``accelerate launch`` every process runs this; the main process alone writes files, the others take part in
     the collectives (training, held-out generation, gathering a sharded model to save it).
@@ -449,6 +451,7 @@ def run(
     )
     if main:
         last_complete_checkpoint(checkpoint_dir)  # removes partial checkpoints, before any process picks one
+        slices.clear_slice_end(checkpoint_dir)  # the mark of the slice before this one
     processes.wait_for_everyone()
     last = last_complete_checkpoint(checkpoint_dir, remove_partial=False)
     done = json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] if last else 0  # optimiser steps
@@ -462,6 +465,10 @@ def run(
     recorder.trainer = trainer
     for fault in FaultAtStep.from_environment(args.updates_per_batch, resumed=bool(last)):
         trainer.add_callback(fault)
+    end = slices.job_end()
+    clock = end and slices.StopBeforeTimeLimit(end, save_before_limit, args.updates_per_batch, cell["train"]["steps"])
+    if clock:
+        trainer.add_callback(clock)
     if main:  # trackers start before training, so that one that cannot (no login, no network) fails the job now
         tracking = Tracking(cell["train"]["report_to"], cell["run"], cell, tracking_dir, checkpoint_dir, done)
         heldout = staging.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
@@ -475,6 +482,10 @@ def run(
     finally:
         if recorder.tracking:
             recorder.tracking.finish(trainer.state.global_step)
+    if clock and clock.stopped_at is not None and not recorder.verdict:  # continues in the job's next slice
+        if main:
+            slices.mark_slice_end(checkpoint_dir, clock.record())
+        return {"status": "unfinished", "steps_done": clock.stopped_at, "reason": "(stopped before the time limit)"}
     status, reason = recorder.verdict or ("ok", "")
     save_policy(trainer, out_dir / "final", recorder.dtype)
     summary = _summary(cell, status, reason, recorder, time.perf_counter() - start, resumed_from=last)
