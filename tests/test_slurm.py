@@ -228,7 +228,7 @@ def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp
     jobs = sacct(cluster)
     jobs = jobs[~jobs.job_id.isin(before)]
     assert list(jobs.state) == ["TIMEOUT", "COMPLETED"] and jobs.job_id.iloc[0] == cut, jobs  # killed, retried
-    assert time_limit(cluster, jobs.job_id.iloc[1]) == SHORT_MAX_TIME, "the retry asks the partition's MaxTime"
+    assert time_limit(cluster, jobs.job_id.iloc[1]) == "00:12:00", "a training retry asks its runtime: it slices"
 
     summary = json.loads((slurm_cell / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["steps_done"] == STEPS, summary
@@ -236,6 +236,53 @@ def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp
     for name in ("metrics.jsonl", "heldout.jsonl"):
         runs = [without_times(pd.read_json(cell / name, lines=True)) for cell in (local_cell, slurm_cell)]
         pd.testing.assert_frame_equal(*runs, obj=name, check_like=True)  # resumed files are rewritten
+
+
+SLICED_STEPS = 3
+
+
+def test_a_cell_longer_than_its_time_limit_runs_in_slices_of_one_job_to_an_uninterrupted_runs_end(cluster, tmp_path):
+    """A one-minute job keeps two minutes before its end (cluster.save_before_limit_minutes): each slice trains one
+    step, saves, and requeues its own job, so three steps take three slices. SLURM shows one job, requeued twice
+    with the same time limit; Snakemake counts no failure; the metrics equal an uninterrupted run's (K1 in the loss
+    moves the policy from the first step, so an equal trajectory is not a constant one)."""
+    config = time_limit_config()
+    for study in config["studies"].values():
+        study["kl"] = ["k1-loss"]
+        study["train"].update(steps=SLICED_STEPS, checkpoint_every=SLICED_STEPS, eval_every=SLICED_STEPS)
+    config["divergence"]["kl"] = ["k1-loss"]
+    config["claims"] = claims_it_can_test(config)
+    config["resources"]["train"]["runtime"] = 1
+    config["cluster"]["save_before_limit_minutes"] = 2
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    cell = CELL.replace("k1-reward", "k1-loss")
+    snakemake(f"{cell.format(study='local')}/summary.json", "--cores", "2", "--configfile", str(config_path),
+              cwd=tmp_path, timeout=HARD_LIMIT)  # fmt: skip
+
+    before = set(sacct(cluster).job_id)
+    run = subprocess.run(profile_command(tmp_path, config_path, f"{cell.format(study='slurm')}/summary.json"),
+                         cwd=ROOT, env=cluster, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    assert "Error in rule" not in run.stderr and "attempt 2" not in run.stderr, run.stderr[-3000:]
+    (job,) = set(sacct(cluster).job_id) - before
+    runs = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", job, "--format=State,Timelimit"], env=cluster,
+                          capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert runs == ["REQUEUED|00:01:00", "REQUEUED|00:01:00", "COMPLETED|00:01:00"], runs
+    history = tmp_path / "logs" / "attempts" / "train" / cell.format(study="slurm").removeprefix("results/runs/")
+    lines = Path(f"{history}.log").read_text().splitlines()
+    headers = [line for line in lines if line.startswith("=== attempt")]
+    assert [f"job {job} on" in header for header in headers] == [True] * 3, headers  # each slice's output kept
+    requeues = [line for line in lines if line.startswith("next-slice: stopped after step")]
+    assert [f"step {step} " in line for step, line in enumerate(requeues, 1)] == [True] * 2, requeues
+
+    sliced, local = (tmp_path / cell.format(study=study) for study in ("slurm", "local"))
+    summary = json.loads((sliced / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["resumed_from"].endswith(f"checkpoint-{SLICED_STEPS - 1}"), summary
+    for name in ("metrics.jsonl", "heldout.jsonl"):
+        frames = [without_times(pd.read_json(c / name, lines=True)) for c in (local, sliced)]
+        pd.testing.assert_frame_equal(*frames, obj=name, check_like=True)
+    assert pd.read_json(local / "metrics.jsonl", lines=True)["kl_k1"].abs().max() > 0  # the policy moved
 
 
 # ------------------------------------------------------------------------------------------- GPUs, preflight, driver

@@ -58,7 +58,7 @@ shell.prefix(
 ATTEMPT_HEADER = (
     'mkdir -p "$(dirname {params.history:q})"; '
     '_attempt=$(( $(grep -c "^=== attempt " {params.history:q} 2>/dev/null || true) + 1 )); '
-    'echo "=== attempt $_attempt: job ${{SLURM_JOB_ID:-local}}${{SLURM_RESTART_COUNT:+ (requeue $SLURM_RESTART_COUNT)}}'
+    'echo "=== attempt $_attempt: job ${{SLURM_JOB_ID:-local}}'
     ' on $(hostname), GPUs ${{CUDA_VISIBLE_DEVICES:-none}}, $(date -Iseconds)" >> {params.history:q}; '
 )
 
