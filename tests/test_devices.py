@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config
 
@@ -152,7 +153,8 @@ def test_two_concurrent_two_process_cells_rendezvous_at_ports_of_their_own(tmp_p
     cells = [f"results/runs/onpolicy/tiny/{kl}/seed~0/summary.json" for kl in ("none/beta~0", "k1-reward/beta~0.1")]
     command = [sys.executable, "-m", "klstudy", "drive", "--gpus", "0,1,2,3", "--", SNAKEMAKE, *cells,
                "--snakefile", str(ROOT / "Snakefile"), "--configfile", "config.yaml", "--cores", "4"]  # fmt: skip
-    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    simulated = {**os.environ, devices.SIMULATED_ENV: "1"}  # the ids name no device: the cells train on the CPU
+    run = subprocess.run(command, cwd=tmp_path, env=simulated, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summaries = [json.loads((tmp_path / cell).read_text()) for cell in cells]
     launches = [s["launch"] for s in summaries]
@@ -179,3 +181,20 @@ def test_which_devices_drive_shares(monkeypatch):
         drive.visible_gpus("all")
     with pytest.raises(SystemExit, match="names no device"):
         drive.visible_gpus(",")
+
+
+def test_a_job_given_gpus_that_sees_none_fails_at_once_naming_why(monkeypatch):
+    """On this CPU torch sees no CUDA device: a job that was given some (SLURM's CUDA_VISIBLE_DEVICES) stops, unless
+    its GPUs are simulated; a job given none runs on."""
+    for given in (None, "", "NoDevFiles"):
+        env = {} if given is None else {"CUDA_VISIBLE_DEVICES": given}
+        devices.require_cuda(env)
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+    with pytest.raises(SystemExit, match=r"given GPUs \(CUDA_VISIBLE_DEVICES=0,1\) but torch .* sees no CUDA device"):
+        devices.require_cuda({"CUDA_VISIBLE_DEVICES": "0,1"})
+    devices.require_cuda({"CUDA_VISIBLE_DEVICES": "0,1", devices.SIMULATED_ENV: "1"})
+    stage = subprocess.run([sys.executable, "-m", "klstudy", "train", "--settings", "{}", "--model", "m",
+                            "--train-data", "t", "--heldout-data", "h", "--out", "o", "--checkpoints", "c"],
+                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"}, capture_output=True, text=True)  # fmt: skip
+    assert stage.returncode == 1 and "sees no CUDA device" in stage.stderr, stage.stderr[-2000:]

@@ -52,7 +52,8 @@ def cluster(tmp_path_factory):
             ["timeout", "-s", "KILL", "600", str(SCRIPT), "up", str(base)], capture_output=True, text=True
         )
         assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-4000:]
-        yield {**os.environ, "SLURM_CONF": str(base / "slurm.conf")}
+        # The node's GPUs are empty files (local-slurm.sh): jobs given them train on the CPU (devices.require_cuda).
+        yield {**os.environ, "SLURM_CONF": str(base / "slurm.conf"), "KLSTUDY_SIMULATED_GPUS": "1"}
     finally:
         subprocess.run(["timeout", "-s", "KILL", "120", str(SCRIPT), "down", str(base)], check=False)
 

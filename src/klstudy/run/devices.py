@@ -30,6 +30,29 @@ GPUS_ENV = "KLSTUDY_GPUS"
 LOCKS_ENV = "KLSTUDY_GPU_LOCKS"
 
 
+SIMULATED_ENV = "KLSTUDY_SIMULATED_GPUS"  # set: the job's GPUs are simulated (the local SLURM's empty files)
+
+
+def require_cuda(env=os.environ) -> None:
+    """A job given GPUs (CUDA_VISIBLE_DEVICES names some: SLURM's allocation or devices.py's) whose torch sees no CUDA
+    device fails now, naming why, instead of training on the CPU until its time limit; unless SIMULATED_ENV is set,
+    as it is where the GPUs are simulated (the local SLURM of the tests, a rehearsal on a CPU)."""
+    given = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not given or given in ("NoDevFiles", "-1") or env.get(SIMULATED_ENV):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    cuda = torch.version.cuda
+    build = f"torch {torch.__version__} ({f'built for CUDA {cuda}' if cuda else 'a CPU build'})"
+    raise SystemExit(
+        f"this job was given GPUs (CUDA_VISIBLE_DEVICES={given}) but {build} sees no CUDA device: a CPU build of "
+        "torch in the job's environment, or a node whose driver does not answer (nvidia-smi there); it would train "
+        f"on the CPU until its time limit. {SIMULATED_ENV}=1 allows that, where the GPUs are simulated"
+    )
+
+
 def parse_ids(text: str, source: str = GPUS_ENV) -> list[str]:
     """``"0,1,3"`` -> ``["0", "1", "3"]``: device ids as CUDA_VISIBLE_DEVICES names them; ``source`` for errors."""
     ids = [part.strip() for part in text.split(",") if part.strip()]

@@ -19,9 +19,12 @@ from pathlib import Path
 
 def _threads(count: int | None) -> None:
     """The job's CPUs shared by the processes `accelerate launch` started on this node (LOCAL_WORLD_SIZE): 8 ranks
-    of a 64-CPU job take 8 threads each, not 64."""
+    of a 64-CPU job take 8 threads each, not 64. A job given GPUs that sees none fails here (devices.require_cuda)."""
     import torch
 
+    from klstudy.run.devices import require_cuda
+
+    require_cuda()
     if count:
         torch.set_num_threads(threads_per_process(count))
 
