@@ -186,13 +186,14 @@ def test_which_devices_drive_shares(monkeypatch):
 def test_a_job_given_gpus_that_sees_none_fails_at_once_naming_why(monkeypatch):
     """On this CPU torch sees no CUDA device: a job that was given some (SLURM's CUDA_VISIBLE_DEVICES) stops, unless
     its GPUs are simulated; a job given none runs on."""
-    for given in (None, "", "NoDevFiles"):
-        env = {} if given is None else {"CUDA_VISIBLE_DEVICES": given}
-        devices.require_cuda(env)
+    for none in ({}, {"CUDA_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, {"SLURM_GPUS_ON_NODE": "0"}):
+        devices.require_cuda(none)
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible here")
     with pytest.raises(SystemExit, match=r"given GPUs \(CUDA_VISIBLE_DEVICES=0,1\) but torch .* sees no CUDA device"):
         devices.require_cuda({"CUDA_VISIBLE_DEVICES": "0,1"})
+    with pytest.raises(SystemExit, match=r"given GPUs \(SLURM_GPUS_ON_NODE=2\)"):
+        devices.require_cuda({"SLURM_GPUS_ON_NODE": "2"})
     devices.require_cuda({"CUDA_VISIBLE_DEVICES": "0,1", devices.SIMULATED_ENV: "1"})
     stage = subprocess.run([sys.executable, "-m", "klstudy", "train", "--settings", "{}", "--model", "m",
                             "--train-data", "t", "--heldout-data", "h", "--out", "o", "--checkpoints", "c"],

@@ -1,5 +1,6 @@
 # Helpers shared by the rules: how a stage runs, wildcard constraints, target lists.
 
+import inspect
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from klstudy.config import (
     train_gpus,
     training_processes,
 )
+from klstudy.run import failures
 from klstudy.run.estimate import gpu_resources
 from klstudy.run.preflight import runtime_cap
 
@@ -55,11 +57,18 @@ shell.prefix(
 # Snakemake removes a failed job's log before the next attempt, so a training job's output also goes to a history of
 # every attempt (params.history, outside the declared files), each under a line that says which: its number (the
 # headers before it + 1), the SLURM job id (or "local"), the host, the GPUs it sees and the time.
+# The host is SLURM's name for the node, which a retry excludes after a node failure (failures.py reads the header).
+HISTORY = f"logs/attempts/train/{RUN_PATH}.log"
 ATTEMPT_HEADER = (
     'mkdir -p "$(dirname {params.history:q})"; '
     '_attempt=$(( $(grep -c "^=== attempt " {params.history:q} 2>/dev/null || true) + 1 )); '
-    'echo "=== attempt $_attempt: job ${{SLURM_JOB_ID:-local}}'
-    ' on $(hostname), GPUs ${{CUDA_VISIBLE_DEVICES:-none}}, $(date -Iseconds)" >> {params.history:q}; '
+    'echo "=== attempt $_attempt: job ${{SLURM_JOB_ID:-local}} on ${{SLURMD_NODENAME:-$(hostname)}},'
+    ' GPUs ${{CUDA_VISIBLE_DEVICES:-none}}, $(date -Iseconds)" >> {params.history:q}; '
+)
+# A retry after a deterministic failure (failures.py) runs this alone, on one CPU for a minute, and fails.
+REFUSED_RETRY = (
+    "if [ {resources.retry_refused} = 1 ]; then "
+    "python -m klstudy last-failure --history {params.history:q} >&2; exit 1; fi; "
 )
 
 
@@ -157,6 +166,47 @@ def _train_gpu_resource(key):
     return lambda wildcards: gpu_resources(_study_gpus(wildcards), config["cluster"])[key]
 
 
+def _history(wildcards):
+    return HISTORY.format(**{key: wildcards[key] for key in ("study", "model", "kl", "beta", "seed")})
+
+
+def _refused(wildcards, attempt):
+    """Whether this is a retry of a training cell whose last attempt failed deterministically (failures.py)."""
+    failure = failures.previous_failure(_history(wildcards)) if attempt > 1 else None
+    return bool(failure and failure.kind == "deterministic")
+
+
+def _call(value, wildcards, attempt):
+    """A resource's value: itself, or what its function (of wildcards, and attempt where it takes one) returns."""
+    if not callable(value):
+        return value
+    takes = inspect.signature(value).parameters
+    return value(**{name: arg for name, arg in (("wildcards", wildcards), ("attempt", attempt)) if name in takes})
+
+
+def _training_retries(resources):
+    """A training job's resources on a retry: after a deterministic failure, what a minute on one CPU needs (the job
+    only says why it is not retried); after a node failure, the same with that node excluded (sbatch --exclude)."""
+    refused = dict(runtime=1, mem_mb=1000, cpus_per_task=1, nodes=1, tasks=1, local_gpus=0, gres="", mpi="",
+                   slurm_extra="", slurm_partition=config["cluster"]["cpu_partition"] or "")  # fmt: skip
+    extra = resources.get("slurm_extra", "")
+
+    def excluding(wildcards, attempt):
+        nodes = failures.failed_nodes(_history(wildcards)) if attempt > 1 else []
+        return " ".join(filter(None, [_call(extra, wildcards, attempt), nodes and f"--exclude={','.join(nodes)}"]))
+
+    def either(key, value):
+        def resource(wildcards, attempt):
+            return refused[key] if _refused(wildcards, attempt) else _call(value, wildcards, attempt)
+
+        return resource
+
+    wrapped = {key: either(key, value) if key in refused else value for key, value in resources.items()}
+    wrapped["slurm_extra"] = either("slurm_extra", excluding)
+    wrapped["retry_refused"] = lambda wildcards, attempt: int(_refused(wildcards, attempt))
+    return wrapped
+
+
 def job_resources(stage):
     """The scheduler resources of a kind of job (config `resources` and `cluster`).
 
@@ -186,7 +236,7 @@ def job_resources(stage):
     if spec["nodes"] > 1:
         # One task per node, each running `accelerate launch` for that node's GPUs.
         resources.update(nodes=spec["nodes"], tasks=spec["nodes"], mpi="srun")
-    return resources
+    return _training_retries(resources) if stage == "train" else resources
 
 
 def threads_of(stage):

@@ -19,7 +19,7 @@ rule train_rl:
         out=RUN_DIR,
         # Outside the declared outputs: Snakemake deletes those when a job fails, checkpoints must survive.
         checkpoints=f"results/checkpoints/{RUN_PATH}",
-        history=f"logs/attempts/train/{RUN_PATH}.log",  # every attempt's output, kept across retries (common.smk)
+        history=HISTORY,  # every attempt's output, kept across retries (common.smk)
     log:
         f"logs/train/{RUN_PATH}.log",
     benchmark:
@@ -31,7 +31,7 @@ rule train_rl:
         "../../envs/klstudy.yaml"
     # A job that stops before its time limit (slices.py) leaves the cell unfinished; next-slice requeues it.
     shell:
-        ATTEMPT_HEADER + "{{ {params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}"
+        REFUSED_RETRY + ATTEMPT_HEADER + "{{ {params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}"
         " --train-data {input.train_data}"
         " --heldout-data {input.heldout_data} --out {params.out} --checkpoints {params.checkpoints}"
         " --threads {threads} --save-before-limit {resources.save_before_limit_s};"

@@ -1,5 +1,5 @@
 """`klstudy` command line: the stages (stages.py), the study's driver (drive.py), the warm server (warm.py), a
-training job's next slice (train/slices.py) and the generated references.
+training job's next slice (train/slices.py) and last failure (failures.py), and the generated references.
 
 Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. ``python -m klstudy
 <stage>`` runs the stage in the warm server when one serves this job, else in this process. The imports go one way:
@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     following.add_argument("--checkpoints", required=True, help="the cell's checkpoint directory")
     following.set_defaults(run=_next_slice)
+    failure = commands.add_parser(
+        "last-failure", help="what ended a training cell's last attempt, and what its retry does (failures.py)"
+    )
+    failure.add_argument("--history", required=True, help="the cell's logs/attempts/train/<cell>.log")
+    failure.set_defaults(run=_last_failure)
     settings = commands.add_parser(
         "paper-settings", help="the paper's settings against config/paper.yaml (docs/paper-settings.md)"
     )
@@ -73,6 +78,12 @@ def _next_slice(args) -> int:
     from klstudy.train import slices
 
     return slices.next_slice(Path(args.checkpoints))
+
+
+def _last_failure(args) -> None:
+    from klstudy.run import failures
+
+    print(failures.report(Path(args.history)))
 
 
 def _config_reference(args) -> None:

@@ -34,11 +34,14 @@ SIMULATED_ENV = "KLSTUDY_SIMULATED_GPUS"  # set: the job's GPUs are simulated (t
 
 
 def require_cuda(env=os.environ) -> None:
-    """A job given GPUs (CUDA_VISIBLE_DEVICES names some: SLURM's allocation or devices.py's) whose torch sees no CUDA
-    device fails now, naming why, instead of training on the CPU until its time limit; unless SIMULATED_ENV is set,
-    as it is where the GPUs are simulated (the local SLURM of the tests, a rehearsal on a CPU)."""
-    given = env.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if not given or given in ("NoDevFiles", "-1") or env.get(SIMULATED_ENV):
+    """A job given GPUs (CUDA_VISIBLE_DEVICES names some, from devices.py or SLURM, or SLURM_GPUS_ON_NODE counts some)
+    whose torch sees no CUDA device fails now, naming why, instead of training on the CPU until its time limit;
+    unless SIMULATED_ENV is set, as it is where the GPUs are simulated (the local SLURM's, a rehearsal on a CPU)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    counted = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    given = [f"CUDA_VISIBLE_DEVICES={visible}"] if visible not in ("", "NoDevFiles", "-1") else []
+    given += [f"SLURM_GPUS_ON_NODE={counted}"] if counted not in ("", "0") else []
+    if not given or env.get(SIMULATED_ENV):
         return
     import torch
 
@@ -47,9 +50,9 @@ def require_cuda(env=os.environ) -> None:
     cuda = torch.version.cuda
     build = f"torch {torch.__version__} ({f'built for CUDA {cuda}' if cuda else 'a CPU build'})"
     raise SystemExit(
-        f"this job was given GPUs (CUDA_VISIBLE_DEVICES={given}) but {build} sees no CUDA device: a CPU build of "
-        "torch in the job's environment, or a node whose driver does not answer (nvidia-smi there); it would train "
-        f"on the CPU until its time limit. {SIMULATED_ENV}=1 allows that, where the GPUs are simulated"
+        f"this job was given GPUs ({', '.join(given)}) but {build} sees no CUDA device: a CPU build of torch in "
+        "the job's environment, or a node whose driver does not answer (nvidia-smi there); it would train on the "
+        f"CPU until its time limit. {SIMULATED_ENV}=1 allows that, where the GPUs are simulated"
     )
 
 

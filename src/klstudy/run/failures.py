@@ -1,0 +1,99 @@
+"""What ended a training job's attempt, read from the cell's attempt history (logs/attempts/train/<cell>.log), and
+what its retry therefore does (workflow/rules/common.smk, `klstudy last-failure`):
+
+    deterministic  out of GPU memory, a module that does not import, a config refused: the same job on any node fails
+                   the same way. Not retried: Snakemake, which retries by count alone, submits a one-CPU, one-minute
+                   job that fails at once naming the first failure, instead of 8 GPUs to fail again.
+    node           the node or its GPUs (an ECC error, a driver that does not answer, a GPU job that sees none, a
+                   collective that failed): retried on another node (sbatch --exclude=<the node>).
+    other          anything else (a kill, a time limit, an error not listed): retried as it was.
+
+The patterns are the messages torch, NCCL, Python and klstudy print (the last matching line of the attempt wins).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+HEADER = re.compile(r"^=== attempt (\d+): job (\S+) on (\S+), GPUs (\S+), (\S+)$")  # common.smk's ATTEMPT_HEADER
+RETRY = {
+    "deterministic": "not retried: it fails the same way on any node; fix it and run the workflow again",
+    "node": "retried on another node",
+    "other": "retried",
+}
+PATTERNS = {
+    "deterministic": [
+        ("out of GPU memory", r"OutOfMemoryError|CUDA out of memory"),
+        ("an import error", r"^(ModuleNotFoundError|ImportError): "),
+        ("a config refused", r"^klstudy [\w-]+: config key |ConfigError: "),
+    ],
+    "node": [
+        ("a GPU error", r"uncorrectable ECC error|CUDA driver initialization failed|CUDA-capable device\(s\) is/are "
+         r"busy or unavailable|no CUDA-capable device is detected|sees no CUDA device|NVML|Xid"),
+        ("a collective's error", r"NCCL error|ncclSystemError|ncclUnhandledCudaError|Watchdog caught collective"),
+    ],
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # deterministic | node | other
+    what: str  # e.g. "out of GPU memory"
+    line: str  # the line of the attempt's output that says so ("" for other)
+    attempt: int
+    host: str  # the node the attempt ran on
+
+    def describe(self) -> str:
+        said = f": {self.line}" if self.line else ""
+        return f"attempt {self.attempt} on {self.host} ended with {self.what}{said}"
+
+
+def classify(output: str) -> tuple[str, str, str]:
+    """(kind, what, line) of one attempt's output: the last line that matches a pattern decides."""
+    for line in reversed(output.splitlines()):
+        for kind, patterns in PATTERNS.items():
+            for what, pattern in patterns:
+                if re.search(pattern, line):
+                    return kind, what, line.strip()[:300]
+    return "other", "an error not classified", ""
+
+
+def attempts(history: str) -> list[tuple[re.Match, str]]:
+    """(header, output) of each attempt in a history, oldest first."""
+    found, current = [], None
+    for line in history.splitlines():
+        header = HEADER.match(line)
+        if header:
+            current = [header, []]
+            found.append(current)
+        elif current:
+            current[1].append(line)
+    return [(header, "\n".join(lines)) for header, lines in found]
+
+
+def failures(history_path: Path) -> list[Failure]:
+    """What ended each attempt in the history, oldest first (the one running now, if any, included)."""
+    path = Path(history_path)
+    found = attempts(path.read_text(errors="replace")) if path.exists() else []
+    return [Failure(*classify(output), int(header[1]), header[3]) for header, output in found]
+
+
+def previous_failure(history_path: Path) -> Failure | None:
+    """What ended the last attempt in the history, or None where there is none."""
+    found = failures(history_path)
+    return found[-1] if found else None
+
+
+def failed_nodes(history_path: Path) -> list[str]:
+    """The nodes of every attempt that ended with a node failure: a retry excludes them."""
+    return sorted({failure.host for failure in failures(history_path) if failure.kind == "node"})
+
+
+def report(history_path: Path) -> str:
+    """`klstudy last-failure`: what ended the last attempt, and what its retry does."""
+    failure = previous_failure(history_path)
+    if failure is None:
+        return f"{history_path}: no attempt recorded"
+    return f"{failure.describe()} ({failure.kind}: {RETRY[failure.kind]})"
