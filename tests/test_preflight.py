@@ -436,6 +436,28 @@ def staged_models(root: Path, tokenizer=None) -> None:
 
 
 @pytest.mark.parametrize(
+    "shown, status, words",
+    [
+        ("PreemptMode             = REQUEUE\nPreemptType = preempt/qos\n", preflight.OK, "PreemptMode=REQUEUE: a pre"),
+        ("PreemptMode = OFF\n", preflight.OK, "no job is preempted"),
+        ("PreemptMode = CANCEL\n", preflight.WARN, "retries it as a failure"),
+        ("PreemptMode = SUSPEND,GANG\n", preflight.OK, "suspended and resumed in place"),
+        ("", preflight.SKIP, "names no PreemptMode"),
+    ],
+)
+def test_the_preflight_reads_and_reports_the_preemption_mode(shown, status, words):
+    done = lambda command, **_: type("Done", (), {"returncode": 0, "stdout": shown, "stderr": ""})()  # noqa: E731
+    row = preflight.preemption_check(done)
+    assert (row.what, row.status) == ("preemption", status) and words in row.detail, row
+
+
+def test_the_paper_scale_requires_an_account():
+    row = preflight.account_check(None, required=True)
+    assert row.status == preflight.FAIL and "cluster.account" in row.remedy
+    assert preflight.account_check(None).status == preflight.OK  # the embedded study: SLURM's default
+
+
+@pytest.mark.parametrize(
     "cluster, status, words",
     [
         ({"gpu_model": "h100"}, preflight.OK, "vLLM share"),
@@ -485,7 +507,8 @@ def test_staged_prompts_are_measured_in_the_models_chat_template(tmp_path):
 @pytest.mark.parametrize(
     "cluster, status, words",
     [
-        ({"gpu_model": None}, preflight.WARN, "cluster.gpu_model unset"),
+        ({"gpu_model": None}, preflight.FAIL, "cluster.gpu_model and cluster.constraint unset"),
+        ({"gpu_model": None, "constraint": "h100"}, preflight.OK, "nodes with feature h100"),
         ({"gpu_model": "v100"}, preflight.FAIL, "v100 has no bfloat16"),
         ({"gpu_model": "h100"}, preflight.OK, "h100, 79.6 GiB"),
         ({"gpu_model": "a100", "gpu_memory_gib": 80}, preflight.OK, "a100, 80 GiB"),

@@ -188,7 +188,7 @@ def _training_retries(resources):
     """A training job's resources on a retry: after a deterministic failure, what a minute on one CPU needs (the job
     only says why it is not retried); after a node failure, the same with that node excluded (sbatch --exclude)."""
     refused = dict(runtime=1, mem_mb=1000, cpus_per_task=1, nodes=1, tasks=1, local_gpus=0, gres="", mpi="",
-                   slurm_extra="", slurm_partition=config["cluster"]["cpu_partition"] or "")  # fmt: skip
+                   slurm_extra="", constraint="", slurm_partition=config["cluster"]["cpu_partition"] or "")  # fmt: skip
     extra = resources.get("slurm_extra", "")
 
     def excluding(wildcards, attempt):
@@ -233,6 +233,8 @@ def job_resources(stage):
         if stage == "train":  # a study may train on its own number of GPUs (studies.<study>.gpus)
             per_node, local_gpus = {key: _train_gpu_resource(key) for key in per_node}, _study_gpus
         resources.update(**per_node, nodes=spec["nodes"], local_gpus=local_gpus, cpus_per_gpu=0, tasks_per_gpu=0)
+        if cluster["constraint"]:
+            resources["constraint"] = cluster["constraint"]
     if spec["nodes"] > 1:
         # One task per node, each running `accelerate launch` for that node's GPUs.
         resources.update(nodes=spec["nodes"], tasks=spec["nodes"], mpi="srun")

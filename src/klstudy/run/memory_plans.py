@@ -27,13 +27,18 @@ NO_BF16 = {"v100", "v100s", "v100_32gb", "v100-32gb", "tesla_v100-sxm2-32gb", "t
 
 
 def gpu_model_check(config: dict) -> Check | None:
-    """At the paper's scale: the GPU kind is named, and it computes in bfloat16 (None: the embedded scale)."""
+    """At the paper's scale: the GPU kind is named (by GRES or by node feature), and it computes in bfloat16 (None: the
+    embedded scale)."""
     if config["scale"] != "paper":
         return None
-    model = config["cluster"].get("gpu_model")
+    model, constraint = config["cluster"].get("gpu_model"), config["cluster"].get("constraint")
+    if not model and not constraint:
+        unset = "cluster.gpu_model and cluster.constraint unset: a node of any GPUs would do (without bfloat16, 40 GB)"
+        return Check("GPU model", FAIL, unset, "set cluster.gpu_model to the GRES name of the GPUs the plans assume "
+                     "(sinfo -o %G), or cluster.constraint to their node feature (sinfo -o %f)")  # fmt: skip
     if not model:
-        unset = "cluster.gpu_model unset: a node of any GPUs qualifies (without bfloat16, or with 40 GB)"
-        return Check("GPU model", WARN, unset, "set cluster.gpu_model to the GRES name of the GPUs the plans assume")
+        gib = config["cluster"].get("gpu_memory_gib")
+        return Check("GPU model", OK, f"nodes with feature {constraint}" + (f", {gib:g} GiB" if gib else ""))
     if model.lower() in NO_BF16:
         return Check("GPU model", FAIL, f"{model} has no bfloat16, in which the paper's models train",
                      "an Ampere or later GPU (A100, H100, ...)")  # fmt: skip

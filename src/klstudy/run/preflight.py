@@ -290,8 +290,13 @@ def mig_slices(gres: list[str]) -> list[str]:
     return [entry for entry in gres if any(kind and MIG.match(kind) for kind, _ in _gpu_entries([entry]))]
 
 
-def account_check(account: str | None, run=subprocess.run) -> Check:
+def account_check(account: str | None, run=subprocess.run, required: bool = False) -> Check:
+    """The account exists for this user. Unset, SLURM charges the user's default account, and the SLURM plugin the
+    account of the user's last job: at the paper's scale (``required``), weeks of GPUs are not left to that guess."""
     if account is None:
+        if required:
+            return Check("SLURM account", FAIL, "unset: the plugin would charge the account of your last job",
+                         "set cluster.account (sacctmgr show assoc user=$USER format=Account)")  # fmt: skip
         return Check("SLURM account", OK, "unset: SLURM's default for this user", "")
     user = getpass.getuser()
     what = f"SLURM account {account}"
@@ -450,6 +455,31 @@ def submit_limit_check(jobs: int | None, qos: str | None, run=subprocess.run) ->
     )  # fmt: skip
 
 
+PREEMPTION = {  # PreemptMode's first word: what happens to a preempted job of this run
+    "OFF": "no job is preempted",
+    "REQUEUE": "a preempted job goes back to the queue (the profile's --requeue); a cell resumes from its checkpoint",
+    "CANCEL": "a preempted job is cancelled; the workflow retries it as a failure (a training cell 3 times)",
+    "SUSPEND": "a preempted job is suspended and resumed in place",
+}
+
+
+def preemption_check(run=subprocess.run) -> Check:
+    """The cluster's PreemptMode (scontrol show config), and what it does to this run's jobs."""
+    try:
+        done = run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        return Check("preemption", SKIP, f"scontrol cannot run here ({error}): not read")
+    found = re.search(r"^PreemptMode\s*=\s*(\S+)", done.stdout, re.M)
+    if done.returncode or not found:
+        return Check("preemption", SKIP, "scontrol show config names no PreemptMode: not read")
+    mode = found[1].upper()
+    said = PREEMPTION.get(mode.split(",")[0], "see the cluster's documentation")
+    if mode.startswith("CANCEL"):
+        remedy = "a partition or QOS that is not preempted, for training (cluster.gpu_partition, cluster.qos)"
+        return Check("preemption", WARN, f"PreemptMode={mode}: {said}", remedy)
+    return Check("preemption", OK, f"PreemptMode={mode}: {said}")
+
+
 def slurm_checks(config: dict, run=subprocess.run, jobs: int | None = None) -> list[Check]:
     if shutil.which("sinfo") is None:
         return [Check("SLURM", SKIP, "no sinfo here (a run without SLURM): account, partitions, GPUs not checked")]
@@ -460,9 +490,10 @@ def slurm_checks(config: dict, run=subprocess.run, jobs: int | None = None) -> l
     qos_rows, qos_minutes = qos_check(config["cluster"].get("qos"), run)
     limit = submit_limit_check(jobs or profile_jobs(), config["cluster"].get("qos"), run)
     return [
-        account_check(config["cluster"]["account"], run),
+        account_check(config["cluster"]["account"], run, required=config["scale"] == "paper"),
         *qos_rows,
         limit,
+        preemption_check(run),
         *stage_checks(config, found, qos_minutes),
     ]
 
