@@ -448,7 +448,7 @@ def test_on_a_slurm_cluster_a_training_cell_is_retried_three_times(tmp_path):
         assert workflow.get_rule("evaluate_cell")._restart_times is None  # --retries: the profile's 1
 
 
-def test_a_slurm_jobs_caches_go_under_its_tmpdir_or_results_cache(tmp_path):
+def test_a_slurm_jobs_caches_go_under_its_tmpdir_and_it_asks_no_hub(tmp_path):
     """Every job's shell prefix: inside a SLURM job, vLLM's, triton's and inductor's caches go under TMPDIR (else
     results/cache), not the home directory; one set beforehand is kept; outside SLURM nothing is set."""
     from snakemake.api import SnakemakeApi
@@ -482,6 +482,13 @@ def test_a_slurm_jobs_caches_go_under_its_tmpdir_or_results_cache(tmp_path):
     node_local = {"SLURM_JOB_ID": "7", "SLURM_TMPDIR": "/local/job7", "TMPDIR": f"{tmp_path}/scratch"}
     assert caches(**node_local)[0] == "/local/job7/klstudy-cache/vllm"  # the site's node-local scratch first
     assert caches(SLURM_JOB_ID="7", VLLM_CACHE_ROOT="/big/vllm")[0] == "/big/vllm"
+
+    def offline(**env) -> str:
+        script = prefix + 'echo "${HF_HUB_OFFLINE:-}${HF_DATASETS_OFFLINE:-}${TRANSFORMERS_OFFLINE:-}"'
+        return subprocess.run(["bash", "-c", script], cwd=tmp_path, env={"PATH": "/usr/bin:/bin", **env},
+                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+
+    assert offline(SLURM_JOB_ID="7") == "111" and offline() == ""  # a SLURM job asks no hub, a local run may
 
 
 def test_the_slurm_test_counts_every_rule_that_is_submitted():

@@ -39,12 +39,14 @@ _PYTHON_BIN = shlex.quote(str(Path(sys.executable).parent))
 _USES_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
 # In a SLURM job, vLLM's, triton's and inductor's caches go under the job's node-local scratch (SLURM_TMPDIR where the
 # site sets it, else TMPDIR, else results/cache), not the home directory, which is often small on a cluster; a cache
-# directory set beforehand is kept.
+# directory set beforehand is kept. Such a job reads only staged files (staging is a localrule, on the submit host), so
+# it asks no hub, whoever submitted it: compute nodes often have no network, and a timeout there costs GPU hours.
 _CACHES = (
     'if [ -n "${{SLURM_JOB_ID:-}}" ]; then _cache="${{SLURM_TMPDIR:-${{TMPDIR:-$PWD/results/cache}}}}/klstudy-cache"; '
     'export VLLM_CACHE_ROOT="${{VLLM_CACHE_ROOT:-$_cache/vllm}}"'
     ' TRITON_CACHE_DIR="${{TRITON_CACHE_DIR:-$_cache/triton}}"'
-    ' TORCHINDUCTOR_CACHE_DIR="${{TORCHINDUCTOR_CACHE_DIR:-$_cache/inductor}}"; fi; '
+    ' TORCHINDUCTOR_CACHE_DIR="${{TORCHINDUCTOR_CACHE_DIR:-$_cache/inductor}}"'
+    ' HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1; fi; '
 )
 shell.prefix(
     "set -euo pipefail; "
