@@ -173,7 +173,7 @@ def time_limit_config() -> dict:
     return config
 
 
-# The test waits for events, not for a speed. The first attempt stops itself (SIGSTOP, cell.FaultAtStep) once its
+# The test waits for events, not for a speed. The first attempt stops itself (SIGSTOP, faults.FaultAtStep) once its
 # checkpoint at STOP_AT is complete: a job that hangs. The test then cuts its time limit to one minute (`scontrol
 # update`, as an administrator would); SLURM checks limits every 30 s (slurmctld's PERIODIC_TIMEOUT) and kills the job
 # KillWait (5 s here) later: state TIMEOUT. The profile's retry resumes from that checkpoint (a resumed run does not

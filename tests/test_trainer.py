@@ -476,11 +476,14 @@ def _weights(model_dir):
 
 
 def test_a_diverging_run_is_recorded_not_raised(model_dir, data_dir, tmp_path):
-    cell = _cell(steps=4, learning_rate=1.0, health={"max_kl": 1e-6})
+    cell = _cell(steps=4, learning_rate=1.0, health={"max_kl": 1e-6}, checkpoint_every=1)
     subprocess.run(_command(model_dir, data_dir, tmp_path / "cell", tmp_path / "ckpt", cell), check=True, env=_env())
     summary = json.loads((tmp_path / "cell" / "summary.json").read_text())
     assert summary["status"] == "diverged" and "max_kl" in summary["reason"]
-    assert summary["steps_done"] < 4
+    assert 1 < summary["steps_done"] < 4  # two checkpoints were written (save_total_limit keeps two)
+    # A cell that stopped early keeps its last checkpoint (to inspect or continue it), and no other.
+    kept = [path.name for _, path in grid_cell.checkpoints(tmp_path / "ckpt")]
+    assert kept == [f"checkpoint-{summary['steps_done']}"], kept
     assert summary["base_model_sha256"] == models.weights_digest(model_dir)  # which base model, to the bit
     assert (tmp_path / "cell" / "final" / "config.json").is_file()
 

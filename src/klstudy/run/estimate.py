@@ -7,7 +7,8 @@ Disk (bytes per parameter, as Trainer and FSDP write them): a final model and ea
 base model (2), a training checkpoint in float32 with Adam's two moments (12), three checkpoints per training cell
 (`save_total_limit` 2, and Trainer writes the next one before it deletes the oldest). Every final model and snapshot
 stays; checkpoints exist only while a cell trains, so at most ``cluster.training_slots`` cells hold them at once (the
-largest models' cells, at worst).
+largest models' cells, at worst). A cell that stops early (collapsed, diverged) keeps its last checkpoint: the peak
+counts one for each cell of the configurations the paper reports collapsing (STOPS_EARLY); any other such cell adds one.
 
 GPU-hours: an estimate, not a bound: the FLOPs with every response at ``max_response_tokens``, each divided by the
 sustained throughput of its phase (``cluster.gpu_tflops``: TFLOP/s per GPU for generation, scoring and the update).
@@ -35,6 +36,7 @@ BF16, CHECKPOINT = 2, 12  # bytes per parameter
 # Trainer writes a new checkpoint whole before it deletes the oldest (_save_checkpoint, then rotate_checkpoints), so a
 # cell briefly holds one more than it keeps.
 CHECKPOINTS_AT_PEAK = SAVE_TOTAL_LIMIT + 1
+STOPS_EARLY = ("k3-reward",)  # KL configurations the paper reports collapsing (Fig. 3: K3 in the reward)
 PROMPT_TOKENS = 256  # assumed prompt length (a MATH question in the chat template is 100-300 tokens)
 # FLOPs per token per parameter of each phase of a training step (module docstring).
 TRAIN_FLOPS = {"generation": 2, "scoring": 2 * 2, "update": 6}
@@ -104,6 +106,10 @@ def peak_disk(config: dict) -> Estimate:
     estimate.parts[f"checkpoints ({min(slots, len(cells))} cells training at once)"] = (
         sum(sizes[:slots]) * CHECKPOINT * CHECKPOINTS_AT_PEAK
     )
+    early = [(c["model"], c) for c in cells if c["kl"] in STOPS_EARLY]
+    if early:
+        what = f"last checkpoints of {len(early)} cells expected to collapse"
+        estimate.parts[what] = _sum(config, early, lambda _: CHECKPOINT, estimate)
     return estimate
 
 

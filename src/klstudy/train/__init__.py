@@ -3,6 +3,7 @@
     trainer     KLTrainer (TRL's GRPOTrainer with every KL configuration of the paper) and KLTrainerConfig
     cell        one cell of a study grid: metrics, held-out pass@1, health rules, snapshots, resume
     slices      a cell longer than its job's time limit: stop and save before it, requeue the job, go on
+    faults      fault injection for the resume tests (a process that kills or stops itself at a step)
     models      base models as local directories: built, staged from the Hub, loaded, checked
     tiny        the embedded base model: a byte-level tokenizer, a small Qwen2 and its warm start
     standins    random-weight stand-ins in the shapes of the paper's models (GPU suite, benchmarks), and shape twins

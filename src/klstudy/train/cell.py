@@ -22,7 +22,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from klstudy import kl
 from klstudy.config import CHECKPOINT_COMPLETE, SAVE_TOTAL_LIMIT, batch_layout, checkpoints
 from klstudy.data import rewards, staging
 from klstudy.progress import Progress
-from klstudy.train import gpu_memory, models, slices
+from klstudy.train import faults, gpu_memory, models, slices
 from klstudy.train.tracking import Tracking, step_values
 from klstudy.train.trainer import LOSS_TYPES, KLTrainer, KLTrainerConfig
 
@@ -286,42 +285,6 @@ class RunRecorder(TrainerCallback):
             self.progress.update(row["step"], **shown)
 
 
-class FaultAtStep(TrainerCallback):
-    """Fault injection for resume tests, from the environment:
-
-    - ``KLSTUDY_KILL_AT_STEP=N``: SIGKILL this process once step N is logged. Nothing is flushed or saved on the way
-      out, exactly as when SLURM or the OOM killer ends a job.
-    - ``KLSTUDY_STOP_AT_STEP=N``: SIGSTOP it once a checkpoint at or after step N is complete, in a run that did not
-      resume: a job that hangs until its time limit ends it, however fast it trained; the retry, which resumes from
-      that checkpoint, runs on.
-    """
-
-    VARIABLES = {"KLSTUDY_KILL_AT_STEP": signal.SIGKILL, "KLSTUDY_STOP_AT_STEP": signal.SIGSTOP}
-
-    def __init__(self, step: int, updates_per_batch: int, signum: int):
-        self.step, self.updates, self.signum = step, updates_per_batch, signum
-
-    @classmethod
-    def from_environment(cls, updates_per_batch: int, resumed: bool) -> list[FaultAtStep]:
-        return [
-            cls(int(os.environ[name]), updates_per_batch, signum)
-            for name, signum in cls.VARIABLES.items()
-            if os.environ.get(name) and not (resumed and signum == signal.SIGSTOP)
-        ]
-
-    def _signal_from(self, state) -> None:
-        if state.global_step >= self.step * self.updates:
-            os.kill(os.getpid(), self.signum)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):  # after RunRecorder has written the step's line
-        if self.signum == signal.SIGKILL:
-            self._signal_from(state)
-
-    def on_save(self, args, state, control, **kwargs):  # after RunRecorder has marked the checkpoint complete
-        if self.signum == signal.SIGSTOP:
-            self._signal_from(state)
-
-
 def heldout_pass_at_1(
     trainer: KLTrainer, records: list[dict], seed: int, samples: int = 1, chunk: int = 64, greedy: bool = False
 ) -> dict:
@@ -463,7 +426,7 @@ def run(
     processes.wait_for_everyone()
     trainer = build_trainer(cell, args, model_dir, train_records, callbacks=[recorder])
     recorder.trainer = trainer
-    for fault in FaultAtStep.from_environment(args.updates_per_batch, resumed=bool(last)):
+    for fault in faults.FaultAtStep.from_environment(args.updates_per_batch, resumed=bool(last)):
         trainer.add_callback(fault)
     end = slices.job_end()
     clock = end and slices.StopBeforeTimeLimit(end, save_before_limit, args.updates_per_batch, cell["train"]["steps"])
@@ -506,6 +469,9 @@ def run(
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if status == "ok" and cell["train"]["delete_checkpoints"]:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    elif status != "ok":  # collapsed or diverged: the last checkpoint is kept to inspect or continue it, no more
+        for _, older in checkpoints(checkpoint_dir)[:-1]:
+            shutil.rmtree(older, ignore_errors=True)
     return summary
 
 

@@ -1,0 +1,45 @@
+"""Fault injection for the resume tests: a training process that kills or stops itself at a step, as SLURM, the
+OOM killer or a hung node would end it."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from transformers import TrainerCallback
+
+
+class FaultAtStep(TrainerCallback):
+    """Fault injection for resume tests, from the environment:
+
+    - ``KLSTUDY_KILL_AT_STEP=N``: SIGKILL this process once step N is logged. Nothing is flushed or saved on the way
+      out, exactly as when SLURM or the OOM killer ends a job.
+    - ``KLSTUDY_STOP_AT_STEP=N``: SIGSTOP it once a checkpoint at or after step N is complete, in a run that did not
+      resume: a job that hangs until its time limit ends it, however fast it trained; the retry, which resumes from
+      that checkpoint, runs on.
+    """
+
+    VARIABLES = {"KLSTUDY_KILL_AT_STEP": signal.SIGKILL, "KLSTUDY_STOP_AT_STEP": signal.SIGSTOP}
+
+    def __init__(self, step: int, updates_per_batch: int, signum: int):
+        self.step, self.updates, self.signum = step, updates_per_batch, signum
+
+    @classmethod
+    def from_environment(cls, updates_per_batch: int, resumed: bool) -> list[FaultAtStep]:
+        return [
+            cls(int(os.environ[name]), updates_per_batch, signum)
+            for name, signum in cls.VARIABLES.items()
+            if os.environ.get(name) and not (resumed and signum == signal.SIGSTOP)
+        ]
+
+    def _signal_from(self, state) -> None:
+        if state.global_step >= self.step * self.updates:
+            os.kill(os.getpid(), self.signum)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # after RunRecorder has written the step's line
+        if self.signum == signal.SIGKILL:
+            self._signal_from(state)
+
+    def on_save(self, args, state, control, **kwargs):  # after RunRecorder has marked the checkpoint complete
+        if self.signum == signal.SIGSTOP:
+            self._signal_from(state)
