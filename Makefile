@@ -50,10 +50,13 @@ status: $(INSTALLED)
 preflight: $(INSTALLED)
 	$(BIN)/python -m klstudy preflight --config $(CONFIG)
 
-## The driver (Snakemake with the SLURM profile) as a long, cheap CPU job: slurm/driver.sbatch. Submit it again after
-## it ends for any reason; it picks up where it stopped. SBATCH_FLAGS="--account=A --partition=P --time=2-00:00:00".
+## The driver (Snakemake with the SLURM profile) as a long, cheap CPU job: slurm/driver.sbatch. At its time limit it
+## submits its successor (same flags), which adopts the jobs still running; after any other end, submit it again.
+## SBATCH_FLAGS="--account=A --partition=P --time=2-00:00:00"; MAIL=you@example.org: a mail when a driver fails.
 ## Its config is config/paper.yaml unless CONFIG is given (the embedded default is no cluster run).
 SBATCH_FLAGS ?=
+MAIL ?=
+DRIVER_FLAGS = $(SBATCH_FLAGS) $(if $(MAIL),--mail-type=FAIL --mail-user=$(MAIL))
 DRIVER_CONFIG = $(if $(filter command line environment,$(origin CONFIG)),$(CONFIG),config/paper.yaml)
 
 ## Every dataset and base model of the config (the inputs of every job), on the login node where the hub is reachable:
@@ -64,7 +67,7 @@ stage: $(INSTALLED)
 
 driver: $(INSTALLED)
 	mkdir -p logs
-	CONFIG="$(DRIVER_CONFIG)" sbatch $(SBATCH_FLAGS) slurm/driver.sbatch
+	CONFIG="$(DRIVER_CONFIG)" KLSTUDY_DRIVER_FLAGS="$(DRIVER_FLAGS)" sbatch $(DRIVER_FLAGS) slurm/driver.sbatch
 
 ## The test suite without the slow end-to-end tests and the GPU suite (what CI runs).
 test: $(INSTALLED)

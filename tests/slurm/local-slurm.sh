@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A single-node SLURM on localhost for tests: `local-slurm.sh up DIR` / `local-slurm.sh down DIR`.
 #
-# Partitions: debug (the default, no time limit), gpu (no limit) and short (MaxTime 20 minutes); EnforcePartLimits=ALL
+# Partitions: debug (the default, no time limit), gpu (no limit), short (MaxTime 20 minutes) and shared (two jobs may
+# share a core: a driver and two training cells on this machine's two); EnforcePartLimits=ALL
 # refuses at submission a job asking more than its partition allows, as many clusters do. The node declares 4 GPUs.
 #
 # up: (re)starts from nothing in DIR: stops what an earlier `up` there started and removes its state;
@@ -132,6 +133,7 @@ $node_line Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=ALL MaxTime=INFINITE State=UP
 PartitionName=short Nodes=ALL MaxTime=$SHORT_MAXTIME State=UP
+PartitionName=shared Nodes=ALL MaxTime=INFINITE OverSubscribe=FORCE:2 State=UP
 EOF
     # GPUs without devices: SLURM 22.05 needs a File= per GPU (a Count= alone drains the node, "gres/gpu count
     # reported lower than configured"); empty regular files will do, with detection off.

@@ -1,5 +1,6 @@
 """`klstudy` command line: the stages (stages.py), the study's driver (drive.py), the warm server (warm.py), a
-training job's next slice (train/slices.py) and last failure (failures.py), and the generated references.
+training job's next slice (train/slices.py) and last failure (failures.py), a SLURM driver's adoption of the jobs an
+earlier one left (adopt.py), and the generated references.
 
 Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. ``python -m klstudy
 <stage>`` runs the stage in the warm server when one serves this job, else in this process. The imports go one way:
@@ -47,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     failure.add_argument("--history", required=True, help="the cell's logs/attempts/train/<cell>.log")
     failure.set_defaults(run=_last_failure)
+    adopting = commands.add_parser(
+        "adopt", help="a driver's start: wait for the jobs an earlier one left running, cancel pending ones (adopt.py)"
+    )
+    adopting.add_argument("--poll", type=float, default=30, help="seconds between two looks at the queue")
+    adopting.set_defaults(run=_adopt)
     settings = commands.add_parser(
         "paper-settings", help="the paper's settings against config/paper.yaml (docs/paper-settings.md)"
     )
@@ -78,6 +84,14 @@ def _next_slice(args) -> int:
     from klstudy.train import slices
 
     return slices.next_slice(Path(args.checkpoints))
+
+
+def _adopt(args) -> None:
+    import os
+
+    from klstudy.run import adopt
+
+    adopt.adopt(Path.cwd(), os.environ.get("SLURM_JOB_ID"), poll=args.poll)
 
 
 def _last_failure(args) -> None:
