@@ -19,7 +19,7 @@ def load(name="config.yaml"):
     return yaml.safe_load((ROOT / name).read_text())
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml", "config/pilot.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml", "config/pilot.yaml", "config/pilot-7b.yaml"])
 def test_shipped_configs_are_valid(name):
     config = validate_config(load(name))
     assert config["toy"]["baseline"] in ("none", "rloo")

@@ -500,3 +500,14 @@ def test_the_slurm_test_counts_every_rule_that_is_submitted():
     rules = {m for path in snakefiles for m in re.findall(r"^rule (\w+):", path.read_text(), re.M)}
     local = re.search(r"^localrules:\n((?:\s+\w+,?\n)+)", (ROOT / "Snakefile").read_text(), re.M).group(1)
     assert set(SUBMITTED_RULES) == rules - set(re.findall(r"\w+", local))
+
+
+def test_calibrate_reads_the_cells_a_run_finished(reduced_run):
+    """klstudy calibrate's reading of finished cells, on what `klstudy train` wrote (not a hand-made file)."""
+    from klstudy.config import all_cells
+    from klstudy.run import pilot
+
+    workdir, config = reduced_run
+    cells = pilot.measured(workdir / "results")
+    assert len(cells) == len(all_cells(config)) and all(c.gpus == 1 for c in cells), cells
+    assert all(c.seconds_per_step > 0 and c.response_length > 0 and c.completions_per_step > 0 for c in cells), cells

@@ -13,6 +13,7 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     check              a row of the preflight's table and its statuses
     memory_plans       the preflight's GPU memory rows: each study's vLLM engine beside training, on the cluster's GPU
     estimate           a run's peak disk and GPU-hours, from its config
+    pilot              config/pilot-7b.yaml from the paper's, and `klstudy calibrate`: the grid priced at measured steps
     config_reference   config/README.md, written from the schema
     paper_settings     the paper's settings against config/paper.yaml (docs/paper-settings.md)
 

@@ -53,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     adopting.add_argument("--poll", type=float, default=30, help="seconds between two looks at the queue")
     adopting.set_defaults(run=_adopt)
+    calibration = commands.add_parser(
+        "calibrate", help="the grid's GPU-hours per study at the step times a finished pilot measured (pilot.py)"
+    )
+    calibration.add_argument("--config", default="config/paper.yaml", help="the grid to price")
+    calibration.add_argument("--pilot", default="config/pilot-7b.yaml", help="the pilot's config (its model sizes)")
+    calibration.add_argument("--results", default="results", help="the pilot's results directory (runs/ inside)")
+    calibration.set_defaults(run=_calibrate)
+    pilot_config = commands.add_parser("pilot-config", help="config/pilot-7b.yaml, derived from config/paper.yaml")
+    pilot_config.add_argument("--out", help="write it to this file (default: print it)")
+    pilot_config.set_defaults(run=_pilot_config)
     settings = commands.add_parser(
         "paper-settings", help="the paper's settings against config/paper.yaml (docs/paper-settings.md)"
     )
@@ -92,6 +102,26 @@ def _adopt(args) -> None:
     from klstudy.run import adopt
 
     adopt.adopt(Path.cwd(), os.environ.get("SLURM_JOB_ID"), poll=args.poll)
+
+
+def _calibrate(args) -> None:
+    import yaml
+
+    from klstudy.config import validate_config
+    from klstudy.run import pilot
+
+    grid, tried = (validate_config(yaml.safe_load(Path(path).read_text())) for path in (args.config, args.pilot))
+    print("\n".join(pilot.calibrate(grid, tried, Path(args.results))))
+
+
+def _pilot_config(args) -> None:
+    from klstudy.run import pilot
+
+    text = pilot.config_text(pilot.pilot_7b(pilot.paper_config()))
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
 
 
 def _last_failure(args) -> None:
