@@ -45,16 +45,25 @@ def test_a_failure_is_classified_from_what_the_process_printed(code, kind, what)
     assert failures.classify(output)[:2] == (kind, what), output[-500:]
 
 
+def test_an_oom_beside_other_ranks_collective_errors_is_deterministic():
+    """One rank runs out of memory; the others' NCCL watchdogs report after it: not a bad node."""
+    oom = printed_by("import torch; raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')")
+    output = oom + "\n[rank3]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812) ran for 600000 ms\n"
+    assert failures.classify(output)[:2] == ("deterministic", "out of GPU memory")
+    assert failures.classify("UserWarning: Can't initialize NVML\nValueError: x")[0] == "other"  # a warning only
+
+
 def test_the_last_attempt_decides_and_every_failed_node_is_excluded(tmp_path):
     path = tmp_path / "cell.log"
     assert failures.previous_failure(path) is None and failures.failed_nodes(path) == []
     path.write_text(history(("gpu07", "RuntimeError: CUDA error: uncorrectable ECC error encountered"),
+                            ("gpu09", "NCCL error (warning only)\nnext-slice: stopped after step 40 with 900 s left"),
                             ("gpu11", "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4)"),
                             ("gpu12", printed_by("import klstudy_no_such_module"))))  # fmt: skip
     last = failures.previous_failure(path)
-    assert (last.kind, last.attempt, last.host) == ("deterministic", 3, "gpu12")
-    assert failures.failed_nodes(path) == ["gpu07", "gpu11"]
-    assert failures.report(path).startswith("attempt 3 on gpu12 ended with an import error: ModuleNotFoundError")
+    assert (last.kind, last.attempt, last.host) == ("deterministic", 4, "gpu12")
+    assert failures.failed_nodes(path) == ["gpu07", "gpu11"]  # gpu09's attempt ended a slice: no failure
+    assert failures.report(path).startswith("attempt 4 on gpu12 ended with an import error: ModuleNotFoundError")
     assert "not retried" in failures.report(path)
 
 

@@ -36,7 +36,13 @@ def test_the_job_end_comes_from_the_variable_else_from_squeue_else_nothing():
     end = slices.job_end({"SLURM_JOB_ID": "42"}, run=squeue)
     assert asked == [["squeue", "-h", "-j", "42", "-o", "%L"]]
     assert 3590 < end - time.time() <= 3600
-    assert slices.job_end({"SLURM_JOB_ID": "42"}, run=lambda *a, **k: SimpleNamespace(stdout="UNLIMITED")) is None
+    unlimited = SimpleNamespace(stdout="UNLIMITED", returncode=0)
+    assert slices.job_end({"SLURM_JOB_ID": "42"}, run=lambda *a, **k: unlimited) is None
+    answers = [SimpleNamespace(stdout="", returncode=1), SimpleNamespace(stdout="10:00", returncode=0)]
+    end = slices.job_end({"SLURM_JOB_ID": "42"}, run=lambda *a, **k: answers.pop(0), pause=0)  # asked again
+    assert 590 < end - time.time() <= 600
+    refused = SimpleNamespace(stdout="", returncode=1)
+    assert slices.job_end({"SLURM_JOB_ID": "42"}, run=lambda *a, **k: refused, pause=0) is None
 
 
 class Clock:

@@ -31,7 +31,7 @@ PATTERNS = {
     ],
     "node": [
         ("a GPU error", r"uncorrectable ECC error|CUDA driver initialization failed|CUDA-capable device\(s\) is/are "
-         r"busy or unavailable|no CUDA-capable device is detected|sees no CUDA device|NVML|Xid"),
+         r"busy or unavailable|no CUDA-capable device is detected|sees no CUDA device|NVRM: Xid|\bXid \d+"),
         ("a collective's error", r"NCCL error|ncclSystemError|ncclUnhandledCudaError|Watchdog caught collective"),
     ],
 }  # fmt: skip
@@ -51,9 +51,12 @@ class Failure:
 
 
 def classify(output: str) -> tuple[str, str, str]:
-    """(kind, what, line) of one attempt's output: the last line that matches a pattern decides."""
-    for line in reversed(output.splitlines()):
-        for kind, patterns in PATTERNS.items():
+    """(kind, what, line) of one attempt's output: a deterministic failure anywhere in it decides, else a node's, each
+    by its last line. (One rank out of memory leaves the others' NCCL watchdogs to report after it: an OOM, not a bad
+    node.)"""
+    lines = output.splitlines()
+    for kind, patterns in PATTERNS.items():
+        for line in reversed(lines):
             for what, pattern in patterns:
                 if re.search(pattern, line):
                     return kind, what, line.strip()[:300]
@@ -86,9 +89,15 @@ def previous_failure(history_path: Path) -> Failure | None:
     return found[-1] if found else None
 
 
+SLICE_END = "next-slice: stopped after step"  # an attempt that ended so did not fail (train/slices.py)
+
+
 def failed_nodes(history_path: Path) -> list[str]:
-    """The nodes of every attempt that ended with a node failure: a retry excludes them."""
-    return sorted({failure.host for failure in failures(history_path) if failure.kind == "node"})
+    """The nodes of every attempt that failed with a node failure (not one that ended a slice): a retry excludes
+    them. The history records the node of the job's first task: on several nodes, that one."""
+    path = Path(history_path)
+    found = attempts(path.read_text(errors="replace")) if path.exists() else []
+    return sorted({header[3] for header, output in found if SLICE_END not in output and classify(output)[0] == "node"})
 
 
 def report(history_path: Path) -> str:

@@ -28,20 +28,27 @@ SLICE_ENDED = "slice-ended.json"  # in the checkpoint directory: this job stoppe
 REQUEUE_WAIT = 300  # seconds `next-slice` waits for SLURM to end the job it requeued before it calls that a failure
 
 
-def job_end(env=os.environ, run=subprocess.run) -> float | None:
-    """When the scheduler ends this job (seconds since the epoch), or None (no job, or one without a limit)."""
+def job_end(env=os.environ, run=subprocess.run, tries: int = 3, pause: float = 10) -> float | None:
+    """When the scheduler ends this job (seconds since the epoch), or None (no job, or one without a limit). squeue is
+    asked ``tries`` times (a busy controller may not answer); failing that, the job is not sliced, saying so."""
     if env.get("KLSTUDY_JOB_END"):
         return float(env["KLSTUDY_JOB_END"])
     job = env.get("SLURM_JOB_ID")
     if not job:
         return None
-    try:
-        shown = run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        print(f"slices: cannot read job {job}'s time left ({error}); it is not sliced", file=sys.stderr)
-        return None
-    left = time_left(shown.stdout.strip())
-    return None if left is None else time.time() + left
+    for attempt in range(tries):
+        try:
+            shown = run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=60)
+            if shown.returncode == 0 and shown.stdout.strip():
+                left = time_left(shown.stdout.strip())
+                return None if left is None else time.time() + left
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if attempt + 1 < tries:
+            time.sleep(pause)
+    print(f"slices: squeue did not say job {job}'s time left; it is not sliced (a time limit ends it, and the "
+          "retry resumes from its last checkpoint)", file=sys.stderr)  # fmt: skip
+    return None
 
 
 def time_left(text: str) -> float | None:
