@@ -263,7 +263,7 @@ def test_disk_short_of_the_peak_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 10**12})())
     row = preflight.disk_check(paper(), tmp_path)
     assert row.status == preflight.FAIL and "1,000 GB free, peak 7,226 GB" in row.detail
-    assert preflight.disk_check(paper(training_slots=1), tmp_path).detail.endswith("peak 5,210 GB")
+    assert "GB free, peak 5,210 GB;" in preflight.disk_check(paper(training_slots=1), tmp_path).detail
 
 
 def test_the_peak_disk_is_docs_cost_md_s_per_part():
@@ -360,8 +360,8 @@ UUID = "0b6f1c9e-3d2a-4c1b-9f00-123456789abc"
 
 
 def fake_slurm(tmp_path: Path, listed: str) -> tuple[dict, Path]:
-    """squeue that lists ``listed`` ("id|name|dir|comment" lines) until scancel is called, scancel that records its
-    arguments, and a Snakemake that records its own; the environment to run slurm/driver.sbatch in, and its log."""
+    """squeue that lists ``listed`` ("id|state|name|dir|comment" lines) until scancel is called, scancel that records
+    its arguments, and a Snakemake that records its own; the environment to run slurm/driver.sbatch in, and its log."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     scripts = {
@@ -379,19 +379,19 @@ def fake_slurm(tmp_path: Path, listed: str) -> tuple[dict, Path]:
     return env, log
 
 
-def test_the_driver_cancels_only_snakemakes_jobs_left_in_its_real_directory(tmp_path):
-    """squeue's %Z is the physical directory: a driver started through a symbolic link still finds its jobs there,
-    and cancels only Snakemake's (the plugin's run-UUID name and rule_ comment), never a salloc or a job submitted by
-    hand from the same directory, nor Snakemake's jobs of another directory."""
+def test_the_driver_cancels_only_snakemakes_pending_jobs_left_in_its_real_directory(tmp_path):
+    """squeue's %Z is the physical directory: a driver started through a symbolic link still finds its jobs there
+    (klstudy adopt), and cancels only Snakemake's pending ones (the plugin's run-UUID name and rule_ comment), never a
+    salloc or a job submitted by hand from the same directory, nor Snakemake's jobs of another directory."""
     real = tmp_path / "clone"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
     listed = (
-        f"100|klstudy-driver|{real}|\n"  # this driver
-        f"101|{UUID}|{real}|rule_train_rl_wildcards_onpolicy_tiny\n"  # left by a driver killed outright
-        f"102|interactive|{real}|\n"  # salloc
-        f"103|myjob|{real}|rule_mine\n"  # by hand, with a comment
-        f"104|{UUID}|/elsewhere|rule_train_rl\n"  # another clone's
+        f"100|RUNNING|klstudy-driver|{real}|\n"  # this driver
+        f"101|PENDING|{UUID}|{real}|rule_train_rl_wildcards_onpolicy_tiny\n"  # left queued by an earlier driver
+        f"102|RUNNING|interactive|{real}|\n"  # salloc
+        f"103|PENDING|myjob|{real}|rule_mine\n"  # by hand, with a comment
+        f"104|PENDING|{UUID}|/elsewhere|rule_train_rl\n"  # another clone's
     )
     env, log = fake_slurm(tmp_path, listed)
     done = subprocess.run(["bash", str(ROOT / "slurm/driver.sbatch")], cwd=tmp_path / "link", env=env,

@@ -11,6 +11,7 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     status             `klstudy status`: where the grid stands, from its files alone
     preflight          `klstudy preflight`: the Hub, data, SLURM account, partitions, limits, GPUs and disk, checked
     check              a row of the preflight's table and its statuses
+    quota              the user's disk quota where results/ lies (lfs quota, quota), for the preflight's disk row
     memory_plans       the preflight's GPU memory rows: each study's vLLM engine beside training, on the cluster's GPU
     estimate           a run's peak disk and GPU-hours, from its config
     pilot              config/pilot-7b.yaml from the paper's, and `klstudy calibrate`: the grid priced at measured steps

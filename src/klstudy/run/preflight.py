@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klstudy.config import REPO_ROOT, train_gpus
-from klstudy.run import estimate, memory_plans
+from klstudy.run import estimate, memory_plans, quota
 from klstudy.run.check import FAIL, OK, SKIP, WARN, Check
 
 # Datasets whose hub source is not a known public copy: staged only from a local copy.
@@ -501,17 +501,22 @@ def slurm_checks(config: dict, run=subprocess.run, jobs: int | None = None) -> l
 # ---------------------------------------------------------------------------------------------------------------- disk
 
 
-def disk_check(config: dict, root: Path) -> Check:
+def disk_check(config: dict, root: Path, quota_of=quota.user_quota) -> Check:
+    """The run's peak under results/ against the file system's free space and, where a tool says it, the user's
+    quota there (quota.py)."""
     peak = estimate.peak_disk(config)
     where = root / "results"
     existing = next(p for p in [where, *where.parents] if p.exists())
-    free = shutil.disk_usage(existing).free
-    detail = f"{free / estimate.GB:,.0f} GB free, peak {peak.total / estimate.GB:,.0f} GB{peak.note()}"
-    if free >= peak.total:
+    free, found = shutil.disk_usage(existing).free, quota_of(existing)
+    detail = f"{free / estimate.GB:,.0f} GB free, peak {peak.total / estimate.GB:,.0f} GB{peak.note()}; " + (
+        f"{found.left / estimate.GB:,.0f} GB left of your quota ({found.tool})" if found
+        else "no quota tool answered (lfs quota, quota): check your site's by hand"
+    )  # fmt: skip
+    if min(free, found.left if found else free) >= peak.total:
         return Check("disk under results/", OK, detail)
     return Check(
         "disk under results/", FAIL, detail,
-        "free space, lower cluster.training_slots, or link results/ to a larger file system",
+        "free space (or quota), lower cluster.training_slots, or link results/ to a larger file system",
     )  # fmt: skip
 
 
