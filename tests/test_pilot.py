@@ -25,11 +25,13 @@ def test_the_pilot_config_is_written_from_the_papers():
 def test_the_pilot_is_three_cells_of_the_papers_settings_that_cross_a_slice_boundary():
     tried, paper = validate_config(load("config/pilot-7b.yaml")), validate_config(load("config/paper.yaml"))
     cells = all_cells(tried)
-    assert sorted((c["study"], c["model"]) for c in cells) == [
-        ("async_math", "qwen2.5-7b"), ("onpolicy", "llama-3.1-8b-instruct"), ("onpolicy", "qwen2.5-7b")]  # fmt: skip
+    assert sorted((c["study"], c["model"]) for c in cells) == [("pilot_async_math", "qwen2.5-7b"),
+        ("pilot_onpolicy", "llama-3.1-8b-instruct"), ("pilot_onpolicy", "qwen2.5-7b")]  # fmt: skip
+    assert not set(tried["studies"]) & set(paper["studies"]), "no pilot cell is one of the grid's"
     for name, study in tried["studies"].items():
         same = {k: v for k, v in study["train"].items() if k not in ("steps", "eval_every", "checkpoint_every")}
-        assert same == {k: paper["studies"][name]["train"][k] for k in same}, name  # the paper's settings
+        paper_train = paper["studies"][name.removeprefix("pilot_")]["train"]
+        assert same == {k: paper_train[k] for k in same}, name  # the paper's settings
         assert study["train"]["steps"] == 20 and study["train"]["checkpoint_every"] == 5
     # A cell takes longer than its job's runtime at the estimate's throughputs: each crosses a slice boundary.
     hours = estimate.gpu_hours(tried).parts["training"] / len(cells) / tried["resources"]["train"]["gpus"]

@@ -22,6 +22,8 @@ from klstudy.config import all_cells
 from klstudy.run.estimate import PROMPT_TOKENS, parameters
 
 PILOT_STEPS, PILOT_CHECKPOINT_EVERY, PILOT_RUNTIME = 20, 5, 30  # minutes: less than a cell takes, so it slices
+# The paper's studies the pilot runs a cell of: its models and β (K1 in the reward, seed 0).
+PILOT_STUDIES = {"onpolicy": (["qwen2.5-7b", "llama-3.1-8b-instruct"], 0.1), "async_math": (["qwen2.5-7b"], 0.005)}
 
 
 def pilot_7b(paper: dict) -> dict:
@@ -30,19 +32,18 @@ def pilot_7b(paper: dict) -> dict:
     config = {key: copy.deepcopy(paper[key]) for key in ("scale", "toy", "claims_rule", "resources", "cluster")}
     config["data"] = {k: paper["data"][k] for k in ("math_train", "math_test", "math500", "mmlu_college_biology")}
     config["models"] = {k: paper["models"][k] for k in ("qwen2.5-7b", "llama-3.1-8b-instruct")}
-    studies = {"onpolicy": (["qwen2.5-7b", "llama-3.1-8b-instruct"], 0.1), "async_math": (["qwen2.5-7b"], 0.005)}
     config["studies"] = {}
-    for name, (models, beta) in studies.items():
+    for name, (models, beta) in PILOT_STUDIES.items():  # named apart, so that no pilot cell is one of the grid's
         study = copy.deepcopy(paper["studies"][name])
         study.update(description=f"{name} of config/paper.yaml: K1 in the reward, {PILOT_STEPS} steps", models=models,
                      kl=["k1-reward"], betas=[beta], seeds=[0])  # fmt: skip
         study["train"].update(steps=PILOT_STEPS, eval_every=PILOT_STEPS // 2, checkpoint_every=PILOT_CHECKPOINT_EVERY)
-        config["studies"][name] = study
+        config["studies"][f"pilot_{name}"] = study
     evaluation = copy.deepcopy(paper["evaluation"])
     evaluation.update(tasks=["math500", "mmlu_college_biology"], studies={}, k=4)
     evaluation.pop("study_max_tokens", None)
     config["evaluation"] = evaluation
-    config["divergence"] = {**copy.deepcopy(paper["divergence"]), "study": "onpolicy", "models": ["qwen2.5-7b"],
+    config["divergence"] = {**copy.deepcopy(paper["divergence"]), "study": "pilot_onpolicy", "models": ["qwen2.5-7b"],
                             "kl": ["k1-reward"], "betas": [0.1], "seeds": [0], "steps": [0, PILOT_STEPS],
                             "tasks": ["math_test"], "prompts": 50}  # fmt: skip
     config.update(claims={}, figures={})
@@ -60,7 +61,9 @@ HEADER = """# klstudy: from the pilot to the grid, the paper's 7-8B models on it
 # training): Qwen2.5-7B and Llama-3.1-8B-Instruct on-policy, and Qwen2.5-7B asynchronous (level 10, 4096-token
 # responses); K1 in the reward, one seed, 20 steps, a checkpoint every 5. A training job asks 30 minutes, less than
 # a cell takes at the estimate's throughputs, so each cell crosses a slice boundary (docs/running.md): it saves,
-# requeues its job and resumes. No evaluation beyond held-out pass@1; Fig. 12 for one cell at steps 0 and 20.
+# requeues its job and resumes. No evaluation beyond held-out pass@1 (evaluation.tasks only because the schema asks
+# for them: no study is evaluated); Fig. 12 for one cell at steps 0 and 20. Its studies are named pilot_*, apart from
+# the grid's cells.
 # `klstudy calibrate` then turns the measured step times into the grid's GPU-hours per study.
 #
 # Written from config/paper.yaml (src/klstudy/run/pilot.py) by
