@@ -211,6 +211,7 @@ def time_limit(env, job: str) -> str:
     ).stdout.strip()  # fmt: skip
 
 
+@pytest.mark.slow  # 200 s; slices now keep a training job from its time limit: this is the path when they fail
 def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp_path):
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(time_limit_config()))
