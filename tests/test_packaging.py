@@ -85,6 +85,8 @@ def test_ci_installs_and_tests_every_admitted_python():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     low, high = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", project["requires-python"]).groups()
     ci = (ROOT / ".ci" / "run").read_text()
-    others = re.search(r"^for version in ([\d. ]+); do\n.*\n\s+(step )?make test-fast ", ci, re.M)
+    others = re.search(r"^for version in ([\d. ]+); do\n(?:.*\n)*?\s+(step )?make test-fast ", ci, re.M)
     assert others, "CI runs make test-fast in a loop over the other versions"
+    installed = re.search(r"^\s+for version in ([\d. ]+); do\n\s+make venv PYTHON=", ci, re.M)
+    assert installed and installed.group(1) == others.group(1), "their venvs are installed first, side by side"
     assert ["3.11", *others.group(1).split()] == [f"3.{minor}" for minor in range(int(low), int(high))]

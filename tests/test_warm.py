@@ -119,3 +119,14 @@ def test_distributed_ranks_and_other_interpreters_are_not_delegated(server, monk
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.setattr(warm, "_interpreter", lambda: ["/another/venv", sys.version])
     assert warm.delegate(["status"]) is None  # e.g. the vLLM environment's python: the server refuses it
+
+
+def test_only_stages_go_to_the_warm_server():
+    """A training job also runs `klstudy next-slice` (train.smk); the warm server knows the stages alone, so the
+    commands of cli.py run in the job's own process, served or not."""
+    from klstudy.run import cli
+
+    assert cli.is_stage(["train", "--settings", "{}"]) and cli.is_stage(["evaluate"])
+    for command in ("next-slice", "last-failure", "adopt", "calibrate", "drive", "warm-serve", "pilot-config"):
+        assert not cli.is_stage([command]), command
+    assert not cli.is_stage([])

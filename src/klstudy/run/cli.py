@@ -155,10 +155,17 @@ def run(argv: list[str]) -> int:
     return stages.run(argv, build_parser())
 
 
+def is_stage(argv: list[str]) -> bool:
+    """Whether ``argv`` names a stage (stages.py), which a warm server can run; the other commands run here."""
+    commands = argparse.ArgumentParser().add_subparsers()
+    stages.add_commands(commands)
+    return bool(argv) and argv[0] in commands.choices
+
+
 def main(argv=None) -> int:
-    """``python -m klstudy``: the stage runs in the warm server when one serves this job (warm.py), else here."""
+    """``python -m klstudy``: a stage runs in the warm server when one serves this job (warm.py), else here."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] not in (["drive"], ["warm-serve"]):
+    if is_stage(argv):
         from klstudy.run import warm
 
         status = warm.delegate(argv)

@@ -108,12 +108,13 @@ def measured(results: Path) -> list[Measured]:
         summary = json.loads(summary_path.read_text())
         rows = [json.loads(line) for line in (summary_path.parent / "metrics.jsonl").read_text().splitlines() if line]
         gaps = [b["time"] - a["time"] for a, b in zip(rows, rows[1:], strict=False) if b["time"] > a["time"]]
-        if summary["status"] != "ok" or not gaps:
+        lengths = [row["response_length"] for row in rows if "response_length" in row]
+        if summary["status"] != "ok" or not gaps or not lengths:
             continue
         cell, train = summary["cell"], summary["cell"]["train"]
         found.append(Measured(
             cell["run"], cell["model"], train["async_level"] > 0, summary["processes"], statistics.fmean(gaps),
-            train["batch_prompts"] * train["rollouts"], statistics.fmean(row["response_length"] for row in rows),
+            train["batch_prompts"] * train["rollouts"], statistics.fmean(lengths),
         ))  # fmt: skip
     return found
 
