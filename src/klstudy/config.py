@@ -500,6 +500,7 @@ def snapshot_steps(config: dict, cell: dict) -> list[int]:
 # What the workflow produces, shared by its rules (workflow/rules/common.smk) and `klstudy status`.
 RUN_DIR = f"results/runs/{RUN_PATH}"
 CHECKPOINT_COMPLETE = "klstudy_complete"  # a checkpoint's last file: it is complete (cell.RunRecorder.on_save)
+SLICE_ENDED = "slice-ended.json"  # in a cell's checkpoint directory: its job stopped before its limit (train/slices.py)
 SAVE_TOTAL_LIMIT = 2  # checkpoints a training cell keeps (cell.py hands it to Trainer; estimate.py counts them)
 
 

@@ -1,7 +1,8 @@
 """`klstudy status`: where the grid stands, from its files alone.
 
 One row per cell of the config's grid: ``ok``, ``collapsed`` or ``diverged`` (its summary.json), ``running`` (step N
-of M from its newest metrics line or complete checkpoint, and how long ago it last wrote), ``failed`` (its job log
+of M from its newest metrics line or complete checkpoint, and how long ago it last wrote; "between slices" where its
+job requeued itself, train/slices.py), ``failed`` (its job log
 ends in an error and it has no summary; the error line is shown) or ``missing``; then the evaluations, Fig. 12
 tables and figures done out of those expected. It only reads files (no Snakemake, no scheduler, no torch), so it is
 safe on a login node while SLURM runs the grid.
@@ -23,6 +24,7 @@ from klstudy.config import (
     CHECKPOINT_COMPLETE,
     RUN_DIR,
     RUN_PATH,
+    SLICE_ENDED,
     all_cells,
     checkpoints,
     divergence_targets,
@@ -89,7 +91,13 @@ def cell_row(config: dict, cell: dict, root: Path, now: float) -> dict:
         return row
     row.update(step=max(done, default=0), age_s=round(now - max(written, default=now)))
     error = _error(log)
-    return row | (dict(state="failed", detail=error) if error else dict(state="running"))
+    if error:
+        return row | dict(state="failed", detail=error)
+    sliced = root / "results" / "checkpoints" / name / SLICE_ENDED
+    if sliced.is_file():  # its job requeued itself: the next slice starts when SLURM runs it again
+        step = json.loads(sliced.read_text()).get("step")
+        return row | dict(state="running", detail=f"between slices (stopped after step {step}, requeued)")
+    return row | dict(state="running")
 
 
 def outputs_row(kind: str, paths: list[str], root: Path) -> dict:

@@ -24,7 +24,8 @@ from pathlib import Path
 from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 
-SLICE_ENDED = "slice-ended.json"  # in the checkpoint directory: this job stopped early, the cell goes on
+from klstudy.config import SLICE_ENDED  # the mark's name, which `klstudy status` reads too
+
 REQUEUE_WAIT = 300  # seconds `next-slice` waits for SLURM to end the job it requeued before it calls that a failure
 
 
