@@ -65,6 +65,9 @@ def test_the_last_attempt_decides_and_every_failed_node_is_excluded(tmp_path):
     assert failures.failed_nodes(path) == ["gpu07", "gpu11"]  # gpu09's attempt ended a slice: no failure
     assert failures.report(path).startswith("attempt 4 on gpu12 ended with an import error: ModuleNotFoundError")
     assert "not retried" in failures.report(path)
+    with open(path, "a") as history_file:  # a further attempt: the history is read again, not served from before
+        history_file.write("=== attempt 5: job 85 on gpu13, GPUs 0,1, 2026-11-27T10:05:00+00:00\nValueError: x\n")
+    assert (failures.previous_failure(path).attempt, failures.previous_failure(path).kind) == (5, "other")
 
 
 def test_a_deterministic_failure_is_not_retried_on_gpus(tmp_path):

@@ -8,11 +8,14 @@ what its retry therefore does (workflow/rules/common.smk, `klstudy last-failure`
                    collective that failed): retried on another node (sbatch --exclude=<the node>).
     other          anything else (a kill, a time limit, an error not listed): retried as it was.
 
-The patterns are the messages torch, NCCL, Python and klstudy print (the last matching line of the attempt wins).
+The patterns are the messages torch, NCCL, Python and klstudy print: a deterministic failure anywhere in an attempt's
+output decides, else a node's. A history is parsed once for each version of the file (its size and time), however
+many of a retry's resources ask.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ RETRY = {
     "node": "retried on another node",
     "other": "retried",
 }
+SLICE_END = "next-slice: stopped after step"  # an attempt that ended so did not fail (train/slices.py)
 PATTERNS = {
     "deterministic": [
         ("out of GPU memory", r"OutOfMemoryError|CUDA out of memory"),
@@ -44,6 +48,7 @@ class Failure:
     line: str  # the line of the attempt's output that says so ("" for other)
     attempt: int
     host: str  # the node the attempt ran on
+    ended_slice: bool = False  # it stopped before its time limit and requeued its job: no failure of its node
 
     def describe(self) -> str:
         said = f": {self.line}" if self.line else ""
@@ -79,8 +84,17 @@ def attempts(history: str) -> list[tuple[re.Match, str]]:
 def failures(history_path: Path) -> list[Failure]:
     """What ended each attempt in the history, oldest first (the one running now, if any, included)."""
     path = Path(history_path)
-    found = attempts(path.read_text(errors="replace")) if path.exists() else []
-    return [Failure(*classify(output), int(header[1]), header[3]) for header, output in found]
+    if not path.exists():
+        return []
+    stat = path.stat()
+    return list(_parsed(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple[Failure, ...]:
+    """The failures of one version of a history file (its size and time are part of the key)."""
+    found = attempts(Path(path).read_text(errors="replace"))
+    return tuple(Failure(*classify(output), int(header[1]), header[3], SLICE_END in output) for header, output in found)
 
 
 def previous_failure(history_path: Path) -> Failure | None:
@@ -89,15 +103,10 @@ def previous_failure(history_path: Path) -> Failure | None:
     return found[-1] if found else None
 
 
-SLICE_END = "next-slice: stopped after step"  # an attempt that ended so did not fail (train/slices.py)
-
-
 def failed_nodes(history_path: Path) -> list[str]:
     """The nodes of every attempt that failed with a node failure (not one that ended a slice): a retry excludes
     them. The history records the node of the job's first task: on several nodes, that one."""
-    path = Path(history_path)
-    found = attempts(path.read_text(errors="replace")) if path.exists() else []
-    return sorted({header[3] for header, output in found if SLICE_END not in output and classify(output)[0] == "node"})
+    return sorted({f.host for f in failures(history_path) if f.kind == "node" and not f.ended_slice})
 
 
 def report(history_path: Path) -> str:
