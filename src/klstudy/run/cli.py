@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reference.add_argument("--out", help="write it to this file (default: print it)")
     reference.set_defaults(run=_config_reference)
+    generated = commands.add_parser(
+        "references", help="the references written from the code: the subcommands, KLTrainerConfig, make, the "
+        "environment variables (references.py)",
+    )  # fmt: skip
+    generated.add_argument("--out-dir", default="docs", help="the directory the four pages are written to")
+    generated.set_defaults(run=_references)
     following = commands.add_parser(
         "next-slice", help="after `train`: requeue the SLURM job whose cell stopped before its time limit (slices.py)"
     )
@@ -138,6 +144,13 @@ def _config_reference(args) -> None:
         Path(args.out).write_text(text)
     else:
         sys.stdout.write(text)
+
+
+def _references(args) -> None:
+    from klstudy.run import references
+
+    for path in references.write(Path(args.out_dir)):
+        print(f"wrote {path}")
 
 
 def _paper_settings(args) -> None:

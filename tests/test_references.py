@@ -1,0 +1,104 @@
+"""The references written from the code (src/klstudy/run/references.py) are what the code says: each committed page
+is what its generator writes now, every environment variable any file reads is declared in environment.py, every
+refusal of KLTrainerConfig is shown on its page and every metric KLTrainer logs is described."""
+
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from klstudy import environment, kl
+from klstudy.run import references
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", list(references.PAGES))
+def test_each_generated_page_is_what_the_code_writes(name):
+    committed = (ROOT / "docs" / name).read_text()
+    assert committed == references.PAGES[name](), (
+        f"docs/{name} is stale: run .venv/bin/python -m klstudy references --out-dir docs"
+    )
+
+
+def tracked_files() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return [ROOT / name for name in listed if (ROOT / name).is_file() and not name.startswith("docs/")]
+
+
+def test_every_klstudy_variable_any_file_names_is_declared_and_every_declared_one_is_read():
+    named = {}
+    for path in tracked_files():
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for name in re.findall(r"KLSTUDY_[A-Z0-9_]+", text):
+            named.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    undeclared = {name: sorted(files) for name, files in named.items() if name not in environment.VARIABLES}
+    assert undeclared == {}, f"declare these in src/klstudy/environment.py: {undeclared}"
+    declared = {name for name in environment.VARIABLES if name.startswith("KLSTUDY_")}
+    unread = declared - {n for n, files in named.items() if files - {"src/klstudy/environment.py"}}
+    assert unread == set(), f"declared in environment.py but read nowhere: {unread}"
+
+
+def test_every_variable_the_package_reads_from_the_environment_is_declared():
+    read = set()
+    for path in (ROOT / "src").rglob("*.py"):
+        text = path.read_text()
+        read |= set(re.findall(r"\b(?:environ|env)(?:\.get\(|\[)\s*\"([A-Z][A-Z0-9_]*)\"", text))
+    assert read, "the scan found no read at all: its pattern is wrong"
+    assert read - set(environment.VARIABLES) == set()
+
+
+def test_an_undeclared_variable_cannot_be_read():
+    with pytest.raises(KeyError, match="not declared"):
+        environment.get("KLSTUDY_NO_SUCH_THING")
+
+
+def test_every_refusal_of_the_trainer_config_is_shown():
+    """Each `raise` of KLTrainerConfig's and KLSpec's validation runs for one of references.REFUSED."""
+    from klstudy.train.trainer import KLTrainerConfig
+
+    checks = [KLTrainerConfig.__post_init__, kl.KLSpec.__post_init__]
+    raises = set()
+    for function in checks:
+        lines, first = inspect.getsourcelines(function)
+        raises |= {(function.__code__, first + i) for i, line in enumerate(lines) if line.strip().startswith("raise")}
+    reached = set()
+
+    def tracer(frame, event, arg):
+        if frame.f_code in {f.__code__ for f in checks}:
+            return lambda frame, event, arg: reached.add((frame.f_code, frame.f_lineno)) or None
+        return None
+
+    sys.settrace(tracer)
+    try:
+        shown = references.refusals()
+    finally:
+        sys.settrace(None)
+    missed = sorted(line for code, line in raises - reached)
+    assert missed == [], f"no setting of references.REFUSED reaches the raise at these lines: {missed}"
+    assert len(shown) == len(references.REFUSED)
+
+
+def test_every_metric_the_trainer_logs_is_described():
+    from klstudy.train import trainer
+
+    source = Path(trainer.__file__).read_text()
+    logged = set(re.findall(r"metrics(?:\[\"(?:train|eval)\"\])?\[f?\"([^\"]+)\"\]", source))
+    logged = {name.replace("{estimator}", e) for name in logged - {"train", "eval"} for e in ("k1", "k3")}
+    assert "entropy" in logged and "kl_k3" in logged, "the scan missed metrics: its pattern is wrong"
+    assert logged - set(trainer.LOGGED_METRICS) == set()
+
+
+def test_a_make_target_or_variable_without_its_comment_is_refused(tmp_path):
+    makefile = tmp_path / "Makefile"
+    makefile.write_text(".PHONY: a b\n## A does this.\na:\n\ttrue\n\nb:\n\ttrue\n# what X sets\nX ?= 1\nY ?= 2\n")
+    with pytest.raises(ValueError, match=r"\['b', 'Y'\]"):
+        references.make_reference(makefile)
+    makefile.write_text(".PHONY: a\n## A does this.\na:\n\ttrue\n# what X sets\nX ?= 1 \\\n  2\n")
+    assert references.make_reference(makefile) == ({"a": "A does this."}, {"X": ("1 2", "what X sets")})
