@@ -39,21 +39,30 @@ $(INSTALLED): pyproject.toml requirements.lock
 ## CONFIG=config/paper.yaml: the paper's study on this machine's GPUs, each job on GPUs of its own
 ## (klstudy/run/devices.py): all that CUDA_VISIBLE_DEVICES or nvidia-smi shows (GPUS=auto, none on a CPU), or
 ## GPUS=0,1,3; GPUS= turns it off.
-## CONFIG="config.yaml config/separation.yaml": an overlay merged into the default (the design that separates the
-## penalties; its cost: docs/cost.md); run it in its own clone, as it writes the same results/ and figures/.
+## CONFIG="config.yaml config/separation.yaml" RUN_DIR=runs/separation: an overlay merged into the default (the
+## design that separates the penalties; its cost: docs/cost.md), in a directory of its own: its cells have the
+## default's paths, so a run of other configs where another run's cells are is refused (klstudy/run/ownership.py).
 # --warm: jobs run in a warm server; empty (WARM=): each in a fresh interpreter
 WARM ?= --warm
 # the GPUs `study` shares among its jobs: auto (what the machine shows), ids such as 0,1,3, or empty (none)
 GPUS ?= auto
+# the directory a run writes results/, figures/, logs/ and report.html in (created); empty: the repository's root
+RUN_DIR ?=
+# In RUN_DIR, the commands run there with the repository's venv, Snakefile and configs named by absolute paths.
+IN_RUN_DIR = $(if $(RUN_DIR),mkdir -p $(RUN_DIR) && cd $(RUN_DIR) && )
+RUN_BIN = $(if $(RUN_DIR),$(abspath $(BIN)),$(BIN))
+RUN_SNAKEMAKE = $(RUN_BIN)/snakemake $(if $(RUN_DIR),--snakefile $(CURDIR)/Snakefile) \
+	--configfile $(if $(RUN_DIR),$(abspath $(CONFIG)),$(CONFIG)) --cores $(CORES)
 study: $(INSTALLED)
-	$(BIN)/python -m klstudy drive $(WARM) $(if $(GPUS),--gpus $(GPUS)) -- \
-		$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --keep-going --rerun-incomplete
-	$(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) --report report.html
+	$(IN_RUN_DIR)$(RUN_BIN)/python -m klstudy drive $(WARM) $(if $(GPUS),--gpus $(GPUS)) -- \
+		$(RUN_SNAKEMAKE) --keep-going --rerun-incomplete
+	$(IN_RUN_DIR)$(RUN_SNAKEMAKE) --report report.html
 
 ## Every cell of the grid: ok, collapsed, diverged, running (step, age), failed or missing; then evaluations and
-## figures done. Reads files only: safe on a login node while SLURM runs. CONFIG=config/paper.yaml for the paper's.
+## figures done. Reads files only: safe on a login node while SLURM runs. CONFIG=config/paper.yaml for the paper's;
+## RUN_DIR= for a run made in a directory of its own.
 status: $(INSTALLED)
-	$(BIN)/python -m klstudy status --config $(CONFIG)
+	$(BIN)/python -m klstudy status --config $(CONFIG) $(if $(RUN_DIR),--root $(RUN_DIR))
 
 ## Before a cluster run, on the login node: hub access to every model and dataset, data sources, the SLURM account,
 ## partitions, time limits and GPUs, free disk against the run's peak; then the peak disk and GPU-hours

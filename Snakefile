@@ -38,9 +38,14 @@ if workflow.is_main_process and any("parameters_b" in model for model in config[
     print("\n".join(summary(config)), file=sys.stderr)
 
 
+# When jobs are about to run (not in a dry run): this directory's run is recorded as this config files' one, and a run
+# of other configs that would overwrite its cells stops here, saying where to run it instead (klstudy/run/ownership.py).
 # On a cluster, before the first job is submitted: hub access, data sources, SLURM account, partitions, time limits,
 # GPUs and disk (klstudy/run/preflight.py); a failing check stops the run. `--config preflight=False` skips it.
 onstart:
+    from klstudy.run.ownership import claim
+
+    claim(config, workflow.config_settings.configfiles or ["config.yaml"], Path(workflow.basedir), Path.cwd())
     if workflow.non_local_exec:
         from klstudy.run.preflight import run_before_submitting
 

@@ -13,6 +13,7 @@
 # folder exists. Rehearse it on a CPU (what CI cannot: the order, the limits, the files it leaves):
 #   KLSTUDY_GPU_SUITE_ON_CPU=1 GPU_PYTHON=.venv/bin/python WHEELS= PHASE_SHAPES=tiny \
 #     PHASE_ARGS="--prompts 2 --response-tokens 32" benchmarks/gpu-session.sh /tmp/gpu-session
+case "${1:-}" in -h | --help) sed -n '2,/^set -/{/^set -/!s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
 set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu-session.sh OUT_DIR}
 mkdir -p "$OUT"

@@ -8,6 +8,7 @@
 #
 # Python 3.12, manylinux x86-64; versions from requirements.lock. Packages with no wheel on PyPI (pure Python) are
 # built into one here. A cluster with a registry needs none of this: `make venv` there installs CUDA torch from PyPI.
+case "${1:-}" in -h | --help) sed -n '2,/^set -/{/^set -/!s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.whl}

@@ -1,5 +1,5 @@
 """The reference copies of the paper's datasets (KLSTUDY_REFDATA; shared/refdata/SOURCES.md says what each is) laid
-out as `huggingface-cli download --repo-type dataset` gives the Hub's repositories: what a user points `local_dir`
+out as `hf download --repo-type dataset` gives the Hub's repositories: what a user points `local_dir`
 at. Test infrastructure only: the copies are never committed to the project."""
 
 from __future__ import annotations

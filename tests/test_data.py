@@ -84,7 +84,7 @@ def test_unreachable_hub_fails_at_once_without_a_file(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: pytest.fail("load_dataset was called"))
     out = tmp_path / "mmlu.jsonl"
     spec = {"kind": "mmlu", "hub_id": "cais/mmlu", "subject": "college_physics", "splits": ["test"]}
-    hint = "cais/mmlu.*huggingface-cli download --repo-type dataset cais/mmlu"
+    hint = "cais/mmlu.*hf download cais/mmlu --repo-type dataset --local-dir"
     with pytest.raises(staging.DataUnavailable, match=hint):
         staging.prepare("mmlu_physics", spec, out)
     assert not out.exists() and not list(tmp_path.iterdir())

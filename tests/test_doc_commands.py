@@ -22,7 +22,7 @@ STANDARD = {"git", "grep", "head", "cat", "ls", "tail"}
 # tests/test_tutorials.py after those edits.
 EDITED_FIRST = {"tutorial-estimator.md"}
 # Inline code that would run only in an activated venv: the venv's tools without `.venv/bin/`.
-BARE_TOOL = re.compile(r"^(?:python3? -m klstudy(?![.\w])|tensorboard |wandb |pytest |ruff |snakemake --c)")
+BARE_TOOL = re.compile(r"^(?:python3? -m klstudy(?![.\w])|klstudy [\w-]+ \S|tensorboard |wandb |pytest |ruff |snakemake --c)")
 
 
 def fences(text: str) -> list[tuple[str, str]]:
@@ -142,6 +142,42 @@ def test_inline_commands_name_the_venvs_tools(page):
     assert bare == [], f"commands that need an activated venv (write .venv/bin/…): {bare}"
 
 
+# An inline command that runs a script of the repository: the script's path, then at least one argument.
+SCRIPT_COMMAND = re.compile(r"^(?:(\S*python3?) )?((?:benchmarks|envs|slurm|tests/(?!test_))[\w./-]+\.(?:py|sh))( .+)$")
+
+
+def inline_script_commands() -> list[tuple[str, str]]:
+    found = []
+    for page in [*PAGES, ROOT / "config" / "README.md"]:
+        prose = re.sub(r"^```[^\n]*\n.*?^```", "", page.read_text(), flags=re.M | re.S)
+        for span in re.findall(r"`([^`]+)`", prose):
+            if SCRIPT_COMMAND.match(" ".join(span.split())):
+                found.append((page.name, " ".join(span.split())))
+    return found
+
+
+@pytest.mark.parametrize("page, command", inline_script_commands(), ids=lambda v: v[:70])
+def test_every_inline_script_command_runs_as_copied(page, command):
+    """A Python script is run by the venv's Python, a shell script is executable; each runs with --help, which lists
+    every option the command gives."""
+    python, script, arguments = SCRIPT_COMMAND.match(command).groups()
+    if script.endswith(".py"):
+        assert python == ".venv/bin/python", f"{page}: `{command}`: run a Python script as .venv/bin/python {script}"
+        if not (ROOT / python).exists():
+            pytest.skip(".venv is not built (make venv builds it)")
+        tool = (str(ROOT / python), script)
+    else:
+        assert (ROOT / script).stat().st_mode & 0o111, f"{script} is not executable"
+        tool = (str(ROOT / script),)
+    text = help_text(*tool)
+    unknown = [o for o in options(shlex.split(arguments)) if not re.search(rf"(?<![\w-]){o}\b", text)]
+    assert not unknown, f"{page}: options {script} --help does not list: {unknown}"
+
+
+def test_the_pages_have_inline_script_commands():
+    assert any("benchmarks/step_memory.py" in command for _, command in inline_script_commands())
+
+
 def test_the_command_finders():
     body = "make venv  # .venv\n.venv/bin/snakemake --cores 2 \\\n    results/x.json\n\nPYTHON=python3 make venv\n"
     expected = ["make venv", ".venv/bin/snakemake --cores 2 results/x.json", "PYTHON=python3 make venv"]
@@ -149,6 +185,7 @@ def test_the_command_finders():
     assert split_command("A=1 B='x y' make venv") == ({"A": "1", "B": "x y"}, "make", ["venv"])
     assert options(["--cores", "2", "-n", "--report=x.html", "results/x"]) == ["--cores", "-n", "--report"]
     assert BARE_TOOL.match("python -m klstudy --help") and BARE_TOOL.match("tensorboard --logdir x")
+    assert BARE_TOOL.match("klstudy drive --warm -- snakemake") and not BARE_TOOL.match("klstudy status")
     assert not BARE_TOOL.match(".venv/bin/python -m klstudy --help")
     assert not BARE_TOOL.match("snakemake --profile slurm")
     assert not BARE_TOOL.match("python -m klstudy.run.devices --count")

@@ -12,7 +12,7 @@ def test_unreachable_hub_fails_at_once_naming_the_model(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     # "At once": the reachability probe answers, huggingface_hub (which retries) is never called.
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: pytest.fail("snapshot_download called"))
-    with pytest.raises(staging.DataUnavailable, match=r"Qwen/Qwen2.5-7B.*huggingface-cli download Qwen/Qwen2.5-7B"):
+    with pytest.raises(staging.DataUnavailable, match=r"Qwen/Qwen2.5-7B.*hf download Qwen/Qwen2.5-7B --local-dir"):
         models.build_base_model("qwen", {"source": "hub", "hub_id": "Qwen/Qwen2.5-7B"}, [], tmp_path / "m")
     assert not (tmp_path / "m").exists()
 

@@ -32,11 +32,11 @@ USER = {
         "you, under a scheduler other than SLURM", "the job's end, in seconds since the epoch: a training cell stops "
         "and saves before it (the slices of docs/running.md); unset, SLURM's squeue says it"),
     "KLSTUDY_GPUS": Variable(
-        "`klstudy drive --gpus` (make study GPUS=…)", "the GPU ids one machine's jobs share, each GPU job on GPUs of "
+        "klstudy's `drive --gpus` (make study GPUS=…)", "the GPU ids one machine's jobs share, each GPU job on GPUs of "
         "its own"),
-    "KLSTUDY_GPU_LOCKS": Variable("`klstudy drive --gpus`", "the directory of the per-GPU lock files of those jobs"),
+    "KLSTUDY_GPU_LOCKS": Variable("klstudy's `drive --gpus`", "the directory of the per-GPU lock files of those jobs"),
     "KLSTUDY_WARM_SOCKET": Variable(
-        "`klstudy drive --warm` (make study)", "the warm server's socket: a stage runs there, forked from a process "
+        "klstudy's `drive --warm` (make study)", "the warm server's socket: a stage runs there, forked from a process "
         "that imported torch, TRL and lm-eval once; unset, it runs in a fresh interpreter"),
     "KLSTUDY_DRIVER_FLAGS": Variable(
         "`make driver`", "the sbatch flags slurm/driver.sbatch submits its successor with at its time limit"),

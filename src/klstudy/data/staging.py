@@ -90,10 +90,10 @@ def hub_reachable(timeout: float = 5.0) -> bool:
 
 
 def staging_help(dataset_id: str, kind: str = "dataset") -> str:
-    repo_type = "--repo-type dataset " if kind == "dataset" else ""
+    repo_type = " --repo-type dataset" if kind == "dataset" else ""
     return (
-        f"To stage it by hand: on a machine with Hub access run "
-        f"`huggingface-cli download {repo_type}{dataset_id} --local-dir DIR`, copy DIR to this machine and "
+        f"To stage it by hand: on a machine with Hub access run huggingface_hub's CLI "
+        f"`hf download {dataset_id}{repo_type} --local-dir DIR` (.venv/bin/hf here), copy DIR to this machine and "
         f"set `local_dir: DIR` for this {kind} in the config (or populate HF_HOME there and set HF_HUB_OFFLINE=1)."
     )
 

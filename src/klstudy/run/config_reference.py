@@ -44,7 +44,8 @@ The configurations: [`config.yaml`](../config.yaml) (the embedded study, the def
 [`paper.yaml`](paper.yaml) (the paper's study, for `snakemake --profile slurm`), [`pilot.yaml`](pilot.yaml) (the
 first GPU run: the paper's path with a 0.5B model), [`smollm2.yaml`](smollm2.yaml) (a
 real chat model on a CPU) and [`separation.yaml`](separation.yaml) (an overlay merged into `config.yaml`:
-`make study CONFIG="config.yaml config/separation.yaml"`). Every key is checked before any job starts; a mistake
+`make study CONFIG="config.yaml config/separation.yaml" RUN_DIR=runs/separation`, in a directory of its own as its
+cells have the default's paths). Every key is checked before any job starts; a mistake
 stops the run with one line naming the key. `<dataset>`, `<model>`, `<study>` … stand for names you choose; `[]`
 marks the items of a list. *required* means the key has no default and must be given.
 """
