@@ -576,3 +576,11 @@ def test_one_beta_is_one_category_and_one_seed_has_no_band(config, tables):
     bands = [c for c in ax.collections if len(c.get_paths()) and len(c.get_paths()[0].vertices)]
     assert bands == []
     plt.close(fig)
+
+
+def test_every_estimator_has_a_marker_fill_of_its_own():
+    """Without colour the fill says the estimator: one missing would be drawn as K1 (the default fill)."""
+    from klstudy import kl
+
+    fills = [encoding.ESTIMATOR_FILLS.get(estimator) for estimator in kl.ESTIMATORS]
+    assert None not in fills and len(set(fills)) == len(fills), dict(zip(kl.ESTIMATORS, fills, strict=True))
