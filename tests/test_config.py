@@ -47,7 +47,7 @@ def delete_key(config, path):
 
 BAD = [
     # (what, edit, text the message must contain)
-    ("unknown estimator", lambda c: set_key(c, ["toy", "estimators"], ["k1", "k4"]), "toy.estimators[1]"),
+    ("unknown estimator", lambda c: set_key(c, ["toy", "estimators"], ["k1", "k9"]), "toy.estimators[1]"),
     ("unknown placement", lambda c: set_key(c, ["toy", "placements"], ["advantage"]), "toy.placements[0]"),
     ("negative beta", lambda c: set_key(c, ["studies", "onpolicy", "betas"], [-0.1, 0.1]), "studies.onpolicy.betas[0]"),
     ("missing key", lambda c: delete_key(c, ["toy", "trials"]), "'toy.trials' is missing"),
@@ -58,7 +58,7 @@ BAD = [
     ("misspelt nested key", lambda c: set_key(c, ["toy", "trails"], 3), "'toy.trails' is not a known setting"),
     (
         "bad kl config",
-        lambda c: set_key(c, ["studies", "onpolicy", "kl"], ["k1-reward", "k4-loss"]),
+        lambda c: set_key(c, ["studies", "onpolicy", "kl"], ["k1-reward", "k9-loss"]),
         "studies.onpolicy.kl[1]",
     ),
     (

@@ -30,6 +30,8 @@ ENDS = {("none", 0.0): 1.0, ("k1-reward", 0.1): 0.6, ("k1-reward", 1.0): 0.3, ("
 def config():
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["studies"]["onpolicy"]["seeds"] = [0, 1]
+    # The configurations the synthetic tables below hold (config.yaml's list may grow: docs/tutorial-estimator.md).
+    config["studies"]["onpolicy"]["kl"] = ["none", "k1-reward", "k1-loss", "k3-reward", "k3-loss"]
     return validate_config(config)
 
 
