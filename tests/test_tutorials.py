@@ -2,8 +2,9 @@
 own blocks (```diff blocks applied with `git apply`, the script saved under the name the page gives) and runs the
 page's commands in the copy.
 
-docs/tutorial-estimator.md: the new estimator reaches Table 1, the fixed points and a training cell (fast, with the
-toy and the cell cut down; the page's own commands, at full size, are the slow test). docs/tutorial-kltrainer.md:
+docs/tutorial-estimator.md: the new estimator reaches Table 1, the fixed points and a training cell, and the tests the
+page names pass in the copy (fast, with the toy and the cell cut down; the page's own commands, at full size, are the
+slow test). docs/tutorial-kltrainer.md:
 the script trains two steps."""
 
 import json
@@ -56,13 +57,22 @@ def run(command: str, repo: Path, timeout: int = 600) -> str:
     return done.stdout + done.stderr
 
 
+ESTIMATOR_EDITS = ["src/klstudy/kl.py", "tests/test_kl.py", "docs/kl-names.md", "src/klstudy/report/figures/encoding.py",
+                   "config.yaml"]  # fmt: skip
+
+
 def make_the_estimator_edits(repo: Path) -> None:
+    """The page's patches, then its commands that write files of the repository (the configuration reference)."""
     page = DOCS / "tutorial-estimator.md"
     diffs = blocks(page, "diff")
-    assert [re.search(r"^\+\+\+ b/(\S+)", d, re.M).group(1) for d in diffs] == ["src/klstudy/kl.py", "config.yaml"]
+    assert [re.search(r"^\+\+\+ b/(\S+)", d, re.M).group(1) for d in diffs] == ESTIMATOR_EDITS
     for index, diff in enumerate(diffs):
         (repo / f"edit{index}.diff").write_text(diff)
         run(f"git apply edit{index}.diff", repo)
+        (repo / f"edit{index}.diff").unlink()
+    for command in commands(page):
+        if "config-reference" in command:
+            run(command, repo)
 
 
 # ------------------------------------------------------------------------------------------- add an estimator
@@ -113,6 +123,9 @@ def test_the_estimator_tutorial_reaches_table1_the_fixed_points_and_a_training_c
     summary_path = next(w for w in shlex.split(target) if w.endswith("summary.json"))
     summary = json.loads((copy / summary_path).read_text())
     assert summary["status"] == "ok" and summary["steps_done"] == 2 and summary["cell"]["kl"] == "k4-loss"
+    # The page's own tests of what it touched, in the copy: they fail if a step the page needs were missing.
+    (tests,) = [c for c in commands(DOCS / "tutorial-estimator.md") if c.startswith(".venv/bin/pytest")]
+    assert "passed" in run(f"{tests} -q -p no:cacheprovider", copy, timeout=900)
 
 
 @pytest.mark.slow
