@@ -298,3 +298,19 @@ def test_a_jobs_cpus_are_shared_by_the_processes_on_its_node(cpus, local, expect
     from klstudy.run.stages import threads_per_process
 
     assert threads_per_process(cpus, {"LOCAL_WORLD_SIZE": local} if local else {}) == expected
+
+
+def test_a_local_copys_path_is_relative_to_the_repository_root_whatever_the_working_directory(tmp_path, monkeypatch):
+    """A job of `make study RUN_DIR=…` runs in the run's directory: a relative local_dir must not follow it."""
+    from klstudy.config import REPO_ROOT
+
+    monkeypatch.chdir(tmp_path)
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["models"]["hubbed"] = {"source": "hub", "hub_id": "Org/Model", "local_dir": "models/Model"}
+    config["models"]["absolute"] = {"source": "hub", "hub_id": "Org/Model", "local_dir": "/data/Model"}
+    config["data"]["math500"] = {"kind": "math500", "hub_id": "HuggingFaceH4/MATH-500", "split": "test",
+                                 "local_dir": "refdata/math500"}  # fmt: skip
+    config = validate_config(config)
+    assert config["models"]["hubbed"]["local_dir"] == str(REPO_ROOT / "models/Model")
+    assert config["models"]["absolute"]["local_dir"] == "/data/Model"
+    assert config["data"]["math500"]["local_dir"] == str(REPO_ROOT / "refdata/math500")

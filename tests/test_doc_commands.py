@@ -20,9 +20,13 @@ SHELL = {"sh", "bash", "shell"}
 STANDARD = {"git", "grep", "head", "cat", "ls", "tail"}
 # Pages whose commands need the page's own edits first: their Snakemake targets are not dry-run here, but by
 # tests/test_tutorials.py after those edits.
-EDITED_FIRST = {"tutorial-estimator.md"}
+EDITED_FIRST = {"tutorial-estimator.md", "tutorial-hub-model.md"}
 # Inline code that would run only in an activated venv: the venv's tools without `.venv/bin/`.
-BARE_TOOL = re.compile(r"^(?:python3? -m klstudy(?![.\w])|klstudy [\w-]+ \S|tensorboard |wandb |pytest |ruff |snakemake --c)")
+BARE_TOOL = re.compile(
+    r"^(?:python3? -m klstudy(?![.\w])|klstudy [\w-]+ \S|tensorboard |wandb |pytest |ruff |hf download|snakemake --c)"
+)
+# Tools whose options are their subcommand's (`hf download --help`), as klstudy's are.
+SUBCOMMAND_TOOLS = {".venv/bin/hf"}
 
 
 def fences(text: str) -> list[tuple[str, str]]:
@@ -95,6 +99,8 @@ def check_venv_tool(program: str, arguments: list[str], dry_run: bool = True) ->
         rest = arguments[2:]
         tool += ["-m", "klstudy", *([rest[0]] if rest and not rest[0].startswith("-") else [])]
         arguments = rest[1:] if rest and not rest[0].startswith("-") else rest
+    elif program in SUBCOMMAND_TOOLS and arguments and not arguments[0].startswith("-"):
+        tool, arguments = tool + arguments[:1], arguments[1:]
     text = help_text(*tool)
     unknown = [o for o in options(arguments) if o not in ("--help", "-h") and not re.search(rf"(?<![\w-]){o}\b", text)]
     assert not unknown, f"options {' '.join(tool)} --help does not list: {unknown}"

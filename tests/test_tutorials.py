@@ -57,8 +57,8 @@ def run(command: str, repo: Path, timeout: int = 600) -> str:
     return done.stdout + done.stderr
 
 
-ESTIMATOR_EDITS = ["src/klstudy/kl.py", "tests/test_kl.py", "docs/kl-names.md", "src/klstudy/report/figures/encoding.py",
-                   "config.yaml"]  # fmt: skip
+ESTIMATOR_EDITS = ["src/klstudy/kl.py", "tests/test_kl.py", "docs/kl-names.md",
+                   "src/klstudy/report/figures/encoding.py", "config.yaml"]  # fmt: skip
 
 
 def make_the_estimator_edits(repo: Path) -> None:
@@ -151,3 +151,44 @@ def test_the_kltrainer_tutorial_script_trains_two_steps(copy):
     logged = [json.loads(line.replace("'", '"')) for line in re.findall(r"\{'loss'.*?\}", output)]
     assert len(logged) == 2, output[-3000:]
     assert all("kl_k1" in step and "task_reward" in step for step in logged)
+
+
+# ----------------------------------------------------------------------------------------- add a model from the hub
+
+MAKE_STANDIN = "from klstudy.train import standins; import sys; standins.build('tiny', sys.argv[1], dtype='float32')"
+
+
+def test_the_hub_model_tutorial_stages_its_copy_prices_the_run_and_trains_a_cell(copy):
+    """The page's overlay, with a stand-in (random weights, Qwen2's class at the tiny width) where `hf download`
+    puts the model; the cost line, one cell cut to two steps, and the figures `make study` then draws."""
+    page = DOCS / "tutorial-hub-model.md"
+    (overlay,) = blocks(page, "yaml")
+    name = re.search(r"Save this as `([\w.-]+)`", page.read_text()).group(1)
+    (copy / name).write_text(overlay)
+    (download,) = [shlex.split(c) for c in commands(page) if c.startswith(".venv/bin/hf download")]
+    local_dir = download[download.index("--local-dir") + 1]
+    run(f".venv/bin/python -c {shlex.quote(MAKE_STANDIN)} {local_dir}", copy)
+
+    (dry,) = [c for c in commands(page) if " -n " in c]
+    assert re.search(r"peak disk under results/: .*\nGPU-hours", run(dry, copy))
+
+    (copy / "two-steps.yaml").write_text(
+        "studies:\n  onpolicy_qwen:\n    health: {collapse_window: 0}\n    train: {steps: 2, eval_every: 2}\n"
+    )
+    (cell,) = [c for c in commands(page) if c.endswith(name) and "summary.json" in c]
+    run(f"{cell} two-steps.yaml", copy, timeout=900)
+    summary_path = next(w for w in shlex.split(cell) if w.endswith("summary.json"))
+    summary = json.loads((copy / summary_path).read_text())
+    assert summary["status"] == "ok" and summary["steps_done"] == 2
+    staged = json.loads((copy / "results" / "models" / summary["cell"]["model"] / "config.json").read_text())
+    assert staged["architectures"] == ["Qwen2ForCausalLM"]  # the copy in local_dir, not the embedded model
+
+    check = (
+        "import sys, yaml; from snakemake.utils import update_config; from klstudy import config as c; "
+        "merged = yaml.safe_load(open('config.yaml')); update_config(merged, yaml.safe_load(open(sys.argv[1]))); "
+        "print(c.figure_targets(c.validate_config(merged)))"
+    )
+    targets = run(f".venv/bin/python -c {shlex.quote(check)} {name}", copy)
+    lines = page.read_text().splitlines()
+    listed = [line.strip("-` ").split(":")[0] for line in lines if line.startswith("- `figures/")]
+    assert listed and all(path.removesuffix(".png") in targets for path in listed if path.endswith(".png")), listed

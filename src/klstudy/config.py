@@ -87,7 +87,18 @@ def validate_config(config: dict, schema: dict | None = None) -> dict:
         # The shallowest error is the one the user wrote; deeper ones often follow from it.
         raise ConfigError(_describe(jsonschema.exceptions.best_match(errors)))
     _check_references(config)
+    _resolve_paths(config)
     return config
+
+
+def _resolve_paths(config: dict) -> None:
+    """A local copy's path (``local_dir``, a GGUF file without ``package``) relative to the repository root, as a
+    pinned model's is: a job runs in the run's directory (``make study RUN_DIR=…``), which need not be the root."""
+    for section in ("data", "models"):
+        for entry in config.get(section, {}).values():
+            for key in ("local_dir", "gguf"):
+                if entry.get(key) and not (key == "gguf" and entry.get("package")):
+                    entry[key] = str(REPO_ROOT / entry[key])  # an absolute path stays as it is
 
 
 def section_settings(section: str, entry: dict, name: str | None = None, schema: dict | None = None) -> dict:

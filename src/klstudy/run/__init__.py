@@ -8,6 +8,7 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     devices            one machine's GPUs shared by a study's jobs, each on its own; a GPU job that sees none fails
     adopt              a SLURM driver's start: the jobs an earlier driver left, waited for or cancelled, never rerun
     failures           what ended a training job's attempt, and so what its retry does
+    ownership          which configs' run a directory holds: an overlay cannot retrain another run's cells there
     status             `klstudy status`: where the grid stands, from its files alone
     preflight          `klstudy preflight`: the Hub, data, SLURM account, partitions, limits, GPUs and disk, checked
     check              a row of the preflight's table and its statuses

@@ -16,8 +16,10 @@ from pathlib import Path
 from klstudy import environment
 
 ROOT = Path(__file__).resolve().parents[3]
-GENERATED = "Written by `.venv/bin/python -m klstudy references --out-dir docs` from {source}; `tests/test_references.py` "
-GENERATED += "fails when this page and the code disagree."
+GENERATED = (
+    "Written by `.venv/bin/python -m klstudy references --out-dir docs` from {source}; `tests/test_references.py` "
+    "fails when this page and the code disagree."
+)
 
 
 def _cell(text) -> str:
