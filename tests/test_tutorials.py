@@ -192,3 +192,26 @@ def test_the_hub_model_tutorial_stages_its_copy_prices_the_run_and_trains_a_cell
     lines = page.read_text().splitlines()
     listed = [line.strip("-` ").split(":")[0] for line in lines if line.startswith("- `figures/")]
     assert listed and all(path.removesuffix(".png") in targets for path in listed if path.endswith(".png")), listed
+
+
+# ------------------------------------------------------------------------------------------------- a first run
+
+
+def test_the_first_run_says_how_many_cells_a_learning_rate_edit_reruns():
+    """The page's counts are those whose settings (ownership.cell_digests) an edit of the anchored learning rate
+    changes, and the on-policy study's own."""
+    import yaml
+
+    from klstudy.config import validate_config
+    from klstudy.run.ownership import cell_digests
+
+    text = (ROOT / "config.yaml").read_text()
+    anchor = text.index("&onpolicy_train")  # studies.onpolicy.train
+    edited = text[:anchor] + re.sub(r"learning_rate: [\d.e+-]+", "learning_rate: 9.0e-9", text[anchor:], count=1)
+    before = cell_digests(validate_config(yaml.safe_load(text)))
+    after = cell_digests(validate_config(yaml.safe_load(edited)))
+    changed = [path for path in before if before[path] != after[path]]
+    page = " ".join((DOCS / "tutorial-first-run.md").read_text().split())
+    said = re.search(r"changes all (\d+) cells of the default study, not only the (\d+) of `onpolicy`", page)
+    assert said and int(said.group(1)) == len(changed) == len(before)
+    assert int(said.group(2)) == len([path for path in before if "/onpolicy/" in path])
