@@ -42,10 +42,13 @@ Written by `.venv/bin/python -m klstudy config-reference --out config/README.md`
 
 The configurations: [`config.yaml`](../config.yaml) (the embedded study, the default),
 [`paper.yaml`](paper.yaml) (the paper's study, for `snakemake --profile slurm`), [`pilot.yaml`](pilot.yaml) (the
-first GPU run: the paper's path with a 0.5B model), [`smollm2.yaml`](smollm2.yaml) (a
-real chat model on a CPU) and [`separation.yaml`](separation.yaml) (an overlay merged into `config.yaml`:
+first GPU run: the paper's path with a 0.5B model), [`pilot-7b.yaml`](pilot-7b.yaml) (the 7-8B models' pilot,
+written from `paper.yaml` by `.venv/bin/python -m klstudy pilot-config`), [`smollm2.yaml`](smollm2.yaml) (a
+real chat model on a CPU), [`atlas.yaml`](atlas.yaml) (an overlay: the atlas's bigger grid) and
+[`separation.yaml`](separation.yaml) (an overlay merged into `config.yaml`:
 `make study CONFIG="config.yaml config/separation.yaml" RUN_DIR=runs/separation`, in a directory of its own as its
-cells have the default's paths). Every key is checked before any job starts; a mistake
+cells have the default's paths). [`paper-settings.yaml`](paper-settings.yaml) is no run's config: the settings the
+paper states, which [the paper's settings](../docs/paper-settings.md) sets against `paper.yaml`. Every key is checked before any job starts; a mistake
 stops the run with one line naming the key. `<dataset>`, `<model>`, `<study>` … stand for names you choose; `[]`
 marks the items of a list. *required* means the key has no default and must be given.
 """
