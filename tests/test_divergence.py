@@ -196,8 +196,8 @@ def test_snapshots_are_scored_on_the_requested_device_in_their_saved_dtype(tmp_p
     loaded = []
     original = divergence.load
 
-    def recording_load(path, device):
-        model, tok = original(path, device)
+    def recording_load(path, device, dtype="auto"):
+        model, tok = original(path, device, dtype)
         loaded.append((Path(path).name, device, model.dtype, str(model.device)))
         return model, tok
 
@@ -206,6 +206,19 @@ def test_snapshots_are_scored_on_the_requested_device_in_their_saved_dtype(tmp_p
     rows = divergence.across_snapshots(tmp_path / "ref", tmp_path / "snapshots", [PROMPT, "Hi"], settings, 0, "cpu")
     assert loaded == [("ref", "cpu", torch.bfloat16, "cpu"), ("step~2", "cpu", torch.bfloat16, "cpu")]
     assert [row["step"] for row in rows] == [0, 2] and rows[0]["forward_kl"] == 0 and rows[1]["forward_kl"] > 0
+
+
+def test_float32_snapshots_are_scored_beside_the_reference_upcast_to_float32(tmp_path):
+    """divergence.snapshot_dtype float32: a bf16 reference is loaded in float32 (exactly its bf16 values), so that
+    policy and reference are computed alike, and a policy equal to the reference scores a KL of 0."""
+    reference, tokenizer = _model(seed=1, sharpness=4.0)
+    reference.to(torch.bfloat16).save_pretrained(tmp_path / "ref")
+    tokenizer.save_pretrained(tmp_path / "ref")
+    reference.to(torch.bfloat16).to(torch.float32).save_pretrained(tmp_path / "snapshots" / "step~2")  # π_θ = π_ref
+    tokenizer.save_pretrained(tmp_path / "snapshots" / "step~2")
+    settings = {"steps": [0, 2], "samples": 2, "max_tokens": 4, "batch_prompts": 2, "logits_memory_mb": 1}
+    rows = divergence.across_snapshots(tmp_path / "ref", tmp_path / "snapshots", [PROMPT, "Hi"], settings, 0, "cpu")
+    assert rows[1]["forward_kl"] == 0 and rows[1]["entropy"] == rows[0]["entropy"]
 
 
 def test_step_zero_shortcut_scores_what_a_copy_of_the_reference_scores():

@@ -329,7 +329,7 @@ def test_the_lookahead_draws_the_training_loop_order_across_epochs_and_after_a_r
 # ------------------------------------------------------------------------------ the `klstudy train` command
 
 
-def _cell(steps=6, health=None, snapshot_steps=(), **train):
+def _cell(steps=6, health=None, snapshot_steps=(), snapshot_dtype="base", **train):
     settings = dict(
         steps=steps,
         batch_prompts=2,
@@ -347,7 +347,8 @@ def _cell(steps=6, health=None, snapshot_steps=(), **train):
     settings.update(train)
     # K1 in the loss moves an untrained policy from the first step (β·∇log π ≠ 0 even at π = π_ref), so the
     # trajectories compared below are not trivially constant.
-    return validated_cell(settings, kl="k1-loss", beta=BETA, health=health, snapshot_steps=snapshot_steps)
+    return validated_cell(settings, kl="k1-loss", beta=BETA, health=health, snapshot_steps=snapshot_steps,
+                          snapshot_dtype=snapshot_dtype)  # fmt: skip
 
 
 def _command(model_dir, data_dir, out, checkpoints, cell):
@@ -549,8 +550,12 @@ def test_each_heldout_request_is_generated_by_one_process_in_calls_of_one_size(r
     assert all(padded[: len(mine)] == mine for mine, padded in shares)
 
 
-def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(data_dir, tmp_path):
-    """The policy trains in float32 weights (TRL's default); what it hands on has the base model's dtype."""
+@pytest.mark.parametrize("snapshot_dtype, snapshot_tensors", [("base", "BF16"), ("float32", "F32")])
+def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(
+    data_dir, tmp_path, snapshot_dtype, snapshot_tensors
+):
+    """The policy trains in float32 weights (TRL's default); what it hands on has the base model's dtype, and so do
+    Fig. 12's snapshots unless divergence.snapshot_dtype is float32 (the weights as trained)."""
     from transformers import AutoModelForCausalLM
 
     spec = tiny.TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, sft_steps=0)
@@ -558,15 +563,18 @@ def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(data_dir, tmp
     base = tiny.build_model(spec, tokenizer).to(torch.bfloat16)
     base.config.dtype = "bfloat16"
     tiny.save(base, tokenizer, tmp_path / "base", spec, {})
-    cell = _cell(steps=2, snapshot_steps=[1])
+    cell = _cell(steps=2, snapshot_steps=[1], snapshot_dtype=snapshot_dtype)
     command = _command(tmp_path / "base", data_dir, tmp_path / "cell", tmp_path / "ckpt", cell)
     subprocess.run(command, check=True, env=_env())
+    expected = {"final": ("bfloat16", "BF16"), "step~1": ({"BF16": "bfloat16", "F32": "float32"}[snapshot_tensors],
+                                                         snapshot_tensors)}  # fmt: skip
     for saved in (tmp_path / "cell" / "final", tmp_path / "cell" / "snapshots" / "step~1"):
-        assert json.loads((saved / "config.json").read_text())["dtype"] == "bfloat16"
-        assert {t["dtype"] for t in models.saved_tensors(saved).values()} == {"BF16"}
+        dtype, tensors = expected[saved.name]
+        assert json.loads((saved / "config.json").read_text())["dtype"] == dtype
+        assert {t["dtype"] for t in models.saved_tensors(saved).values()} == {tensors}
         loaded = AutoModelForCausalLM.from_pretrained(saved, dtype="auto")
-        assert loaded.dtype == torch.bfloat16
-        assert not torch.equal(loaded.model.embed_tokens.weight, base.model.embed_tokens.weight)  # it trained
+        assert loaded.dtype == getattr(torch, dtype)
+        assert not torch.equal(loaded.model.embed_tokens.weight.float(), base.model.embed_tokens.weight.float())
 
 
 def test_a_save_that_wrote_no_weights_fails_the_job_instead_of_recording_ok(model_dir, data_dir, tmp_path, monkeypatch):

@@ -71,7 +71,9 @@ def claims_it_can_test(config: dict) -> dict:
     return kept
 
 
-def validated_cell(train: dict, study="test", kl="k1-loss", beta=0.1, seed=0, health=None, snapshot_steps=()) -> dict:
+def validated_cell(
+    train: dict, study="test", kl="k1-loss", beta=0.1, seed=0, health=None, snapshot_steps=(), snapshot_dtype="base"
+) -> dict:
     """A cell's settings exactly as the workflow hands them to `klstudy train` (config.cell_settings): one study of
     config.yaml's tiny model with these train settings, validated, so that every default comes from the schema.
     ``health``: its rules (the collapse rule off unless given, as it could not fire in a short test run)."""
@@ -82,7 +84,8 @@ def validated_cell(train: dict, study="test", kl="k1-loss", beta=0.1, seed=0, he
                                      betas=[beta], seeds=[seed], train=train,
                                      health={"collapse_window": 0, **(health or {})})}  # fmt: skip
     config["evaluation"]["studies"] = {}
-    config["divergence"].update(study=study, kl=[kl], betas=[beta], seeds=[seed], steps=[0, *snapshot_steps])
+    config["divergence"].update(study=study, kl=[kl], betas=[beta], seeds=[seed], steps=[0, *snapshot_steps],
+                                snapshot_dtype=snapshot_dtype)  # fmt: skip
     config["figures"], config["claims"] = {}, {}
     return cell_settings(validate_config(config), study, "tiny", kl, beta, seed)
 

@@ -494,11 +494,14 @@ def divergence_cells(config: dict) -> list[dict]:
 def cell_settings(config: dict, study: str, model: str, kl: str, beta, seed) -> dict:
     """What `klstudy train --settings` gets for one cell of a validated config: who it is (study, model, KL
     configuration, β, seed), its name (``run``: its path, which also names it in the trackers), its study's trainer
-    settings and health rules, and the steps at which it saves its policy for Fig. 12."""
+    settings and health rules, the steps at which it saves its policy for Fig. 12 and the dtype it saves it in."""
     spec = config["studies"][study]
     run = RUN_PATH.format(study=study, model=model, kl=kl, beta=beta, seed=seed)  # β as the path writes it
     cell = dict(study=study, model=model, kl=kl, beta=float(beta), seed=int(seed))
-    return dict(cell, run=run, train=spec["train"], health=spec["health"], snapshot_steps=snapshot_steps(config, cell))
+    steps = snapshot_steps(config, cell)
+    snapshot_dtype = config["divergence"]["snapshot_dtype"] if steps else None  # only a cell that saves one has it
+    return dict(cell, run=run, train=spec["train"], health=spec["health"], snapshot_steps=steps,
+                snapshot_dtype=snapshot_dtype)  # fmt: skip
 
 
 def snapshot_steps(config: dict, cell: dict) -> list[int]:

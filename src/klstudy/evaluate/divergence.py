@@ -28,7 +28,7 @@ import torch
 
 from klstudy.data.prompts import chat_prompt
 from klstudy.progress import Progress
-from klstudy.train.models import available_device, load
+from klstudy.train.models import available_device, config_dtype, load
 
 # Float32 copies of one position's vocabulary distribution alive at once while a chunk is scored (the KL's peak:
 # both models' log-probabilities, exp(ref), ref - pol and their product); the chunk size divides the budget by it.
@@ -225,16 +225,19 @@ def across_snapshots(
     ``settings``: the config's divergence section (steps, samples, max_tokens, batch_prompts, logits_memory_mb).
     Steps whose snapshot does not exist (a run that stopped early) are skipped. π_ref's samples are drawn
     once, so every checkpoint is scored on the same samples; each policy's own samples use the same seeds.
-    Both models sit on ``device`` (default: the GPU when there is one) in their saved dtype.
+    Both models sit on ``device`` (default: the GPU when there is one) in their saved dtype; where the snapshots are
+    float32 (divergence.snapshot_dtype) and the reference is not, the reference is upcast to float32 (exactly), so
+    that policy and reference are computed alike.
     """
     device = device or available_device()
-    reference, tokenizer = load(reference_dir, device)
-    chunk = positions_per_chunk(settings["logits_memory_mb"], reference.config.vocab_size)
-    sampling = (settings["samples"], settings["max_tokens"], seed, settings["batch_prompts"])
-    shared = reference_samples(reference, tokenizer, prompts, *sampling)
     steps = sorted(settings["steps"])
     paths = {step: reference_dir if step == 0 else Path(snapshots_dir) / f"step~{step}" for step in steps}
     paths = {step: path for step, path in paths.items() if path.is_dir()}
+    saved = {config_dtype(path) for step, path in paths.items() if step > 0}
+    reference, tokenizer = load(reference_dir, device, "float32" if "float32" in saved else "auto")
+    chunk = positions_per_chunk(settings["logits_memory_mb"], reference.config.vocab_size)
+    sampling = (settings["samples"], settings["max_tokens"], seed, settings["batch_prompts"])
+    shared = reference_samples(reference, tokenizer, prompts, *sampling)
     progress = Progress(f"Fig. 12 {snapshots_dir}", len(paths) * len(shared), unit="batch", every=30.0)
     rows = []
     for step, path in paths.items():

@@ -48,7 +48,8 @@ real chat model on a CPU), [`atlas.yaml`](atlas.yaml) (an overlay: the atlas's b
 [`separation.yaml`](separation.yaml) (an overlay merged into `config.yaml`:
 `make study CONFIG="config.yaml config/separation.yaml" RUN_DIR=runs/separation`, in a directory of its own as its
 cells have the default's paths). [`paper-settings.yaml`](paper-settings.yaml) is no run's config: the settings the
-paper states, which [the paper's settings](../docs/paper-settings.md) sets against `paper.yaml`. Every key is checked before any job starts; a mistake
+paper states, which [the paper's settings](../docs/paper-settings.md) sets against `paper.yaml`. Every key is
+checked before any job starts; a mistake
 stops the run with one line naming the key. `<dataset>`, `<model>`, `<study>` … stand for names you choose; `[]`
 marks the items of a list. *required* means the key has no default and must be given.
 """

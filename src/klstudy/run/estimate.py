@@ -3,12 +3,13 @@
 Both need each model's size (``models.<name>.parameters_b``); a model without it is left out and named. `klstudy
 preflight` prints them, and so does the dry run of `snakemake --profile slurm -n`.
 
-Disk (bytes per parameter, as Trainer and FSDP write them): a final model and each Fig. 12 snapshot in bf16 (2), a
-base model (2), a training checkpoint in float32 with Adam's two moments (12), three checkpoints per training cell
-(`save_total_limit` 2, and Trainer writes the next one before it deletes the oldest). Every final model and snapshot
-stays; checkpoints exist only while a cell trains, so at most ``cluster.training_slots`` cells hold them at once (the
-largest models' cells, at worst). A cell that stops early (collapsed, diverged) keeps its last checkpoint: the peak
-counts one for each cell of the configurations the paper reports collapsing (STOPS_EARLY); any other such cell adds one.
+Disk (bytes per parameter, as Trainer and FSDP write them): a final model and each Fig. 12 snapshot in bf16 (2; float32
+snapshots 4), a base model (2), a training checkpoint in float32 with Adam's two moments (12), three checkpoints per
+training cell (`save_total_limit` 2, and Trainer writes the next one before it deletes the oldest). Every final model
+and snapshot stays; checkpoints exist only while a cell trains, so at most ``cluster.training_slots`` cells hold them at
+once (the largest models' cells, at worst). A cell that stops early (collapsed, diverged) keeps its last checkpoint: the
+peak counts one for each cell of the configurations the paper reports collapsing (STOPS_EARLY); any other such cell adds
+one.
 
 GPU-hours: an estimate, not a bound: the FLOPs with every response at ``max_response_tokens``, each divided by the
 sustained throughput of its phase (``cluster.gpu_tflops``: TFLOP/s per GPU for generation, scoring and the update).
@@ -32,7 +33,7 @@ from klstudy.config import (
     evaluation_settings,
 )
 
-BF16, CHECKPOINT = 2, 12  # bytes per parameter
+BF16, FLOAT32, CHECKPOINT = 2, 4, 12  # bytes per parameter
 # Trainer writes a new checkpoint whole before it deletes the oldest (_save_checkpoint, then rotate_checkpoints), so a
 # cell briefly holds one more than it keeps.
 CHECKPOINTS_AT_PEAK = SAVE_TOTAL_LIMIT + 1
@@ -96,9 +97,10 @@ def peak_disk(config: dict) -> Estimate:
     estimate = Estimate()
     cells = all_cells(config)
     snapshots = len([s for s in config["divergence"]["steps"] if s > 0])
+    snapshot_bytes = FLOAT32 if config["divergence"]["snapshot_dtype"] == "float32" else BF16
     estimate.parts["final models"] = _sum(config, [(c["model"], c) for c in cells], lambda _: BF16, estimate)
     estimate.parts["Fig. 12 snapshots"] = _sum(
-        config, [(c["model"], c) for c in divergence_cells(config)], lambda _: BF16 * snapshots, estimate
+        config, [(c["model"], c) for c in divergence_cells(config)], lambda _: snapshot_bytes * snapshots, estimate
     )
     estimate.parts["base models"] = _sum(config, [(m, m) for m in config["models"]], lambda _: BF16, estimate)
     sizes = sorted((parameters(config, c["model"]) or 0 for c in cells), reverse=True)

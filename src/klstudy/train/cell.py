@@ -192,6 +192,7 @@ class RunRecorder(TrainerCallback):
         snapshot_dir: Path | None = None,
         dtype: str = "float32",
         greedy: bool = False,
+        snapshot_dtype: str | None = None,
     ):
         self.metrics_path = Path(out_dir) / "metrics.jsonl"
         self.greedy = greedy  # held-out pass@1 from greedy responses (train.heldout_decoding)
@@ -200,6 +201,8 @@ class RunRecorder(TrainerCallback):
         self.rules, self.seed = rules, seed
         self.snapshot_steps, self.snapshot_dir = set(snapshot_steps), snapshot_dir
         self.dtype = dtype  # of the models it saves: the base model's
+        # Fig. 12's snapshots: in the base model's dtype too, unless divergence.snapshot_dtype says float32.
+        self.snapshot_dtype = dtype if snapshot_dtype in (None, "base") else snapshot_dtype
         self.trainer = None
         self.tracking = None  # tracking.Tracking on the main process when train.report_to names trackers
         self.progress = None  # progress.Progress: a line per step in the job's log (main process)
@@ -263,7 +266,7 @@ class RunRecorder(TrainerCallback):
         if state.global_step % self.updates == 0 and step % self.eval_every == 0:
             self._evaluate(step)
         if state.global_step % self.updates == 0 and step in self.snapshot_steps:
-            save_policy(self.trainer, self.snapshot_dir / f"step~{step}", self.dtype, keep_training=True)
+            save_policy(self.trainer, self.snapshot_dir / f"step~{step}", self.snapshot_dtype, keep_training=True)
 
     def _evaluate(self, step: int) -> None:
         if self.heldout:  # every process generates for its share of the prompts; the main process writes
@@ -411,6 +414,7 @@ def run(
         checkpoint_dir / "snapshots",
         dtype=models.config_dtype(model_dir),
         greedy=cell["train"]["heldout_decoding"] == "greedy",
+        snapshot_dtype=cell.get("snapshot_dtype"),
     )
     if main:
         last_complete_checkpoint(checkpoint_dir)  # removes partial checkpoints, before any process picks one
@@ -455,12 +459,13 @@ def run(
     summary.update(generator=_generator(trainer), processes=processes.num_processes)
     if not main:
         return summary
-    # Never a silent `ok`: every model this job hands on must load whole, in the base model's dtype.
+    # Never a silent `ok`: every model this job hands on must load whole, in the dtype it was to be saved in.
     snapshots = sorted(recorder.snapshot_dir.glob("step~*")) if recorder.snapshot_dir.is_dir() else []
     base = models.check_saved_model(model_dir, recorder.dtype)
     summary.update(base_model_sha256=models.base_model_digest(model_dir))  # which base model, to the bit
-    for saved in (out_dir / "final", *snapshots):
-        models.check_saved_model(saved, recorder.dtype, parameters=base)
+    models.check_saved_model(out_dir / "final", recorder.dtype, parameters=base)
+    for saved in snapshots:
+        models.check_saved_model(saved, recorder.snapshot_dtype, parameters=base)
     shutil.rmtree(out_dir / "snapshots", ignore_errors=True)
     if snapshots:
         shutil.copytree(recorder.snapshot_dir, out_dir / "snapshots")

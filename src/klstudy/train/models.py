@@ -40,12 +40,12 @@ def available_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load(path, device: str = "cpu"):
-    """A saved model, in the dtype it was saved in, on ``device``, and its tokenizer: the Auto classes, as every
-    downstream stage loads them."""
+def load(path, device: str = "cpu", dtype: str = "auto"):
+    """A saved model, in the dtype it was saved in (or ``dtype``), on ``device``, and its tokenizer: the Auto classes,
+    as every downstream stage loads them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", device_map=device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device)
     return model.eval(), AutoTokenizer.from_pretrained(path)
 
 
