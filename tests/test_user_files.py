@@ -42,3 +42,27 @@ def test_every_configuration_is_named_where_the_configurations_are_listed():
     intro = (ROOT / "config" / "README.md").read_text().split("\n## ")[0]
     listed = set(re.findall(r"\[`([\w.-]+\.yaml)`\]", intro))
     assert {p.name for p in (ROOT / "config").glob("*.yaml")} | {"config.yaml"} == listed
+
+
+def test_the_newest_changelog_entry_is_the_packages_version():
+    import tomllib
+
+    import klstudy
+
+    entries = re.findall(r"^## (\S+)", (ROOT / "docs" / "changelog.md").read_text(), re.M)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert entries and entries[0] == version == klstudy.__version__
+
+
+def test_the_claims_row_read_in_the_manual_is_the_shipped_tables():
+    """docs/claims.md reads a row of docs/separation/claims.md: the row and every number said of it are the table's."""
+    manual = (ROOT / "docs" / "claims.md").read_text()
+    section = manual.split("## One row, read")[1].split("\n## ")[0]
+    (row,) = [line for line in section.splitlines() if line.startswith("| k1_reward")]
+    assert row in (ROOT / "docs" / "separation" / "claims.md").read_text().splitlines()
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    effect, se = (float(x) for x in re.match(r"(-?[\d.]+) ± ([\d.]+)", cells[3]).groups())
+    z, critical = (float(x) for x in cells[5].split(" / "))
+    prose = " ".join(section.split())
+    assert f"is {effect:+.3f} nats".replace("+", "").replace("-", "−") in prose and f"error {se:.3f}" in prose
+    assert f"{abs(effect):.3f} / {se:.3f} = {z:.1f}" in prose and f"t at 1 − alpha = 0.99 is {critical:.2f}" in prose
