@@ -18,7 +18,7 @@ VLLM_FLAVOUR ?= auto
 # more pip flags, e.g. --no-compile: no .pyc written ahead (CI's throwaway venvs: half the install's CPU)
 PIP_FLAGS ?=
 
-.PHONY: venv study status preflight stage driver test test-fast test-all test-gpu test-vllm vllm-env lint clean
+.PHONY: venv study status preflight stage driver test test-slurm test-fast test-all test-gpu test-vllm vllm-env lint clean
 
 ## The project's venv (.venv) from the pinned dependencies (requirements.lock); `PYTHON=` picks the interpreter.
 venv: $(INSTALLED)
@@ -91,10 +91,14 @@ driver: $(INSTALLED)
 	mkdir -p logs
 	CONFIG="$(DRIVER_CONFIG)" KLSTUDY_DRIVER_FLAGS="$(DRIVER_FLAGS)" sbatch $(DRIVER_FLAGS) slurm/driver.sbatch
 
-## The test suite without the slow end-to-end tests and the GPU suite (what CI runs). Run as root, it installs and
-## starts a local SLURM (with MariaDB and munge) for its SLURM tests; KLSTUDY_NO_SLURM=1 skips them.
+## The test suite, without the slow end-to-end tests, the local SLURM's tests and the GPU suite; safe for any user.
 test: $(INSTALLED)
-	$(BIN)/pytest -m "not slow and not gpu"
+	$(BIN)/pytest -m "not slow and not gpu and not slurm"
+
+## The tests against a real SLURM (tests/test_slurm.py): as root, they install and start slurm-wlm, slurmdbd, munge
+## and MariaDB on this machine (use one you can throw away); other users see them skipped. CI runs them after `test`.
+test-slurm: $(INSTALLED)
+	$(BIN)/pytest -m "slurm and not slow" tests/test_slurm.py
 
 ## A fast part of the suite (the mathematics, the config, the set-up files, the gold rule, one trainer step against
 ## stock TRL): what CI runs under every other admitted Python, e.g. `make test-fast PYTHON=python3.12 VENV=.venv-3.12`.
@@ -102,7 +106,7 @@ test: $(INSTALLED)
 FAST_TESTS ?= tests/test_kl.py tests/test_config.py tests/test_packaging.py tests/test_gold.py \
 	tests/test_trainer.py::test_k3_in_loss_with_group_mean_matches_stock_trl
 test-fast: $(INSTALLED)
-	$(BIN)/pytest -m "not slow and not gpu" $(FAST_TESTS)
+	$(BIN)/pytest -m "not slow and not gpu and not slurm" $(FAST_TESTS)
 
 ## The GPU suite (tests/test_gpu.py) on a machine with a CUDA device; skipped, saying so, without one.
 ## KLSTUDY_GPU_SUITE_ON_CPU=1 rehearses it on a CPU (CI does); on a GPU node without a registry, see docs/paper-scale.md.

@@ -22,6 +22,8 @@ USER_FILES = [
     ROOT / "config.yaml",
     ROOT / "Makefile",
     *sorted(p for d in ("config", "envs", "slurm") for p in (ROOT / d).rglob("*") if p.is_file() and p.suffix != ".md"),
+    *sorted((ROOT / "workflow" / "schemas").glob("*.yaml")),
+    *sorted((ROOT / "src" / "klstudy").rglob("*.py")),  # its messages and docstrings
 ]
 ALL_DOCS = [*USER_DOCS, *sorted((ROOT / "docs" / "record").glob("*.md"))]
 SLURM_MARK = "<!-- the paper on SLURM"
@@ -35,7 +37,10 @@ HISTORY = re.compile(
     r"|\b(?:this|that|the next|the previous|the last|an earlier|our) sessions?\b|\bour machines?\b"
     r"|\btoday'?s\b|\b(?:an|the|this config's) earlier run\b|\bwhich is (?:now )?fixed\b|\bCI caught\b"
     r"|\bthe old\b|\b(?:any|no) design tried\b|\bmeasured on one day\b|\bthe first reads?\b"
-    r"|\b(?-i:DESIGN)\b",
+    r"|\b(?-i:DESIGN)\b"
+    r"|stored snapshot|no one here|\bhere has (?:seen|run)\b|(?:were|was) available here|was found to read"
+    r"|\b(?:has|have) run (?:it|them) here\b|\(target <|the sandbox|\bwas lent\b|the device tool"
+    r"|with another study beside it",
     re.IGNORECASE,
 )
 HEX_WORD = re.compile(r"\b[0-9a-f]{7,40}\b")
@@ -101,6 +106,8 @@ def test_the_history_finder_finds_history():
     ]  # fmt: skip
     assert history_in(text, set()) == found
     assert history_in("data.md#gold-answers, β = 0.1, a100, 1e-4, `k3-loss`, sha256 deadbeef", set()) == []
+    text = "version: main (stored snapshot); no GPU has run them here; 6 s (target < 10 s); no code was found to read"
+    assert history_in(text, set()) == ["stored snapshot", "has run them here", "(target <", "was found to read"]
     text = "config/pilot.yaml is the pilot: a small grid. The pilot Snakemake run; the separating design, older"
     assert history_in(text, set()) == []
     assert history_in("make preflight CONFIG=config/pilot.yaml", set()) == []
@@ -308,3 +315,35 @@ def test_the_citation_file_cites_the_paper_and_the_project():
 if __name__ == "__main__":  # the words of a page that tell history: python tests/test_docs.py PAGE...
     for name in sys.argv[1:]:
         print(name, history_in(Path(name).read_text(), known_digests()))
+
+
+# ---------------------------------------------------------------------------- the pages users ask for
+
+
+def test_every_configuration_is_named_where_the_configurations_are_listed():
+    intro = (ROOT / "config" / "README.md").read_text().split("\n## ")[0]
+    listed = set(re.findall(r"\[`([\w.-]+\.yaml)`\]", intro))
+    assert {p.name for p in (ROOT / "config").glob("*.yaml")} | {"config.yaml"} == listed
+
+
+def test_the_newest_changelog_entry_is_the_packages_version():
+    import tomllib
+
+    entries = re.findall(r"^## (\S+)", (ROOT / "docs" / "changelog.md").read_text(), re.M)
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    declared = re.search(r'^__version__ = "(.+)"', (ROOT / "src" / "klstudy" / "__init__.py").read_text(), re.M)
+    assert entries and entries[0] == version == declared.group(1)
+
+
+def test_the_claims_row_read_in_the_manual_is_the_shipped_tables():
+    """docs/claims.md reads a row of docs/separation/claims.md: the row and every number said of it are the table's."""
+    manual = (ROOT / "docs" / "claims.md").read_text()
+    section = manual.split("## One row, read")[1].split("\n## ")[0]
+    (row,) = [line for line in section.splitlines() if line.startswith("| k1_reward")]
+    assert row in (ROOT / "docs" / "separation" / "claims.md").read_text().splitlines()
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    effect, se = (float(x) for x in re.match(r"(-?[\d.]+) ± ([\d.]+)", cells[3]).groups())
+    z, critical = (float(x) for x in cells[5].split(" / "))
+    prose = " ".join(section.split())
+    assert f"is {effect:+.3f} nats".replace("+", "").replace("-", "−") in prose and f"error {se:.3f}" in prose
+    assert f"{abs(effect):.3f} / {se:.3f} = {z:.1f}" in prose and f"t at 1 − alpha = 0.99 is {critical:.2f}" in prose

@@ -48,6 +48,7 @@ def test_ci_runs_the_readme_test_command():
     assert commands == ["make study", "make test"], commands
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^(step )?make test$", ci, re.M)  # `step` only times it
+    assert re.search(r"^(step )?make test-slurm$", ci, re.M)  # the part `make test` leaves out, as root
 
 
 def test_vllm_environment_pins_agree_with_pyproject():

@@ -7,7 +7,7 @@ limit once it has saved a checkpoint, resubmitted by the profile's `retries` wit
 resumes from its checkpoint to the metrics of an uninterrupted run. A training job asking for GPUs gets them on one
 node and starts a process per GPU; the preflight's SLURM rows pass and fail against the local cluster; and the
 driver, run as a SLURM job (slurm/driver.sbatch), killed and resubmitted, finishes the grid. Needs root (the script
-installs slurm-wlm, slurmdbd, munge and MariaDB if missing); `make test` runs it.
+installs slurm-wlm, slurmdbd, munge and MariaDB if missing); `make test-slurm` runs it (marker `slurm`).
 """
 
 import json
@@ -34,6 +34,8 @@ from workflow_helpers import (
 
 from klstudy.config import CHECKPOINT_COMPLETE
 
+pytestmark = pytest.mark.slurm
+
 SCRIPT = ROOT / "tests" / "slurm" / "local-slurm.sh"
 # Run times of whole Snakemake invocations are bounded, so that a hung scheduler fails the test.
 HARD_LIMIT = 900
@@ -41,8 +43,6 @@ HARD_LIMIT = 900
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if os.environ.get("KLSTUDY_NO_SLURM"):
-        pytest.skip("KLSTUDY_NO_SLURM is set: no local SLURM is installed or started")
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("a local SLURM needs root (apt-get, daemons); CI runs this as root")
     # .ci/run names the directory, so that its EXIT trap can stop the daemons even if pytest itself is killed.

@@ -51,7 +51,6 @@ TESTING = {
     "KLSTUDY_REFDATA": Variable(
         "you, for the tests", "the directory of the reference copies of the paper's datasets (MATH, MATH-500, MMLU); "
         "the tests that need them skip, saying so, without it"),
-    "KLSTUDY_NO_SLURM": Variable("you, for the tests", "1: the tests that install and start a local SLURM skip"),
     "KLSTUDY_SLURM_DIR": Variable(
         "you, for the tests", "where the local SLURM of the tests keeps its state (a new directory per run)"),
     "KLSTUDY_SIMULATED_GPUS": Variable(

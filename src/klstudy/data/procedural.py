@@ -78,8 +78,8 @@ def _column_subtraction(a: int, b: int) -> str:
 _PLACES = ("ones", "tens", "hundreds", "thousands")
 _PHRASINGS = ("What is {a} {op} {b}?", "Compute {a} {op} {b}.", "Find the {name}: {a} {op} {b}.", "{a} {op} {b} = ?")
 # add1m, sub1m: so many phrasings of each fact that a problem's sentence says nothing of its answer beyond the two
-# numbers, and a model cannot tie a fact to the sentence it read it in (issue #34's pilots: with add1w's four, RL
-# learned its training questions and nothing of the same facts asked otherwise).
+# numbers, and a model cannot tie a fact to the sentence it read it in (with add1w's four, RL learned its training
+# questions and nothing of the same facts asked otherwise: docs/record/).
 _MANY_PHRASINGS = tuple(
     prefix + body + suffix
     for prefix in ("", "Question: ", "Quick one. ", "Please help: ", "Try this: ")

@@ -149,7 +149,7 @@ def _config_reference(args) -> None:
 def _references(args) -> None:
     from klstudy.run import references
 
-    for path in references.write(Path(args.out_dir)):
+    for path in references.write(Path(args.out_dir), build_parser()):
         print(f"wrote {path}")
 
 

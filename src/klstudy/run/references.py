@@ -33,11 +33,9 @@ def _header(title: str, source: str, about: str) -> list[str]:
 # ----------------------------------------------------------------------------------------------------- klstudy
 
 
-def cli_page() -> str:
-    """docs/cli.md: each subcommand, what it does, and its arguments with their defaults."""
-    from klstudy.run import cli
-
-    parser = cli.build_parser()
+def cli_page(parser: argparse.ArgumentParser) -> str:
+    """docs/cli.md: each subcommand of ``parser`` (cli.build_parser's), what it does, and its arguments with their
+    defaults."""
     (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     helps = {choice.dest: choice.help for choice in commands._choices_actions}
     lines = _header("The `klstudy` command", "the parsers (`src/klstudy/run/cli.py`, `stages.py`)",
@@ -173,13 +171,15 @@ def make_page(makefile: Path = ROOT / "Makefile") -> str:
 
 # ------------------------------------------------------------------------------------------------- all of them
 
-PAGES = {"cli.md": cli_page, "trainer-config.md": trainer_page, "make.md": make_page,
-         "environment.md": environment.page}  # fmt: skip
+def pages(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each generated page's file name under docs/ and its text; ``parser``: the `klstudy` command's."""
+    return {"cli.md": cli_page(parser), "trainer-config.md": trainer_page(), "make.md": make_page(),
+            "environment.md": environment.page()}  # fmt: skip
 
 
-def write(out_dir: Path) -> list[Path]:
+def write(out_dir: Path, parser: argparse.ArgumentParser) -> list[Path]:
     written = []
-    for name, page in PAGES.items():
-        (out_dir / name).write_text(page())
+    for name, text in pages(parser).items():
+        (out_dir / name).write_text(text)
         written.append(out_dir / name)
     return written

@@ -13,7 +13,7 @@ nothing in this module is called, and generation and weight sync are TRL's and l
    CPU backend repacks linear weights into its GEMM kernels after loading (the original parameter is emptied), so
    a later ``load_weights`` fails or leaves the kernels stale. vLLM's ``model_runner.reload_weights`` loads *and*
    repacks. One more step for tied embeddings: the LM head shares the embedding matrix but keeps its own packed
-   copy, which ``reload_weights`` restores from the old weights (it receives no tensor of its own), so the head
+   copy, which ``reload_weights`` restores from the previous weights (it receives no tensor of its own), so the head
    is re-tied to the new embedding and repacked.
 """
 
