@@ -215,3 +215,16 @@ def test_the_first_run_says_how_many_cells_a_learning_rate_edit_reruns():
     said = re.search(r"changes all (\d+) cells of the default study, not only the (\d+) of `onpolicy`", page)
     assert said and int(said.group(1)) == len(changed) == len(before)
     assert int(said.group(2)) == len([path for path in before if "/onpolicy/" in path])
+
+
+@pytest.mark.slow  # the whole default study: 11-25 minutes on 2 cores
+def test_the_first_run_runs_as_written(copy):
+    """Every command of the page but `make venv` (the copy has the venv), in order: the study, its report with the
+    sections the page lists, the rerun of one cell and the dry run."""
+    page = DOCS / "tutorial-first-run.md"
+    for command in commands(page):
+        if not command.endswith("make venv"):
+            run(command, copy, timeout=3600)
+    report = (copy / "report.html").read_text()
+    sections = re.findall(r"\*\*\d ([A-Z][\w ()§0-9]+?)\*\*", (page).read_text())
+    assert sections and all(name.split(" (")[0] in report for name in sections), sections
