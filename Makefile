@@ -135,6 +135,7 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/snakemake --lint
 
-## Remove what a run wrote: results/, figures/, logs/, report.html and Snakemake's state (.snakemake/).
+## Remove what a run wrote: results/, figures/, logs/, report.html and Snakemake's state (.snakemake/), in RUN_DIR
+## when it is given, else in the repository's root.
 clean:
-	rm -rf results figures logs report.html .snakemake
+	cd $(or $(RUN_DIR),.) && rm -rf results figures logs report.html .snakemake

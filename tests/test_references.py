@@ -23,7 +23,7 @@ def generated():
     return references.pages(cli.build_parser())
 
 
-@pytest.mark.parametrize("name", ["cli.md", "trainer-config.md", "make.md", "environment.md"])
+@pytest.mark.parametrize("name", ["cli.md", "trainer-config.md", "make.md", "environment.md", "study-grid.md"])
 def test_each_generated_page_is_what_the_code_writes(name, generated):
     committed = (ROOT / "docs" / name).read_text()
     stale = f"docs/{name} is stale: run .venv/bin/python -m klstudy references --out-dir docs"

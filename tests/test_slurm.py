@@ -67,9 +67,10 @@ QUICK_POLLS = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-betw
 def documented(kind: str) -> list[str]:
     """docs/running.md's line of this kind (dryrun, run, status, report) for the paper, split into words."""
     lines = slurm_commands()
-    setup, pilot, (dry_run, run, status, report) = lines[:2], lines[2:4], lines[4:]
+    setup, pilot, (stage, dry_run, run, status, report) = lines[:2], lines[2:5], lines[5:]
     assert setup == ["make venv", "make vllm-env VLLM_FLAVOUR=gpu"], setup  # what make test and make test-vllm build
     assert all("config/pilot.yaml" in line for line in pilot), pilot  # the first GPU run: not on this CPU
+    assert stage == "make stage", stage  # the hub's inputs, on the login node: the local run stages its own
     line = {"dryrun": dry_run, "run": run, "status": status, "report": report}[kind]
     return shlex.split(line)
 

@@ -71,7 +71,7 @@ def make_the_estimator_edits(repo: Path) -> None:
         run(f"git apply edit{index}.diff", repo)
         (repo / f"edit{index}.diff").unlink()
     for command in commands(page):
-        if "config-reference" in command:
+        if "config-reference" in command or "references --out-dir" in command:
             run(command, repo)
 
 

@@ -90,7 +90,7 @@ def checks(config: dict, root: Path) -> list[Check]:
             what = f"GPU memory: {study} {model}"
             model_dir = _model_dir(config, root, model)
             if model_dir is None:
-                checks.append(Check(what, SKIP, "config.json not staged yet: `klstudy stage` first, then rerun"))
+                checks.append(Check(what, SKIP, "config.json not staged yet: `make stage CONFIG=…` first, then rerun"))
                 continue
             prompt, source = _longest_prompt(root, model_dir, (spec["train_data"], spec["heldout_data"]))
             shape = gpu_memory.Shape.read(model_dir)

@@ -2,8 +2,8 @@
 parsers), ``KLTrainerConfig`` (from the dataclass, its validation and its logged metrics), the make targets and their
 variables (from the Makefile's ``##`` comments and ``?=`` lines) and the environment variables (environment.py).
 
-`python -m klstudy references --out-dir docs` writes docs/cli.md, docs/trainer-config.md, docs/make.md and
-docs/environment.md; tests/test_references.py fails when a committed page is not what this module writes.
+`python -m klstudy references --out-dir docs` writes docs/cli.md, docs/trainer-config.md, docs/make.md,
+docs/environment.md and docs/study-grid.md (each study at both scales, from the two configs); tests/test_references.py fails when a committed page is not what this module writes.
 """
 
 from __future__ import annotations
@@ -169,12 +169,57 @@ def make_page(makefile: Path = ROOT / "Makefile") -> str:
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------------------- the two scales' grids
+
+# What a study's settings say, in the order a reader compares them: its grid, then how each cell trains.
+STUDY_KEYS = ["models", "kl", "betas", "seeds"]
+TRAIN_KEYS = ["steps", "batch_prompts", "minibatch_prompts", "rollouts", "max_response_tokens", "learning_rate",
+              "advantage", "loss_type", "async_level", "policy_loss", "k3_clamp", "heldout_decoding",
+              "vllm_importance_sampling", "generation"]  # fmt: skip
+
+
+def _value(value) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return "–" if value is None else str(value)
+
+
+def study_grid_page(embedded_path: Path = ROOT / "config.yaml", paper_path: Path = ROOT / "config" / "paper.yaml"):
+    """docs/study-grid.md: each study of the embedded config beside the paper's, setting by setting (differences in
+    bold), from the two validated configs."""
+    import yaml
+
+    from klstudy.config import validate_config
+
+    embedded, paper = (validate_config(yaml.safe_load(p.read_text())) for p in (embedded_path, paper_path))
+    lines = _header("The studies at both scales", "`config.yaml` and `config/paper.yaml`",
+                    "each study of the embedded config (`config.yaml`) beside the paper's (`config/paper.yaml`), "
+                    "setting by setting; a setting that differs is in bold.")  # fmt: skip
+    for study in paper["studies"]:
+        ours, theirs = embedded["studies"].get(study), paper["studies"][study]
+        lines += ["", f"## {study}", "", _cell(theirs.get("description", "")), ""]
+        if ours is None:
+            lines.append("The embedded config has no such study.")
+            continue
+        lines += ["| setting | embedded | paper |", "|---|---|---|"]
+        rows = [(key, ours.get(key), theirs.get(key)) for key in STUDY_KEYS]
+        rows += [(key, ours["train"].get(key), theirs["train"].get(key)) for key in TRAIN_KEYS]
+        rows += [("gpus", ours.get("gpus", embedded["resources"]["train"]["gpus"]),
+                  theirs.get("gpus", paper["resources"]["train"]["gpus"]))]  # fmt: skip
+        for key, mine, paper_value in rows:
+            shown = [_cell(_value(v)) for v in (mine, paper_value)]
+            if mine != paper_value:
+                shown = [f"**{v}**" for v in shown]
+            lines.append(f"| `{key}` | {shown[0]} | {shown[1]} |")
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------------------------- all of them
 
 def pages(parser: argparse.ArgumentParser) -> dict[str, str]:
     """Each generated page's file name under docs/ and its text; ``parser``: the `klstudy` command's."""
     return {"cli.md": cli_page(parser), "trainer-config.md": trainer_page(), "make.md": make_page(),
-            "environment.md": environment.page()}  # fmt: skip
+            "environment.md": environment.page(), "study-grid.md": study_grid_page()}  # fmt: skip
 
 
 def write(out_dir: Path, parser: argparse.ArgumentParser) -> list[Path]:

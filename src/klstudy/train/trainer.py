@@ -57,7 +57,8 @@ TRAINER_ADVANTAGES = tuple(name for name in kl.ADVANTAGES if name != "none")  # 
 class KLTrainerConfig(GRPOConfig):
     """GRPOConfig plus the design choices the paper studies.
 
-    ``beta`` (GRPOConfig's) is the KL coefficient β of the configuration; ``loss_type`` is ``dapo``
+    ``beta`` (GRPOConfig's) is the KL coefficient β of the configuration, and TRL's default is 0.0: set it, or a KL
+    configuration trains with no KL at all. ``loss_type`` is ``dapo``
     (token-sum normalisation over the generation batch, the paper's on-policy setting) or ``dr_grpo``.
     ``per_device_train_batch_size`` counts completions, as in TRL.
     """
@@ -73,7 +74,8 @@ class KLTrainerConfig(GRPOConfig):
         default="rloo",
         metadata={
             "help": "Advantage normalisation (kl.ADVANTAGES): rloo (leave-one-out, the paper's), grpo (group mean, "
-            "Dr. GRPO), group_std (÷ the group's std, TRL's default) or batch_std (÷ the batch's std)."
+            "Dr. GRPO), group_std (÷ the group's std, TRL's default), batch_std (÷ the batch's std) or loo_std "
+            "(leave-one-out ÷ the other responses' std, NeMo-RL)."
         },
     )
     updates_per_batch: int = field(
