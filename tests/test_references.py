@@ -108,3 +108,14 @@ def test_a_make_target_or_variable_without_its_comment_is_refused(tmp_path):
         references.make_reference(makefile)
     makefile.write_text(".PHONY: a\n## A does this.\na:\n\ttrue\n# what X sets\nX ?= 1 \\\n  2\n")
     assert references.make_reference(makefile) == ({"a": "A does this."}, {"X": ("1 2", "what X sets")})
+
+
+def test_every_variable_the_workflows_shell_reads_is_declared():
+    """The job preamble, the multi-node launch and the driver job read variables in the shell: each is on the page."""
+    files = [ROOT / "Snakefile", *(ROOT / "workflow" / "rules").glob("*.smk"), ROOT / "slurm" / "driver.sbatch"]
+    read = set()
+    for path in files:
+        read |= set(re.findall(r"\$\{{0,2}([A-Z][A-Z0-9_]+)", path.read_text()))
+    generic = {"PATH", "PYTHONPATH", "PWD", "HOME"}  # the shell's own
+    assert read, "the scan found no variable at all: its pattern is wrong"
+    assert read - generic - set(environment.VARIABLES) == set()

@@ -84,7 +84,28 @@ OTHERS = {
     "LOCAL_WORLD_SIZE": Variable("accelerate", "the processes on this node: they share its CPUs' threads"),
     "MASTER_PORT": Variable("accelerate", "recorded in a cell's summary with its devices"),
 }
-VARIABLES = {**USER, **TESTING, **OTHERS}
+# What the workflow's job preamble (workflow/rules/common.smk), its multi-node launch and the driver job
+# (slurm/driver.sbatch) read or set in the shell, and WANDB_MODE, which a run on offline compute nodes needs.
+WORKFLOW = {
+    "CONFIG": Variable("`make driver`", "the config file(s) slurm/driver.sbatch runs (default config/paper.yaml)"),
+    "SNAKEMAKE": Variable("you", "the Snakemake slurm/driver.sbatch runs (default .venv/bin/snakemake)"),
+    "SLURM_JOB_PARTITION": Variable("SLURM", "the driver's partition: its successor is submitted to it"),
+    "SLURM_JOB_ACCOUNT": Variable("SLURM", "the driver's account: its successor is charged to it"),
+    "SLURM_TMPDIR": Variable("your cluster, where it sets one", "a SLURM job's node-local scratch: the vLLM, triton "
+                             "and inductor caches go under it"),
+    "TMPDIR": Variable("your cluster", "the caches' place when SLURM_TMPDIR is not set (else results/cache)"),
+    "VLLM_CACHE_ROOT": Variable("the workflow, in SLURM jobs", "vLLM's cache, under the job's scratch unless set"),
+    "TRITON_CACHE_DIR": Variable("the workflow, in SLURM jobs", "triton's cache, under the job's scratch unless set"),
+    "TORCHINDUCTOR_CACHE_DIR": Variable("the workflow, in SLURM jobs", "torch inductor's cache, likewise"),
+    "HF_DATASETS_OFFLINE": Variable("the workflow, in SLURM jobs (1)", "the datasets library asks no hub"),
+    "TRANSFORMERS_OFFLINE": Variable("the workflow, in SLURM jobs (1)", "transformers asks no hub"),
+    "SLURMD_NODENAME": Variable("SLURM", "the node a training attempt ran on, in its history's header"),
+    "SLURM_NODEID": Variable("SLURM", "a multi-node training job's node: accelerate's machine rank"),
+    "SLURM_JOB_NODELIST": Variable("SLURM", "a multi-node training job's nodes: the first is the rendezvous"),
+    "WANDB_MODE": Variable("you", "offline: W&B writes runs to disk, for compute nodes without network "
+                           "(`.venv/bin/wandb sync` later: docs/running.md)"),
+}
+VARIABLES = {**USER, **TESTING, **OTHERS, **WORKFLOW}
 
 
 def get(name: str, default: str | None = None) -> str | None:
@@ -100,6 +121,7 @@ def page() -> str:
         ("Variables that change a run", USER),
         ("Variables of the tests", TESTING),
         ("Other tools' variables that klstudy reads", OTHERS),
+        ("Variables of the workflow's shell commands and the driver job", WORKFLOW),
     ]
     lines = [
         "# Environment variables",

@@ -3,7 +3,8 @@ parsers), ``KLTrainerConfig`` (from the dataclass, its validation and its logged
 variables (from the Makefile's ``##`` comments and ``?=`` lines) and the environment variables (environment.py).
 
 `python -m klstudy references --out-dir docs` writes docs/cli.md, docs/trainer-config.md, docs/make.md,
-docs/environment.md and docs/study-grid.md (each study at both scales, from the two configs); tests/test_references.py fails when a committed page is not what this module writes.
+docs/environment.md and docs/study-grid.md (each study at both scales, from the two configs);
+tests/test_references.py fails when a committed page is not what this module writes.
 """
 
 from __future__ import annotations
