@@ -2,6 +2,7 @@
 is what its generator writes now, every environment variable any file reads is declared in environment.py, every
 refusal of KLTrainerConfig is shown on its page and every metric KLTrainer logs is described."""
 
+import argparse
 import inspect
 import re
 import subprocess
@@ -119,3 +120,11 @@ def test_every_variable_the_workflows_shell_reads_is_declared():
     generic = {"PATH", "PYTHONPATH", "PWD", "HOME"}  # the shell's own
     assert read, "the scan found no variable at all: its pattern is wrong"
     assert read - generic - set(environment.VARIABLES) == set()
+
+
+def test_an_argument_without_help_is_refused():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    sub.add_parser("stage", help="a stage").add_argument("--out", required=True)
+    with pytest.raises(ValueError, match="stage --out: give it a help string"):
+        references.cli_page(parser)

@@ -41,7 +41,8 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
     helps = {choice.dest: choice.help for choice in commands._choices_actions}
     lines = _header("The `klstudy` command", "the parsers (`src/klstudy/run/cli.py`, `stages.py`)",
                     "every subcommand of `.venv/bin/python -m klstudy`, its arguments and their defaults.")  # fmt: skip
-    lines += ["", "Each stage is also a Snakemake rule's command; `--help` after a subcommand prints the same.", ""]
+    lines += ["", "The stages (from `toy` to `tables`) are the commands of the workflow's rules, each runnable alone; "
+              "the others run from make or by hand. `--help` after a subcommand prints the same.", ""]
     lines += [f"- [`{name}`](#{name}): {_cell(helps.get(name, ''))}" for name in commands.choices]
     for name, sub in commands.choices.items():
         lines += ["", f"## {name}", "", _cell(helps.get(name, "")), ""]
@@ -52,6 +53,8 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
         lines += ["| argument | default | meaning |", "|---|---|---|"]
         for action in rows:
             flag = ", ".join(action.option_strings) or action.dest
+            if not action.help:
+                raise ValueError(f"klstudy {name} {flag}: give it a help string (docs/cli.md shows it)")
             default = "required" if action.required else ("–" if action.default in (None, False) else action.default)
             if isinstance(action, argparse._StoreTrueAction):
                 default = "off"
