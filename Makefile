@@ -95,8 +95,9 @@ driver: $(INSTALLED)
 test: $(INSTALLED)
 	$(BIN)/pytest -m "not slow and not gpu and not slurm"
 
-## The tests against a real SLURM (tests/test_slurm.py): as root, they install and start slurm-wlm, slurmdbd, munge
-## and MariaDB on this machine (use one you can throw away); other users see them skipped. CI runs them after `test`.
+## The tests against a real SLURM (tests/test_slurm.py) but its slow ones (slices, the driver's succession, GPUs per
+## node, node failures: `make test-all`): as root, they install and start slurm-wlm, slurmdbd, munge and MariaDB on
+## this machine (use one you can throw away); other users see them skipped. CI runs them after `test`.
 test-slurm: $(INSTALLED)
 	$(BIN)/pytest -m "slurm and not slow" tests/test_slurm.py
 

@@ -244,6 +244,7 @@ def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp
 SLICED_STEPS = 3
 
 
+@pytest.mark.slow  # 210 s: `make test-all` (CI runs the documented commands and the preflight of this file)
 def test_a_cell_longer_than_its_time_limit_runs_in_slices_of_one_job_to_an_uninterrupted_runs_end(cluster, tmp_path):
     """A one-minute job keeps two minutes before its end (cluster.save_before_limit_minutes): each slice trains one
     step, saves, and requeues its own job, so three steps take three slices. SLURM shows one job, requeued twice
@@ -315,6 +316,7 @@ def rule_jobs(env, workdir: Path, rule: str) -> pd.DataFrame:
     return jobs
 
 
+@pytest.mark.slow  # 90 s: `make test-all`
 def test_a_gpu_training_job_gets_its_gpus_on_one_node_and_starts_a_process_per_gpu(cluster, tmp_path):
     """A study's own gpus = 2 (resources.train.gpus = 1 for the others) on one node: the job asks --gres=gpu:2
     --nodes=1 in the gpu partition, SLURM's allocation (scontrol show job -d) is one node with two GPUs, and
@@ -337,6 +339,7 @@ def test_a_gpu_training_job_gets_its_gpus_on_one_node_and_starts_a_process_per_g
     assert launch["processes"] == 2, launch  # SLURM_GPUS_ON_NODE × SLURM_JOB_NUM_NODES (klstudy.run.devices)
 
 
+@pytest.mark.slow  # 90 s: `make test-all`
 def test_a_training_job_that_failed_on_its_node_is_retried_excluding_that_node(cluster, tmp_path):
     """Without KLSTUDY_SIMULATED_GPUS a job given the local SLURM's GPUs (empty files) sees no CUDA device and fails
     at once (devices.require_cuda): a node failure (failures.py). Its retry asks SLURM to exclude that node; this
@@ -432,6 +435,7 @@ def running_jobs(env, workdir: Path, rule: str) -> list[str]:
     return sorted(jobs[jobs.state == "RUNNING"].job_id)
 
 
+@pytest.mark.slow  # 360 s: `make test-all`
 def test_a_driver_at_its_time_limit_leaves_its_cells_training_and_its_successor_adopts_them(cluster, tmp_path):
     """slurm/driver.sbatch runs Snakemake as a SLURM job. While two cells train, its time limit is brought within
     SLURM's five-minute warning: it submits its successor and ends, leaving both jobs running. The successor adopts
