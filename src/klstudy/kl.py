@@ -73,12 +73,13 @@ NO_KL = "none"  # a grid's β = 0 baseline: no penalty anywhere
 NAME_PATTERN = f"{NO_KL}|({'|'.join(ESTIMATORS)})-(reward|(loss|both)(-({'|'.join(LOSS_GRADIENTS[1:])}))?)"
 
 # Where each way of differentiating the loss term comes from (Table 1's "framework" column).
+# Who ships each, by version (read at the release tags: docs/record/framework-kl.md).
 LOSS_GRADIENT_SOURCES = {
-    PATHWISE: "the paper; TRL use_bias_correction_kl=False",
-    "ratio": "TRL use_bias_correction_kl=True (its default); slime --use-unbiased-kl (DeepSeek-V3.2)",
-    "score": "NeMo-RL (KL loss × exp(log π − sg[log π]))",
-    "st": "verl k1+ / k3+ (value of K, gradient of K2)",
-    "isst": "OpenRLHF --algo.kl.unbiased_gradient (w = π/π_old detached; OpenRLHF also clamps w)",
+    PATHWISE: "the paper; TRL 0.26-1.9 (use_bias_correction_kl False); verl low_var_kl; NeMo-RL 0.6; SkyRL; ROLL",
+    "ratio": "TRL use_bias_correction_kl=True (the default in 1.16.0); slime --use-unbiased-kl (DeepSeek-V3.2)",
+    "score": "NeMo-RL from 0.7.0 (KL loss × exp(log π − sg[log π]))",
+    "st": "verl k1+ / k3+ (value of K, gradient of K2; they raise NotImplementedError before 0.8.0)",
+    "isst": "OpenRLHF --algo.kl.unbiased_gradient (in no release to 0.11.0; w = π/π_old detached and clamped)",
 }
 
 EXPRESSIONS = {  # as Table 1 writes them, with r = π_ref / π_θ
