@@ -354,3 +354,15 @@ def test_the_policy_losses_part_only_off_policy():
         torch.testing.assert_close(grad, -advantages.unsqueeze(-1).expand(2, 6))
     with pytest.raises(ValueError, match="policy loss 'ppo' is not one of"):
         kl.policy_surrogate("ppo", logp, old, advantages, 0.2, 0.2)
+
+
+@pytest.mark.parametrize("estimator", kl.ESTIMATORS)
+def test_value_is_kl_says_whether_the_estimators_expectation_is_the_kl(estimator):
+    """kl.VALUE_IS_KL, which the toy's tests read, is true exactly where E_π[K] = KL(π‖π_ref) (random distributions)."""
+    generator = torch.Generator().manual_seed(5)
+    logp = torch.log_softmax(torch.randn(20, 6, generator=generator, dtype=F64), -1)
+    ref = torch.log_softmax(torch.randn(20, 6, generator=generator, dtype=F64), -1)
+    expected = (logp.exp() * kl.token_kl(logp, ref, estimator)).sum(-1)
+    exact = (logp.exp() * (logp - ref)).sum(-1)
+    assert torch.allclose(expected, exact, rtol=0, atol=1e-12) == kl.VALUE_IS_KL[estimator]
+    assert set(kl.VALUE_IS_KL) == set(kl.ESTIMATORS)

@@ -226,7 +226,8 @@ def test_end_to_end_outputs(reduced_run):
     for name in ("table1", "table2", "evaluation_differences", "evaluations"):
         assert (workdir / "figures" / f"{name}.md").stat().st_size > 0, name
     table = pd.read_csv(workdir / "figures" / "table1.csv")
-    assert len(table) == 9 + 3 * 4  # 3 estimators × reward/loss/both, then × the 4 frameworks' loss gradients
+    estimators, gradients = len(config["toy"]["estimators"]), len(config["toy"]["loss_gradients"])
+    assert len(table) == 3 * estimators + estimators * gradients  # × reward/loss/both, then × the loss gradients
     assert set(table.unbiased_gradient) <= {"yes", "no"}
     assert table.set_index("config").exact_unbiased.to_dict() == {  # T = 2 and 6, enumerated exactly
         name: "yes" if name in ("k1-reward", "k1-both", "k3-both") else "no" for name in table.config

@@ -87,6 +87,9 @@ EXPRESSIONS = {  # as Table 1 writes them, with r = π_ref / π_θ
     "k2": "(log r)^2 / 2",
     "k3": "r - 1 - log r",
 }
+# Whether E_π[K_t] is the token's KL (K2's is not): then a per-token loss correction (ratio, score) has the expected
+# gradient of the KL itself at T = 1; for an estimator whose value is off, it has that of E_π[K_t] instead.
+VALUE_IS_KL = {"k1": True, "k2": False, "k3": True}
 
 
 def exactly_zero(bias: float, scale: float) -> bool:

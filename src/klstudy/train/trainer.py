@@ -64,7 +64,9 @@ class KLTrainerConfig(GRPOConfig):
     """
 
     kl_estimator: str | None = field(
-        default="k3", metadata={"help": "Token-level KL estimator: k1, k2 or k3 (kl.py); None with placement none."}
+        default="k3",
+        metadata={"help": f"Token-level KL estimator, one of kl.ESTIMATORS ({', '.join(kl.ESTIMATORS)}); None with "
+                  "placement none."},  # fmt: skip
     )
     kl_placement: str = field(
         default="loss",
@@ -101,7 +103,7 @@ class KLTrainerConfig(GRPOConfig):
         default="ppo_clip",
         metadata={
             "help": "How a token sampled by an older policy is weighed (kl.POLICY_LOSSES): ppo_clip (TRL's clipped "
-            "surrogate), truncated_is (prime-rl to Oct. 2025: −min(ω, 8)·A) or masked_is (prime-rl since: ω·A, "
+            "surrogate), truncated_is (prime-rl to Oct. 2025: −min(ω, 8)·A) or masked_is (prime-rl since: −ω·A, "
             "tokens with ω outside [1/8, 8] masked)."
         },
     )
