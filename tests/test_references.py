@@ -31,9 +31,21 @@ def test_each_generated_page_is_what_the_code_writes(name, generated):
     assert committed == generated[name], stale
 
 
+GENERATED = {".git", "results", "figures", "logs", "runs", "models", ".snakemake", "__pycache__", "docs"}
+
+
 def tracked_files() -> list[Path]:
-    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    return [ROOT / name for name in listed if (ROOT / name).is_file() and not name.startswith("docs/")]
+    """The repository's files: git's list, or in a copy that is no checkout, every file outside what runs generate."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode == 0:
+        names = listed.stdout.split()
+        return [ROOT / name for name in names if (ROOT / name).is_file() and not name.startswith("docs/")]
+    found = []
+    for path in ROOT.rglob("*"):
+        folders = path.relative_to(ROOT).parts[:-1]
+        if path.is_file() and not set(folders) & GENERATED and not any(f.startswith(".venv") for f in folders):
+            found.append(path)
+    return found
 
 
 def test_every_klstudy_variable_any_file_names_is_declared_and_every_declared_one_is_read():

@@ -62,8 +62,10 @@ ESTIMATOR_EDITS = ["src/klstudy/kl.py", "tests/test_kl.py", "docs/kl-names.md",
 
 
 def make_the_estimator_edits(repo: Path) -> None:
-    """The page's patches, then its commands that write files of the repository (the configuration reference)."""
+    """The page's patches and overlay, then its commands that write files of the repository (the references)."""
     page = DOCS / "tutorial-estimator.md"
+    (overlay,) = blocks(page, "yaml")
+    (repo / re.search(r"save this overlay as `([\w.-]+)`", page.read_text()).group(1)).write_text(overlay)
     diffs = blocks(page, "diff")
     assert [re.search(r"^\+\+\+ b/(\S+)", d, re.M).group(1) for d in diffs] == ESTIMATOR_EDITS
     for index, diff in enumerate(diffs):
@@ -85,8 +87,12 @@ CHECK_K4 = textwrap.dedent(
     from klstudy.analysis import fixed_points, toy
     from klstudy.report import tables
 
+    from snakemake.utils import update_config
+
     config = configuration.validate_config(yaml.safe_load(open("config.yaml")))
-    assert "k4-loss" in config["studies"]["onpolicy"]["kl"]
+    merged = yaml.safe_load(open("config.yaml"))
+    update_config(merged, yaml.safe_load(open("k4.yaml")))
+    assert "k4-loss" in configuration.validate_config(merged)["studies"]["onpolicy"]["kl"]
     x = torch.tensor([-0.5, 0.0, 2.0])
     assert torch.equal(kl.token_kl(x, torch.zeros(3), "k4"), x.abs())
 
@@ -119,7 +125,8 @@ def test_the_estimator_tutorial_reaches_table1_the_fixed_points_and_a_training_c
         "    train: {steps: 2, eval_every: 2}\ndivergence: {steps: [0, 2]}\n"
     )
     target = next(c for c in commands(DOCS / "tutorial-estimator.md") if "k4-loss" in c)
-    run(f"{target} --configfile config.yaml two-steps.yaml", copy)
+    assert target.endswith("--configfile config.yaml k4.yaml"), target
+    run(f"{target} two-steps.yaml", copy)
     summary_path = next(w for w in shlex.split(target) if w.endswith("summary.json"))
     summary = json.loads((copy / summary_path).read_text())
     assert summary["status"] == "ok" and summary["steps_done"] == 2 and summary["cell"]["kl"] == "k4-loss"
