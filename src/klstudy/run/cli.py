@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "references", help="the references written from the code: the subcommands, KLTrainerConfig, make, the "
         "environment variables (references.py)",
     )  # fmt: skip
-    generated.add_argument("--out-dir", default="docs", help="the directory the four pages are written to")
+    generated.add_argument("--out-dir", default="docs", help="the directory the five pages are written to")
     generated.set_defaults(run=_references)
     following = commands.add_parser(
         "next-slice", help="after `train`: requeue the SLURM job whose cell stopped before its time limit (slices.py)"

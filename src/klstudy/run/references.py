@@ -63,7 +63,8 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
             if isinstance(action, argparse._StoreTrueAction):
                 default = "off"
             choices = f" One of {', '.join(map(str, action.choices))}." if action.choices else ""
-            lines.append(f"| `{flag}` | {_cell(default)} | {_cell(action.help or '')}{choices} |")
+            meaning = _cell(action.help or "").rstrip(".") + ("." if choices else "")
+            lines.append(f"| `{flag}` | {_cell(default)} | {meaning}{choices} |")
     return "\n".join(lines) + "\n"
 
 
@@ -183,13 +184,23 @@ def make_page(makefile: Path = ROOT / "Makefile") -> str:
 # --------------------------------------------------------------------------------------- the two scales' grids
 
 # What a study's settings say, in the order a reader compares them: its grid, then how each cell trains.
-STUDY_KEYS = ["models", "kl", "betas", "seeds"]
+STUDY_KEYS = ["models", "train_data", "heldout_data", "kl", "betas", "seeds"]
 TRAIN_KEYS = ["steps", "batch_prompts", "minibatch_prompts", "rollouts", "max_response_tokens", "learning_rate",
               "advantage", "loss_type", "async_level", "policy_loss", "k3_clamp", "heldout_decoding",
-              "vllm_importance_sampling", "generation"]  # fmt: skip
+              "vllm_importance_sampling", "generation", "micro_batch"]  # fmt: skip
+
+
+# What both scales evaluate: lm-eval's settings and Fig. 12's.
+EVALUATED = {
+    "evaluation": ["tasks", "studies", "k", "min_p", "max_tokens", "study_max_tokens", "backend", "seeds"],
+    "divergence": ["study", "kl", "betas", "seeds", "steps", "tasks", "prompts", "samples", "max_tokens",
+                   "snapshot_dtype"],
+}  # fmt: skip
 
 
 def _value(value) -> str:
+    if isinstance(value, dict):
+        return "; ".join(f"{key}: {_value(item)}" for key, item in value.items()) or "–"
     if isinstance(value, list):
         return ", ".join(map(str, value))
     return "–" if value is None else str(value)
@@ -205,7 +216,8 @@ def study_grid_page(embedded_path: Path = ROOT / "config.yaml", paper_path: Path
     embedded, paper = (validate_config(yaml.safe_load(p.read_text())) for p in (embedded_path, paper_path))
     lines = _header("The studies at both scales", "`config.yaml` and `config/paper.yaml`",
                     "each study of the embedded config (`config.yaml`) beside the paper's (`config/paper.yaml`), "
-                    "setting by setting; a setting that differs is in bold.")  # fmt: skip
+                    "setting by setting (a setting that differs is in bold), then what both scales evaluate. "
+                    "`vllm_importance_sampling` acts only where `generation` is `vllm`.")  # fmt: skip
     for study in paper["studies"]:
         ours, theirs = embedded["studies"].get(study), paper["studies"][study]
         lines += ["", f"## {study}", "", _cell(theirs.get("description", "")), ""]
@@ -215,12 +227,20 @@ def study_grid_page(embedded_path: Path = ROOT / "config.yaml", paper_path: Path
         lines += ["| setting | embedded | paper |", "|---|---|---|"]
         rows = [(key, ours.get(key), theirs.get(key)) for key in STUDY_KEYS]
         rows += [(key, ours["train"].get(key), theirs["train"].get(key)) for key in TRAIN_KEYS]
+        rows += [("health.collapse_window", ours["health"]["collapse_window"], theirs["health"]["collapse_window"])]
         rows += [("gpus", ours.get("gpus", embedded["resources"]["train"]["gpus"]),
                   theirs.get("gpus", paper["resources"]["train"]["gpus"]))]  # fmt: skip
         for key, mine, paper_value in rows:
             shown = [_cell(_value(v)) for v in (mine, paper_value)]
             if mine != paper_value:
                 shown = [f"**{v}**" for v in shown]
+            lines.append(f"| `{key}` | {shown[0]} | {shown[1]} |")
+    for section, keys in EVALUATED.items():
+        lines += ["", f"## {section}", "", "| setting | embedded | paper |", "|---|---|---|"]
+        for key in keys:
+            mine, paper_value = embedded[section].get(key), paper[section].get(key)
+            shown = [_cell(_value(v)) for v in (mine, paper_value)]
+            shown = [f"**{v}**" for v in shown] if mine != paper_value else shown
             lines.append(f"| `{key}` | {shown[0]} | {shown[1]} |")
     return "\n".join(lines) + "\n"
 
