@@ -137,6 +137,7 @@ def test_without_devices_to_share_a_job_runs_as_it_is(tmp_path):
 TWO_PROCESSES = "config/accelerate/cpu-2proc.yaml"
 
 
+@pytest.mark.slow  # 40-55 s: `make test-all` (CI's time)
 def test_two_concurrent_two_process_cells_rendezvous_at_ports_of_their_own(tmp_path):
     """Two cells of two gloo processes each, on four simulated GPUs, through the workflow: they run at once, each
     on two devices of its own, at a port of its own (their summary.json's `launch`), and both end ok."""

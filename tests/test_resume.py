@@ -90,6 +90,7 @@ def run_interrupted_then_again(reduced_run, tmp_path, moment: str, how: str, war
     return again.stdout + again.stderr
 
 
+@pytest.mark.slow  # 100-160 s: `make test-all` (CI's time; the other interruptions below are slow too)
 def test_ctrl_c_during_training_then_the_same_command_finishes_the_study(reduced_run, tmp_path):
     """What a user met: Ctrl-C during `make study` (warm), then `make study` again."""
     output = run_interrupted_then_again(reduced_run, tmp_path, "training", "ctrl-c", warm=True)
