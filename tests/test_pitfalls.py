@@ -1,0 +1,83 @@
+"""The pitfalls of docs/pitfalls.md, each shown: a sequence-level importance ratio times a ratio-corrected per-token KL
+(TRL's `importance_sampling_level="sequence"` with `use_bias_correction_kl`) adds a gradient term no per-token
+correction has, exactly, in the toy model; K3 overflows in float16, and a clamp on K3 then keeps its value but not
+its gradient."""
+
+import numpy as np
+import pytest
+import torch
+
+from klstudy import kl
+from klstudy.analysis import toy
+
+SETTING = toy.ToySetting("apart", a=1.0, b=-0.1, a_ref=-0.5, b_ref=0.1)  # config.yaml's `apart`
+BETA = 1.0
+
+
+def ratio_corrected_k3_gradient(length: int, level: str) -> np.ndarray:
+    """E_{y~π}[∇ β·Σ_t ω·K3_t] on-policy, exactly (every sequence, weighted by its probability held fixed), with ω
+    TRL's importance ratio at the given level: per token exp(log π_t − sg[log π_t]), or per sequence
+    exp(mean_t(log π_t − sg[log π_t])) broadcast to every token (grpo_trainer.py at v1.9.0)."""
+    y = toy.all_sequences(length)
+    counts = toy.counts_before(y)
+    a, b = torch.tensor(SETTING.a, dtype=toy.DTYPE, requires_grad=True), torch.tensor(SETTING.b, dtype=toy.DTYPE,
+                                                                                        requires_grad=True)  # fmt: skip
+    logp = toy.token_logprobs(a, b, y, counts)
+    ref = toy.token_logprobs(SETTING.a_ref, SETTING.b_ref, y, counts)
+    log_omega = logp - logp.detach()
+    if level == "sequence":
+        log_omega = log_omega.mean(-1, keepdim=True)
+    loss = BETA * (torch.exp(log_omega) * kl.token_kl(logp, ref, "k3")).sum(-1)
+    prob = logp.sum(-1).exp().detach()
+    grads = torch.autograd.grad((prob * loss).sum(), (a, b))
+    return np.array([g.item() for g in grads])
+
+
+def spurious_term(length: int) -> np.ndarray:
+    """β·E[(Σ_t K3_t)·mean_s ∇log π_s − Σ_t K3_t·∇log π_t]: what the sequence-level ratio's gradient adds."""
+    y = toy.all_sequences(length)
+    counts = toy.counts_before(y)
+    a, b = torch.tensor(SETTING.a, dtype=toy.DTYPE, requires_grad=True), torch.tensor(SETTING.b, dtype=toy.DTYPE,
+                                                                                        requires_grad=True)  # fmt: skip
+    logp = toy.token_logprobs(a, b, y, counts)
+    k3 = kl.token_kl(logp.detach(), toy.token_logprobs(SETTING.a_ref, SETTING.b_ref, y, counts), "k3")
+    surrogate = k3.sum(-1) * logp.mean(-1) - (k3 * logp).sum(-1)  # its gradient is the term, K3 held fixed
+    prob = logp.sum(-1).exp().detach()
+    grads = torch.autograd.grad(BETA * (prob * surrogate).sum(), (a, b))
+    return np.array([g.item() for g in grads])
+
+
+@pytest.mark.parametrize("length", [1, 2, 4])
+def test_a_sequence_level_ratio_adds_a_term_the_per_token_correction_does_not_have(length):
+    token = ratio_corrected_k3_gradient(length, "token")
+    sequence = ratio_corrected_k3_gradient(length, "sequence")
+    np.testing.assert_allclose(token, toy.exact_token_reverse_kl_grad(SETTING, length), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(sequence, token + spurious_term(length), rtol=1e-10, atol=1e-12)
+    if length == 1:  # one token: the sequence's mean is the token's own ratio
+        np.testing.assert_allclose(sequence, token, rtol=1e-12, atol=1e-14)
+    else:  # the term's expectation is not zero: a token's KL times the score of tokens before it
+        assert np.abs(spurious_term(length)).max() > 1e-3, spurious_term(length)
+        assert np.abs(sequence - toy.exact_reverse_kl_grad(SETTING, length)).max() > 1e-3
+
+
+def k3_and_gradient(log_ratio: list[float], dtype, clamp=None):
+    logp = torch.tensor(log_ratio, dtype=dtype, requires_grad=True)
+    value = kl.token_kl(logp, torch.zeros_like(logp), "k3", k3_clamp=clamp)
+    (grad,) = torch.autograd.grad(value.sum(), logp)
+    return value.float(), grad.float()
+
+
+def test_k3_overflows_in_float16_and_a_clamp_on_k3_keeps_the_value_not_the_gradient():
+    """K3 = exp(−x) − 1 + x with x = log π − log π_ref: in float16 exp(12) is beyond the format (65504), so a token
+    12 nats less likely under π than under π_ref gives K3 = inf; clamped at 10 (verl's, OpenRLHF's), the value is 10
+    but the gradient, 0 × inf, is NaN. In bfloat16 and float32 the clamped token's gradient is 0, as it is meant to
+    be: a clamped token gets no KL gradient at all."""
+    value, grad = k3_and_gradient([-12.0, 0.5], torch.float16)
+    assert torch.isinf(value[0]) and torch.isfinite(value[1])
+    value, grad = k3_and_gradient([-12.0, 0.5], torch.float16, clamp=10.0)
+    assert value[0] == 10 and torch.isnan(grad[0]) and torch.isfinite(grad[1])
+    for dtype in (torch.bfloat16, torch.float32):
+        value, grad = k3_and_gradient([-12.0, 0.5], dtype, clamp=10.0)
+        assert value[0] == 10 and grad[0] == 0 and grad[1] != 0, (dtype, value, grad)
+    value, grad = k3_and_gradient([-12.0], torch.float32)  # unclamped: the gradient 1 − exp(−x) is large, not lost
+    assert abs(grad[0] - (1 - np.exp(12.0))) < 1e-6 * np.exp(12.0)
