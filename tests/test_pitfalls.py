@@ -1,7 +1,7 @@
 """The pitfalls of docs/pitfalls.md, each shown: a sequence-level importance ratio times a ratio-corrected per-token KL
 (TRL's `importance_sampling_level="sequence"` with `use_bias_correction_kl`) adds a gradient term no per-token
 correction has, exactly, in the toy model; K3 overflows in float16, and a clamp on K3 then keeps its value but not
-its gradient."""
+its gradient; a KL loss computed without gradient trains as no KL."""
 
 import numpy as np
 import pytest
@@ -81,3 +81,25 @@ def test_k3_overflows_in_float16_and_a_clamp_on_k3_keeps_the_value_not_the_gradi
         assert value[0] == 10 and grad[0] == 0 and grad[1] != 0, (dtype, value, grad)
     value, grad = k3_and_gradient([-12.0], torch.float32)  # unclamped: the gradient 1 − exp(−x) is large, not lost
     assert abs(grad[0] - (1 - np.exp(12.0))) < 1e-6 * np.exp(12.0)
+
+
+def test_a_kl_loss_computed_without_gradient_trains_as_no_kl_exactly(monkeypatch):
+    """SkyRL's KL loss was computed under torch.no_grad (every skyrl_train release to v0.4.0): β·K_t then enters the
+    loss's value and not its gradient. In the toy's exact expected update, K3 in the loss with its term detached is
+    no KL's update at every θ, so it has no KL's end (it drifts), and only the logged KL shows anything is wrong."""
+    import yaml
+
+    from klstudy.analysis import fixed_points as fp
+    from klstudy.config import REPO_ROOT, validate_config
+
+    section = validate_config(yaml.safe_load((REPO_ROOT / "config.yaml").read_text()))["toy"]["fixed_points"]
+    family = fp.family_of(section, "tabular")
+    rewards = fp.task_reward(family.sequences, section["reward"])
+    theta = family.reference_theta() + 0.3 * torch.randn(4, family.n_params, generator=torch.Generator().manual_seed(2),
+                                                         dtype=fp.DTYPE)  # fmt: skip
+    none = fp.NormalisedUpdate(family, rewards, kl.KLSpec.from_name("none"), "rloo", 2)(theta)
+    penalised = fp.NormalisedUpdate(family, rewards, kl.KLSpec.from_name("k3-loss", 1.0), "rloo", 2)
+    assert (penalised(theta) - none).abs().max() > 1e-2  # with its gradient, the penalty moves the update
+    original = kl.loss_penalty
+    monkeypatch.setattr(kl, "loss_penalty", lambda *args, **kwargs: original(*args, **kwargs).detach())  # no_grad
+    torch.testing.assert_close(penalised(theta), none, rtol=0, atol=1e-14)
