@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -39,7 +40,7 @@ def copy(tmp_path):
     for name in listed.decode().split("\0"):
         if name and (ROOT / name).is_file():
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            (repo / name).write_bytes((ROOT / name).read_bytes())
+            shutil.copy2(ROOT / name, repo / name)  # times kept: make sees the venv as current as the checkout's
     (repo / ".venv").symlink_to(ROOT / ".venv")
     return repo
 
