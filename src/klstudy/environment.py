@@ -142,7 +142,7 @@ def get(name: str, default: str | None = None) -> str | None:
 
 
 def page() -> str:
-    """docs/environment.md: every variable, in three tables."""
+    """docs/environment.md: every variable, in a table for each group above."""
     sections = [
         ("Variables that change a run", USER),
         ("Variables of the tests", TESTING),

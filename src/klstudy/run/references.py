@@ -230,19 +230,19 @@ def study_grid_page(embedded_path: Path = ROOT / "config.yaml", paper_path: Path
         rows += [("health.collapse_window", ours["health"]["collapse_window"], theirs["health"]["collapse_window"])]
         rows += [("gpus", ours.get("gpus", embedded["resources"]["train"]["gpus"]),
                   theirs.get("gpus", paper["resources"]["train"]["gpus"]))]  # fmt: skip
-        for key, mine, paper_value in rows:
-            shown = [_cell(_value(v)) for v in (mine, paper_value)]
-            if mine != paper_value:
-                shown = [f"**{v}**" for v in shown]
-            lines.append(f"| `{key}` | {shown[0]} | {shown[1]} |")
+        lines += [_side_by_side(*row) for row in rows]
     for section, keys in EVALUATED.items():
         lines += ["", f"## {section}", "", "| setting | embedded | paper |", "|---|---|---|"]
-        for key in keys:
-            mine, paper_value = embedded[section].get(key), paper[section].get(key)
-            shown = [_cell(_value(v)) for v in (mine, paper_value)]
-            shown = [f"**{v}**" for v in shown] if mine != paper_value else shown
-            lines.append(f"| `{key}` | {shown[0]} | {shown[1]} |")
+        lines += [_side_by_side(key, embedded[section].get(key), paper[section].get(key)) for key in keys]
     return "\n".join(lines) + "\n"
+
+
+def _side_by_side(key: str, embedded_value, paper_value) -> str:
+    """A setting's row of docs/study-grid.md: both scales' values, in bold where they differ."""
+    shown = [_cell(_value(v)) for v in (embedded_value, paper_value)]
+    if embedded_value != paper_value:
+        shown = [f"**{v}**" for v in shown]
+    return f"| `{key}` | {shown[0]} | {shown[1]} |"
 
 
 # ------------------------------------------------------------------------------------------------- all of them
