@@ -14,37 +14,38 @@ SETTING = toy.ToySetting("apart", a=1.0, b=-0.1, a_ref=-0.5, b_ref=0.1)  # confi
 BETA = 1.0
 
 
-def ratio_corrected_k3_gradient(length: int, level: str) -> np.ndarray:
-    """E_{y~π}[∇ β·Σ_t ω·K3_t] on-policy, exactly (every sequence, weighted by its probability held fixed), with ω
-    TRL's importance ratio at the given level: per token exp(log π_t − sg[log π_t]), or per sequence
-    exp(mean_t(log π_t − sg[log π_t])) broadcast to every token (grpo_trainer.py at v1.9.0)."""
+def expected_gradient(length: int, sequence_loss) -> np.ndarray:
+    """E_{y~π}[∇ loss(y)] on-policy, exactly: every sequence's loss, weighted by its probability held fixed (as
+    toy.exact_estimator_mean does); ``sequence_loss(logp, ref_logp)`` gives each sequence's loss from its tokens'."""
     y = toy.all_sequences(length)
     counts = toy.counts_before(y)
-    a, b = torch.tensor(SETTING.a, dtype=toy.DTYPE, requires_grad=True), torch.tensor(SETTING.b, dtype=toy.DTYPE,
-                                                                                        requires_grad=True)  # fmt: skip
+    a, b = toy._param_leaves(SETTING)
     logp = toy.token_logprobs(a, b, y, counts)
-    ref = toy.token_logprobs(SETTING.a_ref, SETTING.b_ref, y, counts)
-    log_omega = logp - logp.detach()
-    if level == "sequence":
-        log_omega = log_omega.mean(-1, keepdim=True)
-    loss = BETA * (torch.exp(log_omega) * kl.token_kl(logp, ref, "k3")).sum(-1)
-    prob = logp.sum(-1).exp().detach()
-    grads = torch.autograd.grad((prob * loss).sum(), (a, b))
-    return np.array([g.item() for g in grads])
+    loss = sequence_loss(logp, toy.token_logprobs(SETTING.a_ref, SETTING.b_ref, y, counts))
+    return toy._grad((logp.sum(-1).exp().detach() * loss).sum(), (a, b))
+
+
+def ratio_corrected_k3_gradient(length: int, level: str) -> np.ndarray:
+    """E[∇ β·Σ_t ω·K3_t] with ω TRL's importance ratio at the given level: per token exp(log π_t − sg[log π_t]), or
+    per sequence exp(mean_t(log π_t − sg[log π_t])) broadcast to every token (grpo_trainer.py at v1.9.0)."""
+
+    def loss(logp, ref):
+        log_omega = logp - logp.detach()
+        if level == "sequence":
+            log_omega = log_omega.mean(-1, keepdim=True)
+        return BETA * (torch.exp(log_omega) * kl.token_kl(logp, ref, "k3")).sum(-1)
+
+    return expected_gradient(length, loss)
 
 
 def spurious_term(length: int) -> np.ndarray:
     """β·E[(Σ_t K3_t)·mean_s ∇log π_s − Σ_t K3_t·∇log π_t]: what the sequence-level ratio's gradient adds."""
-    y = toy.all_sequences(length)
-    counts = toy.counts_before(y)
-    a, b = torch.tensor(SETTING.a, dtype=toy.DTYPE, requires_grad=True), torch.tensor(SETTING.b, dtype=toy.DTYPE,
-                                                                                        requires_grad=True)  # fmt: skip
-    logp = toy.token_logprobs(a, b, y, counts)
-    k3 = kl.token_kl(logp.detach(), toy.token_logprobs(SETTING.a_ref, SETTING.b_ref, y, counts), "k3")
-    surrogate = k3.sum(-1) * logp.mean(-1) - (k3 * logp).sum(-1)  # its gradient is the term, K3 held fixed
-    prob = logp.sum(-1).exp().detach()
-    grads = torch.autograd.grad(BETA * (prob * surrogate).sum(), (a, b))
-    return np.array([g.item() for g in grads])
+
+    def loss(logp, ref):
+        k3 = kl.token_kl(logp.detach(), ref, "k3")
+        return BETA * (k3.sum(-1) * logp.mean(-1) - (k3 * logp).sum(-1))  # its gradient is the term, K3 held fixed
+
+    return expected_gradient(length, loss)
 
 
 @pytest.mark.parametrize("length", [1, 2, 4])
