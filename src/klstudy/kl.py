@@ -335,31 +335,34 @@ def _spread(values: torch.Tensor) -> torch.Tensor:
     return (deviation.square().mean(-1, keepdim=True) * (count / (count - 1))).sqrt()
 
 
-def group_std_advantages(rewards: torch.Tensor) -> torch.Tensor:
+def group_std_advantages(rewards: torch.Tensor, epsilon: float = STD_EPSILON) -> torch.Tensor:
     """GRPO; TRL's default scale_rewards="group"; verl's norm_adv_by_std_in_grpo: the group-mean advantage divided
-    by the group's standard deviation (Bessel-corrected) + STD_EPSILON. Scale-free: it reweights the
-    task gradient by each prompt's spread of rewards, which the KL term in the loss does not share."""
-    return group_mean_advantages(rewards) / (_spread(rewards) + STD_EPSILON)
+    by the group's standard deviation (Bessel-corrected) + ``epsilon`` (TRL 1e-4; verl and SkyRL 1e-6, OpenRLHF
+    1e-9). Scale-free: it reweights the task gradient by each prompt's spread of rewards, which the KL term in the
+    loss does not share."""
+    return group_mean_advantages(rewards) / (_spread(rewards) + epsilon)
 
 
-def batch_std_advantages(rewards: torch.Tensor, spread: torch.Tensor | None = None) -> torch.Tensor:
+def batch_std_advantages(
+    rewards: torch.Tensor, spread: torch.Tensor | None = None, epsilon: float = STD_EPSILON
+) -> torch.Tensor:
     """TRL's scale_rewards="batch": the group-mean advantage divided by the standard deviation of every reward of the
     batch (Bessel-corrected) + STD_EPSILON. ``rewards`` is (..., groups, G): the batch is the last two dimensions.
     ``spread``: the standard deviation to divide by instead, broadcast against ``rewards`` (the toy's exact update
-    takes a batch of many groups, whose standard deviation is the policy's own)."""
+    takes a batch of many groups, whose standard deviation is the policy's own); ``epsilon`` as group_std's."""
     if spread is None:
         spread = _spread(rewards.flatten(-2)).unsqueeze(-1)
-    return group_mean_advantages(rewards) / (spread + STD_EPSILON)
+    return group_mean_advantages(rewards) / (spread + epsilon)
 
 
 LOO_STD_EPSILON = 1e-6  # NeMo-RL adds it to the others' standard deviation
 
 
-def loo_std_advantages(rewards: torch.Tensor) -> torch.Tensor:
+def loo_std_advantages(rewards: torch.Tensor, epsilon: float = LOO_STD_EPSILON) -> torch.Tensor:
     """NeMo-RL's GRPO (``use_leave_one_out_baseline`` and ``normalize_rewards``, its defaults;
     nemo_rl/algorithms/advantage_estimator.py, utils.calculate_baseline_and_std_per_prompt): the RLOO advantage
     R_i − mean_{j≠i} R_j divided by the standard deviation of the *other* G − 1 rewards (Bessel-corrected: over G − 2)
-    + LOO_STD_EPSILON, and left undivided where that deviation is 0 (always at G = 2). Baseline and divisor do not
+    + ``epsilon`` (LOO_STD_EPSILON), and left undivided where that deviation is 0 (always at G = 2). Baseline and divisor do not
     depend on R_i: A_i is increasing in R_i and unbiased (E[A_i·∇log π(y_i)] = E[w]·∇E[R], w = the divisor's
     reciprocal, or 1), but not zero-sum in a group."""
     import torch
@@ -371,7 +374,7 @@ def loo_std_advantages(rewards: torch.Tensor) -> torch.Tensor:
     others = rewards[..., index]  # (..., G, G − 1): member i's others
     centred = rewards - others.mean(-1)
     agree = (others == others[..., :1]).all(-1)  # the others' std is 0 exactly, not a rounding residue
-    return torch.where(agree, centred, centred / (others.std(-1) + LOO_STD_EPSILON))
+    return torch.where(agree, centred, centred / (others.std(-1) + epsilon))
 
 
 # Advantage normalisations by name (config ``train.advantage``; the toy's ``normalisations``). Each maps shaped rewards
