@@ -388,6 +388,34 @@ def test_the_clamp_reaches_the_reward_and_the_loss_and_is_checked():
         kl.KLSpec.from_name("k3-loss", 0.1, clamp=0.0)
 
 
+def _nemo_rl_calculate_kl(logprobs, logprobs_reference, kl_type, weights, input_clamp=20.0, output_clamp=10.0):
+    """NeMo-RL v0.7.0's calculate_kl (nemo_rl/algorithms/utils.py), as it writes it: the log-ratio clamped, the weight
+    detached where that clamp binds, the weight multiplied into the KL, then the output clamp."""
+    logr = logprobs_reference - logprobs
+    logr_clamped = logr.clamp(min=-input_clamp, max=input_clamp)
+    weights = torch.where(logr == logr_clamped, weights, weights.detach())
+    logr = logr_clamped
+    value = {"k1": -logr, "k2": torch.square(logr) / 2, "k3": torch.exp(logr) - 1 - logr}[kl_type]
+    return (weights * value).clamp(min=-output_clamp, max=output_clamp)
+
+
+@pytest.mark.parametrize("estimator", kl.ESTIMATORS)
+def test_a_weighted_correction_is_clamped_after_its_weight_as_nemo_rl_does(estimator):
+    """NeMo-RL ≥ 0.7's score-form KL loss with its clamps (±20 on the log-ratio, ±10 on the weighted KL) is kl's
+    ``score`` with clamp 10, in value and gradient, log-ratios far beyond both clamps included."""
+    generator = torch.Generator().manual_seed(3)
+    logp = (torch.randn(4, 40, generator=generator, dtype=F64) * 8).requires_grad_()
+    ref = torch.randn(4, 40, generator=generator, dtype=F64) * 8
+    spec = kl.KLSpec(estimator, "loss", 1.0, "score", clamp=10.0)
+    ours = kl.loss_penalty(logp, ref, torch.ones_like(ref), spec)
+    theirs = _nemo_rl_calculate_kl(logp, ref, estimator, torch.exp(logp - logp.detach()))
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    gradient = _logp_gradient(ours, logp)
+    torch.testing.assert_close(gradient, _logp_gradient(theirs, logp), rtol=0, atol=1e-12)
+    binds = theirs.detach().abs() >= 10
+    assert 10 < int(binds.sum()) < 150 and (gradient[binds] == 0).all()
+
+
 # prime-rl's policy losses for stale batches, as its trainer wrote them (src/prime_rl/trainer/rl/loss.py): the
 # "ratio" loss of commit e819f8a31 (August 2025, its default until 16 October 2025) and the masked loss of
 # 7e2f0273f (16 October 2025), per token, before its masking and sum.

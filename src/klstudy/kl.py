@@ -247,6 +247,10 @@ def loss_penalty(logp, ref_logp, mask, spec: KLSpec, old_logp=None) -> torch.Ten
 
     ``old_logp``: log-probs of the policy that sampled the tokens, for the ratio ω_t = π_θ/π_old of ``ratio`` and
     ``isst``; None on-policy (π_old = sg[π_θ], so ω_t = 1 with gradient ∇log π_θ).
+
+    A clamp (``spec.clamp``) acts on the weighted term of ``ratio`` and ``score``, ω_t·K_t, as slime (its ratio on
+    low_var_kl) and NeMo-RL (its weights "multiplied into the KL before output clamping") apply it: where it binds,
+    the token has no gradient at all; elsewhere on K_t itself.
     """
     import torch
 
@@ -256,10 +260,11 @@ def loss_penalty(logp, ref_logp, mask, spec: KLSpec, old_logp=None) -> torch.Ten
     per_token = token_kl(logp, ref_logp, spec.estimator, spec.clamp)
     score = logp - logp.detach()  # value 0, gradient ∇log π_θ
     ratio = torch.exp(logp - (logp.detach() if old_logp is None else old_logp.detach()))
-    if spec.loss_gradient == "ratio":
-        per_token = ratio * per_token
-    elif spec.loss_gradient == "score":
-        per_token = torch.exp(score) * per_token
+    if spec.loss_gradient in ("ratio", "score"):
+        weight = ratio if spec.loss_gradient == "ratio" else torch.exp(score)
+        per_token = weight * token_kl(logp, ref_logp, spec.estimator)
+        if spec.clamp is not None:
+            per_token = torch.clamp(per_token, min=-spec.clamp, max=spec.clamp)
     elif spec.loss_gradient == "st":
         k2 = token_kl(logp, ref_logp, "k2")
         per_token = per_token.detach() + (k2 - k2.detach())
