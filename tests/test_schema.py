@@ -81,6 +81,6 @@ def test_the_trainer_and_the_atlas_take_every_advantage_the_schema_names():
     assert schema["$defs"]["normalisation"]["enum"] == list(trainer.TRAINER_ADVANTAGES)
     train = schema["properties"]["studies"]["additionalProperties"]["properties"]["train"]["properties"]
     atlas = schema["properties"]["toy"]["properties"]["atlas"]["properties"]
-    preset = atlas["presets"]["additionalProperties"]["properties"]
+    preset = atlas["extra_presets"]["additionalProperties"]["properties"]
     for where in (train["advantage"], preset["normalisation"], atlas["normalisations"]["items"]):
         assert where["$ref"] == "#/$defs/normalisation"

@@ -448,8 +448,12 @@ def fixed_point_table(
         for beta, point in fixed_point_branch(family, rewards, config, betas, flow, update_of, clamp).items():
             seq_logp = family.sequence_logprobs(point.theta).detach()
             fixed = policy_metrics(family, seq_logp, rewards, beta)
-            optimum_logp = family.sequence_logprobs(optima[beta])
-            best = policy_metrics(family, optimum_logp, rewards, beta)
+            if optima[beta] is None:  # no optimum in the family at this β (optimum_sweep): its columns are NaN
+                optimum_logp = torch.full_like(seq_logp, math.nan)
+                best = dict.fromkeys(("reward", "kl", "objective"), math.nan)
+            else:
+                optimum_logp = family.sequence_logprobs(optima[beta])
+                best = policy_metrics(family, optimum_logp, rewards, beta)
             rows.append(
                 dict(
                     family=family.name,
@@ -474,10 +478,14 @@ def fixed_point_table(
 
 def optimum_sweep(family: Family, rewards: torch.Tensor, betas) -> dict:
     """{β: θ of the family's optimum}, by continuation down ``beta_ladder(betas)``, each search started from the
-    previous rung's optimum."""
+    previous rung's optimum; None below the β where the parametric family's optimum leaves for the boundary (Newton's
+    method finds none: its logits grow without bound as β → 0)."""
     optima, start = {}, family.reference_theta()
     for beta in beta_ladder(betas, rungs=25):
-        optima[beta] = start = family_optimum(family, rewards, beta, start)
+        try:
+            optima[beta] = start = family_optimum(family, rewards, beta, start)
+        except RuntimeError:
+            optima[beta] = None
     return {beta: optima[beta] for beta in betas}
 
 
