@@ -1,4 +1,4 @@
-"""The frameworks' presets by version (analysis/presets.py) and `klstudy explain` (analysis/explain.py)."""
+"""The frameworks' presets by version (frameworks.py) and `klstudy explain` (analysis/explain.py)."""
 
 import subprocess
 import sys
@@ -6,8 +6,9 @@ import sys
 import pytest
 import yaml
 
+from klstudy import frameworks as presets
 from klstudy import kl
-from klstudy.analysis import explain, presets
+from klstudy.analysis import explain
 from klstudy.config import validate_config
 
 TOY = validate_config(yaml.safe_load(open("config.yaml")))["toy"]

@@ -16,7 +16,7 @@ import jsonschema
 import yaml
 
 from klstudy import kl
-from klstudy.analysis.presets import PRESETS
+from klstudy.frameworks import PRESETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"

@@ -42,8 +42,8 @@ gradient. With ω_t = π_θ/π_old per token (1 on-policy, with gradient ∇log 
                                                                            slime --use-unbiased-kl
     score     β·exp(log π − sg[log π])·K_t   ∇: β·(∇K_t + K_t·∇log π)      NeMo-RL
     st        β·(sg[K_t] + K2_t − sg[K2_t])   ∇: β·K1_t·∇log π               verl k1+ / k3+
-    isst      β·(sg[K_t] + sg[ω_t·K1_t]·(log π − sg[log π]))   ∇: β·sg[ω_t]·K1_t·∇log π   OpenRLHF
-                                                                           --algo.kl.unbiased_gradient
+    isst      β·(sg[K_t] + sg[w_t·K1_t]·(log π − sg[log π]))   ∇: β·sg[w_t]·K1_t·∇log π   OpenRLHF
+              w_t = min(ω_t, ISST_WEIGHT_CAP)                                  --algo.kl.unbiased_gradient
 
 On-policy every correction of K3 (and st, isst of any estimator) has the per-token gradient K1_t·∇log π_t,
 whose expectation is Σ_t E_{y<t}[∇KL(π(·|y<t) ‖ π_ref(·|y<t))] with the prefix's distribution held fixed: the
@@ -87,7 +87,7 @@ LOSS_GRADIENT_SOURCES = {
     "ratio": "TRL use_bias_correction_kl=True (the default in 1.16.0); slime --use-unbiased-kl (DeepSeek-V3.2)",
     "score": "NeMo-RL from 0.7.0 (KL loss × exp(log π − sg[log π]))",
     "st": "verl k1+ / k3+ (value of K, gradient of K2; they raise NotImplementedError before 0.8.0)",
-    "isst": "OpenRLHF --algo.kl.unbiased_gradient (in no release to 0.11.0; w = π/π_old detached and clamped)",
+    "isst": "OpenRLHF --algo.kl.unbiased_gradient (from 0.11.1; w = π/π_old detached and capped at 10)",
 }
 
 EXPRESSIONS = {  # as Table 1 writes them, with r = π_ref / π_θ
@@ -98,6 +98,7 @@ EXPRESSIONS = {  # as Table 1 writes them, with r = π_ref / π_θ
 # Whether E_π[K_t] is the token's KL (K2's is not): then a per-token loss correction (ratio, score) has the expected
 # gradient of the KL itself at T = 1; for an estimator whose value is off, it has that of E_π[K_t] instead.
 VALUE_IS_KL = {"k1": True, "k2": False, "k3": True}
+ISST_WEIGHT_CAP = 10.0  # OpenRLHF 0.11.1+ caps the detached weight π_θ/π_old of its unbiased_gradient at 10
 
 
 def exactly_zero(bias: float, scale: float) -> bool:
@@ -269,7 +270,8 @@ def loss_penalty(logp, ref_logp, mask, spec: KLSpec, old_logp=None) -> torch.Ten
         k2 = token_kl(logp, ref_logp, "k2")
         per_token = per_token.detach() + (k2 - k2.detach())
     elif spec.loss_gradient == "isst":
-        per_token = per_token.detach() + (ratio * token_kl(logp, ref_logp, "k1")).detach() * score
+        weight = ratio.clamp(max=ISST_WEIGHT_CAP)
+        per_token = per_token.detach() + (weight * token_kl(logp, ref_logp, "k1")).detach() * score
     return spec.beta * per_token * mask
 
 
@@ -371,7 +373,9 @@ STD_EPSILON = 1e-4  # TRL 1.16 adds it to the standard deviation, so that a grou
 
 def _spread(values: torch.Tensor) -> torch.Tensor:
     """The Bessel-corrected standard deviation over the last dimension (kept), in TRL 1.16's order of operations
-    (trl.trainer.utils.nanstd: the mean squared deviation × n/(n−1), then the root), so that the two agree bitwise."""
+    (trl.trainer.utils.nanstd: the mean squared deviation × n/(n−1), then the root), so that the two agree bitwise in
+    float32, TRL's rewards' dtype (TRL computes n/(n−1) in float32 whatever the rewards' dtype: from float64 rewards
+    the two differ by up to 2e-8, relatively)."""
     deviation = values - values.mean(-1, keepdim=True)
     count = values.shape[-1]
     return (deviation.square().mean(-1, keepdim=True) * (count / (count - 1))).sqrt()
@@ -462,13 +466,18 @@ WHITENED = {"group_whiten": "grpo", "whiten": "none"}
 ADVANTAGES.update({name: _whitened(centre) for name, centre in WHITENED.items()})
 
 
-def token_advantages(rewards, penalty_to_go, mask, normalisation: str) -> torch.Tensor:
+STD_NORMALISATIONS = ("group_std", "batch_std", "loo_std")  # the ones that take a framework's ε
+
+
+def token_advantages(rewards, penalty_to_go, mask, normalisation: str, epsilon: float | None = None) -> torch.Tensor:
     """The per-token advantages of a batch (..., G, T): the normalisation's advantage of the shaped rewards (..., G)
     minus ``penalty_to_go`` (advantage_penalty: the KL placed in the advantage; zeros otherwise), whitened over every
     unmasked token of the batch (the last three dimensions) for a WHITENED normalisation, after the penalty, as
-    OpenRLHF does. Without a penalty and whitening, each token carries its sequence's advantage."""
+    OpenRLHF does. Without a penalty and whitening, each token carries its sequence's advantage. ``epsilon``: a std
+    normalisation's (STD_NORMALISATIONS), the framework's own; None: kl.py's default."""
     centre = WHITENED.get(normalisation, normalisation)
-    per_token = ADVANTAGES[centre](rewards).unsqueeze(-1) - penalty_to_go
+    options = {"epsilon": epsilon} if epsilon is not None and centre in STD_NORMALISATIONS else {}
+    per_token = ADVANTAGES[centre](rewards, **options).unsqueeze(-1) - penalty_to_go
     if normalisation in WHITENED:
         per_token = whiten(per_token, mask, (-3, -2, -1))
     return per_token

@@ -3,7 +3,7 @@ in the user's units (the effective β), and against the answer's length.
 
 A *setting* is a Table 1 configuration (kl.py's grammar) with an advantage normalisation (kl.ADVANTAGES) and a group
 size G; a *preset* is a setting a framework ships at a version, with the files and lines it was read from, its clamp
-and its default β (analysis/presets.py; config ``toy.atlas.presets`` chooses which). With ``frameworks_betas`` a
+and its default β (frameworks.py; config ``toy.atlas.presets`` chooses which). With ``frameworks_betas`` a
 preset is evaluated there and at its own default and recipe β as well.
 Each setting's exact end point is the stable fixed point of fixed_points.NormalisedUpdate, found as the toy's fixed
 points are (fixed_points.fixed_point_branch); RLOO's expected update does not depend on G, so it is computed once.
@@ -34,7 +34,7 @@ import torch
 from klstudy import kl
 from klstudy.analysis import fixed_points as fp
 from klstudy.analysis.monte_carlo import agreement, toy_claims, train_monte_carlo
-from klstudy.analysis.presets import PRESETS, Preset
+from klstudy.frameworks import PRESETS, Preset
 
 
 def label(config: str, normalisation: str, group: int) -> str:
@@ -43,7 +43,7 @@ def label(config: str, normalisation: str, group: int) -> str:
 
 
 def presets_of(section: dict) -> dict:
-    """{name: the preset's fields}: the shipped presets config ``toy.atlas.presets`` names (analysis/presets.py), then
+    """{name: the preset's fields}: the shipped presets config ``toy.atlas.presets`` names (frameworks.py), then
     ``extra_presets``, a user's own (each checked as a shipped one is)."""
     shipped = {name: PRESETS[name].as_row() for name in section.get("presets", [])}
     return shipped | {name: Preset(**fields).as_row() for name, fields in section.get("extra_presets", {}).items()}

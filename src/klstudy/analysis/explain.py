@@ -1,6 +1,6 @@
 """`klstudy explain`: what a KL setup amounts to, computed in the toy model for any setting, a preset's or not.
 
-Given a framework preset (analysis/presets.py) or a setting (a configuration in kl.py's grammar, an advantage
+Given a framework preset (frameworks.py) or a setting (a configuration in kl.py's grammar, an advantage
 normalisation, G, β and the estimator's clamp), it prints in a few lines:
 
 - the estimator, placement and loss gradient in words;
@@ -9,7 +9,8 @@ normalisation, G, β and the estimator's clamp), it prints in a few lines:
 - β_eff/β in both toy families (fixed_points.NormalisedUpdate, the atlas's end points) at the β asked for and over
   a range of β, and where the toy cannot say (no fixed point, an end point not settled near the boundary, more KL
   than any optimum);
-- the nearest setting its framework offers whose KL gradient is unbiased (OFFERS, each checked the same way).
+- the nearest setting its framework offers whose KL gradient is unbiased (frameworks.OFFERS, each checked the same
+  way).
 
 Nothing is read from a committed table: every number is computed when asked (about a minute on one core), within the
 toy's limits, which the output says.
@@ -22,35 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from klstudy import kl
-from klstudy.analysis.presets import PRESETS
+from klstudy.frameworks import OFFERS, PRESETS
 
 # The β over which the answer is computed beside the one asked for: the atlas's grid, weak to strong.
 RANGE_BETAS = (0.1, 0.3, 1.0, 3.0)
 # Where Table 1's bias is measured: its setting "apart" at these lengths (T = 1: a token; T = 4: a sequence).
 BIAS_SETTING, BIAS_LENGTHS = "apart", (1, 4)
-
-# What each framework offers beyond its preset, in kl.py's grammar, with the switch that gives it (read at the tags
-# of analysis/presets.py; docs/record/framework-kl.md). A framework absent here offers nothing else that was read.
-OFFERS = {
-    "TRL": [],  # GRPOTrainer's KL is K3 in the loss only (a request for a reward KL, TRL 4967, was closed)
-    "verl": [
-        ("k1-reward", "algorithm.use_kl_in_reward=True, algorithm.kl_penalty=kl"),
-        ("k1-both", "use_kl_in_reward=True, kl_penalty=kl, actor.use_kl_loss=True, actor.kl_loss_type=kl"),
-        ("k3-loss", "actor.use_kl_loss=True, actor.kl_loss_type=low_var_kl"),
-    ],
-    "OpenRLHF": [
-        ("k1-advantage", "the default KL (--algo.kl.estimator k1, without --algo.kl.use_loss)"),
-        ("k3-loss", "--algo.kl.use_loss --algo.kl.estimator k3"),
-    ],
-    "AReaL": [("k1-advantage", "kl_ctl > 0, kl_estimator k1 (the defaults)")],
-    "SkyRL": [
-        ("k1-reward", "trainer.algorithm.use_kl_in_reward=true, use_kl_loss=false, kl_estimator_type=k1"),
-        ("k3-loss", "the default: use_kl_loss=true, kl_estimator_type=k3"),
-    ],
-    "slime": [("k1-loss", "--use-kl-loss --kl-loss-type k1"), ("k3-loss", "--use-kl-loss --kl-loss-type low_var_kl")],
-    "NeMo-RL": [("k3-loss-score", "loss_fn.reference_policy_kl_type k3 (the default from 0.7.0)")],
-    "ROLL": [("k3-loss", "use_kl_loss: true")],
-}
 
 
 @dataclass

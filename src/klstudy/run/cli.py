@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "explain", help="what a framework's KL setup, or any setting, optimises in the toy model, computed (explain.py)"
     )
     chosen = explaining.add_mutually_exclusive_group(required=True)
-    chosen.add_argument("--preset", help="a framework preset by name (src/klstudy/analysis/presets.py)")
+    chosen.add_argument("--preset", help="a framework preset by name (src/klstudy/frameworks.py)")
     chosen.add_argument("--framework", help="a framework (TRL, verl, OpenRLHF, ...): with --version, its preset")
     chosen.add_argument(
         "--kl", help="a KL configuration in kl.py's grammar (k3-loss, k1-advantage, k3-loss-ratio, ...)"

@@ -1,4 +1,5 @@
-"""What each framework ships as its KL setup, by version: the atlas's presets (docs/atlas.md) and `klstudy explain`'s.
+"""What each framework ships as its KL setup, by version: the atlas's presets (docs/atlas.md) and `klstudy explain`'s,
+and the other KL settings each offers (OFFERS).
 
 A preset is a setting the toy can compute (a KL configuration in kl.py's grammar, an advantage normalisation of
 kl.ADVANTAGES, a group size G, the clamp of the estimator's value) with what the framework's own code says at a release
@@ -183,3 +184,26 @@ PRESETS = {
         note="its RLVR example's advantage clip at ±2 and difficulty mask are left out",
     ),
 }  # fmt: skip
+
+# What each framework offers beyond its preset, in kl.py's grammar, with the switch that gives it (read at the tags
+# of the presets above; docs/record/framework-kl.md). A framework absent here offers nothing else that was read.
+OFFERS = {
+    "TRL": [],  # GRPOTrainer's KL is K3 in the loss only (a request for a reward KL, TRL 4967, was closed)
+    "verl": [
+        ("k1-reward", "algorithm.use_kl_in_reward=True, algorithm.kl_penalty=kl"),
+        ("k1-both", "use_kl_in_reward=True, kl_penalty=kl, actor.use_kl_loss=True, actor.kl_loss_type=kl"),
+        ("k3-loss", "actor.use_kl_loss=True, actor.kl_loss_type=low_var_kl"),
+    ],
+    "OpenRLHF": [
+        ("k1-advantage", "the default KL (--algo.kl.estimator k1, without --algo.kl.use_loss)"),
+        ("k3-loss", "--algo.kl.use_loss --algo.kl.estimator k3"),
+    ],
+    "AReaL": [("k1-advantage", "kl_ctl > 0, kl_estimator k1 (the defaults)")],
+    "SkyRL": [
+        ("k1-reward", "trainer.algorithm.use_kl_in_reward=true, use_kl_loss=false, kl_estimator_type=k1"),
+        ("k3-loss", "the default: use_kl_loss=true, kl_estimator_type=k3"),
+    ],
+    "slime": [("k1-loss", "--use-kl-loss --kl-loss-type k1"), ("k3-loss", "--use-kl-loss --kl-loss-type low_var_kl")],
+    "NeMo-RL": [("k3-loss-score", "loss_fn.reference_policy_kl_type k3 (the default from 0.7.0)")],
+    "ROLL": [("k3-loss", "use_kl_loss: true")],
+}
