@@ -22,7 +22,10 @@ def small(name="tabular", length=2):
 
 @pytest.mark.parametrize("normalisation", ["rloo", "grpo", "group_std", "loo_std"])
 @pytest.mark.parametrize("group", [2, 3])
-@pytest.mark.parametrize("config", ["k1-reward", "k3-reward", "k3-loss", "k1-both", "k3-loss-ratio", "k3-loss-score"])
+@pytest.mark.parametrize(
+    "config",
+    ["k1-reward", "k3-reward", "k3-loss", "k1-both", "k3-loss-ratio", "k3-loss-score", "k1-advantage", "k3-advantage"],
+)
 def test_the_exchangeable_update_is_every_group_enumerated(normalisation, group, config):
     """E[A_1 | y_1] from the multisets of the others (or the mean-field group of a linear normalisation) gives the
     same expected update as kl.reinforce_loss over all n^G groups, to rounding."""
@@ -48,6 +51,72 @@ def test_the_leave_one_out_std_update_is_every_group_enumerated_at_g4(config):
     assert torch.allclose(brute, exact, atol=1e-14 * max(1.0, float(brute.abs().max())), rtol=0)
 
 
+def _whitened_brute_force(family, rewards, spec, normalisation, group, theta):
+    """The expected update of a whitening normalisation in the limit of a batch of many groups, by enumerating every
+    one of the n^G groups with its probability: the batch's token mean and variance are their expectations over a
+    group, and each member's whitened per-token advantage enters the loss as kl.reinforce_loss's score term does."""
+    n, length = len(rewards), family.length
+    groups = torch.cartesian_prod(*[torch.arange(n)] * group).reshape(-1, group)
+    theta = theta.detach().requires_grad_(True)
+    token_logp = family.token_logprobs(theta)[groups]  # (n^G, G, T)
+    ref_logp = family.reference_logprobs()[groups]
+    weights = token_logp.sum((-1, -2)).exp().detach()
+    ones = torch.ones_like(ref_logp)
+    shaped = kl.shaped_rewards(rewards[groups], token_logp.detach(), ref_logp, ones, spec)
+    raw = kl.ADVANTAGES[kl.WHITENED[normalisation]](shaped).unsqueeze(-1) - kl.advantage_penalty(
+        token_logp, ref_logp, ones, spec
+    )
+    mean = (weights * raw.mean((-1, -2))).sum()
+    variance = (weights * raw.square().mean((-1, -2))).sum() - mean**2
+    advantages = ((raw - mean) / variance.clamp(min=kl.WHITEN_EPSILON).sqrt()).detach()
+    per_group = (-(advantages * token_logp).sum(-1) + kl.loss_penalty(token_logp, ref_logp, ones, spec).sum(-1))
+    (grad,) = torch.autograd.grad((weights * per_group.mean(-1)).sum() / length, theta)
+    return -grad
+
+
+@pytest.mark.parametrize("normalisation", sorted(kl.WHITENED))
+@pytest.mark.parametrize("config", ["k1-advantage", "k3-advantage", "k2-loss", "k3-loss", "k1-reward"])
+def test_the_whitened_update_is_every_group_enumerated(normalisation, config):
+    """OpenRLHF's whitening over a batch of many groups: NormalisedUpdate's mean-field whitening (the other members'
+    variance added for the group mean) against every group of 3 enumerated with its probability, to rounding."""
+    family, rewards = small()
+    theta = family.reference_theta() + torch.tensor([0.3, -0.2, 0.5], dtype=fp.DTYPE)
+    spec = kl.KLSpec.from_name(config, 0.7)
+    brute = _whitened_brute_force(family, rewards, spec, normalisation, 3, theta)
+    exact = fp.NormalisedUpdate(family, rewards, spec, normalisation, 3)(theta)
+    assert torch.allclose(brute, exact, atol=1e-14 * max(1.0, float(brute.abs().max())), rtol=0), (brute, exact)
+
+
+def test_whitening_with_the_kl_in_the_advantage_only_rescales_the_group_mean_update():
+    """The KL and the task term both whitened: the update is the group mean's times a positive number (the mean's
+    shift has no expected gradient), so the two have the same fixed points."""
+    family, rewards = small("tabular", 3)
+    spec = kl.KLSpec.from_name("k1-advantage", 0.4)
+    for shift in (0.0, 0.3, -0.7):
+        theta = family.reference_theta() + shift + torch.linspace(-0.5, 0.5, family.n_params, dtype=fp.DTYPE)
+        whitened = fp.NormalisedUpdate(family, rewards, spec, "group_whiten", 4)(theta)
+        centred = fp.NormalisedUpdate(family, rewards, spec, "grpo", 4)(theta)
+        ratio = whitened / centred
+        assert (ratio > 0).all() and (ratio.max() - ratio.min()) < 1e-10 * float(ratio.mean())
+
+
+@pytest.mark.parametrize("normalisation, group", [("rloo", 2), ("group_std", 4), ("group_std", 2), ("grpo", 8)])
+def test_k1_in_the_advantage_ends_on_the_optimum_at_beta_over_c(normalisation, group):
+    """K1 to go is exact and unscaled, the task term c_G(p)·∇p: K1 in the advantage ends on the tabular optimum of
+    J at β / c_G(p_end) (at β itself with RLOO), on the reward–KL frontier whatever the normalisation."""
+    family, rewards = small("tabular", 3)
+    beta = 0.5
+    row = fp.fixed_point_table(
+        family, ONE, ["k1-advantage"], [beta], FLOW,
+        lambda spec: fp.NormalisedUpdate(family, rewards, spec, normalisation, group),
+    ).iloc[0]  # fmt: skip
+    assert row.status == "stable"
+    scaled = beta / atlas.task_scale(normalisation, group, row.reward)
+    optimum = fp.family_optimum(family, rewards, scaled, family.reference_theta())
+    best = fp.policy_metrics(family, family.sequence_logprobs(optimum), rewards, scaled)
+    assert row.reward == pytest.approx(best["reward"], abs=1e-9) and row.kl == pytest.approx(best["kl"], abs=1e-9)
+
+
 def test_the_leave_one_out_std_task_scale():
     """loo_std's c_G(p) = E[w], w = 1/(the others' std + 1e-6), or 1 where the others agree: not zero-sum, so
     E[A_1 | R_1 = 1]/(1 − p) would be wrong; 1 at G = 2 (RLOO), → 1 as p → 0 (the others all fail)."""
@@ -71,11 +140,16 @@ def test_the_task_scale_of_each_normalisation():
         assert atlas.task_scale("group_std", 8, p) > 1
         batch = (3 / 4) / (math.sqrt(p * (1 - p)) + 1e-4)
         assert atlas.task_scale("batch_std", 4, p) == pytest.approx(batch, rel=1e-12)
+        # Whitening: the centred advantage ÷ its own spread over the batch (√((G − 1)/G·p(1 − p)) for the group mean)
+        assert atlas.task_scale("group_whiten", 4, p) == pytest.approx(math.sqrt(3 / 4 / (p * (1 - p))), rel=1e-12)
+        assert atlas.task_scale("whiten", 4, p) == pytest.approx(1 / math.sqrt(p * (1 - p)), rel=1e-12)
 
 
 @pytest.mark.parametrize(
-    "normalisation, group", [("grpo", 2), ("group_std", 2), ("group_std", 4), ("batch_std", 4), ("loo_std", 4)]
-)
+    "normalisation, group",
+    [("grpo", 2), ("group_std", 2), ("group_std", 4), ("batch_std", 4), ("loo_std", 4), ("group_whiten", 4),
+     ("whiten", 8)],
+)  # fmt: skip
 def test_a_normalisation_with_the_kl_in_the_loss_ends_where_rloo_ends_at_beta_over_c(normalisation, group):
     """With a 0/1 reward and the KL in the loss only, the task term is c_G(p)·∇p: the fixed point at β is RLOO's at
     β / c_G(p_end) (docs/atlas.md)."""

@@ -48,7 +48,7 @@ def delete_key(config, path):
 BAD = [
     # (what, edit, text the message must contain)
     ("unknown estimator", lambda c: set_key(c, ["toy", "estimators"], ["k1", "k9"]), "toy.estimators[1]"),
-    ("unknown placement", lambda c: set_key(c, ["toy", "placements"], ["advantage"]), "toy.placements[0]"),
+    ("unknown placement", lambda c: set_key(c, ["toy", "placements"], ["penalty"]), "toy.placements[0]"),
     ("negative beta", lambda c: set_key(c, ["studies", "onpolicy", "betas"], [-0.1, 0.1]), "studies.onpolicy.betas[0]"),
     ("missing key", lambda c: delete_key(c, ["toy", "trials"]), "'toy.trials' is missing"),
     ("missing section", lambda c: delete_key(c, ["toy"]), "'toy' is missing"),

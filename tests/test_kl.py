@@ -64,7 +64,7 @@ def test_unknown_estimator_is_an_error():
 
 @pytest.mark.parametrize(
     "estimator,placement,beta,message",
-    [("k9", "reward", 0.1, "estimator"), ("k1", "advantage", 0.1, "placement"), ("k1", "loss", -0.1, "beta")],
+    [("k9", "reward", 0.1, "estimator"), ("k1", "penalty", 0.1, "placement"), ("k1", "loss", -0.1, "beta")],
 )
 def test_klspec_rejects_bad_values(estimator, placement, beta, message):
     with pytest.raises(ValueError, match=message):
@@ -80,7 +80,10 @@ def test_placement_flags():
     assert table[("loss", 0.5)] == (False, True)
     assert table[("both", 0.5)] == (True, True)
     assert table[("none", 0.5)] == (False, False)
+    assert table[("advantage", 0.5)] == (False, False)
     assert all(table[(p, 0.0)] == (False, False) for p in kl.PLACEMENTS), "beta = 0 means no KL anywhere"
+    assert [p for p in kl.PLACEMENTS if kl.KLSpec("k1", p, 0.5).in_advantage] == ["advantage"]
+    assert not kl.KLSpec("k1", "advantage", 0.0).in_advantage
 
 
 def batch(seed=0, groups=3, group_size=4, length=6):
@@ -102,6 +105,85 @@ def test_reward_penalty_is_stop_gradient_masked_sum():
     assert torch.equal(
         kl.reward_penalty(logp, ref_logp, mask, kl.KLSpec("k3", "loss", 0.3)), torch.zeros(3, 4, dtype=F64)
     )
+
+
+def test_to_go_sums_each_token_and_the_tokens_after_it():
+    values = torch.tensor([[1.0, 2.0, 3.0, 4.0]], dtype=F64)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=F64)
+    torch.testing.assert_close(kl.to_go(values, mask), torch.tensor([[6.0, 5.0, 3.0, 0.0]], dtype=F64))
+
+
+def test_advantage_penalty_is_the_stop_gradient_kl_to_go():
+    """OpenRLHF's reward −β·K_t per token summed to go (γ = 1): β·Σ_{s≥t} sg[K_s] on unmasked tokens."""
+    logp, ref_logp, mask, _ = batch()
+    spec = kl.KLSpec("k1", "advantage", 0.3, clamp=0.2)
+    penalty = kl.advantage_penalty(logp, ref_logp, mask, spec)
+    assert not penalty.requires_grad
+    k1 = ((logp - ref_logp).clamp(-0.2, 0.2) * mask).detach()
+    expected = 0.3 * torch.stack([k1[..., t:].sum(-1) for t in range(k1.shape[-1])], -1)
+    torch.testing.assert_close(penalty, expected, rtol=0, atol=1e-15)
+    assert (penalty[..., 0] - 0.3 * k1.sum(-1)).abs().max() < 1e-15, "the first token carries the sequence's KL"
+    for placement in ("reward", "loss", "both", "none"):
+        assert not kl.advantage_penalty(logp, ref_logp, mask, kl.KLSpec("k1", placement, 0.3)).any()
+
+
+def test_whitening_is_openrlhfs_by_hand():
+    """OpenRLHF 0.11 (experience_maker.compute_advantages_and_returns): the mean and the variance (÷ n, no Bessel) of
+    the unmasked tokens, (A − mean)·rsqrt(max(var, 1e-8)), masked tokens shifted and scaled as well."""
+    values = torch.tensor([[[1.0, 3.0], [5.0, 100.0]]], dtype=F64)
+    mask = torch.tensor([[[1.0, 1.0], [1.0, 0.0]]], dtype=F64)
+    mean, variance = 3.0, 8.0 / 3.0
+    expected = (values - mean) / variance**0.5
+    torch.testing.assert_close(kl.whiten(values, mask, (-3, -2, -1)), expected, rtol=0, atol=1e-15)
+    flat = torch.full((1, 2, 2), 7.0, dtype=F64)  # no spread: the variance's floor, not a division by zero
+    assert kl.whiten(flat, torch.ones_like(flat), (-3, -2, -1)).abs().max() == 0
+
+
+def test_token_advantages_add_the_penalty_before_whitening():
+    logp, ref_logp, mask, rewards = batch(groups=4)
+    spec = kl.KLSpec("k1", "advantage", 0.5)
+    penalty = kl.advantage_penalty(logp, ref_logp, mask, spec)
+    for name in ("rloo", "grpo", "group_std", "loo_std"):  # no whitening: the sequence's advantage minus the penalty
+        expected = kl.ADVANTAGES[name](rewards).unsqueeze(-1) - penalty
+        torch.testing.assert_close(kl.token_advantages(rewards, penalty, mask, name), expected, rtol=0, atol=0)
+    got = kl.token_advantages(rewards, penalty, mask, "group_whiten")
+    expected = kl.whiten(kl.group_mean_advantages(rewards).unsqueeze(-1) - penalty, mask, (-3, -2, -1))
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    unmasked = got[mask == 1]
+    assert abs(float(unmasked.mean())) < 1e-12 and abs(float(unmasked.var(unbiased=False)) - 1) < 1e-12
+    # Without a penalty and with every token unmasked, token whitening is the sequence-level whitening of ADVANTAGES.
+    ones, zeros = torch.ones_like(mask), torch.zeros_like(penalty)
+    for name in kl.WHITENED:
+        torch.testing.assert_close(
+            kl.token_advantages(rewards, zeros, ones, name), kl.ADVANTAGES[name](rewards).unsqueeze(-1).expand_as(ones)
+        )
+
+
+def test_k1_in_the_advantage_has_the_sequence_kls_gradient_exactly():
+    """The reward-to-go of K1 is unbiased: E[Σ_t ∇log π_t·Σ_{s≥t} K1_s] = ∇KL(π‖π_ref) over whole sequences, by
+    enumeration of every binary sequence of length 3 under a tabular autoregressive policy; K3's is not."""
+    length, generator = 3, torch.Generator().manual_seed(5)
+    sequences = torch.tensor(list(itertools.product([0.0, 1.0], repeat=length)), dtype=F64)  # (8, T)
+    prefix = [[int("".join(str(int(b)) for b in y[:t]) or "0", 2) + 2**t - 1 for t in range(length)] for y in sequences]
+    prefix = torch.tensor(prefix)  # each (sequence, t): the index of its prefix's logit
+    theta = torch.randn(2**length - 1, generator=generator, dtype=F64).requires_grad_()
+    ref_theta = torch.randn(2**length - 1, generator=generator, dtype=F64)
+
+    def token_logp(logits):
+        return -torch.nn.functional.softplus(torch.where(sequences == 1, -1.0, 1.0) * logits[prefix])
+
+    logp, ref_logp = token_logp(theta), token_logp(ref_theta)
+    weights = logp.sum(-1).exp().detach()
+    exact_kl_value = (logp.sum(-1).exp() * (logp - ref_logp).sum(-1)).sum()
+    (kl_gradient,) = torch.autograd.grad(exact_kl_value, theta, retain_graph=True)
+    gradients = {}
+    for estimator in ("k1", "k3"):
+        spec, ones = kl.KLSpec(estimator, "advantage", 1.0), torch.ones_like(logp)
+        loss = kl.reinforce_loss(logp.unsqueeze(-2), ref_logp.unsqueeze(-2), ones.unsqueeze(-2),
+                                 torch.zeros(8, 1, dtype=F64), spec, "none")  # fmt: skip
+        (gradients[estimator],) = torch.autograd.grad((weights * loss).sum(), theta, retain_graph=True)
+    torch.testing.assert_close(gradients["k1"], kl_gradient, rtol=0, atol=1e-14)
+    assert (gradients["k3"] - kl_gradient).abs().max() > 1e-3
 
 
 def test_loss_penalty_is_differentiable_masked_and_weighted():
@@ -209,6 +291,7 @@ def test_the_schema_and_the_workflow_take_the_grammar_from_kl():
     assert definitions["estimator"]["enum"] == list(kl.ESTIMATORS)
     assert definitions["placement"]["enum"] == list(kl.PLACEMENTS)
     assert definitions["loss_gradient"]["enum"] == list(kl.LOSS_GRADIENTS)
+    assert definitions["normalisation"]["enum"] == [name for name in kl.ADVANTAGES if name != "none"]
     assert set(kl.LOSS_GRADIENT_SOURCES) == set(kl.LOSS_GRADIENTS)
     common = (Path(__file__).resolve().parents[1] / "workflow/rules/common.smk").read_text()
     assert "kl=NAME_PATTERN" in common
@@ -273,12 +356,12 @@ def _verl_low_var_kl(logprob, ref_logprob):
 
 
 def test_a_clamped_k3_is_verls_low_var_kl_in_value_and_gradient():
-    """k3_clamp 10: verl's (and OpenRLHF's) K3 to float rounding, extreme log-ratios included, and no gradient where
-    the clamp binds; without a clamp, K3 as before (bitwise)."""
+    """A clamp of 10 on K3: verl's (and OpenRLHF's) K3 to float rounding, extreme log-ratios included, and no gradient
+    where the clamp binds; without a clamp, K3 as before (bitwise)."""
     generator = torch.Generator().manual_seed(0)
     logp = (torch.randn(4, 50, generator=generator, dtype=torch.float64) * 6).requires_grad_()
     ref = torch.randn(4, 50, generator=generator, dtype=torch.float64) * 6
-    ours = kl.token_kl(logp, ref, "k3", k3_clamp=10.0)
+    ours = kl.token_kl(logp, ref, "k3", clamp=10.0)
     theirs = _verl_low_var_kl(logp, ref)
     assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-12)
     clamped = ours.detach() >= 10
@@ -286,21 +369,51 @@ def test_a_clamped_k3_is_verls_low_var_kl_in_value_and_gradient():
     (gradient,) = torch.autograd.grad(ours.sum(), logp)
     (expected,) = torch.autograd.grad(theirs.sum(), logp)
     assert torch.allclose(gradient, expected) and (gradient[clamped] == 0).all() and (gradient[~clamped] != 0).all()
-    assert torch.equal(kl.token_kl(logp, ref, "k3"), kl.token_kl(logp, ref, "k3", k3_clamp=None))
-    assert torch.equal(kl.token_kl(logp, ref, "k1", k3_clamp=10.0), logp - ref)  # K1 is never clamped
+    assert torch.equal(kl.token_kl(logp, ref, "k3"), kl.token_kl(logp, ref, "k3", clamp=None))
+    # K1 and K2 are clamped too where a clamp is given (OpenRLHF, AReaL and NeMo-RL clamp every estimator at 10)
+    assert torch.equal(kl.token_kl(logp, ref, "k1", clamp=10.0), (logp - ref).clamp(-10, 10))
+    assert torch.equal(kl.token_kl(logp, ref, "k2", clamp=10.0), (0.5 * (logp - ref).square()).clamp(max=10))
 
 
 def test_the_clamp_reaches_the_reward_and_the_loss_and_is_checked():
     logp = torch.tensor([[0.0, -30.0, -1.0]], requires_grad=True)
     ref, mask = torch.tensor([[0.0, 0.0, 0.0]]), torch.ones(1, 3)
-    spec = kl.KLSpec.from_name("k3-both", 0.5, k3_clamp=10.0)
+    spec = kl.KLSpec.from_name("k3-both", 0.5, clamp=10.0)
     expected = 0.5 * (0.0 + 10.0 + (math.exp(1.0) - 2.0))
     assert kl.reward_penalty(logp, ref, mask, spec).item() == pytest.approx(expected)
     assert kl.loss_penalty(logp, ref, mask, spec).sum().item() == pytest.approx(expected)
     (gradient,) = torch.autograd.grad(kl.loss_penalty(logp, ref, mask, spec).sum(), logp)
     assert gradient[0, 1] == 0 and gradient[0, 2] != 0
-    with pytest.raises(ValueError, match="k3_clamp"):
-        kl.KLSpec.from_name("k3-loss", 0.1, k3_clamp=0.0)
+    with pytest.raises(ValueError, match="clamp"):
+        kl.KLSpec.from_name("k3-loss", 0.1, clamp=0.0)
+
+
+def _nemo_rl_calculate_kl(logprobs, logprobs_reference, kl_type, weights, input_clamp=20.0, output_clamp=10.0):
+    """NeMo-RL v0.7.0's calculate_kl (nemo_rl/algorithms/utils.py), as it writes it: the log-ratio clamped, the weight
+    detached where that clamp binds, the weight multiplied into the KL, then the output clamp."""
+    logr = logprobs_reference - logprobs
+    logr_clamped = logr.clamp(min=-input_clamp, max=input_clamp)
+    weights = torch.where(logr == logr_clamped, weights, weights.detach())
+    logr = logr_clamped
+    value = {"k1": -logr, "k2": torch.square(logr) / 2, "k3": torch.exp(logr) - 1 - logr}[kl_type]
+    return (weights * value).clamp(min=-output_clamp, max=output_clamp)
+
+
+@pytest.mark.parametrize("estimator", kl.ESTIMATORS)
+def test_a_weighted_correction_is_clamped_after_its_weight_as_nemo_rl_does(estimator):
+    """NeMo-RL ≥ 0.7's score-form KL loss with its clamps (±20 on the log-ratio, ±10 on the weighted KL) is kl's
+    ``score`` with clamp 10, in value and gradient, log-ratios far beyond both clamps included."""
+    generator = torch.Generator().manual_seed(3)
+    logp = (torch.randn(4, 40, generator=generator, dtype=F64) * 8).requires_grad_()
+    ref = torch.randn(4, 40, generator=generator, dtype=F64) * 8
+    spec = kl.KLSpec(estimator, "loss", 1.0, "score", clamp=10.0)
+    ours = kl.loss_penalty(logp, ref, torch.ones_like(ref), spec)
+    theirs = _nemo_rl_calculate_kl(logp, ref, estimator, torch.exp(logp - logp.detach()))
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    gradient = _logp_gradient(ours, logp)
+    torch.testing.assert_close(gradient, _logp_gradient(theirs, logp), rtol=0, atol=1e-12)
+    binds = theirs.detach().abs() >= 10
+    assert 10 < int(binds.sum()) < 150 and (gradient[binds] == 0).all()
 
 
 # prime-rl's policy losses for stale batches, as its trainer wrote them (src/prime_rl/trainer/rl/loss.py): the

@@ -132,3 +132,14 @@ def test_fsdp2_shards_are_gathered_into_a_whole_model_in_the_base_dtype(tmp_path
     assert saved.dtype == torch.bfloat16
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(saved.state_dict()[name], tensor, rtol=0, atol=0)  # bf16 -> fp32 -> bf16 exact
+
+
+def test_whitened_per_token_advantages_span_both_processes(model_dir, tmp_path):
+    """The KL placed in the advantage with OpenRLHF's whitening over every token of the batch: each process's per-token
+    advantages equal a hand computation on the whole batch, gathered from both (padded to one width)."""
+    script = Path(__file__).parent / "two_process_advantages.py"
+    launch = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(ROOT / TWO_PROCESSES)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    subprocess.run([*launch, str(script), str(model_dir), str(tmp_path)], check=True, timeout=600, env=env)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(rank["max_error"] < 1e-5 for rank in ranks), ranks

@@ -96,7 +96,7 @@ def test_the_paper_cells_train_without_trls_vllm_correction_and_with_verls_k3_cl
     cell = cell_settings(paper_config, "async_math", "qwen2.5-7b", "k3-loss", 0.005, 0)
     args = trainer_config(cell, tmp_path)
     assert args.vllm_importance_sampling_correction is False
-    assert args.kl_spec().k3_clamp == 10  # verl's low_var_kl clamp, as the paper's K3 runs had it
+    assert args.kl_spec().clamp == 10  # verl's low_var_kl clamp, as the paper's K3 runs had it
     assert args.policy_loss == "truncated_is"  # prime-rl's weighing of stale tokens
     onpolicy = cell_settings(paper_config, "onpolicy", "qwen2.5-7b", "k3-loss", 0.1, 0)
     assert trainer_config(onpolicy, tmp_path).policy_loss == "ppo_clip"  # verl's PPO clip

@@ -63,7 +63,7 @@ def test_a_sequence_level_ratio_adds_a_term_the_per_token_correction_does_not_ha
 
 def k3_and_gradient(log_ratio: list[float], dtype, clamp=None):
     logp = torch.tensor(log_ratio, dtype=dtype, requires_grad=True)
-    value = kl.token_kl(logp, torch.zeros_like(logp), "k3", k3_clamp=clamp)
+    value = kl.token_kl(logp, torch.zeros_like(logp), "k3", clamp=clamp)
     (grad,) = torch.autograd.grad(value.sum(), logp)
     return value.float(), grad.float()
 

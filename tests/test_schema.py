@@ -74,11 +74,13 @@ def test_the_checker_finds_an_unquoted_comma(line, expected):
 def test_the_trainer_and_the_atlas_take_every_advantage_the_schema_names():
     """train.advantage's enum is the trainer's list (kl.ADVANTAGES less 'none': a baseline is always subtracted), and
     a preset's normalisation may be any of those."""
+    from klstudy.config import load_schema
     from klstudy.train import trainer
 
-    schema = yaml.safe_load(SCHEMA.read_text())
+    schema = load_schema()
+    assert schema["$defs"]["normalisation"]["enum"] == list(trainer.TRAINER_ADVANTAGES)
     train = schema["properties"]["studies"]["additionalProperties"]["properties"]["train"]["properties"]
-    assert train["advantage"]["enum"] == list(trainer.TRAINER_ADVANTAGES)
     atlas = schema["properties"]["toy"]["properties"]["atlas"]["properties"]
     preset = atlas["presets"]["additionalProperties"]["properties"]
-    assert preset["normalisation"]["enum"] == list(trainer.TRAINER_ADVANTAGES)
+    for where in (train["advantage"], preset["normalisation"], atlas["normalisations"]["items"]):
+        assert where["$ref"] == "#/$defs/normalisation"

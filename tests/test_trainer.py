@@ -259,6 +259,48 @@ def test_rloo_advantages_include_the_penalty_only_in_the_reward(model_dir, tmp_p
     torch.testing.assert_close(batch["advantages"], torch.tensor(expected).reshape(-1))
 
 
+def _hand_group_std(rewards):
+    """GRPO's ÷ group std by hand (Bessel, + 1e-4 as TRL), independent of kl.py."""
+    groups = rewards.view(-1, GROUP)
+    return ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).reshape(-1)
+
+
+def test_k1_in_the_advantage_is_openrlhfs_reward_to_go_after_the_normalisation(model_dir, tmp_path):
+    """OpenRLHF's KL in the reward (use_loss off): the normalised task advantage, then −β·K1 per token summed to go,
+    with K1 from the sampling policy; the loss is the surrogate of those per-token advantages (by hand)."""
+    trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="advantage", advantage="group_std")
+    batch = scored(trainer)
+    mask = batch["completion_mask"].float()
+    k1 = (batch["old_per_token_logps"] - batch["ref_per_token_logps"]) * mask
+    to_go = torch.stack([k1[:, t:].sum(1) for t in range(mask.size(1))], 1)
+    expected = _hand_group_std(trainer._task_rewards[:, 0]).unsqueeze(1) - BETA * to_go
+    torch.testing.assert_close(batch["advantages"], expected)
+    assert float(k1.abs().sum()) > 0 and batch["advantages"].shape == mask.shape
+
+    _, grad = gradient(trainer, batch)
+    trainer.model.zero_grad()
+    logps = _sequence_logps(trainer, batch)
+    ratio = torch.exp(logps - logps.detach())
+    (-(expected * ratio * mask).sum() / mask.sum()).backward()
+    hand = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    torch.testing.assert_close(grad, hand, rtol=1e-4, atol=1e-8)
+
+
+def test_group_whiten_whitens_every_token_after_the_penalty(model_dir, tmp_path):
+    """OpenRLHF's reinforce_baseline: the group mean, the KL to go, then (A − mean)·rsqrt(var) over the batch's
+    unmasked tokens (variance ÷ n), by hand."""
+    trainer = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement="advantage", advantage="group_whiten")
+    batch = scored(trainer)
+    mask = batch["completion_mask"].float()
+    rewards = trainer._task_rewards[:, 0].view(-1, GROUP)
+    k3 = kl.token_kl(batch["old_per_token_logps"], batch["ref_per_token_logps"], "k3") * mask
+    to_go = torch.stack([k3[:, t:].sum(1) for t in range(mask.size(1))], 1)
+    raw = (rewards - rewards.mean(1, keepdim=True)).reshape(-1, 1) - BETA * to_go
+    mean = (raw * mask).sum() / mask.sum()
+    variance = ((raw - mean).square() * mask).sum() / mask.sum()
+    torch.testing.assert_close(batch["advantages"], (raw - mean) / variance.sqrt())
+
+
 def test_beta_zero_still_measures_the_kl_to_the_reference(model_dir, tmp_path):
     trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="none", beta=0.0)
     assert trainer.ref_model is not None  # stock TRL loads none at β = 0

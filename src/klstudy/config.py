@@ -26,7 +26,8 @@ class ConfigError(ValueError):
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
-    """The schema, with the KL grammar of klstudy.kl filled in (estimators, placements, configuration names)."""
+    """The schema, with the KL grammar of klstudy.kl filled in (estimators, placements, configuration names,
+    normalisations)."""
     with open(path) as handle:
         schema = yaml.safe_load(handle)
     definitions = schema["$defs"]
@@ -34,6 +35,7 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict:
     definitions["placement"]["enum"] = list(kl.PLACEMENTS)
     definitions["loss_gradient"]["enum"] = list(kl.LOSS_GRADIENTS)
     definitions["kl_config"]["pattern"] = f"^({kl.NAME_PATTERN})$"
+    definitions["normalisation"]["enum"] = [name for name in kl.ADVANTAGES if name != "none"]  # a baseline always
     return schema
 
 

@@ -17,6 +17,11 @@ Placement (eqs. 7–9). With sequence estimate K = Σ_t K_t (masked), task rewar
     loss:   L = L_pg + β·Σ_t K_t          the path-wise term       β·Σ_t ∇K_t               (eq. 9)
     both:   both terms; on-policy their sum is ∇E[K], so unbiased whenever K is unbiased (eq. 6; the loss
             term path-wise)
+    advantage: A_t = A(R) − β·Σ_{s≥t} sg[K_s]   the KL added per token *after* the task reward's normalisation, as
+            reward-to-go (γ = 1): OpenRLHF's and AReaL's KL in the reward. Its score-function term is
+            β·Σ_t ∇log π_t·Σ_{s≥t} K_s, whose expectation is β·∇KL for K1 (a token's score has mean zero given its
+            prefix, so the earlier tokens' K1 drop out): unbiased, and not divided by the group's spread, so a
+            normalisation that rescales the task term rescales the balance of the two (docs/atlas.md)
     none:   no KL term (β is ignored)
 
 Only K1-in-reward, and "both" with an estimator unbiased in value and its loss term differentiated path-wise
@@ -64,13 +69,16 @@ if TYPE_CHECKING:
     import torch
 
 ESTIMATORS = ("k1", "k2", "k3")
-PLACEMENTS = ("reward", "loss", "both", "none")
+PLACEMENTS = ("reward", "loss", "both", "advantage", "none")
+SCORE_PLACEMENTS = ("reward", "advantage")  # a score-function term only: no loss term, so no loss gradient
 PATHWISE = "pathwise"  # the paper's: the loss term β·K_t differentiated as it is
 LOSS_GRADIENTS = (PATHWISE, "ratio", "score", "st", "isst")
 NO_KL = "none"  # a grid's β = 0 baseline: no penalty anywhere
 # The names a grid may use (a regular expression, unanchored): none; or an estimator and a placement that is not
 # none, then, for a placement with a loss term, optionally the loss gradient (path-wise when left out).
-NAME_PATTERN = f"{NO_KL}|({'|'.join(ESTIMATORS)})-(reward|(loss|both)(-({'|'.join(LOSS_GRADIENTS[1:])}))?)"
+NAME_PATTERN = (
+    f"{NO_KL}|({'|'.join(ESTIMATORS)})-({'|'.join(SCORE_PLACEMENTS)}|(loss|both)(-({'|'.join(LOSS_GRADIENTS[1:])}))?)"
+)
 
 # Where each way of differentiating the loss term comes from (Table 1's "framework" column).
 # Who ships each, by version (read at the release tags: docs/record/framework-kl.md).
@@ -108,20 +116,21 @@ class KLSpec:
         beta: penalty coefficient β ≥ 0.
         loss_gradient: how the loss term is differentiated, one of ``LOSS_GRADIENTS`` (only ``pathwise`` without
             a loss term).
-        k3_clamp: K3 clamped to [−c, c] in the penalty (value, and no gradient beyond), as verl's low_var_kl and
-            OpenRLHF's k3 clamp it at 10; None: no clamp (the paper's analysis). K1 and K2 are never clamped.
+        clamp: the estimator's per-token value clamped to [−c, c] in the penalty (value, and no gradient beyond):
+            verl clamps its K3 (low_var_kl) at 10 and no other estimator; OpenRLHF, AReaL and NeMo-RL clamp every
+            estimator at 10. None: no clamp (the paper's analysis).
     """
 
     estimator: str | None
     placement: str
     beta: float
     loss_gradient: str = PATHWISE
-    k3_clamp: float | None = None
+    clamp: float | None = None
 
     @classmethod
-    def from_name(cls, name: str, beta: float = 0.0, k3_clamp: float | None = None) -> KLSpec:
+    def from_name(cls, name: str, beta: float = 0.0, clamp: float | None = None) -> KLSpec:
         """The configuration a grid names: ``<estimator>-<placement>[-<loss gradient>]`` with ``beta`` (and
-        ``k3_clamp``), or ``none``, which has no estimator and β = 0 whatever ``beta`` says."""
+        ``clamp``), or ``none``, which has no estimator and β = 0 whatever ``beta`` says."""
         if not re.fullmatch(NAME_PATTERN, str(name)):
             raise ValueError(
                 f"kl configuration {name!r} is not 'none' or '<estimator>-<placement>[-<loss gradient>]' "
@@ -130,7 +139,7 @@ class KLSpec:
         if name == NO_KL:
             return cls(None, "none", 0.0)
         estimator, placement, *loss_gradient = name.split("-")
-        return cls(estimator, placement, float(beta), *loss_gradient, k3_clamp=k3_clamp)
+        return cls(estimator, placement, float(beta), *loss_gradient, clamp=clamp)
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS and not (self.estimator is None and self.placement == "none"):
@@ -141,8 +150,8 @@ class KLSpec:
             raise ValueError(f"kl beta must be >= 0, got {self.beta!r}")
         if self.loss_gradient not in LOSS_GRADIENTS:
             raise ValueError(f"kl loss gradient {self.loss_gradient!r} is not one of {LOSS_GRADIENTS}")
-        if self.k3_clamp is not None and not self.k3_clamp > 0:
-            raise ValueError(f"kl k3_clamp must be > 0 or None, got {self.k3_clamp!r}")
+        if self.clamp is not None and not self.clamp > 0:
+            raise ValueError(f"kl clamp must be > 0 or None, got {self.clamp!r}")
         if self.loss_gradient != PATHWISE and self.placement not in ("loss", "both"):
             raise ValueError(
                 f"kl loss gradient {self.loss_gradient!r} needs a loss term, not placement {self.placement!r}"
@@ -157,6 +166,10 @@ class KLSpec:
         return self.beta > 0 and self.placement in ("loss", "both")
 
     @property
+    def in_advantage(self) -> bool:
+        return self.beta > 0 and self.placement == "advantage"
+
+    @property
     def name(self) -> str:
         """The grid's name of the configuration (``none`` when nothing is penalised, whatever the estimator)."""
         if self.placement == "none":
@@ -165,9 +178,9 @@ class KLSpec:
         return f"{self.estimator}-{self.placement}{suffix}"
 
 
-def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, k3_clamp: float | None = None) -> torch.Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) from log-probs of the sampled tokens (any shape); K3 clamped to
-    [−k3_clamp, k3_clamp] when given (KLSpec.k3_clamp).
+def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, clamp: float | None = None) -> torch.Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from log-probs of the sampled tokens (any shape); clamped to
+    [−clamp, clamp] when given (KLSpec.clamp).
 
     Differentiable in ``logp``; the caller detaches where the placement needs a stop-gradient.
     """
@@ -175,21 +188,21 @@ def token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, k3_clam
 
     log_ratio = logp - ref_logp
     if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.square()
-    if estimator == "k3":
-        # Written as TRL writes it, so that the two agree to the last bit.
-        k3 = torch.exp(-log_ratio) - 1 + log_ratio
-        # verl clamps the log-ratio to ±20 first in later versions: beyond it K3 > 10 whatever its sign, so at a
-        # clamp of 10 that changes nothing.
-        return k3 if k3_clamp is None else torch.clamp(k3, min=-k3_clamp, max=k3_clamp)
-    raise ValueError(f"kl estimator {estimator!r} is not one of {ESTIMATORS}")
+        value = log_ratio
+    elif estimator == "k2":
+        value = 0.5 * log_ratio.square()
+    elif estimator == "k3":
+        # Written as TRL writes it, so that the two agree to the last bit. verl, SkyRL and NeMo-RL clamp the
+        # log-ratio to ±20 first: beyond it K3 > 10 whatever its sign, so at a clamp of 10 that changes nothing.
+        value = torch.exp(-log_ratio) - 1 + log_ratio
+    else:
+        raise ValueError(f"kl estimator {estimator!r} is not one of {ESTIMATORS}")
+    return value if clamp is None else torch.clamp(value, min=-clamp, max=clamp)
 
 
-def sequence_kl(logp, ref_logp, mask, estimator, k3_clamp: float | None = None) -> torch.Tensor:
+def sequence_kl(logp, ref_logp, mask, estimator, clamp: float | None = None) -> torch.Tensor:
     """Σ_t K_t over the response tokens of each sequence: shape ``logp.shape[:-1]``."""
-    return (token_kl(logp, ref_logp, estimator, k3_clamp) * mask).sum(-1)
+    return (token_kl(logp, ref_logp, estimator, clamp) * mask).sum(-1)
 
 
 def reward_penalty(logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
@@ -202,12 +215,30 @@ def reward_penalty(logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
 
     if not spec.in_reward:
         return torch.zeros(logp.shape[:-1], dtype=logp.dtype, device=logp.device)
-    return spec.beta * sequence_kl(logp.detach(), ref_logp.detach(), mask, spec.estimator, spec.k3_clamp)
+    return spec.beta * sequence_kl(logp.detach(), ref_logp.detach(), mask, spec.estimator, spec.clamp)
 
 
 def shaped_rewards(task_rewards, logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
     """R − β·Σ_t sg[K_t]: the reward the baseline and advantage are computed from."""
     return task_rewards - reward_penalty(logp, ref_logp, mask, spec)
+
+
+def to_go(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_{s≥t} values_s·mask_s for every token t (the reward-to-go with γ = 1), over the last dimension."""
+    masked = values * mask
+    return masked.flip(-1).cumsum(-1).flip(-1)
+
+
+def advantage_penalty(logp, ref_logp, mask, spec: KLSpec) -> torch.Tensor:
+    """β·Σ_{s≥t} sg[K_s] per token when the KL is placed in the advantage (subtracted from the normalised advantage,
+    as OpenRLHF's and AReaL's reward-to-go of −β·K per token), else zeros (no gradient). ``logp``: the sampling
+    policy's log-probs, as for reward_penalty."""
+    import torch
+
+    if not spec.in_advantage:
+        return torch.zeros_like(logp)
+    per_token = token_kl(logp.detach(), ref_logp.detach(), spec.estimator, spec.clamp)
+    return spec.beta * to_go(per_token, mask)
 
 
 def loss_penalty(logp, ref_logp, mask, spec: KLSpec, old_logp=None) -> torch.Tensor:
@@ -216,19 +247,24 @@ def loss_penalty(logp, ref_logp, mask, spec: KLSpec, old_logp=None) -> torch.Ten
 
     ``old_logp``: log-probs of the policy that sampled the tokens, for the ratio ω_t = π_θ/π_old of ``ratio`` and
     ``isst``; None on-policy (π_old = sg[π_θ], so ω_t = 1 with gradient ∇log π_θ).
+
+    A clamp (``spec.clamp``) acts on the weighted term of ``ratio`` and ``score``, ω_t·K_t, as slime (its ratio on
+    low_var_kl) and NeMo-RL (its weights "multiplied into the KL before output clamping") apply it: where it binds,
+    the token has no gradient at all; elsewhere on K_t itself.
     """
     import torch
 
     if not spec.in_loss:
         return torch.zeros_like(logp)
     ref_logp = ref_logp.detach()
-    per_token = token_kl(logp, ref_logp, spec.estimator, spec.k3_clamp)
+    per_token = token_kl(logp, ref_logp, spec.estimator, spec.clamp)
     score = logp - logp.detach()  # value 0, gradient ∇log π_θ
     ratio = torch.exp(logp - (logp.detach() if old_logp is None else old_logp.detach()))
-    if spec.loss_gradient == "ratio":
-        per_token = ratio * per_token
-    elif spec.loss_gradient == "score":
-        per_token = torch.exp(score) * per_token
+    if spec.loss_gradient in ("ratio", "score"):
+        weight = ratio if spec.loss_gradient == "ratio" else torch.exp(score)
+        per_token = weight * token_kl(logp, ref_logp, spec.estimator)
+        if spec.clamp is not None:
+            per_token = torch.clamp(per_token, min=-spec.clamp, max=spec.clamp)
     elif spec.loss_gradient == "st":
         k2 = token_kl(logp, ref_logp, "k2")
         per_token = per_token.detach() + (k2 - k2.detach())
@@ -237,14 +273,20 @@ def loss_penalty(logp, ref_logp, mask, spec: KLSpec, old_logp=None) -> torch.Ten
     return spec.beta * per_token * mask
 
 
+def by_token(advantages, logp):
+    """Advantages broadcast to ``logp``'s tokens: one value per sequence (shape ``logp.shape[:-1]``) is each of its
+    tokens'; per-token advantages (token_advantages: the KL in the advantage, whitening) are taken as they are."""
+    return advantages if advantages.dim() == logp.dim() else advantages.unsqueeze(-1)
+
+
 def clipped_surrogate(logp, old_logp, advantages, epsilon_low: float, epsilon_high: float):
     """The trainer's per-token policy loss, TRL's clipped surrogate −min(ω·A, clip(ω, 1−ε_low, 1+ε_high)·A) with
-    ω_t = π_θ/π_old per token. ``advantages`` has one value per sequence (shape ``logp.shape[:-1]``). On-policy
+    ω_t = π_θ/π_old per token. ``advantages``: one value per sequence or per token (``by_token``). On-policy
     (``old_logp`` = sg[logp]) its gradient is −A·∇log π_θ per token, the score term of ``reinforce_loss``."""
     import torch
 
     ratio = torch.exp(logp - old_logp.detach())
-    advantages = advantages.unsqueeze(-1)
+    advantages = by_token(advantages, logp)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     return -torch.min(ratio * advantages, clipped * advantages)
 
@@ -261,7 +303,7 @@ def truncated_is_surrogate(logp, old_logp, advantages):
     import torch
 
     ratio = torch.exp(logp - old_logp.detach())
-    return -torch.clamp(ratio, max=PRIME_RL_RATIO_HIGH) * advantages.unsqueeze(-1)
+    return -torch.clamp(ratio, max=PRIME_RL_RATIO_HIGH) * by_token(advantages, logp)
 
 
 def _prime_rl_masked(ratio):
@@ -275,7 +317,7 @@ def masked_is_surrogate(logp, old_logp, advantages):
     import torch
 
     ratio = torch.exp(logp - old_logp.detach())
-    return torch.where(_prime_rl_masked(ratio), torch.zeros_like(ratio), -ratio * advantages.unsqueeze(-1))
+    return torch.where(_prime_rl_masked(ratio), torch.zeros_like(ratio), -ratio * by_token(advantages, logp))
 
 
 # How the policy-gradient term weighs a token sampled by an older policy (train.policy_loss).
@@ -362,9 +404,9 @@ def loo_std_advantages(rewards: torch.Tensor, epsilon: float = LOO_STD_EPSILON) 
     """NeMo-RL's GRPO (``use_leave_one_out_baseline`` and ``normalize_rewards``, its defaults;
     nemo_rl/algorithms/advantage_estimator.py, utils.calculate_baseline_and_std_per_prompt): the RLOO advantage
     R_i − mean_{j≠i} R_j divided by the standard deviation of the *other* G − 1 rewards (Bessel-corrected: over G − 2)
-    + ``epsilon`` (LOO_STD_EPSILON), and left undivided where that deviation is 0 (always at G = 2). Baseline and divisor do not
-    depend on R_i: A_i is increasing in R_i and unbiased (E[A_i·∇log π(y_i)] = E[w]·∇E[R], w = the divisor's
-    reciprocal, or 1), but not zero-sum in a group."""
+    + ``epsilon`` (LOO_STD_EPSILON), and left undivided where that deviation is 0 (always at G = 2). Baseline and
+    divisor do not depend on R_i: A_i is increasing in R_i and unbiased (E[A_i·∇log π(y_i)] = E[w]·∇E[R], w = the
+    divisor's reciprocal, or 1), but not zero-sum in a group."""
     import torch
 
     group_size = rewards.shape[-1]
@@ -377,6 +419,32 @@ def loo_std_advantages(rewards: torch.Tensor, epsilon: float = LOO_STD_EPSILON) 
     return torch.where(agree, centred, centred / (others.std(-1) + epsilon))
 
 
+WHITEN_EPSILON = 1e-8  # OpenRLHF (and ROLL) whiten with rsqrt(max(variance, 1e-8))
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """(values − m)/√max(v, WHITEN_EPSILON) with m and v the mean and the variance (not Bessel-corrected) of the
+    unmasked entries over ``dims``: OpenRLHF 0.11's whitening of the advantages over every token of the batch
+    (experience_maker.compute_advantages_and_returns). Masked entries are shifted and scaled too, as there."""
+    count = mask.sum(dims, keepdim=True)
+    mean = (values * mask).sum(dims, keepdim=True) / count
+    variance = ((values - mean).square() * mask).sum(dims, keepdim=True) / count
+    return (values - mean) * variance.clamp(min=WHITEN_EPSILON).rsqrt()
+
+
+def _whitened(centre):
+    """A whitening normalisation's sequence-level advantages: ``centre``'s advantages whitened over the batch (the last
+    two dimensions), each sequence one entry: OpenRLHF's token whitening when every response has the same length
+    and no per-token term is added (token_advantages does the general case)."""
+
+    def advantages(rewards):
+        import torch
+
+        return whiten(ADVANTAGES[centre](rewards), torch.ones_like(rewards), (-2, -1))
+
+    return advantages
+
+
 # Advantage normalisations by name (config ``train.advantage``; the toy's ``normalisations``). Each maps shaped rewards
 # (..., G) to advantages of the same shape; "none" (no baseline) is Figure 1's b = 0.
 ADVANTAGES = {
@@ -387,6 +455,25 @@ ADVANTAGES = {
     "loo_std": loo_std_advantages,
     "none": lambda r: r,
 }
+# Normalisations that whiten the per-token advantages over the whole batch after any per-token term is added, and the
+# advantage they whiten: OpenRLHF's reinforce_baseline (the group mean) and reinforce (none; ROLL's reinforce with
+# whiten_advantages too).
+WHITENED = {"group_whiten": "grpo", "whiten": "none"}
+ADVANTAGES.update({name: _whitened(centre) for name, centre in WHITENED.items()})
+
+
+def token_advantages(rewards, penalty_to_go, mask, normalisation: str) -> torch.Tensor:
+    """The per-token advantages of a batch (..., G, T): the normalisation's advantage of the shaped rewards (..., G)
+    minus ``penalty_to_go`` (advantage_penalty: the KL placed in the advantage; zeros otherwise), whitened over every
+    unmasked token of the batch (the last three dimensions) for a WHITENED normalisation, after the penalty, as
+    OpenRLHF does. Without a penalty and whitening, each token carries its sequence's advantage."""
+    centre = WHITENED.get(normalisation, normalisation)
+    per_token = ADVANTAGES[centre](rewards).unsqueeze(-1) - penalty_to_go
+    if normalisation in WHITENED:
+        per_token = whiten(per_token, mask, (-3, -2, -1))
+    return per_token
+
+
 # TRL 1.16's scale_rewards value that gives each normalisation (with the group mean as its baseline).
 TRL_SCALE_REWARDS = {"grpo": "none", "group_std": "group", "batch_std": "batch"}
 
@@ -400,7 +487,8 @@ def reinforce_loss(logp, ref_logp, mask, task_rewards, spec: KLSpec, advantage="
     configurations. Returns one loss per group: shape (...,).
     """
     rewards = shaped_rewards(task_rewards, logp, ref_logp, mask, spec)
-    advantages = ADVANTAGES[advantage](rewards).detach()
-    score_term = -(advantages * (logp * mask).sum(-1))
+    penalty = advantage_penalty(logp, ref_logp, mask, spec)
+    advantages = token_advantages(rewards, penalty, mask, advantage).detach()
+    score_term = -(advantages * logp * mask).sum(-1)
     path_term = loss_penalty(logp, ref_logp, mask, spec).sum(-1)
     return (score_term + path_term).mean(-1)

@@ -107,7 +107,14 @@ def task_scale(normalisation: str, group: int, p: float) -> float:
     normalisation puts on the task term of the expected update (RLOO: 1), since E[A_1 | R_1] is affine in the binary
     R_1 and a constant term has no expected gradient (for a zero-sum advantage it is E[A_1 | R_1 = 1]/(1 − p)). Exact,
     from kl.ADVANTAGES: the other G − 1 members' successes are enumerated (binomial); batch_std takes the batch's
-    spread to be π's, √(p(1 − p))."""
+    spread to be π's, √(p(1 − p)); a whitening normalisation is its centre's c divided by the spread of the centre's
+    advantage over a batch of many groups (the KL in the loss: nothing per token is whitened with it)."""
+    if normalisation in kl.WHITENED:
+        centre = kl.WHITENED[normalisation]
+        spread_squared = p * (1 - p) * ((group - 1) / group if centre == "grpo" else 1.0)
+        return task_scale(centre, group, p) / math.sqrt(max(spread_squared, kl.WHITEN_EPSILON))
+    if normalisation == "none":
+        return 1.0
     successes = torch.arange(group, dtype=torch.float64)  # among the other G − 1
     weights = torch.tensor([math.comb(group - 1, k) * p**k * (1 - p) ** (group - 1 - k) for k in range(group)],
                            dtype=torch.float64)  # fmt: skip

@@ -211,6 +211,8 @@ class ExpectedUpdate:
     def __init__(
         self, family: Family, rewards: torch.Tensor, spec: kl.KLSpec, group: int = EXACT_GROUP, advantage: str = "rloo"
     ):
+        if advantage in kl.WHITENED:  # the enumerated groups are not a batch to whiten over: NormalisedUpdate is exact
+            raise ValueError(f"ExpectedUpdate enumerates groups, not batches: {advantage!r} needs NormalisedUpdate")
         self.family, self.spec, self.advantage = family, spec, advantage
         n = 2**family.length
         self.groups = torch.cartesian_prod(*[torch.arange(n)] * group).reshape(-1, group)  # (n^G, G)
@@ -228,8 +230,10 @@ class ExpectedUpdate:
 
 
 # Normalisations whose advantage is linear in the other members' rewards: E[A_1 | y_1] is their advantage with every
-# other member's reward replaced by its mean (batch_std with the policy's own spread, that of a batch of many groups).
-LINEAR_NORMALISATIONS = ("rloo", "grpo", "batch_std")
+# other member's reward replaced by its mean (batch_std with the policy's own spread, that of a batch of many groups;
+# the whitening ones, kl.WHITENED, are their centre's advantage whitened with the batch's mean and spread, the same
+# limit).
+LINEAR_NORMALISATIONS = ("rloo", "grpo", "batch_std", *kl.WHITENED)
 ENUMERATION_LIMIT = 2_000_000  # (classes × multisets × G) per θ beyond which a non-linear one is not enumerated
 
 
@@ -237,21 +241,25 @@ class NormalisedUpdate:
     """u(θ) = −∇_θ E[loss]/T for one configuration with the advantage normalisation ``normalisation`` (kl.ADVANTAGES)
     and groups of ``group`` sequences, exact by exchangeability: the group's loss is the mean of its members', so
 
-        E[loss] = Σ_y π(y)·(−a(y)·log π(y) + Σ_t β·K_t(y)),   a(y) = E[A_1 | y_1 = y],
+        E[loss] = Σ_y π(y)·Σ_t (−a_t(y)·log π_t(y) + β·K_t(y)),   a_t(y) = E[A_1,t | y_1 = y],
 
-    where A_1 is the normalisation's advantage of the group's first member and the other G − 1 are drawn from π.
+    where A_1,t is the normalisation's advantage of the group's first member at token t and the other G − 1 are drawn
+    from π: the sequence's a(y) = E[A_1 | y_1 = y] at every token, less β·Σ_{s≥t} K_s(y) where the KL is placed in the
+    advantage (kl.advantage_penalty), whitened for a WHITENED normalisation with the batch's token mean and spread in
+    the limit of many groups (``_whitened``).
     a(y) is computed with kl.ADVANTAGES itself: for a normalisation linear in the other rewards, on the group whose
     other members all have the mean shaped reward; for the others (group_std, loo_std), on every multiset of the
     others' rewards, weighted by its multinomial probability. Without the KL in the reward the shaped reward is the
     task reward, so the multisets run over its values (2 for a 0/1 reward, any G); with it, over the sequences (2^T
     classes). batch_std is the limit of a batch of many groups, whose standard deviation is that of the shaped reward
-    under π.
+    under π; so are the whitening normalisations.
     θ may carry leading batch dimensions (..., n_params)."""
 
     def __init__(self, family: Family, rewards: torch.Tensor, spec: kl.KLSpec, normalisation: str, group: int):
         if normalisation not in kl.ADVANTAGES or normalisation == "none" or group < 2:
             raise ValueError(f"normalisation {normalisation!r} with groups of {group}: not an exact update")
         self.family, self.spec, self.normalisation, self.group = family, spec, normalisation, group
+        self.centre = kl.WHITENED.get(normalisation, normalisation)  # the advantage before any whitening
         self.task, self.ref_logp = rewards, family.reference_logprobs()
         self.mask = torch.ones_like(self.ref_logp)
         if spec.in_reward:  # every sequence its own shaped reward
@@ -272,18 +280,39 @@ class NormalisedUpdate:
         self.log_multinomial = log_g_factorial - torch.lgamma(self.counts + 1).sum(-1)
 
     def conditional_advantages(self, token_logp: torch.Tensor) -> torch.Tensor:
-        """a(y) = E[A_1 | y_1 = y] for every sequence under the policy of ``token_logp`` (..., 2^T, T), detached."""
+        """a_t(y) = E[A_1,t | y_1 = y] for every token of every sequence under the policy of ``token_logp``
+        (..., 2^T, T), detached."""
         token_logp = token_logp.detach()
-        prob = token_logp.sum(-1).exp()
         shaped = kl.shaped_rewards(self.task, token_logp, self.ref_logp, self.mask, self.spec)  # (..., 2^T)
+        own = self._sequence_advantages(token_logp, shaped).unsqueeze(-1)
+        per_token = own - kl.advantage_penalty(token_logp, self.ref_logp, self.mask, self.spec)
+        if self.normalisation in kl.WHITENED:
+            return self._whitened(per_token, token_logp.sum(-1).exp(), shaped)
+        return per_token
+
+    def _whitened(self, per_token: torch.Tensor, prob: torch.Tensor, shaped: torch.Tensor) -> torch.Tensor:
+        """kl.whiten over a batch of many groups: (a_t − m)/√max(v, ε) with m and v the token mean and variance of
+        A_1,t under π. E[A_1,t² | y] is a_t(y)² plus, for the group mean's centre, the variance the other members
+        add, (G − 1)/G²·Var_π(shaped reward) (A_1 = (G − 1)/G·R_1 − Σ_{j>1} R_j/G)."""
+        mean = (prob * per_token.mean(-1)).sum(-1)
+        second = (prob * per_token.square().mean(-1)).sum(-1)
+        if self.centre == "grpo":
+            centred = shaped - (prob * shaped).sum(-1, keepdim=True)
+            second = second + (self.group - 1) / self.group**2 * (prob * centred.square()).sum(-1)
+        variance = (second - mean.square()).clamp(min=kl.WHITEN_EPSILON)
+        return (per_token - mean[..., None, None]) * variance.rsqrt()[..., None, None]
+
+    def _sequence_advantages(self, token_logp: torch.Tensor, shaped: torch.Tensor) -> torch.Tensor:
+        """a(y) = E[A_1 | y_1 = y] of the centre normalisation (before any per-token term or whitening): (..., 2^T)."""
+        prob = token_logp.sum(-1).exp()
         mean = (prob * shaped).sum(-1, keepdim=True)
         if self.others is None:
             own = shaped.unsqueeze(-1)
             groups = torch.cat([own, mean.unsqueeze(-1).expand(*own.shape[:-1], self.group - 1)], -1)
-            if self.normalisation == "batch_std":
+            if self.centre == "batch_std":
                 spread = (prob * (shaped - mean).square()).sum(-1, keepdim=True).sqrt().unsqueeze(-1)
                 return kl.batch_std_advantages(groups.unsqueeze(-2), spread.unsqueeze(-1)).squeeze(-2)[..., 0]
-            return kl.ADVANTAGES[self.normalisation](groups)[..., 0]
+            return kl.ADVANTAGES[self.centre](groups)[..., 0]
         classes = self.counts.shape[-1]
         class_prob = torch.zeros(*prob.shape[:-1], classes, dtype=DTYPE).index_add_(-1, self.classes, prob)
         value = shaped[..., self.first]  # each class's shaped reward (one value per class)
@@ -298,7 +327,7 @@ class NormalisedUpdate:
         theta = theta.detach().requires_grad_(True)
         token_logp = self.family.token_logprobs(theta)  # (..., 2^T, T)
         seq_logp = token_logp.sum(-1)
-        score = -self.conditional_advantages(token_logp) * seq_logp
+        score = -(self.conditional_advantages(token_logp) * token_logp).sum(-1)
         path = kl.loss_penalty(token_logp, self.ref_logp, self.mask, self.spec).sum(-1)
         loss = (seq_logp.exp().detach() * (score + path)).sum(-1)
         (grad,) = torch.autograd.grad(loss.sum() / self.family.length, theta)
@@ -382,16 +411,16 @@ def beta_ladder(betas, rungs: int = 13) -> list[float]:
 
 
 def fixed_point_branch(
-    family: Family, rewards: torch.Tensor, spec_name: str, betas, flow: dict, update_of=None
+    family: Family, rewards: torch.Tensor, spec_name: str, betas, flow: dict, update_of=None, clamp=None
 ) -> dict:
     """{β: FixedPoint} for one configuration, by continuation from the reference down ``beta_ladder(betas)``:
     Newton's method from the previous rung's fixed point. At a β of ``betas`` where it finds no stable zero, the
     update is followed from the reference instead (``follow``). ``update_of(spec)``: the expected update of a spec
-    (default: ExpectedUpdate, RLOO)."""
+    (default: ExpectedUpdate, RLOO); ``clamp``: the spec's (a framework's clamp of the estimator's value)."""
     update_of = update_of or (lambda spec: ExpectedUpdate(family, rewards, spec))
     points, start = {}, family.reference_theta()
     for beta in beta_ladder(betas):
-        update = update_of(kl.KLSpec.from_name(spec_name, beta))
+        update = update_of(kl.KLSpec.from_name(spec_name, beta, clamp=clamp))
         theta, converged = _newton(update, start)
         if converged and is_stable(update, theta):
             points[beta], start = FixedPoint(theta, "stable"), theta
@@ -403,7 +432,9 @@ def fixed_point_branch(
     return {beta: points[beta] for beta in betas}
 
 
-def fixed_point_table(family: Family, reward: dict, configs, betas, flow: dict, update_of=None) -> pd.DataFrame:
+def fixed_point_table(
+    family: Family, reward: dict, configs, betas, flow: dict, update_of=None, clamp=None
+) -> pd.DataFrame:
     """One row per (configuration, β): the fixed point (or where the update goes) against the family's optimum.
 
     Columns: reward, kl (to the reference), objective J_β, the optimum's reward, kl and objective, the reference's
@@ -414,7 +445,7 @@ def fixed_point_table(family: Family, reward: dict, configs, betas, flow: dict, 
     reference_reward = policy_metrics(family, family.reference_logprobs().sum(-1), rewards, 1.0)["reward"]
     rows = []
     for config in configs:
-        for beta, point in fixed_point_branch(family, rewards, config, betas, flow, update_of).items():
+        for beta, point in fixed_point_branch(family, rewards, config, betas, flow, update_of, clamp).items():
             seq_logp = family.sequence_logprobs(point.theta).detach()
             fixed = policy_metrics(family, seq_logp, rewards, beta)
             optimum_logp = family.sequence_logprobs(optima[beta])

@@ -45,11 +45,13 @@ def _run_seed(seed: int, family: str, config: str, mode: str, normalisation: str
 
 
 def train_monte_carlo(
-    family: Family, reward: dict, config: str, betas, settings: dict, mode: str, normalisation: str = "rloo"
-) -> pd.DataFrame:
+    family: Family, reward: dict, config: str, betas, settings: dict, mode: str, normalisation: str = "rloo",
+    clamp: float | None = None,
+) -> pd.DataFrame:  # fmt: skip
     """Train the configuration from the reference by sampled updates, every β of ``betas`` × ``settings['seeds']``
     seeds in one batch; one row per (β, seed) with the end point (the last iterate). ``normalisation``: the
-    advantage's (kl.ADVANTAGES; batch_std over each run's generation batch of groups × group_size rewards).
+    advantage's (kl.token_advantages; batch_std and the whitening ones over each run's generation batch of groups ×
+    group_size responses); ``clamp``: the KL estimator's (kl.KLSpec.clamp).
 
     ``mode``: "on-policy" (one update per generation batch) or "off-policy" (``settings['updates_per_batch']``
     minibatch updates per batch, the trainer's clipped ratios, the reward's KL from the sampling policy)."""
@@ -57,7 +59,8 @@ def train_monte_carlo(
     seeds, steps, groups, group_size = settings["seeds"], settings["steps"], settings["groups"], settings["group_size"]
     if groups % updates:
         raise ValueError(f"toy.fixed_points.monte_carlo.groups ({groups}) must split into {updates} minibatches")
-    spec = kl.KLSpec.from_name(config, 1.0)  # β = 1: β itself is the factor below (kl's penalties are linear in it)
+    # β = 1: β itself is the factor below (kl's penalties are linear in it)
+    spec = kl.KLSpec.from_name(config, 1.0, clamp=clamp)
     beta = torch.tensor(sorted(betas), dtype=DTYPE)
     beta_seq, beta_tok = beta.view(-1, 1, 1, 1), beta.view(-1, 1, 1, 1, 1)
     rewards = task_reward(family.sequences, reward)
@@ -80,7 +83,8 @@ def train_monte_carlo(
             mask = torch.ones_like(old_logp)
             task = rewards[index].reshape(old_logp.shape[:-1])
             shaped = task - beta_seq * kl.reward_penalty(old_logp, ref_logp, mask, spec)
-            advantages = kl.ADVANTAGES[normalisation](shaped)
+            to_go = beta_tok * kl.advantage_penalty(old_logp, ref_logp, mask, spec)
+            advantages = kl.token_advantages(shaped, to_go, mask, normalisation)
         for update in range(updates):
             part = slice(update * per_update, (update + 1) * per_update)
             logp = _gather_tokens(family.token_logprobs(theta), index).reshape(old_logp.shape)[:, :, part]

@@ -77,7 +77,7 @@ REFUSED = [
     {"kl_placement": "reward_and_loss"},
     {"beta": -0.1},
     {"kl_loss_gradient": "detached"},
-    {"kl_k3_clamp": 0.0},
+    {"kl_clamp": 0.0},
     {"kl_placement": "reward", "kl_loss_gradient": "ratio"},
     {"policy_loss": "gspo"},
     {"advantage": "none"},

@@ -157,7 +157,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path, engine: dict | None = None)
         async_level=train["async_level"],
         policy_loss=train["policy_loss"],
         kl_loss_gradient=spec.loss_gradient,
-        kl_k3_clamp=train["k3_clamp"],
+        kl_clamp=train["k3_clamp"] if spec.estimator == "k3" else None,  # verl clamps its K3 (low_var_kl) only
         use_vllm=train["generation"] == "vllm",
         vllm_mode="colocate",
         vllm_importance_sampling_correction=train["vllm_importance_sampling"],

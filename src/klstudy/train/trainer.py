@@ -70,14 +70,19 @@ class KLTrainerConfig(GRPOConfig):
     )
     kl_placement: str = field(
         default="loss",
-        metadata={"help": "Where the KL goes: reward (R − β·Σ sg[K_t]), loss (+β·K_t), both, or none."},
+        metadata={
+            "help": "Where the KL goes: reward (R − β·Σ sg[K_t]), loss (+β·K_t), both, advantage (−β·Σ_{s≥t} sg[K_s] "
+            "per token after the normalisation: OpenRLHF, AReaL), or none."
+        },
     )
     advantage: str = field(
         default="rloo",
         metadata={
             "help": "Advantage normalisation (kl.ADVANTAGES): rloo (leave-one-out, the paper's), grpo (group mean, "
-            "Dr. GRPO), group_std (÷ the group's std, TRL's default), batch_std (÷ the batch's std) or loo_std "
-            "(leave-one-out ÷ the other responses' std, NeMo-RL)."
+            "Dr. GRPO), group_std (÷ the group's std, TRL's default), batch_std (÷ the batch's std), loo_std "
+            "(leave-one-out ÷ the other responses' std, NeMo-RL), group_whiten (group mean, then whitened over every "
+            "token of the batch: OpenRLHF's reinforce_baseline) or whiten (no baseline, whitened: OpenRLHF's "
+            "reinforce)."
         },
     )
     updates_per_batch: int = field(
@@ -107,10 +112,11 @@ class KLTrainerConfig(GRPOConfig):
             "tokens with ω outside [1/8, 8] masked)."
         },
     )
-    kl_k3_clamp: float | None = field(
+    kl_clamp: float | None = field(
         default=None,
         metadata={
-            "help": "K3 clamped to ±this in the penalty, as verl's low_var_kl and OpenRLHF's k3 (10); None: not."
+            "help": "The estimator's per-token value clamped to ±this in the penalty: verl's low_var_kl (K3 only), "
+            "OpenRLHF, AReaL and NeMo-RL (every estimator) clamp at 10; None: not."
         },
     )
     measure_reference_kl: bool = field(
@@ -131,7 +137,7 @@ class KLTrainerConfig(GRPOConfig):
 
     def kl_spec(self) -> kl.KLSpec:
         return kl.KLSpec(
-            self.kl_estimator, self.kl_placement, float(self.beta), self.kl_loss_gradient, k3_clamp=self.kl_k3_clamp
+            self.kl_estimator, self.kl_placement, float(self.beta), self.kl_loss_gradient, clamp=self.kl_clamp
         )
 
     def __post_init__(self):
@@ -276,17 +282,34 @@ class KLTrainer(GRPOTrainer):
             self._log_sequence_kl(sampling_logps, ref, mask)
         penalty = self.accelerator.gather(penalty)
         groups = (task_rewards - penalty).view(-1, self.num_generations)
-        advantages = kl.ADVANTAGES[self.args.advantage](groups).reshape(-1)
         local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
-        batch["advantages"] = advantages[local]
+        if self.kl_spec.in_advantage or self.args.advantage in kl.WHITENED:
+            batch["advantages"] = self._token_advantages(batch, groups, mask)[local]
+        else:
+            batch["advantages"] = kl.ADVANTAGES[self.args.advantage](groups).reshape(-1)[local]
         # The training step whose policy generated this batch (for the async FIFO and its test).
         batch["policy_step"] = torch.full_like(mask[:, 0], float(self.state.global_step // self.args.updates_per_batch))
         self._metrics["train"]["task_reward"].append(task_rewards.mean().item())
         self._metrics["train"]["reward_kl_penalty"].append(penalty.mean().item())
         return batch
 
+    def _token_advantages(self, batch, groups, mask) -> torch.Tensor:
+        """Per-token advantages (global batch, this process's width) where the KL is placed in the advantage or the
+        normalisation whitens over tokens: both need every process's tokens, gathered (padded to one width)."""
+        to_go = torch.zeros_like(mask)
+        if self.kl_spec.in_advantage:
+            sampling_logps, ref = batch["old_per_token_logps"], batch["ref_per_token_logps"]
+            to_go = kl.advantage_penalty(sampling_logps, ref, mask, self.kl_spec)
+        width = mask.size(1)
+        gathered = (self.accelerator.gather(self.accelerator.pad_across_processes(t, dim=1)) for t in (to_go, mask))
+        to_go, every_mask = gathered
+        shape = (*groups.shape, every_mask.size(1))
+        advantages = kl.token_advantages(groups, to_go.view(shape), every_mask.view(shape), self.args.advantage)
+        return advantages.reshape(-1, shape[-1])[:, :width]
+
     def _needs_sampling_logps(self) -> bool:
-        return self.kl_spec.in_reward or self.args.updates_per_batch > 1 or self.args.async_level > 0
+        spec = self.kl_spec
+        return spec.in_reward or spec.in_advantage or self.args.updates_per_batch > 1 or self.args.async_level > 0
 
     def _log_sequence_kl(self, logps, ref_logps, mask):
         """KL(π_sampling ‖ π_ref) per sequence, estimated with K1 and K3 whatever the configuration."""
@@ -417,7 +440,7 @@ class KLTrainer(GRPOTrainer):
         )
         old_logps = inputs.get("old_per_token_logps", logps.detach())
         ratio = torch.exp(logps - old_logps)  # ω_t = π_θ / π_old per token: 1 (with gradient) on-policy
-        advantages = inputs["advantages"].unsqueeze(1)
+        advantages = kl.by_token(inputs["advantages"], logps)
         per_token_loss = kl.policy_surrogate(
             self.args.policy_loss, logps, old_logps, inputs["advantages"], self.epsilon_low, self.epsilon_high
         )

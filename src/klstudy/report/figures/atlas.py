@@ -28,10 +28,13 @@ FIGURE_SETTINGS = ("k3-loss/rloo/G2", "k3-loss/grpo/G8", "k3-loss/group_std/G2",
 # A setting as a reader names it: its KL configuration (kl_label), its normalisation in words, its G.
 NORMALISATION_NAMES = {"rloo": "RLOO", "grpo": "− group mean (Dr. GRPO)", "group_std": "÷ group std (GRPO)",
                        "batch_std": "÷ batch std (TRL batch)",
-                       "loo_std": "RLOO ÷ the others' std (NeMo-RL)", "none": "no baseline"}  # fmt: skip
+                       "loo_std": "RLOO ÷ the others' std (NeMo-RL)", "none": "no baseline",
+                       "group_whiten": "− group mean, whitened (OpenRLHF REINFORCE++-baseline)",
+                       "whiten": "whitened, no baseline (OpenRLHF REINFORCE++)"}  # fmt: skip
 # Without colour: the marker's shape says the normalisation, its fill G (colour is the KL configuration's, as in
 # every figure; line style is β's, as in every figure).
-NORMALISATION_MARKERS = {"rloo": "o", "grpo": "D", "group_std": "s", "batch_std": "^", "loo_std": "v", "none": "P"}
+NORMALISATION_MARKERS = {"rloo": "o", "grpo": "D", "group_std": "s", "batch_std": "^", "loo_std": "v", "none": "P",
+                         "group_whiten": "X", "whiten": "*"}  # fmt: skip
 GROUP_FILLS = {2: "full", 4: "bottom", 5: "right", 8: "none", 16: "left"}
 NBSP = "\u00a0"  # "G = 8" and "β = 1" are not broken across a legend's wrapped lines
 

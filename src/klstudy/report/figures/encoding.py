@@ -43,12 +43,15 @@ CONFIG_COLOURS = {
     "k2-reward": "#CC79A7",
     "k2-loss": "#7B2D64",
     "k2-both": "#E8B5D3",
+    "k1-advantage": "#332288",
+    "k3-advantage": "#B35806",
+    "k2-advantage": "#9970AB",
 }
 BASE_COLOUR = "0.6"  # the base model (no RL)
 # A framework's per-token loss gradient: its pathwise configuration's colour, darkened by this much (0: the same).
 LOSS_GRADIENT_SHADES = {PATHWISE: 0.0, "ratio": 0.35, "score": 0.55, "st": -0.35, "isst": -0.55}
 # Without colour: the marker's shape says the placement, its fill the estimator (K1 filled, K3 hollow, K2 half).
-PLACEMENT_MARKERS = {"reward": "o", "loss": "s", "both": "^", "none": "D"}
+PLACEMENT_MARKERS = {"reward": "o", "loss": "s", "both": "^", "advantage": "v", "none": "D"}
 ESTIMATOR_FILLS = {"k1": "full", "k3": "none", "k2": "bottom"}
 # β by its value, the same β drawn the same way in every figure of every run (not by its rank in one run's grid).
 BETA_STYLES = {
@@ -123,7 +126,8 @@ def kl_label(kl_config: str, beta: float | None = None) -> str:
     spec = KLSpec.from_name(kl_config)
     if spec.placement == "none":
         return "no KL (β = 0)"
-    label = f"{spec.estimator.upper()} in {'reward and loss' if spec.placement == 'both' else spec.placement}"
+    where = {"both": "reward and loss", "advantage": "advantage (per token)"}.get(spec.placement, spec.placement)
+    label = f"{spec.estimator.upper()} in {where}"
     label = label if spec.loss_gradient == PATHWISE else f"{label} ({spec.loss_gradient})"
     return label if beta is None else f"{label}, β = {float(beta):g}"
 
