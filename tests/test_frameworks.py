@@ -50,7 +50,16 @@ FLOAT32 = 2.0**-14
 # TRL's nanstd takes Bessel's factor n/(n − 1) from integer counts, which torch divides in float32 (trl/trainer/utils.py
 # :876-879 in 1.9.2): from float64 rewards its standard deviation is float64 but for that factor's rounding, 2^-24.
 TRL_STD = 2.0**-22
-K3_CLAMP = 10.0  # verl's low_var_kl, OpenRLHF, SkyRL and AReaL clamp K3 to ±10
+# The estimators each framework clamps at ±10 (kl.KLSpec.clamp): verl (low_var_kl) and SkyRL K3 alone, OpenRLHF and
+# AReaL every one; TRL none.
+CLAMPED = {"verl": ("k3",), "skyrl": ("k3",), "openrlhf": kl.ESTIMATORS, "areal": kl.ESTIMATORS}
+
+
+def clamp(framework, estimator):
+    """The clamp of kl.py's model of ``framework``'s ``estimator``: 10, or None."""
+    return 10.0 if estimator in CLAMPED.get(framework, ()) else None
+
+
 SHAPES = [(4, 7), (8, 13), (6, 1)]
 SEEDS = [0, 1]
 
@@ -103,9 +112,9 @@ def gradient(value, logp):
     return torch.zeros_like(logp) if grad is None else grad
 
 
-def loss_term(name, logp, ref_logp, mask, k3_clamp=None, old_logp=None):
-    """kl.py's per-token loss term of configuration ``name`` at β = 1."""
-    spec = kl.KLSpec.from_name(name, 1.0, k3_clamp=k3_clamp)
+def loss_term(name, logp, ref_logp, mask, framework=None, old_logp=None):
+    """kl.py's per-token loss term of configuration ``name`` at β = 1, with ``framework``'s clamp."""
+    spec = kl.KLSpec.from_name(name, 1.0, clamp=clamp(framework, name.partition("-")[0]))
     return kl.loss_penalty(logp, ref_logp, mask, spec, old_logp=old_logp)
 
 
@@ -138,7 +147,7 @@ VERL_KL = {
 def test_verl_kl_penalty(name, shape, seed):
     core_algos = release_module(VERL, "verl.trainer.ppo.core_algos")
     logp, ref_logp, mask = log_probs(seed, shape, far=True)
-    mine = loss_term(VERL_KL[name], logp, ref_logp, mask, k3_clamp=K3_CLAMP)
+    mine = loss_term(VERL_KL[name], logp, ref_logp, mask, "verl")
     check_term(core_algos.kl_penalty(logp, ref_logp, name), mine, logp, mask, FLOAT64, f"verl {name}")
 
 
@@ -198,7 +207,7 @@ def test_verl_kl_in_the_reward(name, estimator, norm_by_std, advantage, seed):
     theirs, _ = core_algos.compute_grpo_outcome_advantage(
         data.batch["token_level_rewards"], mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=norm_by_std
     )
-    spec = kl.KLSpec.from_name(f"{estimator}-reward", beta, k3_clamp=K3_CLAMP)
+    spec = kl.KLSpec.from_name(f"{estimator}-reward", beta, clamp=clamp("verl", estimator))
     unshuffle = torch.argsort(order)
     grouped = (t[unshuffle].view(groups, group_size, -1) for t in (old_logp, ref_logp, mask))
     shaped = kl.shaped_rewards(rewards, *grouped, spec)
@@ -210,40 +219,20 @@ def test_verl_kl_in_the_reward(name, estimator, norm_by_std, advantage, seed):
 
 OPENRLHF = "openrlhf-0.11.0"
 OPENRLHF_ISST = "openrlhf-0.11.2"  # the first release with --algo.kl.unbiased_gradient
-# kl.py clamps K3 only; OpenRLHF (models/utils.py:95) and AReaL (areal/utils/data.py:1654-1655) clamp K1 and K2 at
-# ±10 too, which acts where |log π − log π_ref| > 10 (K1) or > √20 (K2).
-CLAMPED_K1_K2 = pytest.mark.xfail(
-    strict=True, reason="kl.py does not clamp K1 and K2; OpenRLHF and AReaL clamp every estimator at ±10"
-)
-
-
-def estimator_cases():
-    """(estimator, far): each estimator where no clamp kl.py lacks acts, and with tokens far apart, where it does."""
-    cases = [pytest.param(estimator, False, id=f"{estimator}-near") for estimator in kl.ESTIMATORS]
-    for estimator in kl.ESTIMATORS:
-        marks = [] if estimator == "k3" else [CLAMPED_K1_K2]
-        cases.append(pytest.param(estimator, True, id=f"{estimator}-far", marks=marks))
-    return cases
-
-
-def near(logp, ref_logp, far):
-    """Without ``far``, the tokens' log-ratios are within ±4.4 (a redraw would change the seed's meaning: clip)."""
-    return logp if far else logp.detach().clamp(min=(ref_logp - 4.4)).clamp(max=ref_logp + 4.4).requires_grad_()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("estimator, far", estimator_cases())
-def test_openrlhf_kl_estimator_and_kl_loss(estimator, far, shape, seed):
+@pytest.mark.parametrize("estimator", kl.ESTIMATORS)
+def test_openrlhf_kl_estimator_and_kl_loss(estimator, shape, seed):
     """compute_approx_kl (models/utils.py:64-95), per token and as the KL loss of ppo_actor.py:319-337:
     aggregate_loss(compute_approx_kl(π_θ, π_ref)) × kl_ctl, path-wise. float32 inside (log_probs.float())."""
     utils = release_module(OPENRLHF, "openrlhf.models.utils")
     loss = release_module(OPENRLHF, "openrlhf.models.loss")
     logp, ref_logp, mask = log_probs(seed, shape, far=True)
-    logp = near(logp, ref_logp, far)
     theirs = utils.compute_approx_kl(logp, ref_logp, kl_estimator=estimator)
     assert theirs.dtype == torch.float32
-    mine = loss_term(f"{estimator}-loss", logp, ref_logp, mask, k3_clamp=K3_CLAMP)
+    mine = loss_term(f"{estimator}-loss", logp, ref_logp, mask, "openrlhf")
     check_term(theirs, mine, logp, mask, FLOAT32, f"OpenRLHF {estimator}")
     beta = 0.01
     their_loss = loss.aggregate_loss(theirs, mask) * beta
@@ -283,23 +272,53 @@ def openrlhf_advantages(release, estimator, rewards, token_kl, mask, beta, seed=
     return advantages
 
 
-# OpenRLHF's group estimators (experience_maker.py:264-270), each without the global whitening (:315), and kl.py's.
-OPENRLHF_GROUPS = [("rloo", "rloo", None), ("group_norm", "group_std", 1e-9), ("dr_grpo", "grpo", None)]
+# OpenRLHF's advantage estimators (experience_maker.py:264-270, whitened after the KL at :315-328 for
+# reinforce_baseline and reinforce) and kl.py's normalisation of each, with OpenRLHF's ε where it divides by a std.
+OPENRLHF_ADVANTAGES = [
+    ("rloo", "rloo", None),
+    ("group_norm", "group_std", 1e-9),
+    ("dr_grpo", "grpo", None),
+    ("reinforce_baseline", "group_whiten", None),
+    ("reinforce", "whiten", None),
+]
+
+
+def kl_token_advantages(normalisation, epsilon, rewards, penalty, mask):
+    """kl.token_advantages; with a framework's ε for a std normalisation, which token_advantages does not take (its
+    normalisations divide by the std + kl.STD_EPSILON, TRL's 1e-4), the same difference by hand."""
+    if epsilon is None:
+        return kl.token_advantages(rewards, penalty, mask, normalisation)
+    return advantages_of(normalisation, rewards, epsilon).unsqueeze(-1) - penalty
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("estimator, advantage, epsilon", OPENRLHF_GROUPS)
-def test_openrlhf_group_estimators(estimator, advantage, epsilon, seed):
-    """Without a KL in the reward (--algo.kl.use_loss: make_experience's KL is zeros, :212-214), every response token
-    gets its sequence's advantage: the task reward normalised in its group, placed on the last token (:276-282),
-    summed to go (γ = 1, :302-307). In float64 throughout."""
-    groups, group_size, length = 5, 4, 9
+@pytest.mark.parametrize("kl_estimator", [None, *kl.ESTIMATORS])
+@pytest.mark.parametrize("estimator, normalisation, epsilon", OPENRLHF_ADVANTAGES)
+def test_openrlhf_advantages(estimator, normalisation, epsilon, kl_estimator, seed):
+    """The task reward normalised in its group, clamped at ±10 (:281) and put on the last token, −β·K per token from
+    the rollout's log-probs (compute_approx_kl as make_experience calls it, :205-210; compute_reward,
+    models/utils.py:98-126), summed to go (γ = 1, :302-307, 380-411), and whitened over the batch's tokens for
+    reinforce_baseline and reinforce: kl.py's <estimator>-advantage and token_advantages. Without a KL
+    (--algo.kl.use_loss: the KL is zeros, :212-214) everything is float64; the KL (compute_approx_kl) and the
+    whitening (.float(), :316) are float32."""
+    utils = release_module(OPENRLHF, "openrlhf.models.utils")
+    groups, group_size, length, beta = 5, 4, 9, 0.05
     rewards = task_rewards(seed, groups, group_size)
-    _, _, mask = log_probs(seed, (groups * group_size, length))
-    theirs = openrlhf_advantages(OPENRLHF, estimator, rewards, torch.zeros_like(mask), mask, beta=0.01, seed=seed)
-    mine = advantages_of(advantage, rewards, epsilon).flatten()
-    assert mine.abs().max() < 10, "OpenRLHF clamps the normalised reward at ±10 (--reward.clip_range); kl.py does not"
-    assert_agree(theirs, mine.unsqueeze(-1) * mask, FLOAT64, f"OpenRLHF {estimator}")
+    old_logp, ref_logp, mask = log_probs(seed, (groups * group_size, length), far=True)
+    old_logp = old_logp.detach()
+    spec = kl.KLSpec.from_name(f"{kl_estimator or 'k1'}-advantage", beta if kl_estimator else 0.0, clamp=10.0)
+    if kl_estimator is None:
+        token_kl = torch.zeros_like(old_logp)
+    else:
+        token_kl = utils.compute_approx_kl(old_logp, ref_logp, kl_estimator=kl_estimator)
+    theirs = openrlhf_advantages(OPENRLHF, estimator, rewards, token_kl, mask, beta, seed=seed)
+    grouped = [t.view(groups, group_size, length) for t in (old_logp, ref_logp, mask)]
+    penalty = kl.advantage_penalty(*grouped, spec)
+    mine = kl_token_advantages(normalisation, epsilon, rewards, penalty, grouped[-1]).flatten(0, 1)
+    assert advantages_of(normalisation, rewards, epsilon).abs().max() < 10, "OpenRLHF clamps there; kl.py does not"
+    whitened = normalisation in kl.WHITENED
+    tolerance = FLOAT32 if kl_estimator or whitened else FLOAT64
+    assert_agree(theirs * mask, mine * mask, tolerance, f"OpenRLHF {estimator}, KL {kl_estimator} in the reward")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -323,10 +342,9 @@ def test_openrlhf_group_estimators(estimator, advantage, epsilon, seed):
 def test_openrlhf_unbiased_gradient_kl_loss(estimator, drift, shape, seed):
     """--algo.kl.unbiased_gradient (OpenRLHF 0.11.2, models/utils.py:69-123): the estimator's value, the gradient
     sg[w]·K1·∇log π with w = π_θ/π_old: kl.py's isst. ``drift``: the spread of log π_θ − log π_old (none on-policy);
-    at 0.5 every w is below 10, at 4 some pass it. Log-ratios within ±4.4: K2 below its clamp."""
+    at 0.5 every w is below 10, at 4 some pass it."""
     utils = release_module(OPENRLHF_ISST, "openrlhf.models.utils")
-    logp, ref_logp, mask = log_probs(seed, shape)
-    logp = near(logp, ref_logp, far=False)
+    logp, ref_logp, mask = log_probs(seed, shape, far=True)
     old_logp = None
     if drift is not None:
         generator = torch.Generator().manual_seed(seed + 7)
@@ -336,7 +354,7 @@ def test_openrlhf_unbiased_gradient_kl_loss(estimator, drift, shape, seed):
     theirs = utils.compute_approx_kl(
         logp, ref_logp, log_probs_old=old_logp, kl_estimator=estimator, unbiased_gradient=True
     )
-    mine = loss_term(f"{estimator}-loss-isst", logp, ref_logp, mask, k3_clamp=K3_CLAMP, old_logp=old_logp)
+    mine = loss_term(f"{estimator}-loss-isst", logp, ref_logp, mask, "openrlhf", old_logp=old_logp)
     check_term(theirs, mine, logp, mask, FLOAT32, f"OpenRLHF unbiased_gradient {estimator}")
 
 
@@ -357,7 +375,7 @@ def test_skyrl_kl_loss(release, estimator, shape, seed):
     torch_utils = release_module(release, SKYRL_TORCH_UTILS)
     logp, ref_logp, mask = log_probs(seed, shape, far=True)
     theirs = ppo_utils.compute_approx_kl(logp, ref_logp, loss_mask=mask, kl_estimator_type=estimator)
-    mine = loss_term(f"{estimator}-loss", logp, ref_logp, mask, k3_clamp=K3_CLAMP)
+    mine = loss_term(f"{estimator}-loss", logp, ref_logp, mask, "skyrl")
     check_term(theirs, mine, logp, mask, FLOAT64, f"{release} {estimator}")
     beta = 0.001
     their_loss = torch_utils.masked_mean(theirs, mask, dim=-1).mean() * beta
@@ -373,7 +391,7 @@ def test_skyrl_0_1_kl_loss_has_no_gradient(estimator):
     ppo_utils = release_module("skyrl-0.1.0", SKYRL_PPO_UTILS)
     logp, ref_logp, mask = log_probs(0, (8, 13), far=True)
     theirs = ppo_utils.compute_approx_kl(logp, ref_logp, loss_mask=mask, kl_estimator_type=estimator)
-    mine = loss_term(f"{estimator}-loss", logp, ref_logp, mask, k3_clamp=K3_CLAMP)
+    mine = loss_term(f"{estimator}-loss", logp, ref_logp, mask, "skyrl")
     assert_agree(theirs, mine, FLOAT64, f"skyrl 0.1.0 {estimator}: value")
     assert not theirs.requires_grad and gradient(mine, logp).abs().sum() > 0
 
@@ -402,15 +420,14 @@ AREAL = "areal-1.0.4"
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("estimator, far", estimator_cases())
-def test_areal_kl_estimator(estimator, far, shape, seed):
+@pytest.mark.parametrize("estimator", kl.ESTIMATORS)
+def test_areal_kl_estimator(estimator, shape, seed):
     """KLEstimator (areal/utils/data.py:1598-1656): every estimator in float32 (.float()) and clamped at ±10."""
     data = release_module(AREAL, "areal.utils.data")
     logp, ref_logp, mask = log_probs(seed, shape, far=True)
-    logp = near(logp, ref_logp, far)
     theirs = data.KLEstimator(estimator)(logp, ref_logp)
     assert theirs.dtype == torch.float32
-    mine = loss_term(f"{estimator}-loss", logp, ref_logp, mask, k3_clamp=K3_CLAMP)
+    mine = loss_term(f"{estimator}-loss", logp, ref_logp, mask, "areal")
     check_term(theirs, mine, logp, mask, FLOAT32, f"AReaL {estimator}")
 
 
@@ -454,19 +471,25 @@ AREAL_NORMS = [
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("norm, advantage, epsilon", AREAL_NORMS, ids=[a for _, a, _ in AREAL_NORMS])
-def test_areal_advantages_without_kl(norm, advantage, epsilon, seed):
-    """kl_ctl = 0: every response token's advantage is its sequence's task reward, normalised in its group
-    (reward_norm, actor.py:172-173), summed to go by GAE with γ = λ = 1 and no values (actor.py:219-235). The
-    normalisation returns float32 (areal/utils/data.py:1496)."""
+@pytest.mark.parametrize("kl_estimator", [None, *kl.ESTIMATORS])
+@pytest.mark.parametrize("norm, normalisation, epsilon", AREAL_NORMS, ids=[a for _, a, _ in AREAL_NORMS])
+def test_areal_advantages(norm, normalisation, epsilon, kl_estimator, seed):
+    """The task reward normalised in its group (reward_norm, actor.py:172-173) on the last response token, −kl_ctl·K
+    per token from the rollout's log-probs (:202, every estimator ±10), summed to go by GAE with γ = λ = 1 and no
+    values (:219-235): kl.py's <estimator>-advantage. kl_ctl = 0 without a KL. In float32 (the normalisation returns
+    float32, areal/utils/data.py:1496; KLEstimator computes in float32)."""
     cli_args = release_module(AREAL, "areal.api.cli_args")
-    groups, group_size, length = 5, 4, 9
+    groups, group_size, length, beta = 5, 4, 9, 0.1
     rewards = task_rewards(seed, groups, group_size)
-    logp, ref_logp, mask = log_probs(seed, (groups * group_size, length))
+    old_logp, ref_logp, mask = log_probs(seed, (groups * group_size, length), far=True)
     reward_norm = cli_args.NormConfig(**norm, group_size=group_size)
-    theirs = areal_advantages(rewards, logp, ref_logp, mask, 0.0, "k1", reward_norm)
-    mine = advantages_of(advantage, rewards, epsilon).flatten()
-    assert_agree(theirs, mine.unsqueeze(-1) * mask, FLOAT32, f"AReaL reward_norm {norm}")
+    kl_ctl = beta if kl_estimator else 0.0
+    theirs = areal_advantages(rewards, old_logp, ref_logp, mask, kl_ctl, kl_estimator or "k1", reward_norm)
+    spec = kl.KLSpec.from_name(f"{kl_estimator or 'k1'}-advantage", kl_ctl, clamp=10.0)
+    grouped = [t.view(groups, group_size, length) for t in (old_logp, ref_logp, mask)]
+    penalty = kl.advantage_penalty(*grouped, spec)
+    mine = kl_token_advantages(normalisation, epsilon, rewards, penalty, grouped[-1]).flatten(0, 1)
+    assert_agree(theirs, mine * mask, FLOAT32, f"AReaL reward_norm {norm}, KL {kl_estimator} in the reward")
 
 
 # ----------------------------------------------------------------------------------------------------------- TRL
