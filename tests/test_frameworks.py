@@ -217,18 +217,20 @@ def test_verl_kl_in_the_reward(name, estimator, norm_by_std, advantage, seed):
 
 # ------------------------------------------------------------------------------------------------------ OpenRLHF
 
-OPENRLHF = "openrlhf-0.11.0"
-OPENRLHF_ISST = "openrlhf-0.11.2"  # the first release with --algo.kl.unbiased_gradient
+OPENRLHF = "openrlhf-0.11.0"  # the presets' release
+OPENRLHF_ISST = "openrlhf-0.11.2"  # the newest, with --algo.kl.unbiased_gradient (since 0.11.1)
+OPENRLHF_RELEASES = [OPENRLHF, OPENRLHF_ISST]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("estimator", kl.ESTIMATORS)
-def test_openrlhf_kl_estimator_and_kl_loss(estimator, shape, seed):
+@pytest.mark.parametrize("release", OPENRLHF_RELEASES)
+def test_openrlhf_kl_estimator_and_kl_loss(release, estimator, shape, seed):
     """compute_approx_kl (models/utils.py:64-95), per token and as the KL loss of ppo_actor.py:319-337:
     aggregate_loss(compute_approx_kl(π_θ, π_ref)) × kl_ctl, path-wise. float32 inside (log_probs.float())."""
-    utils = release_module(OPENRLHF, "openrlhf.models.utils")
-    loss = release_module(OPENRLHF, "openrlhf.models.loss")
+    utils = release_module(release, "openrlhf.models.utils")
+    loss = release_module(release, "openrlhf.models.loss")
     logp, ref_logp, mask = log_probs(seed, shape, far=True)
     theirs = utils.compute_approx_kl(logp, ref_logp, kl_estimator=estimator)
     assert theirs.dtype == torch.float32
@@ -294,14 +296,15 @@ def kl_token_advantages(normalisation, epsilon, rewards, penalty, mask):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("kl_estimator", [None, *kl.ESTIMATORS])
 @pytest.mark.parametrize("estimator, normalisation, epsilon", OPENRLHF_ADVANTAGES)
-def test_openrlhf_advantages(estimator, normalisation, epsilon, kl_estimator, seed):
+@pytest.mark.parametrize("release", OPENRLHF_RELEASES)
+def test_openrlhf_advantages(release, estimator, normalisation, epsilon, kl_estimator, seed):
     """The task reward normalised in its group, clamped at ±10 (:281) and put on the last token, −β·K per token from
     the rollout's log-probs (compute_approx_kl as make_experience calls it, :205-210; compute_reward,
     models/utils.py:98-126), summed to go (γ = 1, :302-307, 380-411), and whitened over the batch's tokens for
     reinforce_baseline and reinforce: kl.py's <estimator>-advantage and token_advantages. Without a KL
     (--algo.kl.use_loss: the KL is zeros, :212-214) everything is float64; the KL (compute_approx_kl) and the
     whitening (.float(), :316) are float32."""
-    utils = release_module(OPENRLHF, "openrlhf.models.utils")
+    utils = release_module(release, "openrlhf.models.utils")
     groups, group_size, length, beta = 5, 4, 9, 0.05
     rewards = task_rewards(seed, groups, group_size)
     old_logp, ref_logp, mask = log_probs(seed, (groups * group_size, length), far=True)
@@ -311,7 +314,7 @@ def test_openrlhf_advantages(estimator, normalisation, epsilon, kl_estimator, se
         token_kl = torch.zeros_like(old_logp)
     else:
         token_kl = utils.compute_approx_kl(old_logp, ref_logp, kl_estimator=kl_estimator)
-    theirs = openrlhf_advantages(OPENRLHF, estimator, rewards, token_kl, mask, beta, seed=seed)
+    theirs = openrlhf_advantages(release, estimator, rewards, token_kl, mask, beta, seed=seed)
     grouped = [t.view(groups, group_size, length) for t in (old_logp, ref_logp, mask)]
     penalty = kl.advantage_penalty(*grouped, spec)
     mine = kl_token_advantages(normalisation, epsilon, rewards, penalty, grouped[-1]).flatten(0, 1)
