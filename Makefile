@@ -135,7 +135,7 @@ test-vllm: $(VLLM_VENV)/.installed
 
 ## The frameworks environment (.venv-frameworks) for `test-frameworks`: the releases of verl, OpenRLHF, SkyRL, AReaL,
 ## TRL and polgrad pinned in envs/frameworks.txt, each without its dependencies, over the project's venv, which it
-## leaves as it is (envs/make-frameworks-env.sh; about 45 s).
+## leaves as it is (envs/make-frameworks-env.sh; about 35 s).
 # the frameworks environment
 FRAMEWORKS_VENV ?= .venv-frameworks
 frameworks-env: $(FRAMEWORKS_VENV)/.installed

@@ -145,6 +145,7 @@ VERL_KL = {
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", VERL_KL)
 def test_verl_kl_penalty(name, shape, seed):
+    """kl_penalty, the KL term of verl's KL loss (workers/utils/losses.py:131-140) and of its reward."""
     core_algos = release_module(VERL, "verl.trainer.ppo.core_algos")
     logp, ref_logp, mask = log_probs(seed, shape, far=True)
     mine = loss_term(VERL_KL[name], logp, ref_logp, mask, "verl")
@@ -162,6 +163,7 @@ def verl_groups(seed, groups, group_size):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("norm_by_std, advantage", [(True, "group_std"), (False, "grpo")])
 def test_verl_grpo_advantage(norm_by_std, advantage, seed):
+    """compute_grpo_outcome_advantage (core_algos.py:268-331): per uid, ÷ (Bessel std + 1e-6), or the mean alone."""
     core_algos = release_module(VERL, "verl.trainer.ppo.core_algos")
     rewards, order, index = verl_groups(seed, groups=5, group_size=4)
     _, _, mask = log_probs(seed, (20, 6))
@@ -192,7 +194,7 @@ def test_verl_kl_in_the_reward(name, estimator, norm_by_std, advantage, seed):
     ray_trainer = release_module(VERL, "verl.trainer.ppo.ray_trainer")
     beta, (groups, group_size, length) = 0.05, (5, 4, 9)
     rewards, order, index = verl_groups(seed, groups, group_size)
-    old_logp, ref_logp, mask = log_probs(seed, (groups * group_size, length))
+    old_logp, ref_logp, mask = log_probs(seed, (groups * group_size, length), far=True)
     scores = torch.zeros_like(mask)
     scores[torch.arange(len(mask)), mask.sum(-1).long() - 1] = rewards.flatten()[order]  # on the last token
     data = ray_trainer.DataProto.from_dict(
@@ -318,7 +320,8 @@ def test_openrlhf_advantages(release, estimator, normalisation, epsilon, kl_esti
     grouped = [t.view(groups, group_size, length) for t in (old_logp, ref_logp, mask)]
     penalty = kl.advantage_penalty(*grouped, spec)
     mine = kl_token_advantages(normalisation, epsilon, rewards, penalty, grouped[-1]).flatten(0, 1)
-    assert advantages_of(normalisation, rewards, epsilon).abs().max() < 10, "OpenRLHF clamps there; kl.py does not"
+    centred = advantages_of(kl.WHITENED.get(normalisation, normalisation), rewards, epsilon)
+    assert centred.abs().max() < 10, "OpenRLHF clamps the normalised reward at ±10 there; kl.py does not"
     whitened = normalisation in kl.WHITENED
     tolerance = FLOAT32 if kl_estimator or whitened else FLOAT64
     assert_agree(theirs * mask, mine * mask, tolerance, f"OpenRLHF {estimator}, KL {kl_estimator} in the reward")
@@ -343,7 +346,7 @@ def test_openrlhf_advantages(release, estimator, normalisation, epsilon, kl_esti
     ],
 )
 def test_openrlhf_unbiased_gradient_kl_loss(estimator, drift, shape, seed):
-    """--algo.kl.unbiased_gradient (OpenRLHF 0.11.2, models/utils.py:69-123): the estimator's value, the gradient
+    """--algo.kl.unbiased_gradient (OpenRLHF 0.11.2, models/utils.py:69-128): the estimator's value, the gradient
     sg[w]·K1·∇log π with w = π_θ/π_old: kl.py's isst. ``drift``: the spread of log π_θ − log π_old (none on-policy);
     at 0.5 every w is below 10, at 4 some pass it."""
     utils = release_module(OPENRLHF_ISST, "openrlhf.models.utils")
@@ -573,8 +576,9 @@ TRL_KL = [
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("release, flag, loss_gradient", TRL_KL)
 def test_trl_kl_term(release, flag, loss_gradient, shape, seed):
-    """On-policy (no old log-probs: π_old = sg[π_θ], grpo_trainer.py:3036-3037), so ratio is score too. No clamp."""
-    logp, ref_logp, mask = log_probs(seed, shape)
+    """On-policy (no old log-probs: π_old = sg[π_θ], grpo_trainer.py:3036-3037), so ratio is score too. No clamp:
+    tokens 25 nats apart have K3 up to e^25."""
+    logp, ref_logp, mask = log_probs(seed, shape, far=True)
     beta = 0.04
     theirs = trl_per_token_kl(release, beta, flag, logp, ref_logp, mask)
     for name in {"pathwise": ["k3-loss"], "ratio": ["k3-loss-ratio", "k3-loss-score"]}[loss_gradient]:
@@ -587,7 +591,7 @@ def test_trl_kl_term(release, flag, loss_gradient, shape, seed):
 def test_trl_kl_term_off_policy(release, seed):
     """With old log-probs (num_iterations > 1, or vLLM), the flag's ratio is π_θ/π_old: kl.py's ratio given
     old_logp."""
-    logp, ref_logp, mask = log_probs(seed, (8, 13))
+    logp, ref_logp, mask = log_probs(seed, (8, 13), far=True)
     old_logp = logp.detach() + 0.3 * torch.randn(8, 13, generator=torch.Generator().manual_seed(seed), dtype=F64)
     theirs = trl_per_token_kl(release, 0.04, True, logp, ref_logp, mask, old_logp=old_logp)
     spec = kl.KLSpec.from_name("k3-loss-ratio", 0.04)
