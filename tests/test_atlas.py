@@ -209,22 +209,15 @@ SECTION = {
     "normalisations": ["rloo", "group_std"],
     "group_sizes": [2],
     "reference": {"a_ref": -0.5, "b_ref": 0.1},
-    "presets": {  # small G, to keep it quick; verl's coincides with a grid setting the figure draws
+    "presets": [],
+    "extra_presets": {  # small G, to keep it quick; verl's coincides with a grid setting the figure draws
         "trl-grpo": {
-            "framework": "TRL",
-            "version": "1.16.0",
-            "source": "trl",
-            "kl": "k3-loss-ratio",
-            "normalisation": "group_std",
-            "group": 4,
+            "framework": "TRL", "version": "1.16.0", "source": "trl", "kl": "k3-loss-ratio",
+            "normalisation": "group_std", "group": 4, "default_beta": 0.0,
         },
         "verl-grpo": {
-            "framework": "verl",
-            "version": "main",
-            "source": "verl",
-            "kl": "k3-loss",
-            "normalisation": "group_std",
-            "group": 2,
+            "framework": "verl", "version": "0.7.0", "source": "verl", "kl": "k3-loss", "normalisation": "group_std",
+            "group": 2, "default_beta": 0.0, "clamp": 10.0,
         },
     },  # fmt: skip
     "length": {
@@ -247,7 +240,8 @@ def drawn():
         ignore_index=True,
     )
     length = atlas.length_sweep(SECTION, FLOW)
-    fig, text = atlas_figure.figure(points, length, SECTION, beta_min=fp.EFFECTIVE_BETA_RANGE[0])
+    drawn_section = dict(SECTION, presets=atlas.presets_of(SECTION))
+    fig, text = atlas_figure.figure(points, length, drawn_section, beta_min=fp.EFFECTIVE_BETA_RANGE[0])
     yield fig, text, points
     import matplotlib.pyplot as plt
 
@@ -264,7 +258,7 @@ def test_the_atlas_figure_passes_the_render_checks(drawn):
     assert "\n" not in fig._suptitle.get_text()
     assert "Effective β" in text and "floor" not in fig.axes[len(fig.axes) // 3].get_ylabel()
     labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
-    assert "K3 in loss, ÷ group std (GRPO), G = 2 = verl GRPO" in [" ".join(label.split()) for label in labels]
+    assert "K3 in loss, ÷ group std (GRPO), G = 2 = verl 0.7 GRPO" in [" ".join(label.split()) for label in labels]
 
 
 def test_no_legend_label_is_a_setting_id(drawn):
@@ -297,7 +291,7 @@ def test_every_default_group_size_has_its_own_fill():
     from klstudy import config as config_module
 
     section = config_module.validate_config(yaml.safe_load(open("config.yaml")))["toy"]["atlas"]
-    groups = set(section["group_sizes"]) | {p["group"] for p in section["presets"].values()}
+    groups = set(section["group_sizes"]) | {p["group"] for p in atlas.presets_of(section).values()}
     assert groups <= set(atlas_figure.GROUP_FILLS)
     assert len(set(atlas_figure.GROUP_FILLS.values())) == len(atlas_figure.GROUP_FILLS)
 

@@ -95,6 +95,15 @@ def reduced_config() -> dict:
     an on-policy and an off-policy study, evaluation of one configuration, one figure of each kind."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["toy"].update(trials=30, sequences=100, lengths=[2, 6])
+    # The atlas with a setting of each kind its report draws and judges: a grid setting, a preset (and K1 in the
+    # advantage in each), one β, a short length sweep, a few Monte Carlo seeds.
+    config["toy"]["atlas"] = {
+        "configs": ["k3-loss", "k1-advantage"], "normalisations": ["rloo", "group_std"], "group_sizes": [2, 4],
+        "betas": [1.0], "presets": ["trl-1.16", "openrlhf-0.11-kl-in-reward"],
+        "length": {"settings": ["k3-loss/rloo/G2", "trl-1.16"], "max_length": {"parametric": 3, "tabular": 3}},
+        "monte_carlo": {"settings": ["k3-loss/rloo/G4", "k3-loss/group_std/G2", "k1-advantage/group_std/G2",
+                                     "trl-1.16"], "betas": [1.0], "seeds": 3},
+    }  # fmt: skip
     config["models"]["tiny"]["spec"] = dict(hidden_size=64, num_heads=2, num_layers=1, sft_steps=10, sft_batch=8)
     del config["models"]["tiny"]["pinned"]  # built by the workflow, as a model with no pinned copy is
     config["studies"] = {name: config["studies"][name] for name in ("onpolicy", "offpolicy_k1_loss")}

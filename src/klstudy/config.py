@@ -16,6 +16,7 @@ import jsonschema
 import yaml
 
 from klstudy import kl
+from klstudy.analysis.presets import PRESETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -27,7 +28,7 @@ class ConfigError(ValueError):
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
     """The schema, with the KL grammar of klstudy.kl filled in (estimators, placements, configuration names,
-    normalisations)."""
+    normalisations) and the framework presets' names (every one by default)."""
     with open(path) as handle:
         schema = yaml.safe_load(handle)
     definitions = schema["$defs"]
@@ -36,6 +37,9 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict:
     definitions["loss_gradient"]["enum"] = list(kl.LOSS_GRADIENTS)
     definitions["kl_config"]["pattern"] = f"^({kl.NAME_PATTERN})$"
     definitions["normalisation"]["enum"] = [name for name in kl.ADVANTAGES if name != "none"]  # a baseline always
+    definitions["preset"]["enum"] = list(PRESETS)
+    atlas = schema["properties"]["toy"]["properties"]["atlas"]["properties"]
+    atlas["presets"]["default"] = list(PRESETS)
     return schema
 
 

@@ -2,7 +2,9 @@
 in the user's units (the effective β), and against the answer's length.
 
 A *setting* is a Table 1 configuration (kl.py's grammar) with an advantage normalisation (kl.ADVANTAGES) and a group
-size G; a *preset* is a setting a framework ships, with the file it was read from (config ``toy.atlas.presets``).
+size G; a *preset* is a setting a framework ships at a version, with the files and lines it was read from, its clamp
+and its default β (analysis/presets.py; config ``toy.atlas.presets`` chooses which). With ``frameworks_betas`` a
+preset is evaluated there and at its own default and recipe β as well.
 Each setting's exact end point is the stable fixed point of fixed_points.NormalisedUpdate, found as the toy's fixed
 points are (fixed_points.fixed_point_branch); RLOO's expected update does not depend on G, so it is computed once.
 
@@ -32,6 +34,7 @@ import torch
 from klstudy import kl
 from klstudy.analysis import fixed_points as fp
 from klstudy.analysis.monte_carlo import agreement, toy_claims, train_monte_carlo
+from klstudy.analysis.presets import PRESETS, Preset
 
 
 def label(config: str, normalisation: str, group: int) -> str:
@@ -39,18 +42,35 @@ def label(config: str, normalisation: str, group: int) -> str:
     return f"{config}/{normalisation}/G{group}"
 
 
+def presets_of(section: dict) -> dict:
+    """{name: the preset's fields}: the shipped presets config ``toy.atlas.presets`` names (analysis/presets.py), then
+    ``extra_presets``, a user's own (each checked as a shipped one is)."""
+    shipped = {name: PRESETS[name].as_row() for name in section.get("presets", [])}
+    return shipped | {name: Preset(**fields).as_row() for name, fields in section.get("extra_presets", {}).items()}
+
+
+def preset_betas(section: dict, preset: dict) -> list[float] | None:
+    """The β a preset is evaluated at beyond the section's: with ``frameworks_betas``, those and its own default and
+    recipe β (a framework's 0 is its KL turned off: not a β); None without (the section's β only)."""
+    if not section.get("frameworks_betas"):
+        return None
+    own = {b for b in (preset["default_beta"], preset["recipe_beta"]) if b}
+    return sorted(set(section["betas"]) | set(section["frameworks_betas"]) | own)
+
+
 def grid_settings(section: dict) -> list[dict]:
-    """Every configuration × normalisation × G of config ``toy.atlas``, then the presets (with their names)."""
+    """Every configuration × normalisation × G of config ``toy.atlas``, then the presets (with their names, clamps and
+    β)."""
     settings = [
-        dict(setting=label(c, n, g), config=c, normalisation=n, group=g, preset="")
+        dict(setting=label(c, n, g), config=c, normalisation=n, group=g, preset="", clamp=None, betas=None)
         for c in section["configs"]
         for n in section["normalisations"]
         for g in section["group_sizes"]
-    ]
-    for name, preset in section["presets"].items():
+    ]  # fmt: skip
+    for name, preset in presets_of(section).items():
         settings.append(
             dict(setting=name, config=preset["kl"], normalisation=preset["normalisation"], group=preset["group"],
-                 preset=name)
+                 preset=name, clamp=preset["clamp"], betas=preset_betas(section, preset))
         )  # fmt: skip
     return settings
 
@@ -67,16 +87,18 @@ def exactness(family: fp.Family, rewards: torch.Tensor, config: str, normalisati
 
 def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flow: dict) -> pd.DataFrame:
     """One row per (setting, β): the exact end point against the family's optimum (fixed_points.fixed_point_table's
-    columns), how it is known, and β_eff. RLOO's update is G-free: computed once per configuration."""
+    columns), how it is known, β_eff, and what the end point says at that β (``resolution``). A setting's own β
+    (``setting['betas']``) replace ``betas``. RLOO's update is G-free: computed once per configuration."""
     rewards = fp.task_reward(family.sequences, reward)
     curve = fp.OptimumCurve(family, rewards)
     cache, rows = {}, []
     for setting in settings:
         config, normalisation, group = setting["config"], setting["normalisation"], setting["group"]
+        clamp, own_betas = setting.get("clamp"), tuple(setting.get("betas") or betas)
         how = exactness(family, rewards, config, normalisation, group)
-        key = (config, normalisation, 2 if normalisation == "rloo" else group)
+        key = (config, normalisation, 2 if normalisation == "rloo" else group, clamp, own_betas)
         if how == "not enumerated":
-            table = pd.DataFrame({"beta": list(betas), "status": how})
+            table = pd.DataFrame({"beta": list(own_betas), "status": how})
         elif key in cache:
             table = cache[key]
         else:
@@ -84,8 +106,9 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
             def update_of(spec, normalisation=normalisation, group=group):
                 return fp.NormalisedUpdate(family, rewards, spec, normalisation, group)
 
-            table = cache[key] = fp.fixed_point_table(family, reward, [config], betas, flow, update_of)
-        table = table.assign(**{k: v for k, v in setting.items()}, exact=how, family=family.name, T=family.length)
+            table = cache[key] = fp.fixed_point_table(family, reward, [config], own_betas, flow, update_of, clamp)
+        columns = {k: v for k, v in setting.items() if k != "betas"}
+        table = table.assign(**columns, exact=how, family=family.name, T=family.length)
         rows.append(table)
     table = pd.concat(rows, ignore_index=True)
     table["beta_eff"] = [
@@ -93,13 +116,31 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
         for k, status in zip(table.get("kl", np.nan), table.status, strict=True)
     ]
     table["beta_eff_ratio"] = table.beta_eff / table.beta
-    # The reward below the frontier at the end point's KL: the optimum at β_eff has that KL and the most reward there.
-    table["below_frontier"] = np.array([curve.frontier_reward(b) for b in table.beta_eff]) - table.get("reward", np.nan)
     # Where β_eff is beyond the curve: an end point with more KL than the optimum at the curve's smallest β
     # regularises like a β below it ("< β_min"), drifting or not.
     table["beyond_curve"] = (table.status == "stable") & (table.get("kl", np.nan) >= curve.kls.max())
     table["curve_beta_min"] = curve.betas.min()
+    # The reward below the frontier at the end point's KL: the optimum at β_eff has that KL and the most reward there;
+    # beyond the curve, the optimum at β_min, which has all the reward the family can have there (to 1e-9).
+    frontier_beta = np.where(table.beyond_curve, curve.betas.min(), table.beta_eff)
+    table["below_frontier"] = np.array([curve.frontier_reward(b) for b in frontier_beta]) - table.get("reward", np.nan)
+    table["resolution"] = [resolution(row, curve) for row in table.itertuples()]
     return table
+
+
+def resolution(row, curve: fp.OptimumCurve) -> str:
+    """What the end point at this β says, in words: "β_eff" where it has an effective β; otherwise why not."""
+    if row.status == "stable" and np.isfinite(row.beta_eff):
+        return "β_eff"
+    if row.status == "stable" and row.beyond_curve:
+        return (f"more KL than any optimum of J_β (which stops growing below β = {curve.betas.min():.2g}, with "
+                f"KL {curve.kls.max():.4g}): β_eff below that, β_eff/β not resolved")  # fmt: skip
+    if row.status == "drifts":
+        return "no fixed point: it drifts to the reward's maximum, as no KL does"
+    if row.status == "still moving":
+        return ("not settled: its expected update, followed as far as toy.fixed_points.flow allows, had not stopped "
+                "(near the boundary, where the update is as small as the probability left to move)")  # fmt: skip
+    return str(row.status)
 
 
 def task_scale(normalisation: str, group: int, p: float) -> float:
@@ -167,11 +208,11 @@ def monte_carlo(section: dict, reward: dict, family: fp.Family) -> pd.DataFrame:
         setting = by_name[name]
         # A preset that is a grid setting in the toy (verl's and OpenRLHF's GRPO are K3 in the loss ÷ group std at
         # G = 8) has the same sampled updates: trained once, its runs carry each name.
-        key = (setting["config"], setting["normalisation"], setting["group"])
+        key = (setting["config"], setting["normalisation"], setting["group"], setting["clamp"])
         if key not in trained:
             trained[key] = train_monte_carlo(
                 family, reward, setting["config"], carlo["betas"], dict(carlo, group_size=setting["group"]),
-                "on-policy", setting["normalisation"],
+                "on-policy", setting["normalisation"], setting["clamp"],
             )  # fmt: skip
         rows.append(trained[key].assign(config=name))
     return pd.concat(rows, ignore_index=True)
@@ -209,23 +250,9 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     table.to_csv(out_dir / "atlas.csv", index=False)
     length.to_csv(out_dir / "atlas_length.csv", index=False)
     judged.to_csv(out_dir / "atlas_claims.csv", index=False)
-    readable = table.assign(
-        reward=table.reward.map(_fmt), kl=table.kl.map(_fmt), gap=table.objective_gap.map(lambda v: _fmt(v, "{:.2g}")),
-        below=table.below_frontier.map(lambda v: _fmt(v, "{:.2g}")),
-        beta_eff=[f"< {m:g}" if beyond else _fmt(b) for b, beyond, m in
-                  zip(table.beta_eff, table.beyond_curve, table.curve_beta_min, strict=True)],
-        ratio=[f"< {m / beta:.2g}" if beyond else _fmt(r, "{:.2f}") for r, beyond, m, beta in
-               zip(table.beta_eff_ratio, table.beyond_curve, table.curve_beta_min, table.beta, strict=True)],
-        mc=[("–" if pd.isna(a) else ("agrees" if a else "differs")) for a in table.mc_agrees],
-    )  # fmt: skip
+    readable = _readable(table)
     columns = ["family", "setting", "beta", "status", "exact", "reward", "kl", "gap", "below", "beta_eff", "ratio",
                "mc"]  # fmt: skip
-    presets = readable[readable.preset.fillna("") != ""]
-    preset_rows = "\n".join(
-        f"- **{name}**: {p['framework']} {p['version']}: `{p['kl']}`, {p['normalisation']}, G = {p['group']}. Read "
-        f"from {p['source']}." + (f" Note: {p['note']}." if p.get("note") else "")
-        for name, p in section["presets"].items()
-    )
     lengths = length.assign(
         gap=length.objective_gap.map(lambda v: _fmt(v, "{:.2g}")), ratio=length.beta_eff_ratio.map(_fmt)
     )
@@ -236,22 +263,61 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     )
     claim_columns = ["claim", "family", "beta", "candidate", "baseline", "predicted", "exact_status", "effect", "exact",
                      "tolerance", "seeds", "verdict"]  # fmt: skip
+    presets = readable[readable.preset.fillna("") != ""]
     (out_dir / "atlas.md").write_text(
         "The atlas (toy model, exact, float64): each setting's end point against the optimum of J_β = E[R] − β·KL in "
         "the same family: task reward, KL(π‖π_ref), the gap J_β(optimum) − J_β(end), below: the reward below the "
         "reward–KL frontier at the end point's KL (the reward of the optimum at β_eff, which has that KL, minus the "
-        "end point's; – without β_eff), β_eff (the β whose optimum has the end point's KL; – where the setting has "
-        "no stable fixed point; < β_min where its KL is above that of the optimum at the smallest β searched, 0.01) "
-        "and "
-        "β_eff/β (< 1: weaker regularisation than asked for). exact: how the expected update is known. mc: whether "
-        "the on-policy Monte Carlo runs end there (monte_carlo.agreement). docs/atlas.md explains it.\n\n"
-        "## Presets\n\n" + preset_rows + "\n\n" + presets[columns].to_markdown(index=False) + "\n\n"
-        "## Claims\n\n" + claims_text[claim_columns].to_markdown(index=False) + "\n\n"
-        "## Length (T = 1..max, threshold ceil("
+        "end point's; beyond the optimum curve, the reward of the optimum at its smallest β), β_eff (the β whose "
+        "optimum has the end point's KL; – where the setting has no stable fixed point; < β_min where its KL is "
+        "above that of every optimum, β_min being where the optimum's KL stops growing) and β_eff/β (< 1: weaker "
+        "regularisation than asked for). exact: how the expected update is known. mc: whether the on-policy Monte "
+        "Carlo runs end there (monte_carlo.agreement). docs/atlas.md explains it.\n\n"
+        "## Your framework, your version\n\n" + version_table(section).to_markdown(index=False) + "\n\n"
+        "## What each preset optimises, by β\n\n"
+        + presets[["preset", "family", "beta", "reward", "kl", "below", "beta_eff", "ratio", "resolution"]].to_markdown(
+            index=False
+        )
+        + "\n\n## Claims\n\n"
+        + claims_text[claim_columns].to_markdown(index=False)
+        + "\n\n## Length (T = 1..max, threshold ceil("
         + f"{section['length']['threshold_fraction']:g}"
         + " × T))\n\n"
         + lengths[["family", "setting", "beta", "T", "threshold", "status", "gap", "ratio"]].to_markdown(index=False)
         + "\n\n## Every setting\n\n"
         + readable[columns].to_markdown(index=False)
+        + "\n\n## Where each preset was read\n\n"
+        + "\n".join(
+            f"- **{name}** ({p['framework']} {p['version']}): {p['source']}." + (f" {p['note']}." if p["note"] else "")
+            for name, p in presets_of(section).items()
+        )
         + "\n"
     )
+
+
+def _readable(table: pd.DataFrame) -> pd.DataFrame:
+    """The table's numbers as the Markdown shows them: 3 significant digits, – for none, < β_min beyond the curve."""
+    return table.assign(
+        reward=table.reward.map(_fmt), kl=table.kl.map(_fmt), gap=table.objective_gap.map(lambda v: _fmt(v, "{:.2g}")),
+        below=table.below_frontier.map(lambda v: _fmt(v, "{:.2g}")),
+        beta_eff=[f"< {m:.2g}" if beyond else _fmt(b) for b, beyond, m in
+                  zip(table.beta_eff, table.beyond_curve, table.curve_beta_min, strict=True)],
+        ratio=[f"< {m / beta:.2g}" if beyond else _fmt(r, "{:.2f}") for r, beyond, m, beta in
+               zip(table.beta_eff_ratio, table.beyond_curve, table.curve_beta_min, table.beta, strict=True)],
+        mc=[("–" if pd.isna(a) else ("agrees" if a else "differs"))
+            for a in table.get("mc_agrees", [np.nan] * len(table))],
+    )  # fmt: skip
+
+
+def version_table(section: dict) -> pd.DataFrame:
+    """One row per preset: framework, version, what it amounts to in kl.py's grammar, its default and recipe β."""
+    rows = []
+    for name, p in presets_of(section).items():
+        rows.append({
+            "framework": p["framework"], "version": p["version"] + (" (proposal)" if p["status"] == "proposal" else ""),
+            "preset": name, "KL": p["kl"] + (f", clamped ±{p['clamp']:g}" if p["clamp"] else ""),
+            "advantage": p["normalisation"], "G": p["group"],
+            "default β": f"{p['default_beta']:g}" + (" (off)" if not p["default_beta"] else ""),
+            "recipe β": "–" if p["recipe_beta"] is None else f"{p['recipe_beta']:g}",
+        })  # fmt: skip
+    return pd.DataFrame(rows)

@@ -520,22 +520,32 @@ def exact_tables(section: dict, configs, family_name: str) -> tuple[pd.DataFrame
 # ---------------------------------------------------------------------------------------- the optimum curve and β_eff
 
 
-EFFECTIVE_BETA_RANGE = (1e-2, 1e2)  # β_eff is searched in it; an end point whose KL is beyond it has none
+# β_eff is searched in it, down to the field's smallest β; an end point whose KL is beyond the curve has none.
+EFFECTIVE_BETA_RANGE = (1e-3, 1e2)
+# The optimum's KL stops growing where it changes by less than this between two points of the curve: below that β
+# the optimum is the reference conditioned on success to float64's resolution (tabular: below β ≈ 0.04, where the
+# failures keep e^{−1/β} < 1e-10 of their weight), and no KL there tells one β from another.
+KL_RESOLUTION = 1e-9
 
 
 class OptimumCurve:
     """KL(π*_β ‖ π_ref) of the family's optimum against β, and its inverse (``effective_beta``)."""
 
-    def __init__(self, family: Family, rewards: torch.Tensor, points: int = 25):
+    def __init__(self, family: Family, rewards: torch.Tensor, points: int = 31):
         self.family, self.rewards = family, rewards
         # Down from the largest β, each optimum from the previous; the curve stops where the family has no interior
-        # optimum any more (parametric, small β: the optimum's logits leave for the boundary).
-        self.optima, start = {}, family.reference_theta()
+        # optimum any more (parametric, small β: the optimum's logits leave for the boundary), or where its KL stops
+        # growing (KL_RESOLUTION).
+        self.optima, start, last_kl = {}, family.reference_theta(), -math.inf
         for beta in np.geomspace(*EFFECTIVE_BETA_RANGE, points)[::-1].tolist():
             try:
-                self.optima[beta] = start = family_optimum(family, rewards, beta, start)
+                theta = family_optimum(family, rewards, beta, start)
             except RuntimeError:
                 break
+            kl_value = self.kl_at(beta, theta)
+            if kl_value - last_kl < KL_RESOLUTION:
+                break
+            self.optima[beta], start, last_kl = theta, theta, kl_value
         self.betas = np.array(sorted(self.optima))
         self.kls = np.array([self.kl_at(b, self.optima[b]) for b in self.betas])
 

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from klstudy.analysis.explain import RANGE_BETAS
 from klstudy.run import stages
 
 
@@ -74,6 +75,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     settings.add_argument("--out", help="write the page to this file (default: print it)")
     settings.set_defaults(run=_paper_settings)
+    explaining = commands.add_parser(
+        "explain", help="what a framework's KL setup, or any setting, optimises in the toy model, computed (explain.py)"
+    )
+    chosen = explaining.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--preset", help="a framework preset by name (src/klstudy/analysis/presets.py)")
+    chosen.add_argument("--framework", help="a framework (TRL, verl, OpenRLHF, ...): with --version, its preset")
+    chosen.add_argument(
+        "--kl", help="a KL configuration in kl.py's grammar (k3-loss, k1-advantage, k3-loss-ratio, ...)"
+    )
+    explaining.add_argument("--version", help="the framework's version (with --framework), e.g. 1.12.0")
+    explaining.add_argument("--normalisation", default="rloo", help="with --kl: the advantage (kl.ADVANTAGES)")
+    explaining.add_argument("--group", type=int, default=8, help="with --kl: G, responses per prompt")
+    explaining.add_argument("--clamp", type=float, help="with --kl: the estimator's value clamped at ±this")
+    explaining.add_argument("--on", help="with --kl: the framework whose other options to look among")
+    explaining.add_argument("--beta", type=float, help="β (default: the preset's own, else 0.1)")
+    explaining.add_argument(
+        "--range", type=float, nargs="+", default=list(RANGE_BETAS), help="the β range it is computed over besides"
+    )
+    explaining.add_argument("--config", default="config.yaml", help="the config whose toy section it computes in")
+    explaining.set_defaults(run=_explain)
     return parser
 
 
@@ -161,6 +182,28 @@ def _paper_settings(args) -> None:
         Path(args.out).write_text(text)
     else:
         sys.stdout.write(text)
+
+
+def _explain(args) -> None:
+    import yaml
+
+    from klstudy.analysis import explain
+    from klstudy.config import validate_config
+
+    try:
+        if args.kl:
+            beta = 0.1 if args.beta is None else args.beta
+            spec = explain.Setting(args.kl, args.normalisation, args.group, beta, args.clamp, args.on)
+            explain.Setting.check(spec)
+        else:
+            if args.framework and not args.version:
+                raise ValueError("--framework needs --version")
+            name = args.preset or explain.preset_for(args.framework, args.version)
+            spec = explain.Setting.of_preset(name, args.beta)
+    except ValueError as error:
+        raise SystemExit(f"klstudy explain: {error}") from None
+    toy = validate_config(yaml.safe_load(Path(args.config).read_text()))["toy"]
+    print(explain.explain(spec, toy, args.range))
 
 
 def run(argv: list[str]) -> int:

@@ -166,7 +166,8 @@ def _toy_atlas_report(args):
     )
     judged = atlas.claims(runs, points, section, config["claims_rule"], fixed["tolerance"])
     out = Path(args.png)
-    text = atlas_figure.draw(points, length, out, section, beta_min=fixed_points.EFFECTIVE_BETA_RANGE[0])
+    drawn = dict(section, presets=atlas.presets_of(section))  # the figure names each preset by its framework
+    text = atlas_figure.draw(points, length, out, drawn, beta_min=fixed_points.EFFECTIVE_BETA_RANGE[0])
     atlas.write_tables(points, length, runs, judged, section, out.parent)
     table = out.with_suffix(".md")  # the figure's caption opens its table's Markdown, which has the figure's name
     table.write_text(f"![{out.stem}]({out.name})\n\n{text}\n\n{table.read_text()}")

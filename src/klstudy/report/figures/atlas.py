@@ -168,8 +168,8 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
 def _why_not_drawn(row, beta_min: float) -> str:
     if row.status != "stable":
         return str(row.status)
-    if getattr(row, "beyond_curve", False):
-        return f"more KL than the optimum at β = {beta_min:g}"
+    if getattr(row, "beyond_curve", False):  # the family's own curve stops where its optimum's KL stops growing
+        return f"more KL than the optimum at β = {getattr(row, 'curve_beta_min', beta_min):.2g}"
     return "its KL outside the optima's"
 
 
