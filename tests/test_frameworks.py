@@ -27,6 +27,7 @@ import torch
 from framework_stubs import FRAMEWORKS, release_module
 
 from klstudy import kl
+from klstudy.analysis.presets import PRESETS
 
 if not FRAMEWORKS.is_dir():
     pytest.skip(
@@ -679,3 +680,28 @@ def test_polgrad_vendored_openrlhf_aggregate_loss_is_the_wheels(token_level_loss
     copied = vendored.aggregate_loss(per_token, mask, token_level_loss=token_level_loss)
     assert torch.equal(theirs, copied)
     assert torch.equal(gradient(theirs, logp), gradient(copied, logp))
+
+
+# -------------------------------------------------------------------------------------------------------- presets
+
+# What the tests above check for each framework: kl.py's configurations (N: any estimator) and normalisations.
+CHECKED = {
+    "TRL": ({"k3-loss", "k3-loss-ratio", "k3-loss-score"}, {"group_std", "batch_std", "grpo"}),
+    "verl": ({"kN-loss", "kN-loss-st", "kN-reward"}, {"group_std", "grpo"}),
+    "OpenRLHF": ({"kN-loss", "kN-loss-isst", "kN-advantage"}, {"rloo", "group_std", "grpo", "group_whiten", "whiten"}),
+    "SkyRL": ({"kN-loss"}, {"group_std", "grpo"}),
+    "AReaL": ({"kN-loss", "kN-advantage"}, {"group_std", "grpo", "rloo"}),
+}
+
+
+@pytest.mark.parametrize(
+    "preset", [pytest.param(preset, id=name) for name, preset in PRESETS.items() if preset.framework in CHECKED]
+)
+def test_each_preset_is_a_setting_checked_here(preset):
+    """The atlas's presets (klstudy.analysis.presets) of the frameworks checked here are configurations, clamps and
+    normalisations the tests above compare with the framework's code (ε aside: the presets' notes say so)."""
+    configurations, normalisations = CHECKED[preset.framework]
+    spec = kl.KLSpec.from_name(preset.kl, 1.0, clamp=preset.clamp)
+    assert preset.kl in configurations or preset.kl.replace(spec.estimator, "kN", 1) in configurations
+    assert preset.normalisation in normalisations
+    assert preset.clamp == clamp(preset.framework.lower(), spec.estimator)
