@@ -20,6 +20,10 @@ project=${2:-.venv}
 read -r -a pip_flags <<<"${PIP_FLAGS:-}"
 pip=("$project/bin/pip" install --quiet --disable-pip-version-check --no-deps "${pip_flags[@]}")
 
+if [ "$(realpath -m "$venv")" = "$(realpath -m "$project")" ]; then
+    echo "make-frameworks-env: the frameworks environment cannot be the project's venv ($venv)" >&2
+    exit 2
+fi
 rm -rf "$venv"
 "$project/bin/python" -m venv --without-pip "$venv"
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
