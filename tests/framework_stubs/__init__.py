@@ -5,9 +5,10 @@ Each release pinned in envs/frameworks.txt is installed without its dependencies
 one process, one after the other); ``release_module`` imports a module from one of them.
 
 The frameworks import, at package import, heavy modules that the functions under test never call (ray, deepspeed,
-vLLM, flash-attn, ...); ``STAND_INS`` names each, with what imports it. Those modules are stood in for by
-``StandIn`` objects, which take any attribute, call, decoration or subclassing at import time and do nothing, so
-that a test fails loudly (a StandIn where a tensor should be) if a tested function ever reached one.
+vLLM, flash-attn, ...); ``STAND_INS`` names each, with what imports it. While a release is imported, and only then,
+those modules are stood in for by ``StandIn`` objects, which take any attribute, call, decoration or subclassing and
+do nothing, so that a test fails (a StandIn where a tensor should be, or the module missing) if a tested function
+ever reached one.
 """
 
 from __future__ import annotations
@@ -153,26 +154,29 @@ def release_dir(release: str) -> Path:
 
 
 _LOADED: dict[tuple[str, str], types.ModuleType] = {}
+_CURRENT: dict[str, str] = {}  # the release whose modules sys.modules holds, by top-level package
 
 
 def release_module(release: str, name: str) -> types.ModuleType:
     """Module ``name`` of the pinned ``release`` (``"trl-1.9.2"``, ``"trl.trainer.grpo_trainer"``).
 
-    The package's modules already imported from another release are dropped from sys.modules first, and the
-    release's folder is on sys.path only while importing: module objects keep their own globals, so the functions
-    of two releases of one package can be used side by side once imported.
+    The package's modules imported from another release are dropped from sys.modules first, and the release's
+    folder is on sys.path only while importing: module objects keep their own globals, so the functions of two
+    releases of one package can be used side by side once imported.
     """
     if (release, name) in _LOADED:
         return _LOADED[(release, name)]
     top = name.partition(".")[0]
-    for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
-        del sys.modules[loaded]
+    if _CURRENT.get(top) != release:
+        for loaded in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+            del sys.modules[loaded]
+        _CURRENT[top] = release
     folder = str(release_dir(release))
     with _stand_ins(STAND_INS.get(release.rpartition("-")[0], {})):
         sys.path.insert(0, folder)
         try:
             for package in INITS_SKIPPED:
-                if package.partition(".")[0] == top:
+                if package.partition(".")[0] == top and package not in sys.modules:
                     _without_init(package, release_dir(release))
             module = importlib.import_module(name)
         finally:
