@@ -18,7 +18,8 @@ VLLM_FLAVOUR ?= auto
 # more pip flags, e.g. --no-compile: no .pyc written ahead (CI's throwaway venvs: half the install's CPU)
 PIP_FLAGS ?=
 
-.PHONY: venv study status preflight stage driver test test-slurm test-fast test-all test-gpu test-vllm vllm-env lint clean
+.PHONY: venv study status preflight stage driver test test-slurm test-fast test-all test-gpu test-vllm vllm-env \
+	frameworks-env test-frameworks lint clean
 
 ## The project's venv (.venv) from the pinned dependencies (requirements.lock); `PYTHON=` picks the interpreter.
 venv: $(INSTALLED)
@@ -131,6 +132,22 @@ $(VLLM_VENV)/.installed: envs/make-vllm-env.sh envs/vllm-common.txt envs/vllm-cp
 ## The vLLM tests (lm-eval's vllm backend, TRL's colocated vLLM), in the vLLM environment.
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/pytest -m vllm tests/test_vllm.py
+
+## The frameworks environment (.venv-frameworks) for `test-frameworks`: the releases of verl, OpenRLHF, SkyRL, AReaL,
+## TRL and polgrad pinned in envs/frameworks.txt, each without its dependencies, over the project's venv, which it
+## leaves as it is (envs/make-frameworks-env.sh; about 35 s).
+# the frameworks environment
+FRAMEWORKS_VENV ?= .venv-frameworks
+frameworks-env: $(FRAMEWORKS_VENV)/.installed
+
+$(FRAMEWORKS_VENV)/.installed: envs/make-frameworks-env.sh envs/frameworks.txt envs/frameworks-deps.txt $(INSTALLED)
+	PIP_FLAGS="$(PIP_FLAGS)" envs/make-frameworks-env.sh $(FRAMEWORKS_VENV) $(VENV)
+	touch $@
+
+## kl.py against the frameworks' own KL and advantage code (tests/test_frameworks.py, docs/frameworks.md), in the
+## frameworks environment; `make test` skips them. --noconftest: they need none of the suite's fixtures.
+test-frameworks: $(FRAMEWORKS_VENV)/.installed
+	$(FRAMEWORKS_VENV)/bin/python -m pytest -m frameworks --noconftest tests/test_frameworks.py
 
 ## ruff over the repository, then Snakemake's own lint of the workflow.
 lint: $(INSTALLED)
