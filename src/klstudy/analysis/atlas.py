@@ -273,7 +273,11 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
         "above that of every optimum, β_min being where the optimum's KL stops growing) and β_eff/β (< 1: weaker "
         "regularisation than asked for). exact: how the expected update is known. mc: whether the on-policy Monte "
         "Carlo runs end there (monte_carlo.agreement). docs/atlas.md explains it.\n\n"
-        "## Your framework, your version\n\n" + version_table(section).to_markdown(index=False) + "\n\n"
+        "## Your framework, your version, your β\n\n"
+        + summary_table(points, section).to_markdown(index=False)
+        + "\n\n"
+        + version_table(section).to_markdown(index=False)
+        + "\n\n"
         "## What each preset optimises, by β\n\n"
         + presets[["preset", "family", "beta", "reward", "kl", "below", "beta_eff", "ratio", "resolution"]].to_markdown(
             index=False
@@ -307,6 +311,50 @@ def _readable(table: pd.DataFrame) -> pd.DataFrame:
         mc=[("–" if pd.isna(a) else ("agrees" if a else "differs"))
             for a in table.get("mc_agrees", [np.nan] * len(table))],
     )  # fmt: skip
+
+
+def ratio_text(row) -> str:
+    """β_eff/β of one end point as the tables write it: the number, < a bound beyond the optimum curve, or why
+    none (drifts: no fixed point; unsettled: not settled near the boundary)."""
+    if row.resolution == "β_eff":
+        return f"{row.beta_eff_ratio:.2f}"
+    if row.status == "stable" and row.beyond_curve:
+        return f"< {row.curve_beta_min / row.beta:.2g}"
+    return {"drifts": "drifts", "still moving": "unsettled"}.get(row.status, str(row.status))
+
+
+def _range_text(rows: pd.DataFrame) -> str:
+    """β_eff/β over several β of one family: its range where resolved, and how many are not."""
+    resolved = rows[rows.resolution == "β_eff"]
+    parts = [f"{resolved.beta_eff_ratio.min():.2f}–{resolved.beta_eff_ratio.max():.2f}"] if len(resolved) else []
+    if len(resolved) < len(rows):
+        parts.append(f"{len(rows) - len(resolved)} of {len(rows)} not resolved")
+    return "; ".join(parts) or "–"
+
+
+def summary_table(points: pd.DataFrame, section: dict) -> pd.DataFrame:
+    """One row per preset, what the atlas finds (docs/atlas.md leads with it): β_eff/β at each β of ``betas`` in the
+    tabular and the parametric family, at the preset's own default and recipe β, and over ``frameworks_betas``."""
+    presets = presets_of(section)
+    own_betas = {name: {b for b in (p["default_beta"], p["recipe_beta"]) if b} for name, p in presets.items()}
+    field = set(section.get("frameworks_betas") or [])
+    rows = []
+    for name, p in presets.items():
+        mine = points[points.preset == name]
+        row = {"preset": f"{p['framework']} {p['version']}" + (" (proposal)" if p["status"] == "proposal" else ""),
+               "setting": f"{p['kl']}, {p['normalisation']}, G = {p['group']}"}  # fmt: skip
+        for family in ("tabular", "parametric"):
+            at = mine[mine.family == family].set_index("beta")
+            grid = [f"{ratio_text(at.loc[b])}" for b in section["betas"] if b in at.index]
+            row[f"{family}: β_eff/β at β = {' / '.join(f'{b:g}' for b in section['betas'])}"] = " / ".join(grid)
+            if field:
+                own = [f"{ratio_text(at.loc[b])} (β = {b:g})" for b in sorted(own_betas[name]) if b in at.index]
+                row[f"{family}: at its own β"] = "; ".join(own) or "– (off by default)"
+                row[f"{family}: β = {min(field):g}–{max(field):g}"] = _range_text(
+                    at[at.index.isin(field)].reset_index()
+                )
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def version_table(section: dict) -> pd.DataFrame:

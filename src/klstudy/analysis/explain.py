@@ -131,19 +131,19 @@ def end_points(setting: Setting, section: dict, range_betas=RANGE_BETAS) -> dict
     return tables
 
 
-def _ratio_text(row) -> str:
-    if row.resolution == "β_eff":
-        return f"{row.beta_eff_ratio:.2f}"
-    if row.status == "stable" and row.beyond_curve:
-        return f"< {row.curve_beta_min / row.beta:.2g} (more KL than any optimum)"
-    return {"drifts": "none (no fixed point: it drifts)", "still moving": "not settled near the boundary"}.get(
-        row.status, str(row.status)
-    )
+def _meaning(ratio: str) -> str:
+    """atlas.ratio_text's words spelled out for one line of output."""
+    if ratio.startswith("<"):
+        return f"{ratio} (more KL than any optimum of J_β has)"
+    return {"drifts": "none (no fixed point: it drifts to the reward's maximum)",
+            "unsettled": "not resolved (its flow had not settled near the boundary)"}.get(ratio, ratio)  # fmt: skip
 
 
 def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS) -> str:
     """The few lines `klstudy explain` prints (``toy_section``: config ``toy``: Table 1's settings, and the fixed
     points' families, reward and flow)."""
+    from klstudy.analysis import atlas
+
     section = toy_section["fixed_points"]
     bias = kl_gradient_bias(setting.config, toy_section)
     lines = [
@@ -169,7 +169,7 @@ def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS) -> str
         if len(rest) and len(ratios) < len(rest):
             span += "; not resolved at β = " + ", ".join(f"{b:g}" for b in rest.beta[rest.resolution != "β_eff"])
         lines.append(
-            f"β_eff/β, {family} family (T = {section['length']}): {_ratio_text(at)} at β = {setting.beta:g} "
+            f"β_eff/β, {family} family (T = {section['length']}): {_meaning(atlas.ratio_text(at))} at β = {setting.beta:g} "
             f"(task reward {at.reward:.3g}, KL {at.kl:.3g}); {span}"
         )
     lines.append(nearest_unbiased(setting, toy_section))
