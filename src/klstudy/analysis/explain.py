@@ -168,8 +168,9 @@ def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS) -> str
         )
         if len(rest) and len(ratios) < len(rest):
             span += "; not resolved at β = " + ", ".join(f"{b:g}" for b in rest.beta[rest.resolution != "β_eff"])
+        ratio = _meaning(atlas.ratio_text(at))
         lines.append(
-            f"β_eff/β, {family} family (T = {section['length']}): {_meaning(atlas.ratio_text(at))} at β = {setting.beta:g} "
+            f"β_eff/β, {family} family (T = {section['length']}): {ratio} at β = {setting.beta:g} "
             f"(task reward {at.reward:.3g}, KL {at.kl:.3g}); {span}"
         )
     lines.append(nearest_unbiased(setting, toy_section))
