@@ -20,7 +20,7 @@ and holds the code to it, circles of imports included).
 What a user's script needs is imported from here: ``from klstudy import KLTrainer, KLTrainerConfig, kl``.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["KLTrainer", "KLTrainerConfig", "kl"]
 
 # The trainer imports torch, transformers and TRL (seconds): only a script that asks for it pays for them, not a job
