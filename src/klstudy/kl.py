@@ -83,8 +83,9 @@ NAME_PATTERN = (
 # Where each way of differentiating the loss term comes from (Table 1's "framework" column).
 # Who ships each, by version (read at the release tags: docs/record/framework-kl.md).
 LOSS_GRADIENT_SOURCES = {
-    PATHWISE: "the paper; TRL 0.26-1.9 (use_bias_correction_kl False); verl low_var_kl; NeMo-RL 0.6; SkyRL; ROLL",
-    "ratio": "TRL use_bias_correction_kl=True (the default in 1.16.0); slime --use-unbiased-kl (DeepSeek-V3.2)",
+    PATHWISE: "the paper; TRL 0.26-1.9 (use_bias_correction_kl False); verl 0.7-0.9 low_var_kl; NeMo-RL 0.6; "
+    "SkyRL 0.2-0.3 (0.1 computed it without gradient); OpenRLHF 0.11 --algo.kl.use_loss; ROLL 0.3; slime 0.3.1",
+    "ratio": "TRL use_bias_correction_kl=True (the default from 1.10.0); slime 0.3.1 --use-unbiased-kl (DeepSeek-V3.2)",
     "score": "NeMo-RL from 0.7.0 (KL loss × exp(log π − sg[log π]))",
     "st": "verl k1+ / k3+ (value of K, gradient of K2; they raise NotImplementedError before 0.8.0)",
     "isst": "OpenRLHF --algo.kl.unbiased_gradient (from 0.11.1; w = π/π_old detached and capped at 10)",
