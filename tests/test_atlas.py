@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from klstudy import kl
-from klstudy.analysis import atlas
+from klstudy.analysis import atlas, effective_beta
 from klstudy.analysis import fixed_points as fp
 from klstudy.report.figures import atlas as atlas_figure
 
@@ -182,7 +182,7 @@ def test_k1_in_the_reward_has_a_zero_update_at_the_tabular_optimum(normalisation
 @pytest.mark.parametrize("name", fp.FAMILIES)
 def test_the_effective_beta_of_an_optimum_is_its_own_beta(name):
     family, rewards = small(name, 3)
-    curve = fp.OptimumCurve(family, rewards)
+    curve = effective_beta.OptimumCurve(family, rewards)
     for beta in (0.07, 0.4, 2.5):
         theta = fp.family_optimum(family, rewards, beta, curve.optima[min(curve.optima, key=lambda b: abs(b - beta))])
         k = fp.policy_metrics(family, family.sequence_logprobs(theta), rewards, beta)["kl"]
@@ -241,7 +241,7 @@ def drawn():
     )
     length = atlas.length_sweep(SECTION, FLOW)
     drawn_section = dict(SECTION, presets=atlas.presets_of(SECTION))
-    fig, text = atlas_figure.figure(points, length, drawn_section, beta_min=fp.EFFECTIVE_BETA_RANGE[0])
+    fig, text = atlas_figure.figure(points, length, drawn_section, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
     yield fig, text, points
     import matplotlib.pyplot as plt
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from klstudy import claims_rule, kl
+from klstudy.analysis import effective_beta, monte_carlo, toy
 from klstudy.analysis import fixed_points as fp
-from klstudy.analysis import monte_carlo, toy
 
 REWARD = {"kind": "ones_at_least", "threshold": 3}
 FLOW = {"step": 0.25, "steps": 200, "newton_every": 25}
@@ -289,7 +289,7 @@ def test_no_end_point_lies_above_the_frontier_and_the_optimum_lies_on_it():
     parametric = fp.fixed_point_table(fp.family_of(section, "parametric"), section["reward"], ["k2-both"], [1.0],
                                       section["flow"]).assign(family="parametric")  # fmt: skip
     points = pd.concat([points, parametric], ignore_index=True)
-    gaps = fp.below_frontier(points, section)
+    gaps = effective_beta.below_frontier(points, section)
     stable = points.status == "stable"
     assert gaps[stable].notna().all()
     assert (gaps[stable] > -1e-9).all(), gaps[stable].min()

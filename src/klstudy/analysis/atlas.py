@@ -33,6 +33,7 @@ import torch
 
 from klstudy import kl
 from klstudy.analysis import fixed_points as fp
+from klstudy.analysis.effective_beta import OptimumCurve
 from klstudy.analysis.monte_carlo import agreement, toy_claims, train_monte_carlo
 from klstudy.frameworks import PRESETS, Preset
 
@@ -90,7 +91,7 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
     columns), how it is known, β_eff, and what the end point says at that β (``resolution``). A setting's own β
     (``setting['betas']``) replace ``betas``. RLOO's update is G-free: computed once per configuration."""
     rewards = fp.task_reward(family.sequences, reward)
-    curve = fp.OptimumCurve(family, rewards)
+    curve = OptimumCurve(family, rewards)
     cache, rows = {}, []
     for setting in settings:
         config, normalisation, group = setting["config"], setting["normalisation"], setting["group"]
@@ -128,7 +129,7 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
     return table
 
 
-def resolution(row, curve: fp.OptimumCurve) -> str:
+def resolution(row, curve: OptimumCurve) -> str:
     """What the end point at this β says, in words: "β_eff" where it has an effective β; otherwise why not."""
     if row.status == "stable" and np.isfinite(row.beta_eff):
         return "β_eff"

@@ -108,7 +108,7 @@ def _toy_monte_carlo(args):
 def _toy_fixed_points_report(args):
     import pandas as pd
 
-    from klstudy.analysis import fixed_points, monte_carlo
+    from klstudy.analysis import effective_beta, monte_carlo
     from klstudy.report.figures.toy import toy_fixed_points_figure
 
     config = json.loads(args.settings)
@@ -116,7 +116,7 @@ def _toy_fixed_points_report(args):
     points = pd.concat([pd.read_csv(path) for path in args.points], ignore_index=True)
     fronts = pd.concat([pd.read_csv(path) for path in args.frontiers], ignore_index=True)
     end_points = pd.concat([pd.read_csv(path) for path in args.monte_carlo], ignore_index=True)
-    points = points.assign(below_frontier=fixed_points.below_frontier(points, section))
+    points = points.assign(below_frontier=effective_beta.below_frontier(points, section))
     agreed = monte_carlo.agreement(end_points, points)
     claims = monte_carlo.toy_claims(end_points, points, section["claims"], config["claims_rule"], section["tolerance"])
     out = Path(args.png)
@@ -149,7 +149,7 @@ def _toy_atlas(args):
 def _toy_atlas_report(args):
     import pandas as pd
 
-    from klstudy.analysis import atlas, fixed_points
+    from klstudy.analysis import atlas, effective_beta, fixed_points
     from klstudy.report.figures import atlas as atlas_figure
 
     _threads(args.threads)
@@ -167,7 +167,7 @@ def _toy_atlas_report(args):
     judged = atlas.claims(runs, points, section, config["claims_rule"], fixed["tolerance"])
     out = Path(args.png)
     drawn = dict(section, presets=atlas.presets_of(section))  # the figure names each preset by its framework
-    text = atlas_figure.draw(points, length, out, drawn, beta_min=fixed_points.EFFECTIVE_BETA_RANGE[0])
+    text = atlas_figure.draw(points, length, out, drawn, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
     atlas.write_tables(points, length, runs, judged, section, out.parent)
     table = out.with_suffix(".md")  # the figure's caption opens its table's Markdown, which has the figure's name
     table.write_text(f"![{out.stem}]({out.name})\n\n{text}\n\n{table.read_text()}")

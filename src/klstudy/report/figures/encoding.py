@@ -43,7 +43,7 @@ CONFIG_COLOURS = {
     "k2-reward": "#CC79A7",
     "k2-loss": "#7B2D64",
     "k2-both": "#E8B5D3",
-    "k1-advantage": "#332288",
+    "k1-advantage": "#3A2A8C",
     "k3-advantage": "#B35806",
     "k2-advantage": "#9970AB",
 }
