@@ -153,7 +153,8 @@ PRESETS = {
     ),
     "skyrl-k2-proposal": Preset(
         "SkyRL", "0.3.0 + PR 1445",
-        "PR 1445 (open, 'Change default KL estimator to k2'): kl_estimator_type default k2; otherwise skyrl-0.3's defaults",
+        "PR 1445 (open, 'Change default KL estimator to k2'): kl_estimator_type default k2; otherwise skyrl-0.3's "
+        "defaults",
         "k2-loss", "group_std", 5, 0.001,
         status="proposal",
         note="a proposal, in no release; the fork MarinSkyRL ships the same gradient as k3_unbiased_gradient",

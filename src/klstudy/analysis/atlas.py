@@ -121,12 +121,29 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
     # regularises like a β below it ("< β_min"), drifting or not.
     table["beyond_curve"] = (table.status == "stable") & (table.get("kl", np.nan) >= curve.kls.max())
     table["curve_beta_min"] = curve.betas.min()
-    # The reward below the frontier at the end point's KL: the optimum at β_eff has that KL and the most reward there;
-    # beyond the curve, the optimum at β_min, which has all the reward the family can have there (to 1e-9).
-    frontier_beta = np.where(table.beyond_curve, curve.betas.min(), table.beta_eff)
-    table["below_frontier"] = np.array([curve.frontier_reward(b) for b in frontier_beta]) - table.get("reward", np.nan)
+    # The reward below the frontier at the end point's KL: the optimum at β_eff has that KL and the most reward there
+    # (none beyond the curve: no optimum the curve holds has that much KL).
+    table["below_frontier"] = np.array([curve.frontier_reward(b) for b in table.beta_eff]) - table.get("reward", np.nan)
     table["resolution"] = [resolution(row, curve) for row in table.itertuples()]
     return table
+
+
+def with_clamp_binding(points: pd.DataFrame, reference: dict) -> pd.DataFrame:
+    """``points`` with ``clamp_binds``: the probability, under each end point, that a response has a token whose KL
+    estimate passes the setting's clamp. There the token's penalty has no gradient, so a policy that has moved it
+    far from the reference is no longer pulled back: the end point depends on the path (docs/pitfalls.md). NaN
+    without a clamp or an end point. ``reference``: config toy.fixed_points.reference."""
+    binds = []
+    for row in points.itertuples():
+        clamp, theta = getattr(row, "clamp", None), getattr(row, "theta", None)
+        if clamp is None or pd.isna(clamp) or not isinstance(theta, str):
+            binds.append(float("nan"))
+            continue
+        family = fp.Family(row.family, int(row.T), **reference)
+        token_logp = family.token_logprobs(torch.tensor([float(v) for v in theta.split()], dtype=fp.DTYPE))
+        value = kl.token_kl(token_logp, family.reference_logprobs(), kl.KLSpec.from_name(row.config).estimator)
+        binds.append(float((token_logp.sum(-1).exp() * (value.abs() > clamp).any(-1)).sum()))
+    return points.assign(clamp_binds=binds)
 
 
 def resolution(row, curve: OptimumCurve) -> str:
@@ -269,20 +286,22 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
         "The atlas (toy model, exact, float64): each setting's end point against the optimum of J_β = E[R] − β·KL in "
         "the same family: task reward, KL(π‖π_ref), the gap J_β(optimum) − J_β(end), below: the reward below the "
         "reward–KL frontier at the end point's KL (the reward of the optimum at β_eff, which has that KL, minus the "
-        "end point's; beyond the optimum curve, the reward of the optimum at its smallest β), β_eff (the β whose "
+        "end point's; – without β_eff), β_eff (the β whose "
         "optimum has the end point's KL; – where the setting has no stable fixed point; < β_min where its KL is "
         "above that of every optimum, β_min being where the optimum's KL stops growing) and β_eff/β (< 1: weaker "
         "regularisation than asked for). exact: how the expected update is known. mc: whether the on-policy Monte "
         "Carlo runs end there (monte_carlo.agreement). docs/atlas.md explains it.\n\n"
         "## Your framework, your version, your β\n\n"
         + summary_table(points, section).to_markdown(index=False)
-        + "\n\n"
+        + f"\n\n{CLAMP_MARK}: the preset's clamp binds at that end point (a response has a token whose KL estimate "
+        "passes it, with the probability in the column clamp_binds of atlas.csv): that token's penalty has no "
+        "gradient there, and the end point depends on the path (docs/pitfalls.md).\n\n"
         + version_table(section).to_markdown(index=False)
         + "\n\n"
         "## What each preset optimises, by β\n\n"
-        + presets[["preset", "family", "beta", "reward", "kl", "below", "beta_eff", "ratio", "resolution"]].to_markdown(
-            index=False
-        )
+        + presets[
+            ["preset", "family", "beta", "reward", "kl", "below", "beta_eff", "ratio", "clamp", "resolution"]
+        ].to_markdown(index=False)
         + "\n\n## Claims\n\n"
         + claims_text[claim_columns].to_markdown(index=False)
         + "\n\n## Length (T = 1..max, threshold ceil("
@@ -311,17 +330,24 @@ def _readable(table: pd.DataFrame) -> pd.DataFrame:
                zip(table.beta_eff_ratio, table.beyond_curve, table.curve_beta_min, table.beta, strict=True)],
         mc=[("–" if pd.isna(a) else ("agrees" if a else "differs"))
             for a in table.get("mc_agrees", [np.nan] * len(table))],
+        clamp=[("–" if pd.isna(b) else f"binds {b:.2g}" if b > 0 else "never binds")
+               for b in table.get("clamp_binds", [np.nan] * len(table))],
     )  # fmt: skip
+
+
+CLAMP_MARK = "†"  # the setting's clamp binds at this end point (with_clamp_binding): it depends on the path
 
 
 def ratio_text(row) -> str:
     """β_eff/β of one end point as the tables write it: the number, < a bound beyond the optimum curve, or why
-    none (drifts: no fixed point; unsettled: not settled near the boundary)."""
+    none (drifts: no fixed point; unsettled: not settled near the boundary); CLAMP_MARK where the clamp binds."""
     if row.resolution == "β_eff":
-        return f"{row.beta_eff_ratio:.2f}"
-    if row.status == "stable" and row.beyond_curve:
-        return f"< {row.curve_beta_min / row.beta:.2g}"
-    return {"drifts": "drifts", "still moving": "unsettled"}.get(row.status, str(row.status))
+        text = f"{row.beta_eff_ratio:.2f}"
+    elif row.status == "stable" and row.beyond_curve:
+        text = f"< {row.curve_beta_min / row.beta:.2g}"
+    else:
+        text = {"drifts": "drifts", "still moving": "unsettled"}.get(row.status, str(row.status))
+    return text + (CLAMP_MARK if getattr(row, "clamp_binds", 0) > 0 else "")
 
 
 def _range_text(rows: pd.DataFrame) -> str:

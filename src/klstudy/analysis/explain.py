@@ -127,22 +127,28 @@ def end_points(setting: Setting, section: dict, range_betas=RANGE_BETAS) -> dict
     tables = {}
     for name in fp.FAMILIES:
         family = fp.family_of(section, name)
-        tables[name] = atlas.end_points(family, section["reward"], [row], betas, section["flow"])
+        table = atlas.end_points(family, section["reward"], [row], betas, section["flow"])
+        tables[name] = atlas.with_clamp_binding(table, section["reference"])
     return tables
 
 
 def _meaning(ratio: str) -> str:
     """atlas.ratio_text's words spelled out for one line of output."""
+    from klstudy.analysis import atlas  # torch: only when something is computed
+
+    clamped = ratio.endswith(atlas.CLAMP_MARK)
+    ratio = ratio.removesuffix(atlas.CLAMP_MARK)
     if ratio.startswith("<"):
-        return f"{ratio} (more KL than any optimum of J_β has)"
-    return {"drifts": "none (no fixed point: it drifts to the reward's maximum)",
-            "unsettled": "not resolved (its flow had not settled near the boundary)"}.get(ratio, ratio)  # fmt: skip
+        ratio = f"{ratio} (more KL than any optimum of J_β has)"
+    ratio = {"drifts": "none (no fixed point: it drifts to the reward's maximum)",
+             "unsettled": "not resolved (its flow had not settled near the boundary)"}.get(ratio, ratio)  # fmt: skip
+    return ratio + (" (its clamp binds there: the end point depends on the path)" if clamped else "")
 
 
 def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS) -> str:
     """The few lines `klstudy explain` prints (``toy_section``: config ``toy``: Table 1's settings, and the fixed
     points' families, reward and flow)."""
-    from klstudy.analysis import atlas
+    from klstudy.analysis import atlas  # torch: only when something is computed
 
     section = toy_section["fixed_points"]
     bias = kl_gradient_bias(setting.config, toy_section)

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from klstudy.analysis.explain import RANGE_BETAS
+from klstudy.analysis.explain import RANGE_BETAS  # no torch: explain imports it when it computes
 from klstudy.run import stages
 
 
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     explaining.add_argument("--on", help="with --kl: the framework whose other options to look among")
     explaining.add_argument("--beta", type=float, help="β (default: the preset's own, else 0.1)")
     explaining.add_argument(
-        "--range", type=float, nargs="+", default=list(RANGE_BETAS), help="the β range it is computed over besides"
+        "--range", type=float, nargs="+", default=list(RANGE_BETAS), help="the β it is computed at besides"
     )
     explaining.add_argument("--config", default="config.yaml", help="the config whose toy section it computes in")
     explaining.set_defaults(run=_explain)

@@ -157,6 +157,7 @@ def _toy_atlas_report(args):
     fixed, section = config["toy"]["fixed_points"], config["toy"]["atlas"]
     start = time.perf_counter()
     points = pd.concat([pd.read_csv(path) for path in args.points], ignore_index=True)
+    points = atlas.with_clamp_binding(points, fixed["reference"])
     length = pd.read_csv(args.length)
     carlo = dict(fixed["monte_carlo"], **section["monte_carlo"])
     atlas_section = dict(section, reference=fixed["reference"], monte_carlo=carlo)
