@@ -1,7 +1,8 @@
 """The pitfalls of docs/pitfalls.md, each shown: a sequence-level importance ratio times a ratio-corrected per-token KL
 (TRL's `importance_sampling_level="sequence"` with `use_bias_correction_kl`) adds a gradient term no per-token
 correction has, exactly, in the toy model; K3 overflows in float16, and a clamp on K3 then keeps its value but not
-its gradient; a KL loss computed without gradient trains as no KL."""
+its gradient; a clamp on K3 gives a KL loss two stable end points; a KL loss computed without gradient trains as no
+KL."""
 
 import numpy as np
 import pytest
@@ -104,3 +105,36 @@ def test_a_kl_loss_computed_without_gradient_trains_as_no_kl_exactly(monkeypatch
     original = kl.loss_penalty
     monkeypatch.setattr(kl, "loss_penalty", lambda *args, **kwargs: original(*args, **kwargs).detach())  # no_grad
     torch.testing.assert_close(penalised(theta), none, rtol=0, atol=1e-14)
+
+
+def test_a_clamp_on_k3_lets_the_end_point_depend_on_the_path():
+    """verl's KL loss (K3 clamped at 10, ÷ group std, G = 5) at β = 0.1 in the parametric toy has two stable end
+    points: the branch followed down in β from the reference (A), and the one Newton's method reaches at β = 0.1 from
+    the branch at β = 0.02 (B). At B the clamp binds (some responses have a token whose K3 passes 10, whose penalty
+    then has no gradient) and the task reward is higher; without the clamp the update has no second point there."""
+    import pandas as pd
+
+    from klstudy.analysis import atlas
+    from klstudy.analysis import fixed_points as fp
+
+    family = fp.Family("parametric", 4, -0.5, 0.1)
+    rewards = fp.task_reward(family.sequences, {"kind": "ones_at_least", "threshold": 3})
+    flow = {"step": 0.25, "steps": 200, "newton_every": 25}
+
+    def update(beta, clamp):
+        return fp.NormalisedUpdate(family, rewards, kl.KLSpec.from_name("k3-loss", beta, clamp=clamp), "group_std", 5)
+
+    def reward(theta):
+        return fp.policy_metrics(family, family.sequence_logprobs(theta), rewards, 0.1)["reward"]
+
+    branch = fp.fixed_point_branch(family, rewards, "k3-loss", [0.02, 0.1], flow, lambda s: update(s.beta, 10.0), 10.0)
+    a = branch[0.1].theta
+    b, converged = fp._newton(update(0.1, 10.0), branch[0.02].theta)
+    assert branch[0.1].status == "stable" and converged and fp.is_stable(update(0.1, 10.0), b)
+    assert reward(b) - reward(a) > 0.03, (reward(a), reward(b))
+    rows = pd.DataFrame([dict(family="parametric", T=4, clamp=10.0, config="k3-loss",
+                              theta=" ".join(f"{v:.17g}" for v in t.tolist())) for t in (a, b)])  # fmt: skip
+    binds = atlas.with_clamp_binding(rows, {"a_ref": -0.5, "b_ref": 0.1}).clamp_binds
+    assert binds[0] == 0 and binds[1] > 1e-4, binds
+    unclamped, found = fp._newton(update(0.1, None), branch[0.02].theta)
+    assert not (found and fp.is_stable(update(0.1, None), unclamped) and abs(reward(unclamped) - reward(a)) > 1e-6)
