@@ -292,10 +292,8 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
         "regularisation than asked for). exact: how the expected update is known. mc: whether the on-policy Monte "
         "Carlo runs end there (monte_carlo.agreement). docs/atlas.md explains it.\n\n"
         "## Your framework, your version, your β\n\n"
-        + summary_table(points, section).to_markdown(index=False)
-        + f"\n\n{CLAMP_MARK}: the preset's clamp binds at that end point (a response has a token whose KL estimate "
-        "passes it, with the probability in the column clamp_binds of atlas.csv): that token's penalty has no "
-        "gradient there, and the end point depends on the path (docs/pitfalls.md).\n\n"
+        + summary_markdown(points, section)
+        + "\n\n"
         + version_table(section).to_markdown(index=False)
         + "\n\n"
         "## What each preset optimises, by β\n\n"
@@ -382,6 +380,18 @@ def summary_table(points: pd.DataFrame, section: dict) -> pd.DataFrame:
                 )
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def summary_markdown(points: pd.DataFrame, section: dict) -> str:
+    """summary_table as Markdown with what its marks mean: the run's atlas.md and docs/atlas.md lead with it."""
+    return (
+        summary_table(points, section).to_markdown(index=False)
+        + f"\n\n{CLAMP_MARK}: the preset's clamp binds at that end point (a response has a token whose KL estimate "
+        "passes it; the probability is atlas.csv's clamp_binds): that token's penalty has no gradient there, and where "
+        "training ends depends on the path (docs/pitfalls.md). < x: more KL than any optimum of J_β has, so β_eff is "
+        "below the optimum curve's smallest β; drifts: no fixed point; unsettled: not settled near the boundary; "
+        "not resolved: one of these."
+    )
 
 
 def version_table(section: dict) -> pd.DataFrame:
