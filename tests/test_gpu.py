@@ -7,6 +7,11 @@ package's own Python dependencies.
   transformers' generation): on-policy K1 in the reward and the loss, K1 in the loss with 4 updates per batch, and K3
   in the loss asynchronous (level 2), each with micro-batches (gradient accumulation).
 - A cell killed (SIGKILL) after step 3 and run again: it resumes from its FSDP checkpoint of step 2.
+- A slice boundary (train/slices.py): the asynchronous cell, told its job ends within its reserve, saves an FSDP
+  checkpoint after step 1 and stops, leaving the slice mark; the next slice resumes from it and finishes the cell.
+- The training jobs run two rounds at a time, sharing the GPU (about 10 GiB each at this shape): the first attempts
+  together, then the two resumptions, so that the suite fits the minutes a lent GPU gives. Their tokens/s are
+  therefore those of a shared GPU (benchmarks/step_phases.py measures one job alone).
 - lm-eval's hf backend on the GPU (`klstudy evaluate`), Fig. 12 on the GPU (`klstudy divergence`).
 
 It asserts that every final/ and snapshot loads in bf16, one metrics line per step, the resume, and prints generated
@@ -19,6 +24,7 @@ those of the GPU itself (accelerate runs the FSDP launch config without FSDP on 
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -29,8 +35,9 @@ import torch
 from workflow_helpers import ROOT, validated_cell
 
 from klstudy import config
+from klstudy.config import CHECKPOINT_COMPLETE
 from klstudy.data import staging
-from klstudy.train import models, standins
+from klstudy.train import models, slices, standins
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.cuda.is_available()
@@ -67,18 +74,46 @@ CELLS = {
 }
 KILLED = dict(kl="k1-loss", train=TRAIN, snapshot_steps=[2, 4])  # killed after step 3; Fig. 12 reads its snapshots
 KILL_AT = 3
+SLICED = "async"  # the cell run in two slices: an hour left before its job's end and two reserved stop it at once
+SLICE_END = {"KLSTUDY_JOB_END": str(time.time() + 3600)}
+SLICE_RESERVE = ["--save-before-limit", "7200"]
 
 
-def _klstudy(*args, env=None, launch=False, timeout=600) -> subprocess.CompletedProcess:
-    """A `klstudy` command as a rule runs it; ``launch``: under `accelerate launch`, FSDP config, one process."""
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _command(*args, env=None, launch=False) -> tuple[list[str], dict]:
+    """A `klstudy` command as a rule runs it; ``launch``: under `accelerate launch`, FSDP config, one process, on a
+    port of its own (jobs run side by side)."""
     command = [sys.executable, "-m", "klstudy", *args]
     if launch:
         accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / FSDP)]
-        command = [*accelerate, "--num_processes", "1", "-m", "klstudy", *args]
+        command = [*accelerate, "--num_processes", "1", "--main_process_port", str(_free_port()), "-m", "klstudy",
+                   *args]  # fmt: skip
     # src first, then whatever PYTHONPATH already holds (on a machine without a registry: the carried wheels).
     python_path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
-    environment = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
+    return command, {**os.environ, "PYTHONPATH": python_path, **(env or {})}
+
+
+def _klstudy(*args, env=None, launch=False, timeout=600) -> subprocess.CompletedProcess:
+    command, environment = _command(*args, env=env, launch=launch)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
+
+
+def _side_by_side(jobs: dict[str, tuple[list, dict]], timeout=600) -> dict[str, tuple]:
+    """Runs the jobs at once; for each, its CompletedProcess and its seconds."""
+    start = time.perf_counter()
+    running = {name: subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name, (command, env) in jobs.items()}  # fmt: skip
+    done = {}
+    for name, process in running.items():
+        stdout, stderr = process.communicate(timeout=timeout)
+        done[name] = (subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr),
+                      time.perf_counter() - start)  # fmt: skip
+    return done
 
 
 def _check(run: subprocess.CompletedProcess) -> str:
@@ -100,18 +135,18 @@ def workdir(tmp_path_factory):
     return path
 
 
-def _train(workdir, name: str, spec: dict, env=None) -> subprocess.CompletedProcess:
+def _train(workdir, name: str, spec: dict, env=None, extra=()) -> tuple[list[str], dict]:
     cell = validated_cell(spec["train"], study=name, kl=spec["kl"], beta=0.1,
                           snapshot_steps=spec.get("snapshot_steps", ()))  # fmt: skip
     args = ["train", "--settings", json.dumps(cell), "--model", str(workdir / "models" / SHAPE),
             "--train-data", str(workdir / "data/math_train.jsonl"),
             "--heldout-data", str(workdir / "data/math_test.jsonl"),
             "--out", str(workdir / "runs" / name), "--checkpoints", str(workdir / "checkpoints" / name),
-            "--tracking-dir", str(workdir / "tracking")]  # fmt: skip
-    return _klstudy(*args, env=env, launch=True)
+            "--tracking-dir", str(workdir / "tracking"), *extra]  # fmt: skip
+    return _command(*args, env=env, launch=True)
 
 
-def _throughput(name: str, spec: dict, rows: list[dict], seconds: float) -> dict:
+def _throughput(name: str, spec: dict, rows: list[dict], seconds: float, sharing: int) -> dict:
     """Generated tokens/s (generation and scoring of each batch), trained completion tokens/s (the optimiser steps'
     forward and backward passes: TRL's step_time less generation_time), peak GPU memory of any step: from the cell's
     metrics.jsonl."""
@@ -126,6 +161,7 @@ def _throughput(name: str, spec: dict, rows: list[dict], seconds: float) -> dict
             per_update * len(rows) / (sum(r["step_time"] for r in rows) - sum(s for _, s in generated)), 1
         ),  # fmt: skip
         "peak_gpu_memory_gib": max((r.get("peak_memory_gib", 0.0) for r in rows), default=0.0),
+        "jobs_sharing_the_gpu": sharing,
     }
     REPORT["cells"][name] = numbers
     print(f"\n{SHAPE} {name}: {json.dumps(numbers)}", flush=True)
@@ -141,13 +177,33 @@ def _assert_loads_in_bf16(model_dir: Path, parameters: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(workdir):
-    """The three cells, each one `accelerate launch` job."""
+def rounds(workdir):
+    """Every training job, in two rounds of jobs side by side: the three cells (the sliced one's first slice) and the
+    killed cell (SIGKILL after step 3: nothing flushed, as SLURM's time limit or the OOM killer end a job); then the
+    next slice and the rerun that resumes the killed cell. Each: its CompletedProcess, seconds and metrics."""
+    first = {name: _train(workdir, name, spec) for name, spec in CELLS.items() if name != SLICED}
+    first[SLICED] = _train(workdir, SLICED, CELLS[SLICED], env=SLICE_END, extra=SLICE_RESERVE)
+    first["killed"] = _train(workdir, "killed", KILLED, env={"KLSTUDY_KILL_AT_STEP": str(KILL_AT)})
+    ran = {"first": _side_by_side(first)}
+    ran["before"] = staging.read_jsonl(workdir / "runs" / "killed" / "metrics.jsonl")  # as the kill left them
+    mark = workdir / "checkpoints" / SLICED / slices.SLICE_ENDED
+    ran["mark"] = json.loads(mark.read_text()) if mark.exists() else None
+    ran["slice_checkpoint"] = sorted(str(p.relative_to(mark.parent)) for p in mark.parent.glob("checkpoint-*/*"))
+    ran["second"] = _side_by_side({SLICED: _train(workdir, SLICED, CELLS[SLICED]),
+                                   "killed": _train(workdir, "killed", KILLED)})  # fmt: skip
     for name, spec in CELLS.items():
-        start = time.perf_counter()
-        _check(_train(workdir, name, spec))
-        metrics = staging.read_jsonl(workdir / "runs" / name / "metrics.jsonl")
-        _throughput(name, spec, metrics, time.perf_counter() - start)
+        run, seconds = ran["second" if name == SLICED else "first"][name]
+        if run.returncode == 0:
+            rows = staging.read_jsonl(workdir / "runs" / name / "metrics.jsonl")
+            _throughput(name, spec, rows, seconds, sharing=len(ran["first"]))
+    return ran
+
+
+@pytest.fixture(scope="module")
+def trained(workdir, rounds):
+    """The three cells, each ended with exit 0 (the sliced one in its second slice)."""
+    for name in CELLS:
+        _check(rounds["second" if name == SLICED else "first"][name][0])
     return workdir
 
 
@@ -174,17 +230,31 @@ def test_cells_train_under_fsdp_with_one_metrics_line_per_step(trained, name):
 
 
 @pytest.fixture(scope="module")
-def killed_and_resumed(workdir):
-    """A cell killed after step 3 (SIGKILL: nothing flushed, as SLURM's time limit or the OOM killer end a job), its
-    metrics as they were then, and the rerun that resumes it."""
-    killed = _train(workdir, "killed", KILLED, env={"KLSTUDY_KILL_AT_STEP": str(KILL_AT)})
+def killed_and_resumed(workdir, rounds):
+    """The killed cell, its metrics as the kill left them, and the log of the rerun that resumed it."""
+    killed = rounds["first"]["killed"][0]
     assert killed.returncode != 0, "the job killed at step 3 should have failed"
-    before = staging.read_jsonl(workdir / "runs" / "killed" / "metrics.jsonl")
-    start = time.perf_counter()
-    log = _check(_train(workdir, "killed", KILLED))
+    log = _check(rounds["second"]["killed"][0])
     rows = staging.read_jsonl(workdir / "runs" / "killed" / "metrics.jsonl")
-    _throughput("killed_resumed", KILLED, rows[2:], time.perf_counter() - start)  # the resumed attempt's steps
-    return workdir, before, log
+    _throughput("killed_resumed", KILLED, rows[2:], rounds["second"]["killed"][1], sharing=2)  # the resumed steps
+    return workdir, rounds["before"], log
+
+
+def test_a_cell_stopped_before_its_jobs_end_saves_under_fsdp_and_goes_on_in_its_next_slice(trained, rounds):
+    first, _ = rounds["first"][SLICED]
+    log = _check(first)
+    assert "unfinished after 1 steps" in log, log[-3000:]
+    assert rounds["mark"] is not None and rounds["mark"]["step"] == 1 and rounds["mark"]["checkpoint_seconds"] >= 0
+    checkpoints = trained / "checkpoints" / SLICED
+    updates = CELLS[SLICED]["train"]["batch_prompts"] // CELLS[SLICED]["train"]["minibatch_prompts"]
+    saved = rounds["slice_checkpoint"]  # what the first slice left (the next one's later checkpoints rotate it out)
+    assert f"checkpoint-{updates}/{CHECKPOINT_COMPLETE}" in saved, saved
+    if CUDA:
+        assert f"checkpoint-{updates}/pytorch_model_fsdp_0" in saved, saved
+    assert not (checkpoints / slices.SLICE_ENDED).exists()  # the next slice cleared the mark
+    summary = json.loads((trained / "runs" / SLICED / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["resumed_from"].endswith(f"checkpoint-{updates}")
+    REPORT["slice"] = {"checkpoint_seconds": rounds["mark"]["checkpoint_seconds"], "step": rounds["mark"]["step"]}
 
 
 def test_a_killed_fsdp_run_resumes_from_its_checkpoint(killed_and_resumed):

@@ -30,7 +30,10 @@ KV_BYTES = 2  # bf16 K and V (vLLM's "auto" cache dtype for a bf16 model)
 WEIGHT_BYTES = 2  # the engine's bf16 copy of the weights
 STATE_BYTES = 16  # float32 weights, gradients and Adam's two moments, per parameter
 REFERENCE_BYTES = 2  # the bf16 reference model, per parameter
-ACTIVATION_BYTES = 8  # per token, layer and unit of width: the 4B step's 7.8 GiB for 10 × ~1,130 tokens, rounded up
+# per token, layer and unit of width: the 4B step's 7.8 GiB for 10 × ~1,130 tokens, rounded up. The loss pass alone
+# measured 4.9 (Qwen2.5-7B, 1088 tokens) and 4.6 (Qwen3-4B, 4160) on an H200 (docs/record/gpu.md): 8 keeps the
+# whole step's other temporaries.
+ACTIVATION_BYTES = 8
 VLLM_RESERVE = 3 * GIB  # vLLM's profiled activations, CUDA graphs and non-torch memory: an allowance
 TRAINING_RESERVE = 2 * GIB  # the CUDA context, NCCL buffers: an allowance
 HEADROOM = 0.05  # of the GPU left to the allocator's fragmentation
