@@ -16,7 +16,7 @@ from matplotlib.collections import Collection, PathCollection
 from matplotlib.lines import Line2D, _get_dash_pattern
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
-from rendered import problems
+from rendered import _texts, problems
 
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import numbers_in
@@ -213,12 +213,25 @@ def panel_problems(fig, caption) -> list[str]:
     return found
 
 
+def outside(fig) -> list[str]:
+    """Texts (legends' included) that run past the figure's edge: cut off in the saved image."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    cut = []
+    for text in _texts(fig):  # drawn texts (a tick outside its axis' view is not drawn)
+        box = text.get_window_extent(renderer)
+        if box.x0 < page.x0 - 1 or box.x1 > page.x1 + 1 or box.y0 < page.y0 - 1 or box.y1 > page.y1 + 1:
+            cut.append(f"text past the figure's edge: {text.get_text()[:40]!r}")
+    return cut
+
+
 def size_problems(fig) -> list[str]:
     width, height = fig.get_size_inches()
     found = []
     if round(width, 3) not in (encoding.SINGLE_COLUMN, encoding.FULL_WIDTH) or height > encoding.MAX_HEIGHT + 1e-9:
         found.append(f"print size {width:.2f} × {height:.2f} in")
-    return found + problems(fig)
+    return found + problems(fig) + outside(fig)
 
 
 def every_problem(fig, caption, config: dict) -> list[str]:

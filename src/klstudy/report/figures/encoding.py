@@ -71,7 +71,7 @@ BASE_COLOUR = "0.55"  # the base model (no RL)
 # A framework's per-token loss gradient: its pathwise configuration's colour, darkened by this much (0: the same).
 LOSS_GRADIENT_SHADES = {PATHWISE: 0.0, "ratio": 0.35, "score": 0.55, "st": -0.35, "isst": -0.55}
 # Without colour: the marker's shape says the placement, its fill the estimator (K1 filled, K3 hollow, K2 half).
-PLACEMENT_MARKERS = {"reward": "o", "loss": "s", "both": "^", "none": "D"}
+PLACEMENT_MARKERS = {"reward": "o", "loss": "s", "both": "^", "none": "D", "advantage": "v"}
 ESTIMATOR_FILLS = {"k1": "full", "k3": "none", "k2": "bottom"}
 # β by its value, the same β drawn the same way in every figure of every run (not by its rank in one run's grid):
 # (line style, hatch). Dash lengths are in line widths; every period fits twice in a legend's sample (FONTS).
@@ -306,7 +306,9 @@ def legend_below(fig, handles: list, columns: int | None = None) -> None:
     """One legend for the figure, under its panels (outside the data)."""
     if handles:
         width = fig.get_size_inches()[0]
-        columns = columns or max(1, min(len(handles), 2 if width < FULL_WIDTH else 3))
+        longest = max(len(str(h.get_label())) for h in handles)
+        fits = 2 if longest <= 26 else 1  # columns of a single-column figure's legend
+        columns = columns or max(1, min(len(handles), fits if width < FULL_WIDTH else 3))
         fig.legend(handles=handles, loc="outside lower center", ncols=columns, frameon=False)
 
 

@@ -1,5 +1,5 @@
 """The panels of the config's ``figures`` section, one function per panel kind, from the aggregated tables; each
-draws the noise as it is (series.draw_series) and returns what it drew (Drawn), with the numbers its caption
+draws the noise as it is (draw_series) and returns what it drew (Drawn), with the numbers its caption
 quotes read from its artists."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import matplotlib.colors as mcolors
 import numpy as np
 import pandas as pd
 
@@ -89,8 +90,11 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
                         alpha=0.55, label="_seed")[0], kl_config, beta, "seed")  # fmt: skip
     elif stats.se.notna().any():
         low, high = stats["mean"] - stats.se, stats["mean"] + stats.se
-        tag(ax.fill_between(x, low, high, color=style["color"], alpha=0.15, linewidth=0, label="_band"), kl_config,
-            beta, "band")  # fmt: skip
+        # a light fill, its edge in β's line style: two bands of one configuration at two β stay apart
+        band = ax.fill_between(x, low, high, facecolor=mcolors.to_rgba(style["color"], 0.12), linewidth=0.6,
+                               edgecolor=mcolors.to_rgba(style["color"], 0.6), linestyle=style["linestyle"],
+                               label="_band")  # fmt: skip
+        tag(band, kl_config, beta, "band")
         band = True
     line = ax.plot(x, stats["mean"], label=label, linewidth=MEAN_LINEWIDTH if seeds > 1 else 1.2, **style)[0]
     return tag(line, kl_config, None if kl_config == NO_KL else beta), seeds, band

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -79,7 +80,7 @@ def draw_training_figure(study: str, config: dict, tables: dict):
     spans = _scale_rows(axes, metrics, caption)
     legend_below(fig, _legend(spec["kl"], betas if has_kl else [], seeds, crowded_any(training, betas, seeds),
                               reference))  # fmt: skip
-    fig.suptitle(f"Training dynamics: {study_name(config, study)}")
+    fig.suptitle(textwrap.fill(f"Training dynamics: {study_name(config, study)}", 40 if width < FULL_WIDTH else 80))
     design = caption.design
     caption.add(
         f"**Training dynamics: {study_name(config, study)}.** "
