@@ -408,8 +408,8 @@ def toy_end_points():
     on = {0.3: (0.9, 1.2), 1.0: (0.7, 0.6), 3.0: (0.35, 0.1)}
     rows = [dict(family="tabular", config=c, beta=b, status="stable", reward=r, kl=k, objective_gap=0.0)
             for c in ("k1-reward", "k3-both") for b, (r, k) in on.items()]  # fmt: skip
-    rows += [dict(family="tabular", config="k3-loss", beta=b, status="stable", reward=r - 0.1, kl=k, objective_gap=0.01 / b)
-             for b, (r, k) in on.items()]  # fmt: skip
+    rows += [dict(family="tabular", config="k3-loss", beta=b, status="stable", reward=r - 0.1, kl=k,
+                  objective_gap=0.01 / b) for b, (r, k) in on.items()]  # fmt: skip
     rows += [dict(family="tabular", config=c, beta=b, status="drifts", reward=1.0, kl=2.74, objective_gap=np.nan)
              for c in ("none", "k1-loss") for b in on]  # fmt: skip
     fronts = pd.DataFrame({"family": "tabular", "kl": [0.0, 0.3, 2.5], "reward": [0.2, 0.5, 1.0]})

@@ -174,8 +174,9 @@ def _label_ends(ax, ends: list, right: float) -> None:
         lines = label.count("\n") + 1
         y_text = max(y, last + gap * (lines + 1) / 2)
         last = y_text + gap * (lines - 1) / 2
-        ax.annotate(label, (line.get_xdata()[-1], line.get_ydata()[-1]), xytext=(right, 10**y_text),
-                    textcoords="data", ha="left", va="center", fontsize=7, color=line.get_color(), arrowprops=JOIN)  # fmt: skip
+        end = (line.get_xdata()[-1], line.get_ydata()[-1])
+        ax.annotate(label, end, xytext=(right, 10**y_text), textcoords="data", ha="left", va="center", fontsize=7,
+                    color=line.get_color(), arrowprops=JOIN)  # fmt: skip
 
 
 def _grid_panel(ax, rows: pd.DataFrame, family: str) -> None:

@@ -85,14 +85,16 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame):
     return fig, finish(fig, caption)
 
 
-FIG01_CAPTION = """\
-**Bias and variance of KL-gradient estimates in the parametric autoregressive model (the paper's Figure 1, §3.3).** \
-The estimate of ∇ KL(π‖π_ref) with respect to the policy's parameters a and b, against the sequence length T, one \
-column per setting (the policy's parameters a and b, the reference's). Top two rows: the squared bias, exact: the \
-estimator's expectation by enumerating every sequence (T ≤ 16) minus the exact gradient; grey, the Monte Carlo noise floor, the squared standard \
-error of a bias estimated from {trials} trials of {sequences} sequences, below which a sampled bias cannot be told \
-from zero. Bottom two rows: the variance, Monte Carlo, with a ± 1 se band, variance·(1 ± √(2/(trials − 1))). The \
-frameworks' per-token loss corrections are Table 1's, not this figure's."""
+FIG01_CAPTION = (
+    "**Bias and variance of KL-gradient estimates in the parametric autoregressive model (the paper's Figure 1, "
+    "§3.3).** The estimate of ∇ KL(π‖π_ref) with respect to the policy's parameters a and b, against the sequence "
+    "length T, one column per setting (the policy's parameters a and b, the reference's). Top two rows: the squared "
+    "bias, exact: the estimator's expectation by enumerating every sequence (T ≤ 16) minus the exact gradient; grey, "
+    "the Monte Carlo noise floor, the squared standard error of a bias estimated from {trials} trials of {sequences} "
+    "sequences, below which a sampled bias cannot be told from zero. Bottom two rows: the variance, Monte Carlo, with "
+    "a ± 1 se band, variance·(1 ± √(2/(trials − 1))). The frameworks' per-token loss corrections are Table 1's, not "
+    "this figure's."
+)
 
 
 def _row_name(metric: str, param: str) -> str:
