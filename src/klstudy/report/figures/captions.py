@@ -211,8 +211,9 @@ How to read these figures
 =========================
 
 Every figure of this folder follows the conventions below; each caption says only what is particular to its figure.
-The figures are drawn from the run's tables (results/tables, the claims table, the toy model's tables), and every
-number in a caption is read from what the figure draws.
+The figures are drawn from the run's tables (the aggregated results, the claims table, the toy model's tables); a
+number a caption gives of the data is read from what the figure draws, the others are the design's (β, seeds,
+steps, questions).
 
 Encoding
 --------

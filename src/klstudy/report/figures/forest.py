@@ -8,7 +8,6 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from klstudy.config import CLAIMS_FIGURE, testable_by_design
@@ -42,6 +41,10 @@ METRIC_TITLES = {
 # known): a proportion lies in [0, 1], so a difference in [−b, 1 − b]; a KL or an entropy is ≥ 0, so ≥ −b.
 PROPORTION_METRICS = {"heldout", "evaluation"}
 NON_NEGATIVE_METRICS = {"final_kl", "forward_kl", "entropy"}
+RANGE_WORDS = {
+    "proportion": "a difference of two scores between 0 and 1 lies in [−b, 1 − b] for a baseline b",
+    "non-negative": "a difference of two non-negative quantities is at least −b for a baseline b",
+}
 MARGIN_COLOUR = "0.85"  # a same claim's margin: neither a verdict's colour nor a configuration's
 ROW_INCHES = 0.17  # one row at 7 pt
 CAP = 40.0  # a panel spans every interval, up to this many times its largest |effect| + se (then an arrow)
@@ -87,7 +90,7 @@ def _entries(rows: pd.DataFrame) -> list[tuple[str, str, dict | None]]:
         first = records[0]
         words = claim_words(first.get("text", first["claim"]))
         predicted = PREDICTED_WORDS.get(str(first.get("predicted")), "")
-        entries.append(("header", textwrap.fill(f"{words} ({predicted})", 105), None))
+        entries.append(("header", textwrap.fill(f"{words} ({predicted})", 80), None))
         entries += [("row", claim_beta(r) or "", r) for r in records]
     return entries
 
@@ -114,10 +117,15 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
     fig.suptitle(f"{title}: effect ± critical·se, the interval the verdict reads")
     handles = [plt.Line2D([], [], color=c, marker="o", label=v) for v, c in VERDICT_COLOURS.items()
                if v in set(rows.verdict)]  # fmt: skip
-    handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linestyle="",
-                              label="no interval (not testable, or no prediction)"))  # fmt: skip
-    handles.append(plt.Line2D([], [], color="0.15", marker="|", markersize=8, linestyle="", label="clipped at the "
-                              "range the metric allows"))  # fmt: skip
+    drawn = [line for ax in axes[:, 0] for line in ax.get_lines()]
+    if any(line.get_gid() == "effect" and line.get_markerfacecolor() == "white" for line in drawn):
+        handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linestyle="",
+                                  label="no interval (not testable, or no prediction)"))  # fmt: skip
+    if any(line.get_marker() == "|" for line in drawn):
+        handles.append(plt.Line2D([], [], color="0.15", marker="|", markersize=8, linestyle="",
+                                  label="clipped at the range the metric allows"))  # fmt: skip
+    if any(line.get_marker() in ("<", ">") for line in drawn):
+        handles.append(plt.Line2D([], [], color="0.3", marker=">", linestyle="", label="runs past the panel"))
     if rows.get("margin", pd.Series(dtype=float)).notna().any():
         handles.append(plt.Rectangle((0, 0), 1, 1, color=MARGIN_COLOUR, label="margin of a claim of no difference"))
     fig.legend(handles=handles, loc="outside lower center", ncols=2)
@@ -128,8 +136,8 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
         f"Each claim of the claims table on {CLAIM_METRIC_UNITS.get(metric, metric)}, in its words and with its "
         "prediction, then one line per β: the effect, candidate − baseline (the mean over paired seeds, or over "
         "held-out questions and seeds), with the interval effect ± critical·se that the verdict rule reads, coloured "
-        "by the verdict; the interval is clipped at the range the metric allows (a "
-        + design("difference of scores lies in [−b, 1 − b] for a baseline b; of a KL or an entropy, above −b). ")
+        "by the verdict; the interval is clipped at the range the metric allows (marked |: "
+        + design(RANGE_WORDS["proportion" if metric in PROPORTION_METRICS else "non-negative"]) + "). "
         + (_containing_zero(axes[:, 0]) if len(rows) else ""),
         ("A claim that the KL falls as β grows is tested as a slope over the β grid, per seed: the lower panel, in "
          "units per decade of β." if trend.any() else ""),
@@ -154,7 +162,7 @@ def _forest_panel(ax, metric: str, trend: bool, entries: list) -> None:
     """One panel: the entries top down; the verdict, z and n on the right (a twin axis' tick labels, so that the
     layout keeps room for them)."""
     data = [e[2] for e in entries if e[2] is not None]
-    limit = _view(data, metric, trend)
+    view = _view(data, metric, trend)
     y, ticks, labels, right = 0.0, [], [], []
     for kind, text, row in entries:
         step = 1 + text.count("\n") * 0.8
@@ -167,10 +175,10 @@ def _forest_panel(ax, metric: str, trend: bool, entries: list) -> None:
             ticks.append(y)
             labels.append(text)
             right.append(_right_text(row))
-            _draw_row(ax, y, row, metric, trend, limit)
+            _draw_row(ax, y, row, metric, trend, view)
         y += step / 2
     ax.axvline(0, color="black", linewidth=0.7, gid="reference zero")
-    ax.set_xlim(-limit, limit)
+    ax.set_xlim(*view)
     ax.set_ylim(y + 0.2, -0.2)
     ax.set_yticks(ticks, labels, fontsize=7)
     twin = ax.twinx()
@@ -185,10 +193,10 @@ def _forest_panel(ax, metric: str, trend: bool, entries: list) -> None:
     ax.grid(alpha=0.3, axis="x")
 
 
-def _view(rows: list[dict], metric: str, trend: bool) -> float:
-    """Half the width of a panel: every interval (clipped to the metric's range) and margin, up to CAP times the
-    largest |effect| + se."""
-    ends, scale = [], []
+def _view(rows: list[dict], metric: str, trend: bool) -> tuple[float, float]:
+    """A panel's x range: every interval (clipped to the metric's range), effect, margin and 0, up to CAP times the
+    largest |effect| + se either side."""
+    ends, scale = [0.0], []
     for row in rows:
         effect, se, critical = row.get("effect"), row.get("se"), row.get("critical")
         if pd.isna(effect):
@@ -197,14 +205,17 @@ def _view(rows: list[dict], metric: str, trend: bool) -> float:
         low, high = difference_range(metric, row.get("baseline_mean"), trend)
         if pd.notna(se) and pd.notna(critical):
             ends += [max(effect - critical * se, low), min(effect + critical * se, high)]
-        ends += [effect, row.get("margin", math.nan)]
-    finite = [abs(e) for e in ends if pd.notna(e) and np.isfinite(e)]
-    top = max(finite or [1.0])
+        margin = row.get("margin", math.nan)
+        ends += [effect] + ([-margin, margin] if pd.notna(margin) else [])
     cap = CAP * max(scale or [1.0])
-    return 1.08 * min(top, cap) if top > 0 else 1.0
+    low, high = max(min(ends), -cap), min(max(ends), cap)
+    pad = 0.05 * (high - low or 1.0)
+    return low - pad, high + pad
 
 
-def _draw_row(ax, y: float, row: dict, metric: str, trend: bool, limit: float) -> None:
+def _draw_row(ax, y: float, row: dict, metric: str, trend: bool, view: tuple[float, float]) -> None:
+    """effect ± critical·se clipped to the metric's range (a | where clipped) and to the panel (an arrow where it
+    runs past), coloured by the verdict; a claim of no difference's margin as a grey band; no interval: hollow."""
     colour = verdict_colour(row["verdict"])
     x, se, critical = row["effect"], row.get("se"), row.get("critical")
     if pd.notna(row.get("margin")):
@@ -214,16 +225,17 @@ def _draw_row(ax, y: float, row: dict, metric: str, trend: bool, limit: float) -
     if pd.notna(se) and pd.notna(critical):
         low_allowed, high_allowed = difference_range(metric, row.get("baseline_mean"), trend)
         low, high = max(x - critical * se, low_allowed), min(x + critical * se, high_allowed)
-        ax.plot([max(low, -limit), min(high, limit)], [y, y], color=colour, linewidth=1.3, gid="interval")
-        for end, clipped, edge, arrow in ((low, x - critical * se < low_allowed, -limit, "<"),
-                                          (high, x + critical * se > high_allowed, limit, ">")):  # fmt: skip
-            if abs(end) > limit and np.sign(end) == np.sign(edge):
+        ax.plot([max(low, view[0]), min(high, view[1])], [y, y], color=colour, linewidth=1.3, gid="interval")
+        for end, clipped, edge, arrow in ((low, x - critical * se < low_allowed, view[0], "<"),
+                                          (high, x + critical * se > high_allowed, view[1], ">")):  # fmt: skip
+            if (end < view[0] and arrow == "<") or (end > view[1] and arrow == ">"):
                 ax.plot(edge, y, marker=arrow, color=colour, markersize=5)
             elif clipped:
                 ax.plot(end, y, marker="|", color="0.15", markersize=8, markeredgewidth=1.4)
         ax.plot(x, y, "o", color=colour, markersize=4, gid="effect")
     else:
-        ax.plot(max(min(x, limit), -limit), y, "o", color=colour, markerfacecolor="white", markersize=4, gid="effect")
+        ax.plot(min(max(x, view[0]), view[1]), y, "o", color=colour, markerfacecolor="white", markersize=4,
+                gid="effect")  # fmt: skip
 
 
 def _right_text(row: dict) -> tuple[str, str]:

@@ -171,6 +171,11 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         drawn.reference = True
         drawn.notes.append(f"step 0 is the base model's one evaluation on {task_name(config, data)}, the mean of "
                            f"its {base[2]} step-0 evaluation{'s' if base[2] > 1 else ''}")  # fmt: skip
+    if data in config.get("evaluation", {}).get("tasks", []):
+        k = config["evaluation"]["k"]
+        drawn.notes.append(f"these are the trainer's held-out evaluations of {task_name(config, data)} during "
+                           f"training; an evaluation figure's bars of the same task are lm-eval's mean@{k} of the "
+                           "final policy, another measurement of the same questions, each with its own error")  # fmt: skip
     step_axis(ax, heldout.step)
     samples = study["train"].get("heldout_samples", 1)
     ax.set_ylabel(f"held-out pass@1, {task_name(config, data)}\n({_questions(config, data)} questions × {samples} "
@@ -404,7 +409,11 @@ def smoothed_series(
     claims compare with) is drawn wider and beneath the others, so that a configuration that trains as it does stays
     visible on it. Returns [(label, thick line, seeds)]."""
     drawn = []
-    for (kl_config, beta), runs in rows.groupby(["kl", "beta"], sort=False):
+    series = list(rows.groupby(["kl", "beta"], sort=False))
+    # widths falling in drawing order (the reference widest, beneath): lines that nearly coincide each show an edge
+    widths = dict(zip([key for key, _ in series], np.linspace(2.2, 1.0, len(series)) if len(series) > 1 else [1.6],
+                      strict=True))  # fmt: skip
+    for (kl_config, beta), runs in series:
         beta_or_none = None if kl_config == NO_KL else beta
         style = style_of(kl_config, beta_or_none)
         under = kl_config == reference
@@ -424,7 +433,7 @@ def smoothed_series(
             tag(thin, kl_config, beta_or_none, "seed")
         mean = pd.concat(smoothed).groupby("step").value.mean()
         label = kl_label(kl_config, beta_or_none)
-        line = ax.plot(mean.index, mean.to_numpy(), linewidth=2.4 if under else MEAN_LINEWIDTH, markersize=4,
+        line = ax.plot(mean.index, mean.to_numpy(), linewidth=3.0 if under else widths[(kl_config, beta)], markersize=4,
                        markevery=max(1, len(mean) // 5), label=label, zorder=2 if under else 3, **style)[0]  # fmt: skip
         drawn.append((label, tag(line, kl_config, beta_or_none), runs.seed.nunique()))
     return drawn
@@ -499,6 +508,35 @@ def coinciding(ax) -> list[str]:
         if len(labels) > 1:
             notes.append(f"{', '.join(labels)} lie on one line{' (0 at every step)' if not np.any(key) else ''}")
     return notes
+
+
+NEAR_SPAN = 0.015  # lines closer than this fraction of their axis' span at every point read as one line
+
+
+def near(ax) -> list[str]:
+    """Groups of a panel's labelled lines that differ, but by less than NEAR_SPAN of the axis' span at every point
+    (on a log axis, of its span in decades): one reads as the other; as notes."""
+    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_") and len(line.get_ydata()) > 1]
+    log = ax.get_yscale() == "log"
+    low, high = (np.log10(v) if log else v for v in ax.get_ylim())
+
+    def values(line):
+        y = np.asarray(line.get_ydata(), dtype=float)
+        return np.log10(np.where(y > 0, y, np.nan)) if log else y
+
+    groups: list[list] = []
+    for i, a in enumerate(lines):
+        for b in lines[i + 1 :]:
+            ya, yb = values(a), values(b)
+            close = len(ya) == len(yb) and np.nanmax(np.abs(ya - yb)) < NEAR_SPAN * (high - low)
+            if close and not np.allclose(ya, yb, atol=1e-9, equal_nan=True):
+                home = next((g for g in groups if a in g or b in g), None)
+                if home is None:
+                    groups.append([a, b])
+                else:
+                    home += [x for x in (a, b) if x not in home]
+    return [f"{', '.join(line.get_label() for line in group)} lie within a line's width of one another at every point "
+            "(drawn in falling widths, so that each shows)" for group in groups]  # fmt: skip
 
 
 too_short_for_lag = lag_only  # every batch sampled by the initial policy (config.lag_only)

@@ -28,7 +28,7 @@ from klstudy.report.figures.encoding import (
     study_name,
     task_name,
 )
-from klstudy.report.figures.panels import PANELS, SEEDS_WITHOUT_BAND, coinciding, seeds_text, share_y
+from klstudy.report.figures.panels import PANELS, SEEDS_WITHOUT_BAND, coinciding, near, seeds_text, share_y
 
 # A panel kind's metric in the claims table (divergence panels: the panel's own metric).
 PANEL_METRICS = {"curves": "heldout", "bars": "evaluation", "kl_vs_beta": "final_kl", "kl_curves": "final_kl"}
@@ -133,6 +133,15 @@ def draw_panels(axes, panels: list[dict], config: dict, tables: dict, claims) ->
     return list(zip(axes, panels, drawn, about, strict=True))
 
 
+def panel_title(panel: dict, config: dict) -> str:
+    """The config's title of a panel, else what it draws (a divergence panel) or its study's name."""
+    if "title" in panel:
+        return panel["title"]
+    if panel["kind"] == "divergence":
+        return "forward KL" if panel["metric"] == "forward_kl" else "entropy"
+    return study_name(config, panel["study"])
+
+
 def differing_designs(panels: list[dict], config: dict) -> list[str]:
     """Each panel's design in the parts in which the panels differ ('16 prompts × 8 completions a step, 1 update
     per batch'); empty strings when they share one design."""
@@ -167,10 +176,11 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     lines, notes, verdict_rows = [], [], []
     for i, (ax, panel, drawn, rows_about) in enumerate(kept):
         letter = f"({LETTERS[i]}) " if len(kept) > 1 else ""
-        head = letter + panel.get("title", study_name(config, panel["study"]))
+        head = letter + panel_title(panel, config)
         if ax.get_title():
             head = f"{head}: {ax.get_title()}"
-        title_lines = [head, textwrap.fill(designs[id(panel)], 48), seeds_text(drawn.seeds, drawn.unit),
+        design = ", ".join(part for part in designs[id(panel)].split(", ") if part and part not in head)
+        title_lines = [head, textwrap.fill(design, 48), seeds_text(drawn.seeds, drawn.unit),
                        "" if claims is None else verdicts_text(rows_about)]  # fmt: skip
         ax.set_title("\n".join(filter(None, title_lines)))
         what = caption.design(panel_description(panel, config))
@@ -185,9 +195,9 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
             line += " Drawn: " + "; ".join([*base, *(
                 [f"last point{_last_x(drawn)}: " + "; ".join(values)] if values else [])]) + "."  # fmt: skip
         lines.append(line)
-        notes += [caption.design(note) for note in drawn.notes] + coinciding(ax)
+        notes += [caption.design(note) for note in drawn.notes] + coinciding(ax) + near(ax)
         verdict_rows += rows_about.to_dict("records")
-    notes += [f"not drawn: {r[1].get('title', study_name(config, r[1]['study']))}, {r[2].empty}" for r in results
+    notes += [f"not drawn: {panel_title(r[1], config)}, {r[2].empty}" for r in results
               if r[2].empty]  # fmt: skip
     legend_below(fig, _legend(kept, config))
     notes = list(dict.fromkeys(notes))

@@ -49,6 +49,7 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame):
     rows = [("squared_bias", "a"), ("squared_bias", "b"), ("variance", "a"), ("variance", "b")]
     fig, axes = plt.subplots(len(rows), len(settings), figsize=(FULL_WIDTH, 8.4), squeeze=False, sharex="col",
                              layout="constrained")  # fmt: skip
+    fig.get_layout_engine().set(h_pad=0.06)  # room between rows for the end labels of their log axes
     caption, together, near = Caption(), [], []
     for col, setting in enumerate(settings):
         for row, (metric, param) in enumerate(rows):
@@ -80,7 +81,7 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame):
                 ("Squared bias exactly zero at every T (not drawn on the log axis): "
                  + ", ".join(kl_label(c) for c in configs if c in unbiased) + ".") if unbiased else "",
                 ("Drawn once, equal at every T: " + "; ".join(dict.fromkeys(together)) + ".") if together else "",
-                (f"Within a factor {NEAR:g} of each other at every T (read one line as two): "
+                (f"Within a factor {caption.number(NEAR)} of each other at every T (read one line as two): "
                  + "; ".join(dict.fromkeys(near)) + ".") if near else "")  # fmt: skip
     return fig, finish(fig, caption)
 
@@ -201,7 +202,7 @@ def _share_log_limits(axes) -> None:
         top = max([*values, *[t for t in tops if np.isfinite(t)]])
         for ax in axes:
             ax.set_ylim(min(values) / 5, top * 5)
-            ax.yaxis.set_major_locator(ticker.LogLocator(base=100))
+            ax.yaxis.set_major_locator(ticker.LogLocator(base=10, numticks=5))
             ax.yaxis.set_minor_locator(ticker.LogLocator(base=10, subs=(1.0,)))
             ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 

@@ -25,7 +25,7 @@ from klstudy.report.figures.encoding import (
     step_axis,
     study_name,
 )
-from klstudy.report.figures.panels import async_text, coinciding, smoothed_series, too_short_for_lag
+from klstudy.report.figures.panels import async_text, coinciding, near, smoothed_series, too_short_for_lag
 
 # Axis labels: what is logged, on which samples (the sampling policy's: with several updates per batch or an
 # asynchronous lag it is not π_θ), and the smoothing drawn ({window}: the study's final_steps).
@@ -78,6 +78,11 @@ def draw_training_figure(study: str, config: dict, tables: dict):
             if row == len(metrics) - 1:
                 step_axis(ax, rows.step)
     spans = _scale_rows(axes, metrics, caption)
+    for col, beta in enumerate(betas):  # on the axes as scaled: a log axis reads closeness in decades
+        for row, metric in enumerate(metrics):
+            notes += [
+                f"{TRAINING_METRICS[metric].split(',')[0]}, β = {beta:g}: {note}" for note in near(axes[row, col])
+            ]
     legend_below(fig, _legend(spec["kl"], betas if has_kl else [], seeds, crowded_any(training, betas, seeds),
                               reference))  # fmt: skip
     fig.suptitle(textwrap.fill(f"Training dynamics: {study_name(config, study)}", 40 if width < FULL_WIDTH else 80))
