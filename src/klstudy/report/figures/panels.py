@@ -173,9 +173,11 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                            f"its {base[2]} step-0 evaluation{'s' if base[2] > 1 else ''}")  # fmt: skip
     if data in config.get("evaluation", {}).get("tasks", []):
         k = config["evaluation"]["k"]
-        drawn.notes.append(f"these are the trainer's held-out evaluations of {task_name(config, data)} during "
-                           f"training; an evaluation figure's bars of the same task are lm-eval's mean@{k} of the "
-                           "final policy, another measurement of the same questions, each with its own error")  # fmt: skip
+        drawn.notes.append(
+            f"these are the trainer's held-out evaluations of {task_name(config, data)} during training; an evaluation "
+            f"figure's bars of the same task are lm-eval's mean@{k} of the final policy, another measurement of the "
+            "same questions, each with its own error"
+        )
     step_axis(ax, heldout.step)
     samples = study["train"].get("heldout_samples", 1)
     ax.set_ylabel(f"held-out pass@1, {task_name(config, data)}\n({_questions(config, data)} questions × {samples} "
