@@ -8,7 +8,8 @@ tables/ holds what the figures read: the aggregated tables (cells, training, hel
 held-out per-question scores left out), config.yaml (the run's validated config), claims.csv, and for the toy model
 its CSVs (toy/<setting>.csv, toy/unbiasedness.csv, toy_fixed_points.csv, toy_monte_carlo.csv,
 toy/frontier/<family>.csv; atlas.csv, atlas_length.csv). tables/figures.txt, where present, lists the figures the
-folder ships (one name a line); without it every figure the tables allow is drawn. Also figures/README.md.
+folder ships (one name a line); without it every figure the tables allow is drawn. Also figures/README.md. The
+folder keeps each PNG and its caption (the workflow writes a PDF too).
 """
 
 from __future__ import annotations
@@ -132,4 +133,6 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
                           folder / "atlas.png", config["toy"]["atlas"], beta_min=EFFECTIVE_BETA_RANGE[0])  # fmt: skip
         _keep_table(folder / "atlas.md", text, "atlas")
         drawn.append("atlas")
+    for name in drawn:  # a shipped folder keeps the PNG and its caption; the PDF is the workflow's
+        (folder / f"{name}.pdf").unlink(missing_ok=True)
     return drawn
