@@ -271,7 +271,7 @@ def test_a_figure_of_panels_of_different_designs_says_so(run):
     titles = [ax.get_title().replace("\n", " ") for ax in fig.axes if ax.get_title()]
     assert "(panels of different designs)" in fig._suptitle.get_text()
     assert any("16 prompts × 8 completions a step, 1 update per batch" in t for t in titles)
-    assert any("8 prompts × 4 completions a step, 4 updates per batch" in t for t in titles)
+    assert any("4 updates per batch 8 prompts × 4 completions a step" in t for t in titles)  # not said twice
     plt.close(fig)
     fig, _ = paper.draw_paper_figure("fig03_k3_in_reward", config, tables, claims)
     assert "designs" not in fig._suptitle.get_text()
@@ -319,13 +319,13 @@ def test_what_the_workflow_draws_leaves_out_what_would_show_nothing(run):
         "claims_forest_heldout", "claims_forest_final_kl", "claims_forest_evaluation"]  # fmt: skip
     text = redraw.readme(config)
     assert "Countdown" in text and "by construction" in text and "forward KL to the base policy" in text
-    publish_parts(text, writer_name="html", settings_overrides={"halt_level": 2, "report_level": 2})  # the report's
+    publish_parts(text, writer="html", settings_overrides={"halt_level": 2, "report_level": 2})  # the report's
 
 
 def test_every_caption_is_also_restructured_text_for_the_report(figures):
     """The report shows each caption file through reStructuredText: no markup there may break it."""
     for _, _, caption in figures:
-        publish_parts(str(caption), writer_name="html", settings_overrides={"halt_level": 2, "report_level": 2})
+        publish_parts(str(caption), writer="html", settings_overrides={"halt_level": 2, "report_level": 2})
 
 
 def test_a_caption_defines_every_abbreviation_it_uses(figures):

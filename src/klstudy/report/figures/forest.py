@@ -136,7 +136,7 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
         f"Each claim of the claims table on {CLAIM_METRIC_UNITS.get(metric, metric)}, in its words and with its "
         "prediction, then one line per β: the effect, candidate − baseline (the mean over paired seeds, or over "
         "held-out questions and seeds), with the interval effect ± critical·se that the verdict rule reads, coloured "
-        "by the verdict; the interval is clipped at the range the metric allows (marked |: "
+        "by the verdict; the interval is clipped at the range the metric allows (marked by a short upright bar: "
         + design(RANGE_WORDS["proportion" if metric in PROPORTION_METRICS else "non-negative"]) + "). "
         + (_containing_zero(axes[:, 0]) if len(rows) else ""),
         ("A claim that the KL falls as β grows is tested as a slope over the β grid, per seed: the lower panel, in "
