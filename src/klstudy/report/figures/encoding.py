@@ -332,6 +332,13 @@ def key_handles(kls: list[str], betas: list[float]) -> list:
     return handles
 
 
+def wrap(text: str, width: int) -> str:
+    """textwrap.fill that never breaks 'β = 0.1' or 'G = 8' across lines."""
+    import textwrap
+
+    return textwrap.fill(text.replace(" = ", "\ue000"), width).replace("\ue000", " = ")
+
+
 def say_in_panel(ax, text: str, y: float = 0.92) -> None:
     """A short note inside a panel, at its top (its lines lie elsewhere)."""
     ax.text(0.5, y, text, transform=ax.transAxes, ha="center", va="top", fontsize=7, color="0.25")

@@ -27,6 +27,7 @@ from klstudy.report.figures.encoding import (
     scale_text,
     study_name,
     task_name,
+    wrap,
 )
 from klstudy.report.figures.panels import PANELS, SEEDS_WITHOUT_BAND, coinciding, near, seeds_text, share_y
 
@@ -171,7 +172,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     _relayout(fig, [k[0] for k in kept], width)
     mixed = any(designs.values())
     title = spec["title"] + (" (panels of different designs)" if mixed else "")
-    fig.suptitle(textwrap.fill(title, 70 if width == FULL_WIDTH else 40))
+    fig.suptitle(wrap(title, 70 if width == FULL_WIDTH else 40))
     caption = Caption()
     lines, notes, verdict_rows = [], [], []
     for i, (ax, panel, drawn, rows_about) in enumerate(kept):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -24,15 +23,16 @@ from klstudy.report.figures.encoding import (
     scale_text,
     step_axis,
     study_name,
+    wrap,
 )
 from klstudy.report.figures.panels import async_text, coinciding, near, smoothed_series, too_short_for_lag
 
 # Axis labels: what is logged, on which samples (the sampling policy's: with several updates per batch or an
 # asynchronous lag it is not π_θ), and the smoothing drawn ({window}: the study's final_steps).
 TRAINING_METRICS = {
-    "task_reward": "task reward, batch mean",
-    "kl_k3": "KL(π_sampling‖π_ref), K3, nats",
-    "grad_norm": "gradient norm before clipping",
+    "task_reward": "task reward (batch mean)",
+    "kl_k3": "KL(π_sampling‖π_ref), nats",
+    "grad_norm": "gradient norm",
 }
 SMOOTHING = "thick: trailing {window}-step mean"
 # A metric is drawn on a log axis only where its drawn values span more than this factor (a norm of 0.2 beside one
@@ -66,7 +66,7 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         for row, metric in enumerate(metrics):
             ax = axes[row, col]
             drawn = smoothed_series(ax, rows, metric, window, crowded, reference) if metric in rows else []
-            notes += [f"{TRAINING_METRICS[metric].split(',')[0]}, β = {beta:g}: {note}" for note in coinciding(ax)]
+            notes += [f"{TRAINING_METRICS[metric].split(' (')[0]}, β = {beta:g}: {note}" for note in coinciding(ax)]
             ax.grid(alpha=0.3)
             if row == 0:
                 with_none = " and no KL" if NO_KL in spec["kl"] and has_kl else ""
@@ -85,7 +85,7 @@ def draw_training_figure(study: str, config: dict, tables: dict):
             ]
     legend_below(fig, _legend(spec["kl"], betas if has_kl else [], seeds, crowded_any(training, betas, seeds),
                               reference))  # fmt: skip
-    fig.suptitle(textwrap.fill(f"Training dynamics: {study_name(config, study)}", 40 if width < FULL_WIDTH else 80))
+    fig.suptitle(wrap(f"Training dynamics: {study_name(config, study)}", 40 if width < FULL_WIDTH else 80))
     design = caption.design
     caption.add(
         f"**Training dynamics: {study_name(config, study)}.** "
