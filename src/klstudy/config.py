@@ -418,6 +418,18 @@ def _check_panel(config: dict, panel: dict, where: str) -> None:
         _check_subset(
             panel.get("kl", evaluated), evaluated, f"{where}.kl", f"evaluated kl configurations of {panel['study']}"
         )
+    for i, other in enumerate(panel.get("with", [])):
+        _check_name(config, "studies", other, f"{where}.with[{i}]")
+        if panel["kind"] != "curves":
+            raise ConfigError(f"config key '{where}.with': only curves panels draw other studies beside their own")
+        mine, theirs = config["studies"][panel["study"]], config["studies"][other]
+        _check_subset([panel["model"]], theirs["models"], f"{where}.with[{i}]", f"models of study {other}")
+        design = ("heldout_data",), ("batch_prompts", "minibatch_prompts", "rollouts", "steps", "async_level")
+        differ = [k for k in design[0] if mine[k] != theirs[k]] + [
+            k for k in design[1] if mine["train"].get(k) != theirs["train"].get(k)]  # fmt: skip
+        if differ:
+            raise ConfigError(f"config key '{where}.with[{i}]': study {other!r} differs from {panel['study']!r} in "
+                              f"{', '.join(differ)}: a panel draws studies of one design")  # fmt: skip
     if panel["kind"] == "divergence":
         for key in ("metric", "task"):
             if key not in panel:

@@ -25,6 +25,7 @@ from klstudy.report.figures.encoding import (
     marker_of,
     short_task_name,
     step_axis,
+    study_name,
     style_of,
     tag,
     task_name,
@@ -54,10 +55,13 @@ class Drawn:
 
 
 def select(table: pd.DataFrame, panel: dict, config: dict) -> pd.DataFrame:
-    """The rows of a panel's cells: its study and model, its KL configurations and β (β = 0 for "none")."""
+    """The rows of a panel's cells: its study and model, its KL configurations and β (β = 0 for "none"), and those of
+    the studies it draws beside (``with``: every configuration at the panel's β)."""
     spec = config["studies"][panel["study"]]
     kls, betas = panel.get("kl", spec["kl"]), [float(b) for b in panel.get("betas", spec["betas"])]
-    rows = table[(table.study == panel["study"]) & (table.model == panel["model"]) & table.kl.isin(kls)]
+    mine = (table.study == panel["study"]) & table.kl.isin(kls)
+    beside = table.study.isin(panel.get("with", []))
+    rows = table[(mine | beside) & (table.model == panel["model"])]
     return rows[(rows.kl == NO_KL) | rows.beta.isin(betas)]
 
 
@@ -140,12 +144,14 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     data = study["heldout_data"]
     drawn = Drawn("pass@1")
     base = base_heldout(tables["heldout"], config, panel["model"], data)
-    lines = list(cells.groupby(["kl", "beta"], sort=False))
+    lines = list(cells.groupby(["study", "kl", "beta"], sort=False))
     every = study["train"].get("eval_every", 10)
+    shared = cells.groupby(["kl", "beta"]).study.nunique().max() > 1 if len(cells) else False
     values = []
-    for i, ((kl_config, beta), group) in enumerate(lines):
+    for i, ((name, kl_config, beta), group) in enumerate(lines):
         label = kl_label(kl_config, None if kl_config == NO_KL else beta) + status_suffix(group)
-        runs = heldout[(heldout.kl == kl_config) & (heldout.beta == beta)]
+        label += f" ({study_name(config, name)})" if shared else ""  # one configuration in two studies
+        runs = heldout[(heldout.study == name) & (heldout.kl == kl_config) & (heldout.beta == beta)]
         runs = runs.assign(x=runs.step, value=runs.pass_at_1, se=runs.get("stderr", math.nan))
         if np.isfinite(base[0]):  # every run starts from the base model: its one evaluation, not each run's own
             runs = pd.concat([runs[runs.step > 0], runs[["seed"]].drop_duplicates().assign(x=0, value=base[0],

@@ -186,7 +186,8 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
         ax.set_title("\n".join(filter(None, title_lines)))
         what = caption.design(panel_description(panel, config))
         noise = noise_text(drawn)
-        line = caption.design(f"{letter}{what[0].upper()}{what[1:]}; {study_name(config, panel['study'])}, "
+        studies = " beside ".join(study_name(config, s) for s in [panel["study"], *panel.get("with", [])])
+        line = caption.design(f"{letter}{what[0].upper()}{what[1:]}; {studies}, "
                               f"{design_text(config, panel['study'])}") + (f"; {noise}." if noise else ".")  # fmt: skip
         base = [f"{label} {caption.value(artist, style=drawn.quote_style)}" for label, artist in drawn.quoted
                 if label.startswith("base model")]  # fmt: skip
@@ -231,7 +232,8 @@ def _legend(kept, config: dict) -> list:
     kls, betas, bars_only = [], [], all(panel["kind"] == "bars" for _, panel, _, _ in kept)
     for _, panel, _, _ in kept:
         spec = config["studies"][panel["study"]]
-        kls += [kl for kl in panel.get("kl", spec["kl"]) if kl not in kls]
+        beside = [kl for other in panel.get("with", []) for kl in config["studies"][other]["kl"]]
+        kls += [kl for kl in [*panel.get("kl", spec["kl"]), *beside] if kl not in kls]
         if panel["kind"] != "kl_vs_beta":
             betas += [float(b) for b in panel.get("betas", spec["betas"]) if float(b) not in betas]
     labelled = handles_of([k[0] for k in kept])
