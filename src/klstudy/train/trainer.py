@@ -65,10 +65,8 @@ class KLTrainerConfig(GRPOConfig):
 
     kl_estimator: str | None = field(
         default="k3",
-        metadata={
-            "help": f"Token-level KL estimator, one of kl.ESTIMATORS ({', '.join(kl.ESTIMATORS)}); None with "
-            "placement none."
-        },  # fmt: skip
+        metadata={"help": f"Token-level KL estimator, one of kl.ESTIMATORS ({', '.join(kl.ESTIMATORS)}); None with "
+                  "placement none."},  # fmt: skip
     )
     kl_placement: str = field(
         default="loss",
