@@ -345,7 +345,7 @@ def test_report_contains_figure_table_captions_and_config(reduced_run):
     html = (workdir / "report.html").read_text()
     assert "fig01_toy_bias_variance.png" in html and "table1.csv" in html
     assert "fig_curves.png" in html and "fig_divergence.png" in html and "config.yaml" in html
-    assert "Figure 1" in html and "Table 1" in html and "How to read these figures" in html
+    assert "Figure 1" in html and "Table 1" in html and "Noise, drawn as it is" in html  # figures/README.md
     assert "embedded" in html
     assert "Docutils System Messages" not in html  # every caption is valid reStructuredText
 

@@ -45,9 +45,9 @@ def readme(config: dict) -> str:
                         "plus one, so every batch it trained on was sampled by the initial policy; its KL to the "
                         "reference is 0 and its reward the reference's at every step, by construction.")  # fmt: skip
         elif not training_reference(config, study):
-            shown = [name for name, figure in config.get("figures", {}).items()
+            shown = [f"“{figure['title']}”" for figure in config.get("figures", {}).values()
                      if any(study in (p["study"], *p.get("with", [])) for p in figure["panels"])]  # fmt: skip
-            where = f"its held-out curves are in {', '.join(shown)}" if shown else "no figure draws it"
+            where = f"its held-out curves are drawn in {', '.join(shown)}" if shown else "no figure draws it"
             left.append(f"- No training figure for the study “{spec.get('description', study)}”: it runs no KL, and "
                         "no claim compares its configurations with one another, so its curves have nothing drawn "
                         f"to be read against; {where}.")  # fmt: skip
