@@ -75,6 +75,7 @@ localrules:
     aggregate,
     figure,
     claims_figure,
+    figures_readme,
     training_figure,
     study_tables,
 

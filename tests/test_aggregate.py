@@ -115,8 +115,8 @@ def test_write_tables_and_every_configured_figure_draws_with_gaps(config, result
         plt.close(fig)
         assert caption, study
     paper_figures.paper_figure("fig02_k1_in_loss", config, read, out / "fig02_k1_in_loss.png", claims)
-    forest.claims_forest(claims, config, out / "claims_forest.png")
-    for name in ("fig02_k1_in_loss", "claims_forest"):
+    forest.claims_forest(claims, config, out / "claims_forest_heldout.png", "heldout")
+    for name in ("fig02_k1_in_loss", "claims_forest_heldout"):
         assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.pdf").stat().st_size > 0, name
 
 

@@ -217,9 +217,10 @@ def test_monte_carlo_protocol_classifies_every_configuration(baseline):
 
     tests = toy.unbiasedness_tests(pd.concat(results), alpha=0.01)
     verdict = {r.config: r.unbiased for r in tests.itertuples()}
-    assert verdict.pop("k1-reward") and verdict.pop("k1-both") and verdict.pop("k3-both")
+    # K1 as reward-to-go in the advantage is K1 in the reward by causality: unbiased too, here without std scaling.
+    assert verdict.pop("k1-reward") and verdict.pop("k1-both") and verdict.pop("k3-both") and verdict.pop("k1-advantage")
     assert not any(verdict.values()), verdict
-    configurations = 3 * len(kl.ESTIMATORS) + 1  # every estimator × reward, loss, both; and none
+    configurations = 4 * len(kl.ESTIMATORS) + 1  # every estimator × reward, loss, both, advantage; and none
     assert len(results[0]) == 2 * configurations * 2  # lengths × configurations × parameters
 
 

@@ -49,11 +49,38 @@ def expected_jobs(config: dict) -> dict:
         "divergence": len(div_models) * len(div["kl"]) * len(div["betas"]) * len(div["seeds"]) * len(div["tasks"]),
         "aggregate": 1,
         "figure": len(config["figures"]),
-        "claims_figure": 1,
-        "training_figure": len(config["studies"]),
+        "claims_figure": len(_forest_metrics(config)),
+        "training_figure": len(_training_studies(config)),
+        "figures_readme": 1,
         "study_tables": 1,
         "all": 1,
     }
+
+
+def _forest_metrics(config: dict) -> set[str]:
+    """The metrics with a claim of two paired seeds or more: a forest each."""
+    metrics = set()
+    for claim in config["claims"].values():
+        seeds = set(config["studies"][claim["study"]]["seeds"])
+        if claim["baseline"] != "base":
+            seeds &= set(config["studies"][claim.get("baseline_study", claim["study"])]["seeds"])
+        if claim["metric"] in ("forward_kl", "entropy"):
+            seeds &= set(config["divergence"]["seeds"])
+        metrics |= {claim["metric"]} if len(seeds) > 1 else set()
+    return metrics
+
+
+def _training_studies(config: dict) -> list[str]:
+    """The studies with a training figure: not trained on their lag alone, and with no KL or a claim's baseline."""
+    drawn = []
+    for study, spec in config["studies"].items():
+        train = spec["train"]
+        lag_only = train.get("async_level", 0) and train["steps"] <= train["async_level"] + 1
+        baselines = {c["baseline"] for c in config["claims"].values()
+                     if c["study"] == study and c.get("baseline_study", study) == study}  # fmt: skip
+        if not lag_only and ("none" in spec["kl"] or baselines & set(spec["kl"])):
+            drawn.append(study)
+    return drawn
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
@@ -220,9 +247,12 @@ def test_lint_is_clean():
 
 def test_end_to_end_outputs(reduced_run):
     workdir, config = reduced_run
-    for name in ("fig01_toy_bias_variance", "fig_curves", "fig_bars", "fig_divergence", "claims_forest"):
+    for name in ("fig01_toy_bias_variance", "fig_curves", "fig_bars", "fig_divergence", "training_onpolicy"):
         for ext in ("png", "pdf"):
             assert (workdir / "figures" / f"{name}.{ext}").stat().st_size > 0, name
+    # One seed: no claim is testable, so no claims forest (it would draw untestable points); README.md says so.
+    assert not list((workdir / "figures").glob("claims_forest*")) and not _forest_metrics(config)
+    assert "Claims that pair one seed by design" in (workdir / "figures" / "README.md").read_text()
     for name in ("table1", "table2", "evaluation_differences", "evaluations"):
         assert (workdir / "figures" / f"{name}.md").stat().st_size > 0, name
     table = pd.read_csv(workdir / "figures" / "table1.csv")
@@ -315,7 +345,7 @@ def test_report_contains_figure_table_captions_and_config(reduced_run):
     html = (workdir / "report.html").read_text()
     assert "fig01_toy_bias_variance.png" in html and "table1.csv" in html
     assert "fig_curves.png" in html and "fig_divergence.png" in html and "config.yaml" in html
-    assert "Figure 1" in html and "Table 1" in html
+    assert "Figure 1" in html and "Table 1" in html and "Noise, drawn as it is" in html  # figures/README.md
     assert "embedded" in html
     assert "Docutils System Messages" not in html  # every caption is valid reStructuredText
 

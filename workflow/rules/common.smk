@@ -17,12 +17,14 @@ from klstudy.config import (
     STUDY_TABLES,
     all_cells,
     cell_settings,
+    claims_figures,
     divergence_targets,
     evaluation_settings,
     evaluation_targets,
     figure_targets,
     pinned_directory,
     train_gpus,
+    training_figures,
     training_processes,
 )
 from klstudy.run import failures

@@ -24,7 +24,8 @@ rule aggregate:
 
 rule figure:
     """One of the paper's figures 2-13, as the config's `figures` section arranges it; its caption (figures/<name>.md)
-    gives the verdicts of the claims about its panels, from the claims table."""
+    says what is particular to it, its numbers read from what it draws, and the verdicts of the claims about its
+    panels."""
     input:
         tables=rules.aggregate.output,
         config=rules.aggregate.output.config,
@@ -52,29 +53,36 @@ rule figure:
 
 
 rule claims_figure:
-    """Every claim of the claims table: effect ± critical·se, coloured by verdict (the report's first figure)."""
+    """One metric's testable claims of the claims table: effect ± critical·se, coloured by verdict (the report's
+    first figures; one per metric, config.claims_figures)."""
     input:
         claims="figures/claims.csv",
         config=rules.aggregate.output.config,
     output:
         png=report(
-            f"figures/{CLAIMS_FIGURE}.png",
+            f"figures/{CLAIMS_FIGURE}_{{metric}}.png",
             caption="../report/claims_forest.rst",
             category="1 Claims",
-            subcategory="Every claim at a glance",
+            subcategory="Every testable claim at a glance",
+            labels={"metric": "{metric}"},
         ),
-        pdf=f"figures/{CLAIMS_FIGURE}.pdf",
-        caption=f"figures/{CLAIMS_FIGURE}.md",
+        pdf=f"figures/{CLAIMS_FIGURE}_{{metric}}.pdf",
+        caption=f"figures/{CLAIMS_FIGURE}_{{metric}}.md",
+    wildcard_constraints:
+        metric="|".join(re.escape(Path(name).name.removeprefix(f"{CLAIMS_FIGURE}_")) for name in claims_figures(config))
+        or "none",
     log:
-        "logs/figures/claims_forest.log",
+        f"logs/figures/{CLAIMS_FIGURE}_{{metric}}.log",
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy claims-figure --claims {input.claims} --config {input.config} --out {output.png} > {log} 2>&1"
+        "python -m klstudy claims-figure --claims {input.claims} --config {input.config} --metric {wildcards.metric}"
+        " --out {output.png} > {log} 2>&1"
 
 
 rule training_figure:
-    """A study's training reward, KL to the reference and gradient norm over steps."""
+    """A study's training reward, KL to the reference and gradient norm over steps (config.training_figures: none for
+    a study whose every batch was sampled by the initial policy)."""
     input:
         tables=rules.aggregate.output,
         config=rules.aggregate.output.config,
@@ -89,6 +97,9 @@ rule training_figure:
         caption="figures/training_{study}.md",
     params:
         tables=lambda wildcards, input: os.path.dirname(input.config),
+    wildcard_constraints:
+        study="|".join(re.escape(Path(name).name.removeprefix("training_")) for name in training_figures(config))
+        or "none",
     log:
         "logs/figures/training_{study}.log",
     conda:
@@ -96,6 +107,21 @@ rule training_figure:
     shell:
         "python -m klstudy training-figure --study {wildcards.study} --config {input.config}"
         " --tables {params.tables} --out {output.png} > {log} 2>&1"
+
+
+rule figures_readme:
+    """figures/README.md: how to read every figure (the encoding, the noise drawn, verdicts), said once, and what this
+    run's figures leave out; the report shows it first."""
+    input:
+        config=rules.aggregate.output.config,
+    output:
+        report("figures/README.md", caption="../report/readme.rst", category="0 How to read the figures"),
+    log:
+        "logs/figures/readme.log",
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy figures-readme --config {input.config} --out {output} > {log} 2>&1"
 
 
 rule study_tables:

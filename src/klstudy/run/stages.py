@@ -122,8 +122,7 @@ def _toy_fixed_points_report(args):
     out = Path(args.png)
     text = toy_fixed_points_figure(points, fronts, agreed, section, out)
     monte_carlo.write_tables(points, agreed, claims, out.parent)
-    table = out.with_suffix(".md")  # the figure's caption opens its table's Markdown, which has the figure's name
-    table.write_text(f"![{out.stem}]({out.name})\n\n{text}\n\n{table.read_text()}")
+    _caption_before_table(out, text)
     print(claims.to_string(index=False))
 
 
@@ -167,13 +166,20 @@ def _toy_atlas_report(args):
     )
     judged = atlas.claims(runs, points, section, config["claims_rule"], fixed["tolerance"])
     out = Path(args.png)
-    drawn = dict(section, presets=atlas.presets_of(section))  # the figure names each preset by its framework
-    text = atlas_figure.draw(points, length, out, drawn, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    text = atlas_figure.draw(points, length, out, section, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
     atlas.write_tables(points, length, runs, judged, section, out.parent)
-    table = out.with_suffix(".md")  # the figure's caption opens its table's Markdown, which has the figure's name
-    table.write_text(f"![{out.stem}]({out.name})\n\n{text}\n\n{table.read_text()}")
+    _caption_before_table(out, text)
     print(judged.to_string(index=False))
     print(f"toy atlas report in {time.perf_counter() - start:.2f}s")
+
+
+def _caption_before_table(png: Path, caption: str) -> None:
+    """The figure's caption opens its table's Markdown (which has the figure's name), a mark between them so that the
+    report's caption and a redraw take the caption alone (figures/redraw.py)."""
+    from klstudy.report.figures.redraw import TABLE_MARK
+
+    table = png.with_suffix(".md")
+    table.write_text(f"![{png.stem}]({png.name})\n\n{caption}\n\n{TABLE_MARK}\n\n{table.read_text()}")
 
 
 def _fig01(args):
@@ -360,7 +366,20 @@ def _claims_figure(args):
     from klstudy.report.figures.encoding import read_claims
     from klstudy.report.figures.forest import claims_forest
 
-    claims_forest(read_claims(Path(args.claims)), _read_config(args.config), Path(args.out))
+    claims_forest(read_claims(Path(args.claims)), _read_config(args.config), Path(args.out), args.metric)
+
+
+def _figures_readme(args):
+    from klstudy.report.figures.redraw import write_readme
+
+    write_readme(_read_config(args.config), Path(args.out))
+
+
+def _redraw(args):
+    from klstudy.report.figures.redraw import redraw
+
+    drawn = redraw(Path(args.folder), Path(args.tables) if args.tables else None)
+    print(f"redrew {len(drawn)} figures in {args.folder}: {', '.join(drawn)}")
 
 
 def _tables(args):
@@ -555,11 +574,22 @@ def add_commands(commands) -> None:
     train_fig.add_argument("--out", required=True, help="PNG path (a PDF is written beside it)")
     train_fig.set_defaults(run=_training_figure)
 
-    claims_fig = commands.add_parser("claims-figure", help="every claim's effect ± critical·se, by verdict")
+    claims_fig = commands.add_parser("claims-figure", help="one metric's claims: effect ± critical·se, by verdict")
     claims_fig.add_argument("--claims", required=True, help="figures/claims.csv")
     claims_fig.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
+    claims_fig.add_argument("--metric", help="the claims' metric this forest draws (default: the table's first)")
     claims_fig.add_argument("--out", required=True, help="PNG path (a PDF is written beside it)")
     claims_fig.set_defaults(run=_claims_figure)
+
+    readme = commands.add_parser("figures-readme", help="figures/README.md: how to read every figure of the run")
+    readme.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")
+    readme.add_argument("--out", required=True, help="figures/README.md")
+    readme.set_defaults(run=_figures_readme)
+
+    again = commands.add_parser("redraw", help="a shipped folder's figures from its tables/ (no training)")
+    again.add_argument("folder", help="where the figures go, e.g. docs/embedded")
+    again.add_argument("--tables", help="the tables (default: FOLDER/tables)")
+    again.set_defaults(run=_redraw)
 
     tab = commands.add_parser("tables", help="Table 1 (with the runs' behaviour), Table 2, evaluations, claims")
     tab.add_argument("--config", required=True, help="the validated config aggregate wrote (a file)")

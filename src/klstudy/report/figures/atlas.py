@@ -1,5 +1,10 @@
-"""The atlas's figure: how strongly each setup practitioners run regularises (β_eff against β), and against the
-answer's length, from the atlas's tables (analysis/atlas.py).
+"""The atlas's figure: how strongly each setup practitioners run regularises, β_eff/β, from the atlas's tables
+(analysis/atlas.py; figures/atlas.csv and figures/atlas_length.csv, whose columns it reads).
+
+One row per policy family, three panels: the frameworks' presets against β; the grid of normalisations × G for each
+KL configuration (normalisation and G on the x axis, the one encoding for the rest: colour = KL configuration,
+marker = placement, fill = estimator, line style = β); and the length sweep against T. The y axis is β_eff/β on a log
+scale, 1 (dashed) where a setup regularises as strongly as asked.
 """
 
 from __future__ import annotations
@@ -9,39 +14,36 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
+from klstudy.analysis.atlas import presets_of
+from klstudy.kl import NO_KL
+from klstudy.report.figures.captions import Caption, finish
 from klstudy.report.figures.encoding import (
-    GAP_FLOOR,
+    FULL_WIDTH,
     beta_linestyle,
-    caption,
     coinciding_groups,
     config_colour,
-    figure_legend,
-    footnote,
+    key_handles,
     kl_label,
+    marker_of,
     save,
-    say_why_empty,
+    style_of,
+    tag,
 )
 
-FIGURE_SETTINGS = ("k3-loss/rloo/G2", "k3-loss/grpo/G8", "k3-loss/group_std/G2", "k3-loss/group_std/G8",
-                   "k3-loss/batch_std/G8", "k3-loss-ratio/rloo/G2", "k1-reward/rloo/G2")  # fmt: skip
-
-# A setting as a reader names it: its KL configuration (kl_label), its normalisation in words, its G.
+# A normalisation as a reader names it (kl.ADVANTAGES), short enough for an axis.
 NORMALISATION_NAMES = {"rloo": "RLOO", "grpo": "− group mean (Dr. GRPO)", "group_std": "÷ group std (GRPO)",
-                       "batch_std": "÷ batch std (TRL batch)",
-                       "loo_std": "RLOO ÷ the others' std (NeMo-RL)", "none": "no baseline",
-                       "group_whiten": "− group mean, whitened (OpenRLHF REINFORCE++-baseline)",
+                       "batch_std": "÷ batch std (TRL batch)", "loo_std": "RLOO ÷ the others' std (NeMo-RL)",
+                       "none": "no baseline", "group_whiten": "− group mean, whitened (OpenRLHF REINFORCE++-baseline)",
                        "whiten": "whitened, no baseline (OpenRLHF REINFORCE++)"}  # fmt: skip
-# Without colour: the marker's shape says the normalisation, its fill G (colour is the KL configuration's, as in
-# every figure; line style is β's, as in every figure).
-NORMALISATION_MARKERS = {"rloo": "o", "grpo": "D", "group_std": "s", "batch_std": "^", "loo_std": "v", "none": "P",
-                         "group_whiten": "X", "whiten": "*"}  # fmt: skip
-GROUP_FILLS = {2: "full", 4: "bottom", 5: "right", 8: "none", 16: "left"}
-NBSP = "\u00a0"  # "G = 8" and "β = 1" are not broken across a legend's wrapped lines
+AXIS_NAMES = {"rloo": "RLOO", "grpo": "− mean", "group_std": "÷ group std", "batch_std": "÷ batch std",
+              "loo_std": "LOO ÷ std", "none": "none", "group_whiten": "− mean, whitened",
+              "whiten": "whitened"}  # fmt: skip
+NBSP = "\u00a0"  # "G = 8" and "β = 1" are not broken across a wrapped line
 
 
 def preset_name(name: str, preset: dict | None = None) -> str:
     """A preset by its framework: 'TRL 1.16 GRPO', 'verl GRPO', 'slime default' (a version that is not a number,
-    such as 'main', is left to the caption)."""
+    such as 'main', is left to the table)."""
     if not preset:
         return name
     version = str(preset.get("version", ""))
@@ -62,24 +64,13 @@ def setting_name(setting: dict | pd.Series, presets: dict | None = None) -> str:
     return words if setting["normalisation"] == "rloo" else f"{words}, G{NBSP}={NBSP}{int(setting['group'])}"
 
 
-def setting_style(setting: dict | pd.Series, beta: float | None = None) -> dict:
-    """ax.plot's keywords: the configuration's colour, the normalisation's marker shape, G's fill, β's line style."""
-    fill = GROUP_FILLS.get(int(setting["group"]), "full") if setting["normalisation"] != "rloo" else "full"
-    marker = {"marker": NORMALISATION_MARKERS[setting["normalisation"]], "fillstyle": fill,
-              "markerfacecoloralt": "white",
-              **({"markerfacecolor": "white", "fillstyle": "full"} if fill == "none" else {})}  # fmt: skip
-    line = beta_linestyle(beta) if beta is not None else "-"
-    return {"color": config_colour(setting["config"]), "linestyle": line, **marker}
+def _is_preset(rows: pd.DataFrame) -> pd.Series:
+    return rows.get("preset", pd.Series(np.nan, index=rows.index)).fillna("").astype(str) != ""
 
 
-def _groups(rows: pd.DataFrame, columns: list[str]) -> list[tuple[list[str], pd.DataFrame]]:
-    """Settings whose rows (status and ``columns``) coincide, grouped: [(settings, rows)], each group drawn once."""
-    return coinciding_groups(rows, "setting", [c for c in columns if c in rows], equal_nan=True)
-
-
-def _group_label(names: list[str], rows: pd.DataFrame, presets: dict | None) -> str:
-    first = rows.drop_duplicates("setting").set_index("setting")
-    return " = ".join(setting_name(first.loc[n].to_dict() | {"setting": n}, presets) for n in names)
+def _drawable(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with a β_eff/β to draw: a stable fixed point whose KL lies among the optima's."""
+    return rows[(rows.status == "stable") & rows.beta_eff_ratio.notna()]
 
 
 def draw(points: pd.DataFrame, length: pd.DataFrame, png, section: dict | None = None, *, beta_min: float) -> str:
@@ -91,81 +82,208 @@ def draw(points: pd.DataFrame, length: pd.DataFrame, png, section: dict | None =
 
 
 def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = None, *, beta_min: float):
-    """One column per policy family. Top: β_eff against the β asked for (the presets and FIGURE_SETTINGS; dashed:
-    β_eff = β). Middle: the gap J_β(optimum) − J_β(end) of the length sweep against T; bottom: its β_eff/β. Settings
-    whose points coincide are drawn once and named together; settings without a stable fixed point, or without a
-    β_eff, are left out of a line and listed in the caption. One legend, outside. ``section``: config toy.atlas (its
-    presets name the frameworks; its length.threshold_fraction, the caption). ``beta_min``: the smallest β at which the
-    effective β is searched (the analysis's EFFECTIVE_BETA_RANGE). Returns (figure, caption)."""
-    presets = (section or {}).get("presets")
-
+    """One row per policy family: the presets against β, the grid (normalisation × G) per KL configuration and β,
+    the length sweep against T; β_eff/β on a shared log axis. ``section``: config toy.atlas (its presets name the
+    frameworks). ``beta_min``: the smallest β at which the effective β is searched. Returns (figure, caption)."""
+    presets = presets_of(section or {})  # config names the shipped ones (frameworks.py), plus extra_presets
     families = list(dict.fromkeys(points.family))
-    fig, axes = plt.subplots(3, len(families), figsize=(6.2 * len(families), 11.5), squeeze=False,
-                             layout="constrained")  # fmt: skip
-    preset_ids = set(points.preset.dropna()) - {""}
-    shown = points[points.setting.isin(FIGURE_SETTINGS) | points.setting.isin(preset_ids)]
-    listed = []
-    for col, family in enumerate(families):
-        mine = shown[shown.family == family]
-        ax = axes[0, col]
-        for names, rows in _groups(mine, ["beta", "kl", "beta_eff"]):
-            drawn = rows[(rows.status == "stable")].dropna(subset=["beta_eff"]).sort_values("beta")
-            name = _group_label(names, mine, presets)
-            if len(drawn):
-                ax.plot(drawn.beta, drawn.beta_eff, ms=6, lw=1, label=name, **setting_style(rows.iloc[0]))
-            missing = rows[~rows.beta.isin(drawn.beta)]
-            if len(missing):
-                why = ", ".join(f"{b:g} ({_why_not_drawn(r, beta_min)})" for b, r in zip(missing.beta,
-                                                                                           missing.itertuples(),
-                                                                                 strict=True))  # fmt: skip
-                listed.append(f"- {family} policy, {name}: no β_eff at β {why}.")
-        betas = sorted(points.beta.unique())
-        grid = np.geomspace(min(betas), max(betas), 10)
-        ax.plot(grid, grid, ls="--", color="0.5", lw=1, label="effective β = β asked for")
-        ax.set(xscale="log", yscale="log", xlabel="β asked for", ylabel="effective β (β_eff)")
-        ax.set_xticks(betas, [f"{b:g}" for b in betas])
-        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-        ax.set_title(f"{family} policy, T = {int(points[points.family == family]['T'].iloc[0])}: β_eff against β",
-                     fontsize=10)  # fmt: skip
-        ax.grid(alpha=0.3, which="major")
-    length_families = list(dict.fromkeys(length.family))
-    for col, family in enumerate(families):
-        mine = length[length.family == family]
-        for row, (column, what) in enumerate(
-            (("objective_gap", "J_β(optimum) − J_β(end)"), ("beta_eff_ratio", "β_eff / β")), start=1
-        ):
-            ax = axes[row, col]
-            if family not in length_families:
-                say_why_empty(ax, f"no length sweep in the {family} policy")
-                continue
-            for beta, at in mine.groupby("beta"):
-                for names, rows in _groups(at, ["T", column]):
-                    drawn = rows[rows.status == "stable"].dropna(subset=[column]).sort_values("T")
-                    values = drawn[column].clip(lower=GAP_FLOOR) if row == 1 else drawn[column]
-                    name = f"{_group_label(names, at, presets)}, β{NBSP}={NBSP}{beta:g}"
-                    ax.plot(drawn["T"], values, ms=5, lw=1, label=name, **setting_style(rows.iloc[0], beta))
-            if row == 1:
-                ax.set_yscale("log")
-                if (mine[mine.status == "stable"].objective_gap < GAP_FLOOR).any():
-                    ax.axhline(GAP_FLOOR, color="0.6", lw=0.8, ls="-", zorder=1,
-                               label="on the optimum to rounding error (drawn on this line)")  # fmt: skip
+    fig, axes = plt.subplots(len(families), 3, figsize=(FULL_WIDTH, 2.9 * len(families) + 1.3), squeeze=False,
+                             width_ratios=[1.25, 2.2, 1.2], layout="constrained")  # fmt: skip
+    caption = Caption()
+    quoted, missing = [], []
+    for row, family in enumerate(families):
+        mine = points[points.family == family]
+        quoted += _presets_panel(axes[row, 0], mine[_is_preset(mine)], presets, family, caption)
+        _grid_panel(axes[row, 1], mine[~_is_preset(mine)], family)
+        _length_panel(axes[row, 2], length[length.family == family], family)
+        missing += _not_drawn(mine, presets, beta_min, family)
+    _share_log_axis(axes)
+    for ax in axes[:, 0]:
+        _label_ends(ax, *ax._atlas_ends)
+    configs = list(
+        dict.fromkeys(tag_config(line) for ax in axes.ravel() for line in ax.get_lines() if tag_config(line))
+    )  # the configurations drawn
+    grid_betas = sorted(points.beta.unique())
+    handles = key_handles(configs, [b for b in grid_betas])
+    handles.append(plt.Line2D([], [], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
+                              label="β_eff/β = 1: as strong as asked"))  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncols=3)
+    fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
+    length_t = caption.number(int(points["T"].iloc[0]))
+    fraction = caption.number(((section or {}).get("length") or {}).get("threshold_fraction", 0.75))
+    caption.add(
+        "**How strongly each setup practitioners run regularises (toy model of §3.3, exact, float64).** β_eff is the β "
+        "whose optimum of J_β has the same KL to the reference as the setup's end point; β_eff/β below 1 (under the "
+        "dashed line) means weaker regularisation than asked for, above it stronger. One row per policy family. "
+        f"Left: each framework's preset (its KL term, normalisation and G, as its code ships them) against the β "
+        f"asked for, at T = {length_t} tokens, named at its line's end; presets that end at the same points are one "
+        "line, named together. Centre: the grid, each KL configuration with each advantage normalisation (RLOO, "
+        "whose expected update does not depend on G; the group mean, Dr. GRPO; ÷ the group's standard deviation, "
+        "GRPO; ÷ the batch's, TRL's batch option) and G, one line per KL configuration and β over G. Right: β_eff/β "
+        f"against the answer's length T, the reward at least ceil({fraction} × T) ones (the settings the config's "
+        "atlas length section lists, named in the panel).",
+        ("Drawn values, " + "; ".join(quoted) + ".") if quoted else "",
+        caption.design("Not drawn (no β_eff): " + "; ".join(missing) + ".") if missing else "",
+    )
+    return fig, finish(fig, caption)
+
+
+def _presets_panel(ax, rows: pd.DataFrame, presets: dict | None, family: str, caption: Caption) -> list[str]:
+    """Each group of coinciding presets against β (categories), named at its right end; returns the caption's
+    quotes of the values drawn at the largest β."""
+    betas = sorted(rows.beta.unique())
+    position = {b: i for i, b in enumerate(betas)}
+    quotes, ends = [], []
+    for names, group in coinciding_groups(rows, "setting", ["beta", "beta_eff_ratio"], equal_nan=True):
+        drawable = _drawable(group).sort_values("beta")
+        if drawable.empty:
+            continue
+        first = group.iloc[0]
+        label = " =\n".join(setting_name(rows[rows.setting == n].iloc[0].to_dict(), presets) for n in names)
+        line = ax.plot([position[b] for b in drawable.beta], drawable.beta_eff_ratio, linestyle="-", linewidth=1,
+                       markersize=4, color=config_colour(first.config), **marker_of(first.config))[0]  # fmt: skip
+        tag(line, first.config, None, "marker")
+        ends.append((line, label))
+        if drawable.beta.max() == max(betas):
+            quotes.append(
+                f"{family}, {label.replace(chr(10), ' ')} at β = {max(betas):g}: {caption.value(line, -1, '.2f')}"
+            )
+    ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
+    ax.set_xlim(-0.4, len(betas) + 2.6)  # room for the names right of the lines
+    ax.spines[["right", "top"]].set_visible(False)
+    ax._atlas_ends = (ends, len(betas) - 0.6)  # named once the shared y axis is set
+    ax.set_xlabel("β asked for")
+    ax.set_ylabel(f"{family} policy\nβ_eff / β (log)")
+    ax.set_title("framework presets", loc="left")
+    ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
+    ax.grid(alpha=0.3, axis="y")
+    return quotes
+
+
+JOIN = {"arrowstyle": "-", "color": "0.7", "linewidth": 0.5, "shrinkA": 0, "shrinkB": 2}  # a name to its line's end
+
+
+def _label_ends(ax, ends: list, right: float) -> None:
+    """Each line's name right of its last point, at x = ``right``, spread apart vertically (a line of 7 pt each, on
+    the log axis) so that none overlap; a thin grey line joins a name moved from its point."""
+    if not ends:
+        return
+    low, high = (np.log10(v) for v in ax.get_ylim())
+    height = ax.get_window_extent().height / ax.figure.dpi * 72  # points
+    gap = (high - low) * 9.5 / max(height, 1.0)
+    placed = sorted(((float(np.log10(line.get_ydata()[-1])), line, label) for line, label in ends), key=lambda e: e[0])
+    last = -np.inf
+    for y, line, label in placed:
+        lines = label.count("\n") + 1
+        y_text = max(y, last + gap * (lines + 1) / 2)
+        last = y_text + gap * (lines - 1) / 2
+        end = (line.get_xdata()[-1], line.get_ydata()[-1])
+        ax.annotate(label, end, xytext=(right, 10**y_text), textcoords="data", ha="left", va="center", fontsize=7,
+                    color=line.get_color(), arrowprops=JOIN)  # fmt: skip
+
+
+def _grid_panel(ax, rows: pd.DataFrame, family: str) -> None:
+    """The grid: x the normalisations, each with its G (RLOO once: its expected update does not depend on G), one
+    line per KL configuration and β over G (colour: configuration; line style: β)."""
+    categories = []  # (normalisation, G or None)
+    for normalisation in dict.fromkeys(rows.normalisation):
+        mine = rows[rows.normalisation == normalisation]
+        per_g = mine.pivot_table(index="group", columns=["config", "beta"], values="beta_eff_ratio", dropna=False)
+        same = len(per_g) <= 1 or np.allclose(per_g.to_numpy(), per_g.to_numpy()[:1], equal_nan=True)
+        groups = [None] if same else sorted(mine.group.unique())
+        categories += [(normalisation, g) for g in groups]
+    x_of = {c: i for i, c in enumerate(categories)}
+    for (config, beta), group in rows.groupby(["config", "beta"], sort=False):
+        for normalisation in dict.fromkeys(group.normalisation):
+            part = _drawable(group[group.normalisation == normalisation]).sort_values("group")
+            if (normalisation, None) in x_of:
+                part = part.head(1)
+                xs = [x_of[(normalisation, None)]] * len(part)
             else:
-                ax.axhline(1, ls="--", color="0.5", lw=1)
-            ax.set_xlabel("T, tokens per answer")
-            ax.set_ylabel(f"{what}, exact")
-            ax.set_title(f"{family} policy: {'gap to the optimum' if row == 1 else 'β_eff / β'} against T",
-                         fontsize=10)  # fmt: skip
-            ax.set_xticks(sorted(mine["T"].unique()))
-            ax.grid(alpha=0.3, which="major")
-    figure_legend(fig, axes.ravel(), wrap=40)
-    fig.suptitle("How strongly each setup regularises, against the β asked for (toy model, exact)", fontsize=11)
-    footnote(fig, "Colour: KL configuration; marker shape: advantage normalisation; marker fill: G (filled 2, "
-             "lower half 4, right half 5, hollow 8, left half 16);\nline style: β (lower rows). Settings with "
-             "the same points are drawn once and named together.")  # fmt: skip
-    return fig, caption(_caption(points, length, section, beta_min), "\n".join(listed))
+                xs = [x_of[(normalisation, g)] for g in part.group]
+            if len(part):
+                tag(ax.plot(xs, part.beta_eff_ratio, markersize=3.5, linewidth=1, label="_grid",
+                            **style_of(config, beta))[0], config, beta)  # fmt: skip
+    labels = [f"{g}" if g else "any" for _, g in categories]
+    ax.set_xticks(range(len(categories)), labels)
+    ax.set_xlim(-0.6, len(categories) - 0.4)
+    for normalisation in dict.fromkeys(n for n, _ in categories):
+        xs = [x_of[c] for c in categories if c[0] == normalisation]
+        ax.text(np.mean(xs), 1.01, AXIS_NAMES.get(normalisation, normalisation), transform=ax.get_xaxis_transform(),
+                ha="center", va="bottom", fontsize=7)  # fmt: skip
+        if xs[0] > 0:
+            ax.axvline(xs[0] - 0.5, color="0.75", linewidth=0.6)
+    ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
+    ax.set_xlabel("G, completions per prompt, by advantage normalisation")
+    ax.grid(alpha=0.3, axis="y")
 
 
-def _why_not_drawn(row, beta_min: float) -> str:
+def _length_panel(ax, rows: pd.DataFrame, family: str) -> None:
+    """β_eff/β against T for the length sweep's settings (colour: configuration; line style: β), each named by its
+    normalisation and G in the panel."""
+    names = []
+    for (_, beta), group in rows.groupby(["setting", "beta"], sort=False):
+        drawable = _drawable(group).sort_values("T")
+        if drawable.empty:
+            continue
+        first = group.iloc[0]
+        tag(ax.plot(drawable["T"], drawable.beta_eff_ratio, markersize=3, linewidth=1, label="_length",
+                    **style_of(first.config, beta))[0], first.config, beta)  # fmt: skip
+        name = NORMALISATION_NAMES.get(first.normalisation, first.normalisation)
+        names.append(name if first.normalisation == "rloo" else f"{name}, G{NBSP}={NBSP}{int(first.group)}")
+    if names:
+        ax.text(0.03, 0.97, "; ".join(dict.fromkeys(names)), transform=ax.transAxes, ha="left", va="top", fontsize=7,
+                color="0.25")  # fmt: skip
+    else:
+        ax.text(0.5, 0.5, f"no length sweep in the {family} policy", transform=ax.transAxes, ha="center", fontsize=7)
+    ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
+    ax.set_xlabel("T, tokens per answer")
+    ax.set_title("against T")
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True, nbins=6))
+    ax.grid(alpha=0.3, axis="y")
+
+
+def _share_log_axis(axes) -> None:
+    """One log y axis for every panel: from the smallest to the largest β_eff/β drawn, 1 inside."""
+    values = [y for ax in axes.ravel() for line in ax.get_lines() for y in np.asarray(line.get_ydata(), dtype=float)
+              if np.isfinite(y) and y > 0]  # fmt: skip
+    low, high = min([*values, 1.0]) / 1.3, max([*values, 1.0]) * 1.3
+    for ax in axes.ravel():
+        ax.set_yscale("log")
+        ax.set_ylim(low, high)
+        ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _not_drawn(rows: pd.DataFrame, presets: dict | None, beta_min: float, family: str) -> list[str]:
+    """The caption's list of the presets and grid settings without a β_eff, by reason and β, the G of one setting
+    named together ('K3 in loss, ÷ batch std (TRL batch), G = 2, 4, 8')."""
+    missing = rows[~rows.index.isin(_drawable(rows).index)].copy()
+    if missing.empty:
+        return []
+    missing["why"] = [_why(r, beta_min) for r in missing.itertuples()]
+    out = []
+    for (why, beta), group in missing.groupby(["why", "beta"], sort=False):
+        names: dict[str, list[int]] = {}
+        for _, r in group.iterrows():
+            if _is_preset(group.loc[[r.name]]).iloc[0] or r.normalisation == "rloo":
+                names.setdefault(setting_name(r.to_dict(), presets), [])
+            else:
+                base = setting_name(r.to_dict() | {"normalisation": r.normalisation}, presets).rsplit(", G", 1)[0]
+                names.setdefault(base, []).append(int(r.group))
+        words = [f"{n}, G = {', '.join(map(str, sorted(set(g))))}" if g else n for n, g in names.items()]
+        out.append(f"{family} policy, β = {beta:g}, {why}: {'; '.join(words)}")
+    return out
+
+
+def tag_config(line) -> str | None:
+    """The configuration a tagged line is drawn for (None: not tagged)."""
+    gid = line.get_gid() or ""
+    return gid.split("kl=")[1].split(";")[0] if gid.startswith("style kl=") else None
+
+
+def _why(row, beta_min: float) -> str:
     if row.status != "stable":
         return str(row.status)
     if getattr(row, "beyond_curve", False):  # the family's own curve stops where its optimum's KL stops growing
@@ -173,29 +291,4 @@ def _why_not_drawn(row, beta_min: float) -> str:
     return "its KL outside the optima's"
 
 
-ATLAS_CAPTION = """\
-**How strongly each setup practitioners run regularises (toy model of §3.3, exact, float64).** A setting is a KL \
-configuration with an advantage normalisation (RLOO; − group mean, Dr. GRPO; ÷ the group's standard deviation, GRPO \
-and TRL's default; ÷ the batch's, TRL "batch", exact as the limit of many groups) and a group size G (RLOO's expected \
-update does not depend on G); a preset is what a framework ships, read from its code (the presets' list below names \
-the files). Effective β (β_eff): the β whose optimum of J_β = E[R] − β·KL has the same KL to the reference as the \
-setting's end point. Top: β_eff against the β asked for, β ∈ {{{betas}}}, per policy family at T = {length_t}; on the \
-dashed line a setting regularises as strongly as asked, below it less. Middle and bottom: the length sweep, exact, \
-for T = 1 to {max_length} (the parametric family from T = 2: at T = 1 it is the tabular one), the reward at least \
-ceil({fraction:g} × T) ones: the gap J_β(optimum) − J_β(end) on a log axis (a gap below {floor:g} is on the optimum \
-to rounding error and is drawn on the grey line at {floor:g}) and β_eff/β (dashed: 1). Colour = KL configuration (as \
-in every figure), marker shape = advantage normalisation (○ RLOO, ◇ group mean, □ group std, △ batch std, ▽ RLOO ÷ \
-the others' std), marker fill = G (filled 2, lower half 4, right half 5, hollow 8, left half 16), line style = β \
-(as in every figure). Settings whose points coincide at every β (or every T) are drawn once and named together. \
-A setting without \
-a stable fixed point, or whose end point has more KL than the optimum at the smallest β searched ({beta_min:g}), has \
-no β_eff there and is left out of the line; those are listed below. The table gives every setting's end point, gap, \
-β_eff and whether its on-policy Monte Carlo runs end there."""
-
-
-def _caption(points: pd.DataFrame, length: pd.DataFrame, section: dict | None, beta_min: float) -> str:
-    longest = ", ".join(f"{f} {int(length[length.family == f]['T'].max())}" for f in dict.fromkeys(length.family))
-    fraction = ((section or {}).get("length") or {}).get("threshold_fraction", 0.75)
-    return ATLAS_CAPTION.format(betas=", ".join(f"{b:g}" for b in sorted(points.beta.unique())),
-                                length_t=int(points["T"].iloc[0]), max_length=longest, fraction=fraction,
-                                floor=GAP_FLOOR, beta_min=beta_min)  # fmt: skip
+__all__ = ["figure", "draw", "preset_name", "setting_name", "NORMALISATION_NAMES", "NO_KL", "beta_linestyle"]

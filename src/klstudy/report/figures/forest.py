@@ -1,197 +1,252 @@
-"""The claims figure: every claim of the claims table, effect ± critical·se, coloured by its verdict."""
+"""The claims forests: one figure per metric, each testable claim of the claims table in its words, its rows (one
+per β) drawn as effect ± critical·se, the interval the verdict reads, coloured by the verdict."""
 
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
-import matplotlib.patches as mpatches
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
+from klstudy.config import CLAIMS_FIGURE, testable_by_design
+from klstudy.report.figures.captions import PREDICTED_WORDS, Caption, claim_beta, claim_words, finish
 from klstudy.report.figures.encoding import (
+    FULL_WIDTH,
+    MAX_HEIGHT,
     UNTESTED_COLOUR,
     VERDICT_COLOURS,
-    caption,
-    footnote,
-    run_text,
     save,
-    say_why_empty,
+    scale_text,
     short_number,
     verdict_colour,
 )
 
-# ---------------------------------------------------------------------------------------------------------
-# The claims figure: every claim of the claims table, effect ± critical·se, coloured by verdict.
-
 CLAIM_METRIC_UNITS = {
-    "final_kl": "KL(π_sampling‖π_ref) at the end of training (nats)",
+    "final_kl": "KL(π_sampling‖π_ref) at the end of training, nats",
     "heldout": "held-out pass@1 at the last evaluation",
-    "evaluation": "lm-eval mean@k, mean over the claim's tasks",
-    "forward_kl": "forward KL(π_ref‖π_θ) at the last snapshot (nats)",
-    "entropy": "token entropy of π_θ at the last snapshot (nats)",
+    "evaluation": "lm-eval mean@k, averaged over the claim's tasks",
+    "forward_kl": "forward KL(π_ref‖π_θ) at the last snapshot, nats",
+    "entropy": "token entropy of π_θ at the last snapshot, nats",
 }
-
-
-def _claim_groups(claims: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """The forest's panels: one per metric (trends over β apart: their unit is per decade of β), in table order."""
-    trend = claims.get("note", pd.Series("", index=claims.index)).fillna("").astype(str).str.startswith("trend")
-    keys = claims.metric.astype(str) + np.where(trend, " trend", "")
-    return [(key, claims[keys == key]) for key in dict.fromkeys(keys)]
-
-
+METRIC_TITLES = {
+    "final_kl": "Claims on the KL to the reference at the end of training",
+    "heldout": "Claims on held-out pass@1 during training",
+    "evaluation": "Claims on the evaluation of the final policy",
+    "forward_kl": "Claims on the forward KL to the base policy",
+    "entropy": "Claims on the policy's entropy",
+}
 # The values a metric can take, for the range its differences can reach (candidate − baseline, the baseline's mean b
 # known): a proportion lies in [0, 1], so a difference in [−b, 1 − b]; a KL or an entropy is ≥ 0, so ≥ −b.
 PROPORTION_METRICS = {"heldout", "evaluation"}
 NON_NEGATIVE_METRICS = {"final_kl", "forward_kl", "entropy"}
-PREDICTED_MARKERS = {"higher": "▶", "lower": "◀"}  # after a claim's name on the axis: the direction predicted
-MARGIN_COLOUR = "0.82"  # a same claim's margin: neither a verdict's colour nor a configuration's
+RANGE_WORDS = {
+    "proportion": "a difference of two scores between 0 and 1 lies in [−b, 1 − b] for a baseline b",
+    "non-negative": "a difference of two non-negative quantities is at least −b for a baseline b",
+}
+MARGIN_COLOUR = "0.85"  # a same claim's margin: neither a verdict's colour nor a configuration's
+ROW_INCHES = 0.17  # one row at 7 pt
+CAP = 40.0  # a panel spans every interval, up to this many times its largest |effect| + se (then an arrow)
 
 
 def difference_range(metric: str, baseline_mean: float, trend: bool) -> tuple[float, float]:
     """The range of candidate − baseline that the metric allows (a trend's slope: unbounded)."""
-    b = 0.0 if pd.isna(baseline_mean) else float(baseline_mean)
+    known = pd.notna(baseline_mean)
+    b = float(baseline_mean) if known else 0.0
     if trend:
         return -math.inf, math.inf
     if metric in PROPORTION_METRICS:
-        return -b if pd.notna(baseline_mean) else -1.0, 1.0 - b if pd.notna(baseline_mean) else 1.0
-    if metric in NON_NEGATIVE_METRICS and pd.notna(baseline_mean):
+        return (-b, 1.0 - b) if known else (-1.0, 1.0)
+    if metric in NON_NEGATIVE_METRICS and known:
         return -b, math.inf
     return -math.inf, math.inf
 
 
-def draw_claims_forest(claims: pd.DataFrame, config: dict):
-    """Every row of the claims table: its effect (candidate − baseline, in the metric's own sign and units) ±
-    critical·se, the interval the verdict rule reads, clipped to what the metric allows (the clip marked), coloured by
-    the verdict; one panel per metric; the predicted direction as a triangle after the claim's name. A claim of
-    no difference ("same") shows its margin as a band around zero. Returns (figure, caption)."""
-    claims = claims.copy()
-    margins = {name: c.get("margin") for name, c in config.get("claims", {}).items()}
-    baseline = claims.get("baseline_mean", pd.Series(math.nan, index=claims.index))
-    claims["margin"] = [(margins.get(name) or math.nan) * abs(b) if pd.notna(b) else math.nan
-                        for name, b in zip(claims.claim, baseline, strict=True)]  # fmt: skip
-    groups = _claim_groups(claims) if len(claims) else []
-    heights = [len(rows) + 1.4 for _, rows in groups] or [1]
-    fig, axes = plt.subplots(len(heights), 1, figsize=(12, 0.3 * sum(heights) + 1.4), squeeze=False,
-                             height_ratios=heights, layout="constrained")  # fmt: skip
-    past = pd.concat([_forest_panel(ax, key, rows) for ax, (key, rows) in zip(axes[:, 0], groups, strict=False)]
-                     or [claims.iloc[:0]])  # no claims: one empty panel, said below  # fmt: skip
-    if not groups:
-        say_why_empty(axes[0, 0], "the config names no claims")
-    fig.legend(handles=_forest_handles(claims.get("verdict", [])), loc="outside right upper", fontsize=8,
-               frameon=False)  # fmt: skip
-    fig.suptitle("Every claim: effect ± critical·se, the interval its verdict reads", fontsize=11)
-    footnote(fig, "Effect: candidate − baseline in the metric's units; ▶/◀ after a claim's name: the direction "
-             "predicted.\n"
-             "|: clipped at the metric's possible range; arrow: the interval runs past the panel.")  # fmt: skip
-    models = claims.model.dropna().unique() if "model" in claims else []
-    return fig, caption(FOREST_CAPTION, run_text(config, models) if len(models) else "", clipped_text(past))
+def _is_trend(rows: pd.DataFrame) -> pd.Series:
+    return rows.get("note", pd.Series("", index=rows.index)).fillna("").astype(str).str.startswith("trend")
 
 
-FOREST_CAPTION = """\
-**Every claim, at a glance.** One row per row of the claims table (figures/claims.csv): the effect, candidate − \
-baseline (the mean over paired units: training seeds, or held-out questions), in the metric's own sign and units, \
-with the interval effect ± critical·se that the verdict rule reads, coloured by the verdict (green shown, red \
-contradicted, grey not shown; a hollow grey point: no interval, such as a claim that cannot be tested). A triangle \
-after the claim's name points the way the paper or Table 1 predicts (▶ higher, ◀ lower); a claim of no difference has \
-none and shows its margin as a grey band around 0: shown when the effect lies inside it by critical standard errors \
-at both ends, each end tested seed by seed so that the margin's own noise (a fraction of the estimated baseline) is \
-in its error; its z ("margin z") is the smaller of the two. An interval is clipped at the range the metric allows (a \
-pass@1 or accuracy difference lies in [−b, 1 − b] for a baseline b; a KL or entropy difference is at least −b), \
-marked |; one wider than its panel (which spans every effect ± 3 se) ends in an arrow. Right: verdict, z against its \
-critical value, and n, the paired units. One panel per metric; a claim that a configuration's KL falls as β grows, \
-tested as a slope over the β grid, has its own panel (per decade of β)."""
+def forest_rows(claims: pd.DataFrame, config: dict, metric: str) -> tuple[pd.DataFrame, list[str]]:
+    """The metric's rows of the claims testable by design (config.testable_by_design), with each row's margin in the
+    metric's units; and the words of the claims left out (one paired seed by design)."""
+    rows = claims[claims.metric == metric].copy()
+    specs = config.get("claims", {})
+    testable = rows.claim.map(lambda c: c not in specs or testable_by_design(config, specs[c]))
+    left_out = list(dict.fromkeys(claim_words(t) for t in rows[~testable].get("text", rows[~testable].claim)))
+    rows = rows[testable]
+    margins = {name: c.get("margin") for name, c in specs.items()}
+    rows["margin"] = [(margins.get(name) or math.nan) * abs(b) if pd.notna(b) else math.nan
+                      for name, b in zip(rows.claim, rows.get("baseline_mean", math.nan), strict=True)]  # fmt: skip
+    return rows, left_out
 
 
-def _forest_handles(verdicts) -> list:
-    """The legend: the verdicts that occur (a key to a colour no row has would be read as a finding), then the marks."""
-    present = set(verdicts)
-    handles = [plt.Line2D([], [], color=c, marker="o", linestyle="-", label=v)
-               for v, c in VERDICT_COLOURS.items() if v in present]  # fmt: skip
-    handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linestyle="",
-                              label="no interval (not testable,\nno prediction)"))  # fmt: skip
-    handles.append(plt.Line2D([], [], color="0.3", marker="|", markersize=10, linestyle="",
-                              label="clipped at the metric's range"))  # fmt: skip
-    handles.append(mpatches.Patch(color=MARGIN_COLOUR, label="margin of a 'same' claim"))
-    return handles
+def _entries(rows: pd.DataFrame) -> list[tuple[str, str, dict | None]]:
+    """The forest's lines: per claim a header (its words, its prediction, written across the panel), then one line
+    per row (its β on the axis)."""
+    entries = []
+    for _, claim in rows.groupby("claim", sort=False):
+        records = claim.to_dict("records")
+        first = records[0]
+        words = claim_words(first.get("text", first["claim"]))
+        predicted = PREDICTED_WORDS.get(str(first.get("predicted")), "")
+        entries.append(("header", textwrap.fill(f"{words} ({predicted})", 80), None))
+        entries += [("row", claim_beta(r) or "", r) for r in records]
+    return entries
 
 
-def claims_forest(claims: pd.DataFrame, config: dict, png: Path) -> None:
-    """draw_claims_forest, written to ``png`` (a PDF and the caption, claims_forest.md, beside it)."""
-    fig, text = draw_claims_forest(claims, config)
-    save(fig, png, text)
+def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = None):
+    """One metric's claims (``metric``: the first metric with testable claims when not given): a panel of effect ±
+    critical·se per row (trends over β, in their own units per decade of β, a panel of their own), the interval
+    clipped to what the metric allows (a | where clipped), coloured by the verdict; a claim of no difference shows its
+    margin as a grey band around 0; verdict, z against its critical value and n on the right. Returns (figure,
+    caption)."""
+    metric = metric or next(iter(dict.fromkeys(claims.metric)), "final_kl")
+    rows, left_out = forest_rows(claims, config, metric)
+    trend = _is_trend(rows)
+    groups = [(key, part) for key, part in (("", rows[~trend]), (" trend", rows[trend])) if len(part)]
+    entries = [_entries(part) for _, part in groups] or [[]]
+    heights = [sum(1 + e[1].count("\n") * 0.8 for e in ent) + 1.5 for ent in entries]
+    height = min(MAX_HEIGHT, ROW_INCHES * sum(heights) + 1.1)
+    fig, axes = plt.subplots(len(heights), 1, figsize=(FULL_WIDTH, height), squeeze=False, height_ratios=heights,
+                             layout="constrained")  # fmt: skip
+    caption = Caption()
+    for ax, (key, _), ent in zip(axes[:, 0], groups, entries, strict=False):
+        _forest_panel(ax, metric, bool(key), ent)
+    title = METRIC_TITLES.get(metric, f"Claims on {metric}")
+    fig.suptitle(f"{title}: effect ± critical·se, the interval the verdict reads")
+    handles = [plt.Line2D([], [], color=c, marker="o", label=v) for v, c in VERDICT_COLOURS.items()
+               if v in set(rows.verdict)]  # fmt: skip
+    drawn = [line for ax in axes[:, 0] for line in ax.get_lines()]
+    if any(line.get_gid() == "effect" and line.get_markerfacecolor() == "white" for line in drawn):
+        handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linestyle="",
+                                  label="no interval (not testable, or no prediction)"))  # fmt: skip
+    if any(line.get_marker() == "|" for line in drawn):
+        handles.append(plt.Line2D([], [], color="0.15", marker="|", markersize=8, linestyle="",
+                                  label="clipped at the range the metric allows"))  # fmt: skip
+    if any(line.get_marker() in ("<", ">") for line in drawn):
+        handles.append(plt.Line2D([], [], color="0.3", marker=">", linestyle="", label="runs past the panel"))
+    if rows.get("margin", pd.Series(dtype=float)).notna().any():
+        handles.append(plt.Rectangle((0, 0), 1, 1, color=MARGIN_COLOUR, label="margin of a claim of no difference"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=2)
+    models = rows.model.dropna().unique() if "model" in rows else []
+    design = caption.design
+    caption.add(
+        f"**{title}.** {design(scale_text(config, models)) if len(models) else ''}",
+        f"Each claim of the claims table on {CLAIM_METRIC_UNITS.get(metric, metric)}, in its words and with its "
+        "prediction, then one line per β: the effect, candidate − baseline (the mean over paired seeds, or over "
+        "held-out questions and seeds), with the interval effect ± critical·se that the verdict rule reads, coloured "
+        "by the verdict; the interval is clipped at the range the metric allows (marked by a short upright bar: "
+        + design(RANGE_WORDS["proportion" if metric in PROPORTION_METRICS else "non-negative"]) + "). "
+        + (_containing_zero(axes[:, 0]) if len(rows) else ""),
+        ("A claim that the KL falls as β grows is tested as a slope over the β grid, per seed: the lower panel, in "
+         "units per decade of β." if trend.any() else ""),
+        design("Not drawn, with one paired seed by design (the rule judges the spread between seeds, so they cannot "
+               "be tested): " + "; ".join(left_out) + ".") if left_out else "",
+    )  # fmt: skip
+    return fig, finish(fig, caption)
 
 
-def clipped_text(clipped: pd.DataFrame) -> str:
-    """The caption's line on intervals that run past their panel (arrows): how wide the rule's interval is at their
-    n, so that an axis-wide line reads as what few seeds allow, not as a drawing error."""
-    if clipped.empty:
+def _containing_zero(axes) -> str:
+    """What the drawn intervals say as a whole, read from them: whether every one holds 0."""
+    intervals = [line for ax in axes for line in ax.get_lines() if line.get_gid() == "interval"]
+    if not intervals:
         return ""
-    by = "seeds" if "seeds" in clipped else "units"
-    widths = "; ".join(f"{int(n)} seeds: ± {short_number(c, 3)} se" for n, c in
-                       clipped.groupby(by).critical.min().items())  # fmt: skip
-    return (
-        "An arrow: the interval runs past the panel (which spans every effect ± 3 se). The rule's interval "
-        f"is effect ± critical·se, with critical the larger of min_z and Student's t at seeds − 1 degrees of freedom "
-        f"({widths}): the fewer the units, the wider it is, and only an effect that many se from 0 can be shown."
-    )
+    holding = [min(line.get_xdata()) <= 0 <= max(line.get_xdata()) for line in intervals]
+    if all(holding):
+        return "Every interval drawn holds zero: with these seeds no difference could be shown either way."
+    return ""
 
 
-def _forest_view(rows: pd.DataFrame) -> float:
-    """Half the width of a panel: every effect ± 3 se and every margin, with some room."""
-    spans = [*(rows.effect.abs() + 3 * rows.se.fillna(0)), *rows.margin]
-    return 1.15 * max([s for s in spans if np.isfinite(s) and s > 0] or [1.0])
-
-
-def _forest_panel(ax, key: str, rows: pd.DataFrame) -> pd.DataFrame:
-    """One metric's claims (see draw_claims_forest); returns the rows whose interval runs past the panel."""
-    metric, _, trend = key.partition(" ")
-    limit = _forest_view(rows)
-    past = []
-    for y, row in enumerate(rows.to_dict("records")):
-        colour = verdict_colour(row["verdict"])
-        x, half = row["effect"], row["critical"] * row["se"]
-        if pd.notna(row["margin"]):
-            ax.fill_betweenx([y - 0.4, y + 0.4], -row["margin"], row["margin"], color=MARGIN_COLOUR, linewidth=0)
-        if pd.notna(half) and pd.notna(x):
-            if _draw_interval(ax, y, x, half, difference_range(metric, row.get("baseline_mean"), bool(trend)),
-                              limit, colour):  # fmt: skip
-                past.append(y)
-            ax.plot(x, y, "o", color=colour)
-        elif pd.notna(x):
-            ax.plot(max(min(x, limit), -limit), y, "o", color=colour, markerfacecolor="white")
-        z_name = "margin z" if row.get("predicted") == "same" else "z"
-        numbers = f"{short_number(row['z'])} / {short_number(row['critical'], 3)}"
-        score = "" if pd.isna(row["z"]) else f"   {z_name} {numbers}"
-        ax.annotate(f"{row['verdict']}{score}   {_units_text(row)}", (1.02, y), xycoords=("axes fraction", "data"),
-                    va="center", fontsize=7, color=colour if colour != UNTESTED_COLOUR else "0.4")  # fmt: skip
-    ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_xlim(-limit, limit)
-    ax.set_ylim(len(rows) - 0.4, -0.6)
-    labels = [f"{_claim_label(row)}  {PREDICTED_MARKERS.get(row.get('predicted'), '')}".rstrip() for row in
-              rows.to_dict("records")]  # fmt: skip
-    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+def _forest_panel(ax, metric: str, trend: bool, entries: list) -> None:
+    """One panel: the entries top down; the verdict, z and n on the right (a twin axis' tick labels, so that the
+    layout keeps room for them)."""
+    data = [e[2] for e in entries if e[2] is not None]
+    view = _view(data, metric, trend)
+    y, ticks, labels, right = 0.0, [], [], []
+    for kind, text, row in entries:
+        step = 1 + text.count("\n") * 0.8
+        y += step / 2
+        if kind == "header":  # the claim's words across the panel, above its rows
+            ax.text(0.005, y, text, transform=ax.get_yaxis_transform(), ha="left", va="center", fontsize=7,
+                    fontweight="bold", color="0.15", bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6},
+                    zorder=5)  # fmt: skip
+        else:
+            ticks.append(y)
+            labels.append(text)
+            right.append(_right_text(row))
+            _draw_row(ax, y, row, metric, trend, view)
+        y += step / 2
+    ax.axvline(0, color="black", linewidth=0.7, gid="reference zero")
+    ax.set_xlim(*view)
+    ax.set_ylim(y + 0.2, -0.2)
+    ax.set_yticks(ticks, labels, fontsize=7)
+    twin = ax.twinx()
+    twin.set_ylim(ax.get_ylim())
+    twin.set_yticks(ticks, [text for text, _ in right], fontsize=7)
+    for tick, (_, colour) in zip(twin.get_yticklabels(), right, strict=True):
+        tick.set_color(colour)
+    twin.tick_params(axis="y", length=0)
+    twin.tick_params(axis="x", which="both", bottom=False, labelbottom=False, top=False, labeltop=False)
     unit = CLAIM_METRIC_UNITS.get(metric, metric)
-    ax.set_title(f"{unit}{': slope per decade of β' if trend else ''}, candidate − baseline", fontsize=9, loc="left")
+    ax.set_xlabel(f"{unit}{': slope per decade of β' if trend else ''}, candidate − baseline")
     ax.grid(alpha=0.3, axis="x")
-    return rows.iloc[sorted(set(past))]
 
 
-def _draw_interval(ax, y: float, x: float, half: float, allowed: tuple[float, float], limit: float, colour) -> bool:
-    """effect ± half clipped to the metric's range (a | where clipped) and to the panel (an arrow where it runs past);
-    returns whether it ran past the panel."""
-    low, high = max(x - half, allowed[0]), min(x + half, allowed[1])
-    ax.plot([max(low, -limit), min(high, limit)], [y, y], color=colour, linewidth=1.4)
-    past = False
-    ends = ((low, x - half < allowed[0], -limit, "<"), (high, x + half > allowed[1], limit, ">"))
-    for end, clip, edge, arrow in ends:
-        if abs(end) > limit and np.sign(end) == np.sign(edge):
-            ax.plot(edge, y, marker=arrow, color=colour, markersize=6)
-            past = True
-        elif clip:
-            ax.plot(end, y, marker="|", color="0.15", markersize=10, markeredgewidth=1.6)
-    return past
+def _view(rows: list[dict], metric: str, trend: bool) -> tuple[float, float]:
+    """A panel's x range: every interval (clipped to the metric's range), effect, margin and 0, up to CAP times the
+    largest |effect| + se either side."""
+    ends, scale = [0.0], []
+    for row in rows:
+        effect, se, critical = row.get("effect"), row.get("se"), row.get("critical")
+        if pd.isna(effect):
+            continue
+        scale.append(abs(effect) + (0 if pd.isna(se) else se))
+        low, high = difference_range(metric, row.get("baseline_mean"), trend)
+        if pd.notna(se) and pd.notna(critical):
+            ends += [max(effect - critical * se, low), min(effect + critical * se, high)]
+        margin = row.get("margin", math.nan)
+        ends += [effect] + ([-margin, margin] if pd.notna(margin) else [])
+    cap = CAP * max(scale or [1.0])
+    low, high = max(min(ends), -cap), min(max(ends), cap)
+    pad = 0.05 * (high - low or 1.0)
+    return low - pad, high + pad
+
+
+def _draw_row(ax, y: float, row: dict, metric: str, trend: bool, view: tuple[float, float]) -> None:
+    """effect ± critical·se clipped to the metric's range (a | where clipped) and to the panel (an arrow where it
+    runs past), coloured by the verdict; a claim of no difference's margin as a grey band; no interval: hollow."""
+    colour = verdict_colour(row["verdict"])
+    x, se, critical = row["effect"], row.get("se"), row.get("critical")
+    if pd.notna(row.get("margin")):
+        ax.fill_betweenx([y - 0.4, y + 0.4], -row["margin"], row["margin"], color=MARGIN_COLOUR, linewidth=0)
+    if pd.isna(x):
+        return
+    if pd.notna(se) and pd.notna(critical):
+        low_allowed, high_allowed = difference_range(metric, row.get("baseline_mean"), trend)
+        low, high = max(x - critical * se, low_allowed), min(x + critical * se, high_allowed)
+        ax.plot([max(low, view[0]), min(high, view[1])], [y, y], color=colour, linewidth=1.3, gid="interval")
+        for end, clipped, edge, arrow in ((low, x - critical * se < low_allowed, view[0], "<"),
+                                          (high, x + critical * se > high_allowed, view[1], ">")):  # fmt: skip
+            if (end < view[0] and arrow == "<") or (end > view[1] and arrow == ">"):
+                ax.plot(edge, y, marker=arrow, color=colour, markersize=5)
+            elif clipped:
+                ax.plot(end, y, marker="|", color="0.15", markersize=8, markeredgewidth=1.4)
+        ax.plot(x, y, "o", color=colour, markersize=4, gid="effect")
+    else:
+        ax.plot(min(max(x, view[0]), view[1]), y, "o", color=colour, markerfacecolor="white", markersize=4,
+                gid="effect")  # fmt: skip
+
+
+def _right_text(row: dict) -> tuple[str, str]:
+    """'not shown · z 1.7 of 31.8 · n 2', in the verdict's colour."""
+    parts = [str(row["verdict"])]
+    if pd.notna(row.get("z")):
+        name = "margin z" if row.get("predicted") == "same" else "z"
+        parts.append(f"{name} {short_number(row['z'])} / {short_number(row['critical'], 3)}")
+    parts.append(_units_text(row))
+    colour = verdict_colour(row["verdict"])
+    return " · ".join(parts), colour if colour != UNTESTED_COLOUR else "0.4"
 
 
 def _units_text(row) -> str:
@@ -203,12 +258,20 @@ def _units_text(row) -> str:
     return f"n {row.get('units', '')} questions × {int(seeds)} seeds"
 
 
-def _claim_label(row) -> str:
-    """'claim, β = 1 vs 0.1' (a claim between two β of one configuration), 'claim, β = 0.1', 'claim (over β)'."""
-    if str(row.get("note", "")).startswith("trend"):
-        return f"{row['claim']} (over β)"
-    beta, below = pd.to_numeric(pd.Series([row.get("beta"), row.get("baseline_beta")]), errors="coerce")
-    if pd.isna(beta) or beta == 0:
-        return str(row["claim"])
-    against = f" vs {below:g}" if pd.notna(below) and row.get("baseline") == row.get("candidate") else ""
-    return f"{row['claim']}, β = {beta:g}{against}"
+def claims_forest(claims: pd.DataFrame, config: dict, png: Path, metric: str | None = None) -> None:
+    """draw_claims_forest, written to ``png`` (a PDF and the caption, <name>.md, beside it)."""
+    fig, text = draw_claims_forest(claims, config, metric)
+    save(fig, png, text)
+
+
+def claims_forests(claims: pd.DataFrame, config: dict, out_dir: Path) -> list[Path]:
+    """Every forest of config.claims_figures: figures/claims_forest_<metric>.png (and PDF, caption)."""
+    from klstudy.config import claims_figures
+
+    written = []
+    for name in claims_figures(config):
+        metric = Path(name).name.removeprefix(f"{CLAIMS_FIGURE}_")
+        png = Path(out_dir) / f"{Path(name).name}.png"
+        claims_forest(claims, config, png, metric)
+        written.append(png)
+    return written

@@ -1,115 +1,204 @@
-"""The panels of the config's ``figures`` section, one function per panel kind, from the aggregated tables."""
+"""The panels of the config's ``figures`` section, one function per panel kind, from the aggregated tables; each
+draws the noise as it is (draw_series) and returns what it drew (Drawn), with the numbers its caption
+quotes read from its artists."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+import matplotlib.colors as mcolors
 import numpy as np
 import pandas as pd
 
+from klstudy.config import lag_only
 from klstudy.kl import NO_KL
-from klstudy.report.aggregate import (
-    final_values,
-    mean_and_se,
-    step_values,
-    trailing_mean,
-)
+from klstudy.report.aggregate import final_values, mean_and_se, step_values, trailing_mean
 from klstudy.report.figures.encoding import (
     BASE_COLOUR,
+    MEAN_LINEWIDTH,
     VERDICT_COLOURS,
     beta_hatch,
     config_colour,
     dodge,
     kl_label,
-    say_in_panel,
-    se_band,
+    marker_of,
+    short_task_name,
+    step_axis,
+    study_name,
     style_of,
+    tag,
     task_name,
 )
 
-# ---------------------------------------------------------------------------------------------------------
-# §4: the figures of the config's ``figures`` section, from the aggregated tables (klstudy.report.aggregate).
-
 NOT_OK = {"collapsed": "x", "diverged": "X", "missing": "."}
+SEEDS_WITHOUT_BAND = 4  # up to this many seeds, each is drawn and no ±1 se band is (a band of few seeds looks sure)
 
 
 @dataclass
 class Drawn:
     """What a panel drew: its quantity (panels of one quantity share a y axis), the seeds per series, why it is
-    empty (None when it has data)."""
+    empty (None when it has data), its notes for the caption, and the artists whose values the caption quotes."""
 
     quantity: str
     seeds: set[int] = field(default_factory=set)
     empty: str | None = None
     notes: list[str] = field(default_factory=list)
-    n_text: str | None = None  # the title's n, where seeds alone do not say it
     unit: str = "point"  # what one n is of: a point (curves) or a bar
+    quoted: list[tuple[str, object]] = field(default_factory=list)  # (what, artist): the caption reads its last value
+    quote_style: str = ".2f"
+    reference: bool = False  # a reference drawn (no KL, the base model, chance): something to read the rest against
+    has_band: bool = False
+    has_seeds: bool = False
+    seed_key: str = "thin line: each seed"  # the legend's words for how a seed is drawn
+    last_x: set = field(default_factory=set)  # where the quoted series end (their step, before any sideways dodge)
 
 
 def select(table: pd.DataFrame, panel: dict, config: dict) -> pd.DataFrame:
-    """The rows of a panel's cells: its study and model, its KL configurations and β (β = 0 for "none")."""
+    """The rows of a panel's cells: its study and model, its KL configurations and β (β = 0 for "none"), and those of
+    the studies it draws beside (``with``: every configuration at the panel's β)."""
     spec = config["studies"][panel["study"]]
     kls, betas = panel.get("kl", spec["kl"]), [float(b) for b in panel.get("betas", spec["betas"])]
-    rows = table[(table.study == panel["study"]) & (table.model == panel["model"]) & table.kl.isin(kls)]
+    mine = (table.study == panel["study"]) & table.kl.isin(kls)
+    beside = table.study.isin(panel.get("with", []))
+    rows = table[(mine | beside) & (table.model == panel["model"])]
     return rows[(rows.kl == NO_KL) | rows.beta.isin(betas)]
 
 
-def _status_suffix(group: pd.DataFrame) -> str:
+def status_suffix(group: pd.DataFrame) -> str:
     """' (1/2 collapsed)' for the runs of a line that did not finish ok."""
     bad = {s: n for s, n in group.status.value_counts().items() if s != "ok"}
     return " (" + ", ".join(f"{n}/{len(group)} {s}" for s, n in bad.items()) + ")" if bad else ""
 
 
-def _seed_stats(rows: pd.DataFrame, by: str, value: str, stderr: str | None) -> pd.DataFrame:
-    """Per value of ``by`` (a step): mean, se and n over the seeds (aggregate.mean_and_se)."""
-    stats = [
-        (key, *mean_and_se(group[value], group[stderr] if stderr and stderr in group else None))
-        for key, group in rows.groupby(by, sort=True)
-    ]
-    return pd.DataFrame(stats, columns=[by, "mean", "se", "n"])
+# ---------------------------------------------------------------------------------------------------------
+# One series: a configuration × β over x, its seeds drawn as the noise is.
+
+
+def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset: float = 0.0, marker: bool = True):
+    """``runs``: columns seed, x, value, se (each seed's own error; NaN unknown). One seed: the line and a ±1 se band
+    of its own error. Two to SEEDS_WITHOUT_BAND seeds: each seed a thin line, the mean over seeds a thicker one, no
+    band. More: the mean with a ±1 se band (aggregate.mean_and_se). Returns (the mean line, seeds, band drawn)."""
+    style = style_of(kl_config, beta)
+    if not marker:
+        style = {**style, "marker": ""}
+    seeds = runs.seed.nunique()
+    stats = pd.DataFrame([(x, *mean_and_se(g.value, g.se)) for x, g in runs.groupby("x", sort=True)],
+                         columns=["x", "mean", "se", "n"])  # fmt: skip
+    x = stats.x.to_numpy(dtype=float) + offset
+    band = False
+    if 1 < seeds <= SEEDS_WITHOUT_BAND:
+        for _, run in runs.groupby("seed"):
+            run = run.sort_values("x")
+            tag(ax.plot(run.x + offset, run.value, color=style["color"], linestyle=style["linestyle"], linewidth=0.6,
+                        alpha=0.55, label="_seed")[0], kl_config, beta, "seed")  # fmt: skip
+    elif stats.se.notna().any():
+        low, high = stats["mean"] - stats.se, stats["mean"] + stats.se
+        # a light fill, its edge in β's line style: two bands of one configuration at two β stay apart
+        band = ax.fill_between(x, low, high, facecolor=mcolors.to_rgba(style["color"], 0.12), linewidth=0.6,
+                               edgecolor=mcolors.to_rgba(style["color"], 0.6), linestyle=style["linestyle"],
+                               label="_band")  # fmt: skip
+        tag(band, kl_config, beta, "band")
+        band = True
+    line = ax.plot(x, stats["mean"], label=label, linewidth=MEAN_LINEWIDTH if seeds > 1 else 1.2, **style)[0]
+    return tag(line, kl_config, None if kl_config == NO_KL else beta), seeds, band
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The base model: one evaluation, drawn the same in every figure that shows it.
+
+
+def base_heldout(heldout: pd.DataFrame, config: dict, model: str, data: str) -> tuple[float, float, int]:
+    """The base model on a held-out set: its step-0 evaluations (every run of every study on that set evaluates it
+    before training; runs of one seed repeat one evaluation), one per distinct evaluation, pooled: (mean, se, n)."""
+    studies = [s for s, spec in config["studies"].items() if spec["heldout_data"] == data and model in spec["models"]]
+    rows = heldout[heldout.study.isin(studies) & (heldout.model == model) & (heldout.step == 0)]
+    distinct = rows.drop_duplicates(["seed", "pass_at_1"])
+    if distinct.empty:
+        return math.nan, math.nan, 0
+    mean = float(distinct.pass_at_1.mean())
+    errors = distinct.stderr.astype(float) if "stderr" in distinct else pd.Series(math.nan, index=distinct.index)
+    se = float(np.sqrt((errors**2).sum()) / len(distinct)) if errors.notna().all() else math.nan
+    return mean, se, len(distinct)
+
+
+def draw_base_point(ax, mean: float, se: float, n: int, x: float = 0.0):
+    """The base model's held-out score at step 0: a grey diamond with its ±1 se."""
+    label = "base model (step 0)"
+    bars = ax.errorbar([x], [mean], yerr=[[se], [se]] if np.isfinite(se) else None, fmt="D", color=BASE_COLOUR,
+                       markersize=5, capsize=2, zorder=5, label=label)  # fmt: skip
+    bars.lines[0].set_gid("reference base")
+    return bars.lines[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The panel kinds.
 
 
 def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
-    """Held-out pass@1 against training step: the mean over seeds with a ± 1 se band (each run's error over
-    questions combined with the seeds' spread); a run that stopped early (collapsed or diverged) ends in a cross at its
-    last evaluation. Lines are dodged sideways a little so that equal values do not hide each other."""
+    """Held-out pass@1 against training step, every curve starting at the base model's one evaluation (step 0); each
+    configuration × β drawn as draw_series draws its seeds; a run that stopped early (collapsed or diverged) ends in
+    a cross at its last evaluation. Series are dodged sideways by up to 0.15 of the evaluation interval."""
+    study = config["studies"][panel["study"]]
     heldout, cells = select(tables["heldout"], panel, config), select(tables["cells"], panel, config)
-    data = config["studies"][panel["study"]]["heldout_data"]
+    data = study["heldout_data"]
     drawn = Drawn("pass@1")
-    lines = list(cells.groupby(["kl", "beta"], sort=False))
-    every = config["studies"][panel["study"]]["train"].get("eval_every", 10)
-    means = []
-    for i, ((kl_config, beta), group) in enumerate(lines):
-        label = kl_label(kl_config, None if kl_config == NO_KL else beta) + _status_suffix(group)
-        runs = heldout[(heldout.kl == kl_config) & (heldout.beta == beta)]
+    base = base_heldout(tables["heldout"], config, panel["model"], data)
+    lines = list(cells.groupby(["study", "kl", "beta"], sort=False))
+    every = study["train"].get("eval_every", 10)
+    shared = cells.groupby(["kl", "beta"]).study.nunique().max() > 1 if len(cells) else False
+    values = []
+    for i, ((name, kl_config, beta), group) in enumerate(lines):
+        label = kl_label(kl_config, None if kl_config == NO_KL else beta) + status_suffix(group)
+        label += f" ({study_name(config, name)})" if shared else ""  # one configuration in two studies
+        runs = heldout[(heldout.study == name) & (heldout.kl == kl_config) & (heldout.beta == beta)]
+        runs = runs.assign(x=runs.step, value=runs.pass_at_1, se=runs.get("stderr", math.nan))
+        if np.isfinite(base[0]):  # every run starts from the base model: its one evaluation, not each run's own
+            runs = pd.concat([runs[runs.step > 0], runs[["seed"]].drop_duplicates().assign(x=0, value=base[0],
+                                                                                           se=base[1])])  # fmt: skip
         if runs.empty:
             drawn.notes.append(f"no results: {label}")
             continue
-        style = style_of(kl_config, beta)
-        stats = _seed_stats(runs, "step", "pass_at_1", "stderr")
-        x = stats.step + dodge(i, len(lines), 0.3 * every)
-        ax.plot(x, stats["mean"], markersize=4, label=label, **style)
-        se_band(ax, stats, x, style["color"])
-        drawn.seeds.update(stats.n)
-        means.extend(stats["mean"])
+        line, seeds, band = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * every))
+        drawn.seeds.add(seeds)
+        drawn.has_band |= band
+        drawn.has_seeds |= seeds > 1
+        drawn.quoted.append((label, line))
+        drawn.last_x.add(int(runs.x.max()))
+        values.extend(runs.value)
         for seed, run in runs.groupby("seed"):
             status = group[group.seed == seed].status
             if len(status) and status.iloc[0] in NOT_OK:
-                ax.scatter(run.step.iloc[-1], run.pass_at_1.iloc[-1], marker=NOT_OK[status.iloc[0]], s=60, zorder=4,
-                           color=style["color"])  # fmt: skip
-    ax.set_xlabel("training step")
-    ax.set_ylabel(f"held-out pass@1 ({task_name(data)})")
+                last = run.sort_values("x").iloc[-1]
+                ax.scatter(last.x, last.value, marker=NOT_OK[status.iloc[0]], s=40, zorder=4, color=line.get_color(),
+                           label=f"{status.iloc[0]} (last evaluation)")  # fmt: skip
+    if np.isfinite(base[0]) and values:
+        drawn.quoted.insert(0, ("base model (step 0)", draw_base_point(ax, *base)))
+        drawn.reference = True
+        drawn.notes.append(f"step 0 is the base model's one evaluation on {task_name(config, data)}, the mean of "
+                           f"its {base[2]} step-0 evaluation{'s' if base[2] > 1 else ''}")  # fmt: skip
+    if data in config.get("evaluation", {}).get("tasks", []):
+        k = config["evaluation"]["k"]
+        drawn.notes.append(
+            f"these are the trainer's held-out evaluations of {task_name(config, data)} during training; an evaluation "
+            f"figure's bars of the same task are lm-eval's mean@{k} of the final policy, another measurement of the "
+            "same questions, each with its own error"
+        )
+    step_axis(ax, heldout.step)
+    samples = study["train"].get("heldout_samples", 1)
+    ax.set_ylabel(f"held-out pass@1, {task_name(config, data)}\n({_questions(config, data)} questions × {samples} "
+                  f"sample{'s' if samples > 1 else ''})")  # fmt: skip
     ax.grid(alpha=0.3)
-    if not means:
+    if not values:
         drawn.empty = "; ".join(["no run of this panel has held-out results yet", *drawn.notes])
-    elif max(means) == 0:
-        drawn.notes.append(f"every run scores 0 on {data} at every evaluation")
-        say_in_panel(ax, "every run scores 0 at every evaluation")
-    train = config["studies"][panel["study"]]["train"]
-    if too_short_for_lag(train):
-        drawn.notes.append(async_text(train))
+    elif max(values) == min(values):
+        drawn.empty = f"every run scores {max(values):g} on {task_name(config, data)} at every evaluation"
     return drawn
+
+
+def _questions(config: dict, data: str) -> str:
+    size = (config.get("data", {}).get(data) or {}).get("size")
+    return f"{size}" if size else "the"
 
 
 # Multiple-choice tasks (MMLU and its procedural stand-ins, data/procedural.py): four letters A–D, so chance is 1/4.
@@ -117,177 +206,194 @@ MULTIPLE_CHOICE_PREFIX, MULTIPLE_CHOICE_CHANCE = "mmlu", 0.25
 
 
 def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
-    """lm-eval mean@k per task: the base model with its chat template (one evaluation, its error over questions), then
-    each KL configuration × β (mean over seeds ± 1 se, combining the seeds' spread with lm-eval's error over
-    questions); hatching = β; above each bar the fraction of its completions with no readable answer; chance on the
-    multiple-choice tasks as a dashed line. The base model without its chat template (near 0, mostly unread) is
-    listed in the caption, not drawn at the foot of every panel. "n/a": not evaluated."""
+    """lm-eval mean@k per task: the base model with its chat template (one evaluation, ±1 se over questions), then
+    each KL configuration × β: one seed with lm-eval's ±1 se; two to SEEDS_WITHOUT_BAND seeds, the mean with each
+    seed as a dot; more, the mean ± 1 se; hatching = β; above each bar the fraction of its completions with no
+    readable answer; chance on the multiple-choice tasks as a dashed line. "n/a": not evaluated."""
     evaluations = tables["evaluations"]
     tasks = config["evaluation"]["tasks"]
     base = evaluations[(evaluations.study == "base") & (evaluations.model == panel["model"])]
-    groups = [("base model, one evaluation", base[base.chat_template.astype(str) == "on"],
-               {"color": BASE_COLOUR, "edgecolor": "0.3", "hatch": ""})]  # fmt: skip
+    groups = [("base model", "base", 0.0, base[base.chat_template.astype(str) == "on"])]
     drawn = Drawn("accuracy", unit="bar")
-    drawn.notes += _without_template(base[base.chat_template.astype(str) == "off"], tasks)
+    drawn.notes += _without_template(base[base.chat_template.astype(str) == "off"], tasks, config)
     cells = select(evaluations[evaluations.study != "base"], panel, config)
     cell_status = select(tables["cells"], panel, config)
     for (kl_config, beta), rows in cells.groupby(["kl", "beta"], sort=False):
         status = cell_status[(cell_status.kl == kl_config) & (cell_status.beta == beta)]
-        label = kl_label(kl_config, None if kl_config == NO_KL else beta) + _status_suffix(status)
-        style = {"color": config_colour(kl_config), "edgecolor": "black", "hatch": beta_hatch(beta)}
-        groups.append((label, rows, style))
+        groups.append((kl_label(kl_config, None if kl_config == NO_KL else beta) + status_suffix(status), kl_config,
+                       beta, rows))  # fmt: skip
     width = 0.8 / max(len(groups), 1)
     any_value, tops, unread_labels = False, {t: 0.0 for t in range(len(tasks))}, []
-    for g, (label, rows, style) in enumerate(groups):
-        by_task = [rows[rows.task == task] for task in tasks]
+    for g, (label, kl_config, beta, rows) in enumerate(groups):
+        by_task = [rows[rows.task == task].dropna(subset=["mean_at_k"]) for task in tasks]
         stats = [mean_and_se(r.mean_at_k, r.stderr) for r in by_task]
-        x = [t + dodge(g, len(groups), 0.8) for t in range(len(tasks))]
-        ax.bar(x, [s[0] for s in stats], width, yerr=[s[1] for s in stats], linewidth=0.5, capsize=2, label=label,
-               error_kw={"elinewidth": 1}, **style)  # fmt: skip
-        if not label.startswith("base"):
+        seeds = max([s[2] for s in stats] or [0])
+        x = np.arange(len(tasks)) + dodge(g, len(groups), 0.8)
+        errors = [s[1] if (seeds == 1 or seeds > SEEDS_WITHOUT_BAND) and np.isfinite(s[1]) else 0.0 for s in stats]
+        colour = BASE_COLOUR if kl_config == "base" else config_colour(kl_config)
+        bars = ax.bar(x, [s[0] for s in stats], width, yerr=errors, color=colour, edgecolor="0.2", linewidth=0.5,
+                      hatch="" if kl_config == "base" else beta_hatch(0 if kl_config == NO_KL else beta), capsize=1.5,
+                      label=label, error_kw={"elinewidth": 0.8})  # fmt: skip
+        for bar in bars:
+            tag(bar, kl_config, None if kl_config in (NO_KL, "base") else beta, "bar")
+        if 1 < seeds <= SEEDS_WITHOUT_BAND:  # each seed a dot on its bar
+            for xi, r in zip(x, by_task, strict=True):
+                ax.scatter(np.full(len(r), xi), r.mean_at_k, s=6, color="black", zorder=4, linewidth=0,
+                           label="one seed (a dot)")  # fmt: skip
+            drawn.has_seeds = True
+        if kl_config != "base":
             drawn.seeds.update(s[2] for s in stats if s[2])
-        for t, (xi, (mean, se, _), r) in enumerate(zip(x, stats, by_task, strict=True)):
+        else:
+            drawn.reference = len(rows) > 0
+        for t, (xi, (mean, _, _), r) in enumerate(zip(x, stats, by_task, strict=True)):
             if pd.isna(mean):
                 ax.text(xi, 0.005, "n/a", rotation=90, ha="center", va="bottom", fontsize=7)
                 continue
             any_value = True
-            tops[t] = max(tops[t], mean + (se if np.isfinite(se) else 0.0))
+            tops[t] = max(tops[t], mean + errors[t], float(r.mean_at_k.max()))
             if "unread" in r and r.unread.notna().any():
                 unread_labels.append((t, xi, f"{r.unread.mean():.0%}"))
     for t, xi, text in unread_labels:  # in a row above the task's tallest error bar: no bar's error bar crosses one
         ax.text(xi, tops[t] + 0.01, text, rotation=90, ha="center", va="bottom", fontsize=7, color="0.25")
-    _chance_lines(ax, tasks)
-    ax.set_ylim(0, max([0.05, *tops.values()]) / 0.8)  # room for the unread labels above the tallest bar
-    ax.set_xticks(range(len(tasks)), [task_name(t).replace("MMLU ", "MMLU\n") for t in tasks], fontsize=8)
-    ax.set_ylabel(f"mean@{config['evaluation']['k']} accuracy (above a bar: % unread)", fontsize=8)
+    if _chance_lines(ax, tasks):
+        drawn.reference = True
+    ax.set_ylim(0, max([0.05, *tops.values()]) / 0.78)  # room for the unread labels above the tallest bar
+    ax.set_xticks(range(len(tasks)), [short_task_name(config, t) for t in tasks])
+    ax.set_ylabel(f"lm-eval mean@{config['evaluation']['k']} accuracy\n(above a bar: % of answers unread)")
     ax.grid(alpha=0.3, axis="y")
     if not any_value:
         drawn.empty = "no evaluation of this panel has results yet"
-    if not drawn.seeds:
-        drawn.n_text = "n = 1 evaluation of the base model; no trained run evaluated yet"
     return drawn
 
 
-def _chance_lines(ax, tasks: list[str]) -> None:
-    """A dashed line at chance across each multiple-choice task's bars, labelled once."""
+def _chance_lines(ax, tasks: list[str]) -> bool:
+    """A dashed line at chance across each multiple-choice task's bars, labelled once; whether any was drawn."""
     label = f"chance ({MULTIPLE_CHOICE_CHANCE:g}: four choices)"
+    drawn = False
     for t, task in enumerate(tasks):
         if task.startswith(MULTIPLE_CHOICE_PREFIX):
-            ax.hlines(MULTIPLE_CHOICE_CHANCE, t - 0.45, t + 0.45, color="0.15", linestyle=(0, (2, 2)), linewidth=1,
-                      label=label, zorder=4)  # fmt: skip
-            label = "_chance"
+            ax.hlines(MULTIPLE_CHOICE_CHANCE, t - 0.45, t + 0.45, color="0.15", linestyle=(0, (2, 2)), linewidth=0.8,
+                      label=label, zorder=4, gid="reference chance")  # fmt: skip
+            label, drawn = "_chance", True
+    return drawn
 
 
-def _without_template(rows: pd.DataFrame, tasks: list[str]) -> list[str]:
-    """The caption's table of the base model evaluated without its chat template: score and unread fraction per
-    task (a separate experiment: its prompts are not the ones the runs were trained on)."""
+def _without_template(rows: pd.DataFrame, tasks: list[str], config: dict) -> list[str]:
+    """The caption's list of the base model evaluated without its chat template (a separate experiment: its prompts
+    are not the ones the runs were trained on), not drawn."""
     if rows.empty:
         return []
-    cells = []
-    for task in tasks:
-        r = rows[rows.task == task]
-        if len(r):
-            unread = f", {r.unread.mean():.0%} unread" if "unread" in r and r.unread.notna().any() else ""
-            cells.append(f"{task} {r.mean_at_k.mean():.2f}{unread}")
-    return ["the base model without its chat template (one evaluation, not drawn): " + "; ".join(cells)]
+    return [
+        "the base model without its chat template, a separate experiment, is not drawn (figures' table of evaluations)"
+    ]
 
 
 def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
-    """Forward KL(π_ref‖π_θ) (on samples from π_ref) or π_θ's token entropy against training step: the mean over seeds
-    ± 1 se (the error over prompts combined with the seeds' spread), one line per configuration × β, dodged."""
+    """Forward KL(π_ref‖π_θ) (on samples from π_ref) or π_θ's token entropy against training step, one series per
+    configuration × β, drawn as draw_series draws its seeds (one seed: ± its error over prompts). An entropy's axis
+    spans at least ±4 of its standard errors around its level, so that its noise shows as noise."""
     rows = select(tables["divergence"], panel, config)
     rows = rows[rows.task == panel["task"]]
     metric = panel["metric"]
     # forward KL starts at 0 on every task: one scale; an entropy's level is the task's, so one scale per task
-    drawn = Drawn(metric if metric == "forward_kl" else f"{metric} on {panel['task']}")
-    if metric != "forward_kl":
-        drawn.notes.append("its own y range (an entropy's level is its task's)")
+    drawn = Drawn(metric if metric == "forward_kl" else f"{metric} on {panel['task']}", quote_style=".3g")
     lines = list(rows.groupby(["kl", "beta"], sort=False))
     steps = sorted(rows.step.unique())
     gap = min(np.diff(steps)) if len(steps) > 1 else 1
+    errors = []
     for i, ((kl_config, beta), runs) in enumerate(lines):
-        style = style_of(kl_config, beta)
-        stats = _seed_stats(runs, "step", metric, f"{metric}_stderr")
-        x = stats.step + dodge(i, len(lines), 0.3 * gap)
-        ax.plot(x, stats["mean"], markersize=4, label=kl_label(kl_config, beta), **style)
-        se_band(ax, stats, x, style["color"])
-        drawn.seeds.update(stats.n)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("forward KL(π_ref‖π_θ) (nats)" if metric == "forward_kl" else "token entropy of π_θ (nats)")
-    ax.set_title(task_name(panel["task"]), fontsize=9)
+        runs = runs.assign(x=runs.step, value=runs[metric], se=runs[f"{metric}_stderr"])
+        label = kl_label(kl_config, beta)
+        line, seeds, band = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * gap))
+        drawn.seeds.add(seeds)
+        drawn.has_band |= band
+        drawn.has_seeds |= seeds > 1
+        drawn.quoted.append((label, line))
+        drawn.last_x.add(int(runs.x.max()))
+        errors.extend(runs.se.dropna())
+    step_axis(ax, steps)
+    ax.set_ylabel("forward KL(π_ref‖π_θ), nats" if metric == "forward_kl" else "token entropy of π_θ, nats")
+    ax.set_title(task_name(config, panel["task"]))
     ax.grid(alpha=0.3)
     if not lines:
-        drawn.empty = f"no snapshot of this panel has been measured on {panel['task']} yet"
+        drawn.empty = f"no snapshot of this panel has been measured on {task_name(config, panel['task'])} yet"
+    elif metric != "forward_kl" and errors:
+        keep_noise_span(ax, 4 * float(np.median(errors)))
     return drawn
 
 
+def keep_noise_span(ax, half: float) -> None:
+    """Widen the y axis to at least ±half around its middle: a small quantity's axis shows its noise as noise."""
+    low, high = ax.get_ylim()
+    middle = (low + high) / 2
+    if high - low < 2 * half:
+        ax.set_ylim(max(0.0, middle - half), middle + half)
+
+
 def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
-    """KL(π_θ‖π_ref) at the end of training (aggregate.final_values: the mean of a run's last final_steps steps)
-    against β: per configuration the mean over seeds ± 1 se (each run's error over its last steps combined with the
-    seeds' spread), each seed as a small dot; the no-KL run (β = 0) as a black line with its ± 1 se band. β is a log
-    axis over several β, a categorical one for a single β (one point must not read as three). Given the claims table,
-    a ring in the verdict's colour marks each point a claim against no KL shows (or contradicts): whether a
-    configuration keeps the policy closer is the claims table's to say, not the means'."""
+    """KL(π_sampling‖π_ref) at the end of training (aggregate.final_values: the mean of a run's last final_steps
+    steps) against β, β as categories (equally spaced, labelled with their values: a dodge on a log axis would invent
+    β values): per configuration the mean over seeds (a marker, joined over β), each seed a small dot (one seed: ±
+    its error over its last steps); no KL as its own category left, its mean a black reference line across. Given
+    the claims table, a ring in the verdict's colour marks each point a claim against no KL shows or contradicts."""
     final = select(final_values(tables["training"], config), panel, config)
-    drawn = Drawn("kl")
+    drawn = Drawn("kl", quote_style=".2g", seed_key="small dot: each seed")
+    if final.empty:
+        drawn.empty = "no run of this panel has logged a KL yet"
+        return drawn
+    betas = sorted(final[final.kl != NO_KL].beta.unique())
+    position = {beta: i + 1 for i, beta in enumerate(betas)}
     none = final[final.kl == NO_KL]
     if len(none):
         mean, se, n = mean_and_se(none.kl_k3, none.kl_k3_stderr)
-        ax.axhline(mean, color="black", linewidth=1.2, label=kl_label(NO_KL))
-        if not math.isnan(se) and n >= 2:
-            ax.axhspan(mean - se, mean + se, color="black", alpha=0.1, linewidth=0)
+        reference = tag(ax.axhline(mean, color="black", linewidth=0.9, label=kl_label(NO_KL)), NO_KL, None)
+        tag(ax.plot([0], [mean], color="black", markersize=5, linestyle="", label="_mean", **marker_of(NO_KL))[0],
+            NO_KL, None, "marker")  # fmt: skip
+        if n > 1:
+            tag(ax.scatter(np.zeros(len(none)), none.kl_k3, s=7, color="black", alpha=0.6, zorder=3, linewidth=0,
+                           label="_seeds"), NO_KL, None, "band")  # fmt: skip
+        if n == 1 and np.isfinite(se):
+            ax.errorbar([0], [mean], yerr=[se], color="black", capsize=2, linewidth=0.8)
+        drawn.quoted.append((kl_label(NO_KL), reference))
+        drawn.reference = True
         drawn.seeds.add(n)
     configs = [k for k in dict.fromkeys(final.kl) if k != NO_KL]
-    betas = sorted(final[final.kl != NO_KL].beta.unique())
-    position = _beta_positions(betas)
     claims = tables.get("claims")
     for i, kl_config in enumerate(configs):
         rows = final[final.kl == kl_config]
-        stats = _seed_stats(rows, "beta", "kl_k3", "kl_k3_stderr")
-        shift = dodge(i, len(configs), 0.12 if len(betas) > 1 else 0.5)  # decades on a log axis, else categories
-        x = position(stats.beta, shift)
-        style = {**style_of(kl_config), "linestyle": "-"}
-        ax.errorbar(x, stats["mean"], yerr=stats.se.where(stats.n >= 2), capsize=3, label=kl_label(kl_config),
-                    **style)  # fmt: skip
-        ax.scatter(position(rows.beta, shift), rows.kl_k3, s=8, alpha=0.5, color=style["color"], zorder=3)
+        stats = pd.DataFrame([(beta, *mean_and_se(g.kl_k3, g.kl_k3_stderr)) for beta, g in rows.groupby("beta")],
+                             columns=["beta", "mean", "se", "n"])  # fmt: skip
+        shift = dodge(i, len(configs), 0.7)
+        x = np.array([position[b] for b in stats.beta]) + shift
+        marker = marker_of(kl_config)
+        line = ax.plot(x, stats["mean"], color=config_colour(kl_config), linestyle="-", linewidth=0.8, markersize=5,
+                       label=kl_label(kl_config), **marker)[0]  # fmt: skip
+        tag(line, kl_config, None, "marker")
+        one_seed = stats.n == 1
+        if one_seed.any():
+            ax.errorbar(x[one_seed], stats["mean"][one_seed], yerr=stats.se[one_seed], fmt="none",
+                        color=config_colour(kl_config), capsize=2, linewidth=0.8)  # fmt: skip
+        if (stats.n > 1).any():
+            tag(ax.scatter([position[b] + shift for b in rows.beta], rows.kl_k3, s=7, color=config_colour(kl_config),
+                           alpha=0.6, zorder=3, linewidth=0, label="_seeds"), kl_config, None, "band")  # fmt: skip
+            drawn.has_seeds = True
         if claims is not None:
             _mark_verdicts(ax, stats.assign(x=x), claims, kl_config)
         drawn.seeds.update(stats.n)
     if claims is not None and configs:
         against_none = claims[(claims.baseline == NO_KL) & claims.candidate.isin(configs)]
         for verdict in [v for v in ("shown", "contradicted") if v in set(against_none.verdict)]:
-            ax.plot([], [], "o", markersize=11, markerfacecolor="none", markeredgewidth=1.6, linestyle="",
+            ax.plot([], [], "o", markersize=9, markerfacecolor="none", markeredgewidth=1.4, linestyle="",
                     color=VERDICT_COLOURS[verdict], label=f"ring: {verdict} against no KL")  # fmt: skip
-        drawn.notes.append(
-            "a ring in a verdict's colour marks a point where the claims table shows (or contradicts) that "
-            "configuration's KL apart from no KL's at that β; no ring: not shown, not testable or no claim"
-        )
-    if final.empty:
-        drawn.empty = "no run of this panel has logged a KL yet"
-        return drawn
-    if len(betas) > 1:
-        ax.set_xscale("log")
-        ax.minorticks_off()
-    ax.set_xticks(position(pd.Series(betas), 0.0), [f"{b:g}" for b in betas])
-    if len(betas) == 1:
-        ax.set_xlim(-1, 1)
-    ax.set_xlabel("β (no KL: the black line)")
+    ax.set_xticks([0, *position.values()], ["no KL", *[f"{b:g}" for b in betas]])
+    ax.set_xlim(-0.6, len(betas) + 0.6)
+    ax.set_xlabel("β (categories)")
     last = config["studies"][panel["study"]].get("final_steps", 5)
-    ax.set_ylabel(f"KL(π_sampling‖π_ref), K3, mean of last {last} steps (nats)", fontsize=8)
-    ax.grid(alpha=0.3)
+    ax.set_ylabel(f"KL(π_sampling‖π_ref) at the end,\nK3, mean of the last {last} steps (nats)")
+    ax.grid(alpha=0.3, axis="y")
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(0.0, low), high)
     return drawn
-
-
-def _beta_positions(betas: list[float]):
-    """x of a β with a sideways shift: on a log axis β·10^shift over several β; with one β, the category 0 + shift."""
-    if len(betas) > 1:
-        return lambda beta, shift: np.asarray(beta, dtype=float) * 10**shift
-    return lambda beta, shift: np.zeros(len(np.atleast_1d(beta))) + shift
-
-
-# A panel of more lines than this draws no thin per-step lines, and lighter bands: five or more overlapping bands
-# with their raw steps over them hide every line (a reviewer could not read the training reward row).
-RAW_LINES_UP_TO = 3
 
 
 def _mark_verdicts(ax, stats: pd.DataFrame, claims: pd.DataFrame, kl_config: str) -> None:
@@ -298,49 +404,64 @@ def _mark_verdicts(ax, stats: pd.DataFrame, claims: pd.DataFrame, kl_config: str
         verdicts = set(against_none[np.isclose(against_none.beta.astype(float), point.beta)].verdict)
         for verdict in ("shown", "contradicted"):
             if verdict in verdicts:
-                ax.plot(point.x, point.mean, linestyle="", marker="o", markersize=11, markerfacecolor="none",
-                        markeredgewidth=1.6, color=VERDICT_COLOURS[verdict], zorder=4)  # fmt: skip
+                ax.plot(point.x, point.mean, linestyle="", marker="o", markersize=9, markerfacecolor="none",
+                        markeredgewidth=1.4, color=VERDICT_COLOURS[verdict], zorder=4, label="_ring")  # fmt: skip
 
 
-def step_curves(ax, rows: pd.DataFrame, column: str, window: int, dodge_width: float = 0.0):
-    """Per configuration × β: a logged per-step column as each run's trailing mean over ``window`` steps
-    (aggregate.trailing_mean), then the mean over seeds ± 1 se (thick, labelled, with a band), and, in a panel of at
-    most RAW_LINES_UP_TO lines, each step as logged, the mean over seeds (thin); returns the seeds per line."""
-    seeds = set()
-    lines = list(rows.groupby(["kl", "beta"], sort=False))
-    crowded = len(lines) > RAW_LINES_UP_TO
-    for i, ((kl_config, beta), runs) in enumerate(lines):
-        smoothed = pd.concat(
-            [trailing_mean(run, column, window).assign(seed=seed) for seed, run in runs.groupby("seed")],
-            ignore_index=True,
-        )
-        if smoothed.empty:
+def smoothed_series(
+    ax, rows: pd.DataFrame, column: str, window: int, mean_raw: bool = False, reference: str = NO_KL
+) -> list:
+    """Per configuration × β: each step as logged, thin (each seed's own line; ``mean_raw``: the mean over seeds, one
+    line a series, for a crowded panel), and its trailing mean over ``window`` steps (aggregate.trailing_mean: the last
+    point is the run's final value) averaged over seeds, thick. The reference (no KL, or the configuration a study's
+    claims compare with) is drawn wider and beneath the others, so that a configuration that trains as it does stays
+    visible on it. Returns [(label, thick line, seeds)]."""
+    drawn = []
+    series = list(rows.groupby(["kl", "beta"], sort=False))
+    # widths falling in drawing order (the reference widest, beneath): lines that nearly coincide each show an edge
+    widths = dict(zip([key for key, _ in series], np.linspace(2.2, 1.0, len(series)) if len(series) > 1 else [1.6],
+                      strict=True))  # fmt: skip
+    for (kl_config, beta), runs in series:
+        beta_or_none = None if kl_config == NO_KL else beta
+        style = style_of(kl_config, beta_or_none)
+        under = kl_config == reference
+        raws, smoothed = [], []
+        for seed, run in runs.groupby("seed"):
+            raw = step_values(run, column).dropna()
+            if raw.empty:
+                continue
+            raws.append(raw.rename(seed))
+            smoothed.append(trailing_mean(run, column, window).assign(seed=seed))
+        if not smoothed:
             continue
-        stats = _seed_stats(smoothed, "step", "value", "se")
-        style = {**style_of(kl_config, beta), "markevery": 3, "markersize": 4}  # marker: placement without colour
-        offset = dodge(i, len(lines), dodge_width)
-        x = stats.step + offset
-        ax.plot(x, stats["mean"], label=kl_label(kl_config, None if kl_config == NO_KL else beta), **style)
-        se_band(ax, stats, x, style["color"], alpha=0.08 if crowded else 0.18)
-        seeds.update(stats.n)
-        if crowded:
-            continue
-        # each step as logged (mean over seeds), thin: a spike the window spreads over several steps stays visible
-        raw = pd.concat([step_values(run, column).rename("value").reset_index() for _, run in runs.groupby("seed")])
-        raw = raw.dropna().groupby("step").value.mean()
-        ax.plot(raw.index + offset, raw.to_numpy(), color=style["color"], linewidth=0.6, alpha=0.45)
-    return seeds
+        thin = [pd.concat(raws, axis=1).mean(axis=1)] if mean_raw else raws
+        for raw in thin:
+            thin = ax.plot(raw.index, raw.to_numpy(), color=style["color"], linestyle=style["linestyle"],
+                           linewidth=0.5, alpha=0.5, label="_raw", zorder=1)[0]  # fmt: skip
+            tag(thin, kl_config, beta_or_none, "seed")
+        mean = pd.concat(smoothed).groupby("step").value.mean()
+        label = kl_label(kl_config, beta_or_none)
+        line = ax.plot(mean.index, mean.to_numpy(), linewidth=3.0 if under else widths[(kl_config, beta)], markersize=4,
+                       markevery=max(1, len(mean) // 5), label=label, zorder=2 if under else 3, **style)[0]  # fmt: skip
+        drawn.append((label, tag(line, kl_config, beta_or_none), runs.seed.nunique()))
+    return drawn
 
 
 def kl_curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
-    """KL(π_θ‖π_ref) (the K3 estimate logged each step) against training step: each run's trailing mean over the
-    study's final_steps steps (so that the last point is the run's final KL), then the mean over seeds ± 1 se; one
-    colour per configuration, one line style per β."""
+    """KL(π_sampling‖π_ref) (the K3 estimate logged each step) against training step: each step as logged, thin, and
+    each run's trailing mean over the study's final_steps steps, thick (named on the axis); the last thick point is
+    the run's final KL."""
     training = select(tables["training"], panel, config)
     window = config["studies"][panel["study"]].get("final_steps", 5)
-    drawn = Drawn("kl", step_curves(ax, training, "kl_k3", window))
-    ax.set_xlabel("training step")
-    ax.set_ylabel(f"KL(π_sampling‖π_ref), K3, trailing {window}-step mean (nats)", fontsize=8)
+    drawn = Drawn("kl", quote_style=".2g", seed_key="thin line: each step as logged, each seed")
+    for label, line, seeds in smoothed_series(ax, training, "kl_k3", window):
+        drawn.quoted.append((label, line))
+        drawn.last_x.add(int(round(line.get_xdata()[-1])))
+        drawn.seeds.add(seeds)
+        drawn.reference |= label.startswith("no KL")
+    drawn.has_seeds = True
+    step_axis(ax, training.step)
+    ax.set_ylabel(f"KL(π_sampling‖π_ref), K3, nats\nthick: trailing {window}-step mean; thin: each step")
     ax.grid(alpha=0.3)
     if not drawn.seeds:
         drawn.empty = "no run of this panel has logged a KL yet"
@@ -357,11 +478,12 @@ PANELS = {
 
 
 def seeds_text(seeds: set[int], unit: str = "point") -> str:
-    """'n = 2 seeds per point', 'n = 1–2 seeds per bar': the title line that gives a panel's n."""
+    """'2 seeds per point', '1–2 seeds per bar': the title line that gives a panel's n."""
+    seeds = {s for s in seeds if s}
     if not seeds:
         return ""
     low, high = min(seeds), max(seeds)
-    return f"n = {low}{'' if low == high else f'–{high}'} seed{'s' if high > 1 else ''} per {unit}"
+    return f"{low}{'' if low == high else f'–{high}'} seed{'s' if high > 1 else ''} per {unit}"
 
 
 PROPORTIONS = ("pass@1", "accuracy", "task_reward")  # in [0, 1]: at least 0 to 0.05 shown
@@ -386,7 +508,7 @@ def coinciding(ax) -> list[str]:
     sideways dodge), as notes."""
     groups: dict[tuple, list[str]] = {}
     for line in ax.get_lines():
-        if not line.get_label().startswith("_"):
+        if not line.get_label().startswith("_") and len(line.get_ydata()) > 1:
             key = tuple(np.round(np.asarray(line.get_ydata(), dtype=float), 9))
             groups.setdefault(key, []).append(line.get_label())
     notes = []
@@ -396,9 +518,36 @@ def coinciding(ax) -> list[str]:
     return notes
 
 
-def too_short_for_lag(train: dict) -> bool:
-    """Whether every batch of the run was sampled by the initial policy (steps ≤ async_level + 1)."""
-    return bool(train.get("async_level", 0)) and train["steps"] <= train["async_level"] + 1
+NEAR_SPAN = 0.015  # lines closer than this fraction of their axis' span at every point read as one line
+
+
+def near(ax) -> list[str]:
+    """Groups of a panel's labelled lines that differ, but by less than NEAR_SPAN of the axis' span at every point
+    (on a log axis, of its span in decades): one reads as the other; as notes."""
+    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_") and len(line.get_ydata()) > 1]
+    log = ax.get_yscale() == "log"
+    low, high = (np.log10(v) if log else v for v in ax.get_ylim())
+
+    def values(line):
+        y = np.asarray(line.get_ydata(), dtype=float)
+        return np.log10(np.where(y > 0, y, np.nan)) if log else y
+
+    groups: list[list] = []
+    for i, a in enumerate(lines):
+        for b in lines[i + 1 :]:
+            ya, yb = values(a), values(b)
+            close = len(ya) == len(yb) and np.nanmax(np.abs(ya - yb)) < NEAR_SPAN * (high - low)
+            if close and not np.allclose(ya, yb, atol=1e-9, equal_nan=True):
+                home = next((g for g in groups if a in g or b in g), None)
+                if home is None:
+                    groups.append([a, b])
+                else:
+                    home += [x for x in (a, b) if x not in home]
+    return [f"{', '.join(line.get_label() for line in group)} lie within a line's width of one another at every point "
+            "(drawn in falling widths, so that each shows)" for group in groups]  # fmt: skip
+
+
+too_short_for_lag = lag_only  # every batch sampled by the initial policy (config.lag_only)
 
 
 def async_text(train: dict) -> str:
@@ -407,10 +556,10 @@ def async_text(train: dict) -> str:
     level, steps = train.get("async_level", 0), train["steps"]
     if not level:
         return ""
-    text = (f"Asynchronous RL at level {level}: the batch trained at step t was sampled at step max(0, t − {level}), "
-            f"so the first {level + 1} steps train on batches of the initial policy, the reference: "
-            "KL(π_sampling‖π_ref) is 0 there.")  # fmt: skip
+    text = (f"Asynchronous RL with a lag of {level} steps: the batch trained at step t was sampled at step "
+            f"max(0, t − {level}), so the first {level + 1} steps train on batches of the initial policy, the "
+            "reference, and KL(π_sampling‖π_ref) is 0 there.")  # fmt: skip
     if too_short_for_lag(train):
-        text += (f" This study has {steps} steps: its KL row is 0 at every step, and its reward is the reference's, "
-                 "by construction, not a finding.")  # fmt: skip
+        text += (f" A study of {steps} steps trains on nothing else: its KL is 0 at every step and its reward is the "
+                 "reference's, by construction.")  # fmt: skip
     return text

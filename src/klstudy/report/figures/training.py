@@ -8,138 +8,149 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import ticker
 
+from klstudy.config import training_reference
 from klstudy.kl import NO_KL
-from klstudy.report.aggregate import (
-    UNCERTAINTY,
-)
+from klstudy.report.figures.captions import Caption, finish
 from klstudy.report.figures.encoding import (
-    beta_linestyle,
-    caption,
-    footnote,
+    FULL_WIDTH,
+    SINGLE_COLUMN,
+    design_text,
+    key_handles,
     kl_label,
-    run_text,
+    legend_below,
     save,
     say_in_panel,
-    say_why_empty,
+    scale_text,
+    step_axis,
     study_name,
-    style_of,
+    wrap,
 )
-from klstudy.report.figures.panels import (
-    RAW_LINES_UP_TO,
-    Drawn,
-    async_text,
-    coinciding,
-    seeds_text,
-    share_y,
-    step_curves,
-    too_short_for_lag,
-)
-
-# ---------------------------------------------------------------------------------------------------------
-# Training dynamics: what a researcher checks first.
+from klstudy.report.figures.panels import async_text, coinciding, near, smoothed_series, too_short_for_lag
 
 # Axis labels: what is logged, on which samples (the sampling policy's: with several updates per batch or an
 # asynchronous lag it is not π_θ), and the smoothing drawn ({window}: the study's final_steps).
 TRAINING_METRICS = {
-    "task_reward": "task reward, batch mean\n(trailing {window}-step mean)",
-    "kl_k3": "KL(π_sampling‖π_ref), K3, nats\n(trailing {window}-step mean)",
-    "grad_norm": "gradient norm before clipping\n(trailing {window}-step mean, log)",
+    "task_reward": "task reward (batch mean)",
+    "kl_k3": "KL(π_sampling‖π_ref), nats",
+    "grad_norm": "gradient norm",
 }
-
-
-# A gradient norm spans orders of magnitude across β (0.2 without a penalty, 6 at β = 10): on a shared linear axis the
-# small ones are flat lines at 0.
-LOG_METRICS = {"grad_norm"}
+SMOOTHING = "thick: trailing {window}-step mean"
+# A metric is drawn on a log axis only where its drawn values span more than this factor (a norm of 0.2 beside one
+# of 6 is a flat line at 0 on a linear axis); less, and a log axis only hides how little it moves.
+LOG_SPAN = 10.0
+# Up to this many thin lines a panel draws every seed's raw steps; more, each series' raw steps averaged over seeds.
+RAW_SEED_LINES_UP_TO = 12
 
 
 def draw_training_figure(study: str, config: dict, tables: dict):
     """A study's training reward, KL to the reference and gradient norm over optimiser steps: one row per metric
-    (one y range per row), one column per β (each with the no-KL run); per configuration × β each run's trailing mean
-    over the study's final_steps steps, then the mean over seeds ± 1 se. Returns (figure, caption)."""
+    (one y range per row), one column per β (each with the no-KL run, where the study has one); per configuration ×
+    β each step as logged (thin) and the trailing mean over the study's final_steps steps (thick), averaged over
+    seeds. Returns (figure, caption)."""
     spec = config["studies"][study]
     training = tables["training"]
     training = training[training.study == study]
-    betas = [float(b) for b in spec["betas"]] if any(k != NO_KL for k in spec["kl"]) else [0.0]
+    has_kl = any(k != NO_KL for k in spec["kl"])
+    betas = [float(b) for b in spec["betas"]] if has_kl else [0.0]
     window = spec.get("final_steps", 5)
+    reference = training_reference(config, study) or NO_KL
     metrics = [m for m in TRAINING_METRICS if m in training] or list(TRAINING_METRICS)
-    width = 4.3 * len(betas) + 2.6
-    fig, axes = plt.subplots(len(metrics), len(betas), figsize=(width, 2.7 * len(metrics) + 1.4), squeeze=False,
+    width = FULL_WIDTH if len(betas) > 1 else SINGLE_COLUMN
+    fig, axes = plt.subplots(len(metrics), len(betas), figsize=(width, 1.9 * len(metrics) + 1.3), squeeze=False,
                              sharex=True, layout="constrained")  # fmt: skip
-    notes = []
+    caption, notes = Caption(), []
+    seeds = training.seed.nunique()
     for col, beta in enumerate(betas):
         rows = training[(training.kl == NO_KL) | np.isclose(training.beta, beta)]
+        crowded = rows.groupby(["kl", "beta"]).ngroups * max(seeds, 1) > RAW_SEED_LINES_UP_TO
         for row, metric in enumerate(metrics):
             ax = axes[row, col]
-            seeds = step_curves(ax, rows, metric, window, dodge_width=0.3) if metric in rows else set()
-            name = TRAINING_METRICS[metric].split("\n")[0].split(",")[0]
-            notes += [f"{name}, β = {beta:g}: {note}." for note in coinciding(ax)]
+            drawn = smoothed_series(ax, rows, metric, window, crowded, reference) if metric in rows else []
+            notes += [f"{TRAINING_METRICS[metric].split(' (')[0]}, β = {beta:g}: {note}" for note in coinciding(ax)]
             ax.grid(alpha=0.3)
-            title = "" if row else f"β = {beta:g}" + (" (and no KL)" if NO_KL in spec["kl"] else "")
-            ax.set_title("\n".join(filter(None, [title, seeds_text(seeds)])), fontsize=9)
-            if not seeds:
-                say_why_empty(ax, f"no run of {study} at β = {beta:g} has logged {metric} yet")
+            if row == 0:
+                with_none = " and no KL" if NO_KL in spec["kl"] and has_kl else ""
+                ax.set_title(f"β = {beta:g}{with_none}" if has_kl else "no KL")
+            if not drawn:
+                say_in_panel(ax, f"no run at β = {beta:g} has logged this yet", y=0.5)
             if col == 0:
-                ax.set_ylabel(TRAINING_METRICS[metric].format(window=window), fontsize=8)
+                ax.set_ylabel(f"{TRAINING_METRICS[metric]}\n{SMOOTHING.format(window=window)}")
             if row == len(metrics) - 1:
-                ax.set_xlabel("training step")
-    if too_short_for_lag(spec["train"]):
-        for ax, metric in zip(axes[:, 0], metrics, strict=True):
-            if metric in LAGGED_METRICS and ax.lines:
-                say_in_panel(ax, LAGGED_METRICS[metric].format(**spec["train"]))
-    for row in range(len(metrics)):
-        if metrics[row] in LOG_METRICS:
-            for ax in axes[row]:
-                ax.set_yscale("log")
-                ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))  # plain numbers: 0.2, 0.5, 1, 2, 5
-                ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-                ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-        share_y(list(axes[row]), [Drawn(metrics[row], empty=None if ax.lines else "") for ax in axes[row]])
-    fig.legend(handles=_key_handles(spec["kl"], betas if any(b > 0 for b in betas) else []),
-               loc="outside right center", fontsize=8, frameon=False)  # fmt: skip
-    fig.suptitle(f"Training dynamics: {study_name(config, study)}", fontsize=11)
-    footnote(fig, f"Thick: each run's trailing {window}-step mean, then the mean over n seeds ± 1 se (a "
-             f"description, not a test); thin (panels of at most {RAW_LINES_UP_TO} lines): each step as logged."
-             "\nKL: the "
-             "K3 estimate on the sampling policy's own batch.")  # fmt: skip
-    text = TRAINING_CAPTION.format(study=study, description=spec.get("description", study), window=window,
-                                   raw=RAW_LINES_UP_TO, run=run_text(config, spec["models"]), uncertainty=UNCERTAINTY,
-                                   design=_design_text(spec["train"]))  # fmt: skip
-    return fig, caption(text, async_text(spec["train"]), "\n".join(f"- {n}" for n in notes))
+                step_axis(ax, rows.step)
+    spans = _scale_rows(axes, metrics, caption)
+    for col, beta in enumerate(betas):  # on the axes as scaled: a log axis reads closeness in decades
+        for row, metric in enumerate(metrics):
+            notes += [
+                f"{TRAINING_METRICS[metric].split(',')[0]}, β = {beta:g}: {note}" for note in near(axes[row, col])
+            ]
+    legend_below(fig, _legend(spec["kl"], betas if has_kl else [], seeds, crowded_any(training, betas, seeds),
+                              reference))  # fmt: skip
+    fig.suptitle(wrap(f"Training dynamics: {study_name(config, study)}", 40 if width < FULL_WIDTH else 80))
+    design = caption.design
+    caption.add(
+        f"**Training dynamics: {study_name(config, study)}.** "
+        + design(f"{scale_text(config, spec['models'])} {design_text(config, study)}, {seeds} seed"
+                 f"{'s' if seeds != 1 else ''}."),
+        "Rows: the task reward (the batch's mean, no KL term), the K3 estimate of KL(π_sampling‖π_ref) on the batch "
+        "the sampling policy drew, and the gradient norm before clipping; columns: β"
+        f"{', each with the no-KL run' if NO_KL in spec['kl'] and has_kl else ''}. Thin lines: each step as logged"
+        + (design(f" (the mean over seeds in a panel that would hold more than {RAW_SEED_LINES_UP_TO} thin lines)")
+           if seeds > 1 else "")
+        + design(f"; thick: the trailing mean of the last {window} logged steps up to each step (the window that "
+                 "defines the end of training), averaged over seeds. ") + spans,
+        design(async_text(spec["train"])) if spec["train"].get("async_level") else "",
+        " ".join(f"{n[0].upper()}{n[1:]}." for n in dict.fromkeys(design(n) for n in notes)),
+    )  # fmt: skip
+    return fig, finish(fig, caption)
 
 
-TRAINING_CAPTION = """\
-**Training dynamics of the study {study}** ({description}). {run} {design}
-
-Rows: the task reward (the batch mean, no KL term), the K3 estimate of KL(π_sampling‖π_ref) per sequence on the batch \
-the sampling policy drew (with several updates per batch or an asynchronous lag the sampling policy trails π_θ) and \
-the gradient norm before clipping (a log axis: it spans orders of magnitude across β); columns: β, each with the \
-no-KL run. Thick lines: each run's value at a step is the mean of its last {window} logged steps up to it (the window \
-that defines the end of training, so the KL's last point is the run's final KL), then the {uncertainty}; a band is \
-drawn only where n ≥ 2 seeds (one seed's error over steps is not a spread over seeds), and it is a description, not a \
-test (the claims table judges differences). Thin lines, in a panel of at most {raw} lines: each step as logged, the \
-mean over seeds. Lines are dodged sideways by up to 0.15 steps so that equal values do not hide each other. With \
-several updates per generation batch, the reward is logged on the batch's first update only."""
+def crowded_any(training, betas, seeds) -> bool:
+    return any(training[(training.kl == NO_KL) | np.isclose(training.beta, b)].groupby(["kl", "beta"]).ngroups
+               * max(seeds, 1) > RAW_SEED_LINES_UP_TO for b in betas)  # fmt: skip
 
 
-def _design_text(train: dict) -> str:
-    return f"{train['batch_prompts']} prompts × {train['rollouts']} completions a batch, {train['steps']} steps."
+def _scale_rows(axes, metrics: list[str], caption: Caption) -> str:
+    """One y range per row; a row whose drawn thick lines span more than LOG_SPAN is drawn on a log axis, and the
+    caption says the span it read from them."""
+    texts = []
+    for row, metric in enumerate(metrics):
+        lines = [line for ax in axes[row] for line in ax.get_lines() if not line.get_label().startswith("_")]
+        values = [(line, i) for line in lines for i, y in enumerate(line.get_ydata()) if np.isfinite(y) and y > 0]
+        low, high = min(ax.get_ylim()[0] for ax in axes[row]), max(ax.get_ylim()[1] for ax in axes[row])
+        if values and metric == "grad_norm":
+            smallest = min(values, key=lambda v: v[0].get_ydata()[v[1]])
+            largest = max(values, key=lambda v: v[0].get_ydata()[v[1]])
+            ratio = largest[0].get_ydata()[largest[1]] / smallest[0].get_ydata()[smallest[1]]
+            low_text, high_text = (
+                caption.value(smallest[0], smallest[1], ".2g"),
+                caption.value(largest[0], largest[1], ".2g"),
+            )
+            span = f"{low_text} to {high_text}"
+            if ratio > LOG_SPAN:
+                texts.append(f"The gradient norms drawn thick span {span}: a log axis.")
+                for ax in axes[row]:
+                    ax.set_yscale("log")
+                    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+                    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+                    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+                low, high = min(ax.get_ylim()[0] for ax in axes[row]), max(ax.get_ylim()[1] for ax in axes[row])
+            else:
+                texts.append(f"The gradient norms drawn thick span {span}: a linear axis.")
+        for ax in axes[row]:
+            ax.set_ylim(max(low, -0.03 * high) if ax.get_yscale() == "linear" else low, high)
+    return " ".join(texts)
 
 
-# What a metric of the sampled batch is in a run no longer than its asynchronous lag (every batch from the initial
-# policy), said in the panel.
-LAGGED_METRICS = {
-    "task_reward": "every batch was sampled by the initial policy\n(async level {async_level}, {steps} steps): "
-                   "the reference's reward",
-    "kl_k3": "every batch was sampled by the initial policy\n(async level {async_level}, {steps} steps): "
-             "0 by construction",
-}  # fmt: skip
-
-
-def _key_handles(kls: list[str], betas: list[float]) -> list:
-    """A training figure's legend: one entry per configuration (its colour) and one per β (its line style), not one
-    per configuration × β: the columns already say β, and a 19-entry legend is not read."""
-    handles = [plt.Line2D([], [], **{**style_of(kl), "linestyle": "-"}, label=kl_label(kl)) for kl in kls]
-    handles += [plt.Line2D([], [], color="0.3", linestyle=beta_linestyle(b), label=f"β = {b:g}") for b in betas]
+def _legend(kls: list[str], betas: list[float], seeds: int, crowded: bool, reference: str) -> list:
+    """One entry per configuration (its colour) and one per β (its line style), then the thin lines' meaning; a
+    reference other than no KL is named as the claims' baseline."""
+    handles = key_handles(kls, [b for b in betas if b])
+    for handle in handles:
+        if reference != NO_KL and handle.get_label() == kl_label(reference):
+            handle.set_label(f"{kl_label(reference)}: the claims' baseline")
+            handle.set_linewidth(2.4)
+    raw = "thin: each step as logged" + (", each seed" if seeds > 1 and not crowded else "")
+    handles.append(plt.Line2D([], [], color="0.4", linewidth=0.5, label=raw))
     return handles
 
 
@@ -147,3 +158,6 @@ def training_figure(study: str, config: dict, tables: dict, png: Path) -> None:
     """draw_training_figure, written to ``png`` (and a PDF beside it)."""
     fig, text = draw_training_figure(study, config, tables)
     save(fig, png, text)
+
+
+__all__ = ["draw_training_figure", "training_figure", "too_short_for_lag"]

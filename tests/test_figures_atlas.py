@@ -1,0 +1,112 @@
+"""The atlas's figure (src/klstudy/report/figures/atlas.py) on small families: the one encoding (colour, marker and
+fill of the KL configuration, line style of β; normalisation and G on the axis), print size, words for every setting,
+numbers read from the drawing, and new rows (a preset, a β) drawn without a change of code."""
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+from figure_checks import every_problem, tagged
+from figure_study import study_config
+
+from klstudy.analysis import atlas, effective_beta
+from klstudy.analysis import fixed_points as fp
+from klstudy.report.figures import atlas as atlas_figure
+from klstudy.report.figures import encoding
+
+FLOW = {"step": 0.25, "steps": 200, "newton_every": 25}
+ONE = {"kind": "ones_at_least", "threshold": 1}
+SECTION = {
+    "configs": ["k3-loss"],
+    "normalisations": ["rloo", "group_std"],
+    "group_sizes": [2],
+    "reference": {"a_ref": -0.5, "b_ref": 0.1},
+    "presets": [],
+    "extra_presets": {  # small G, to keep it quick; verl's coincides with a grid setting the figure draws
+        "trl-grpo": {
+            "framework": "TRL", "version": "1.16.0", "source": "trl", "kl": "k3-loss-ratio",
+            "normalisation": "group_std", "group": 4, "default_beta": 0.0,
+        },
+        "verl-grpo": {
+            "framework": "verl", "version": "0.7.0", "source": "verl", "kl": "k3-loss", "normalisation": "group_std",
+            "group": 2, "default_beta": 0.0, "clamp": 10.0,
+        },
+    },  # fmt: skip
+    "length": {
+        "settings": ["k3-loss/rloo/G2", "trl-grpo"],
+        "betas": [1.0],
+        "threshold_fraction": 0.75,
+        "max_length": {"tabular": 2, "parametric": 3},
+    },  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module")
+def tables():
+    """The atlas's end points on the small families above (T = 2) and its length sweep (to T = 3)."""
+    settings = atlas.grid_settings(SECTION)
+    points = pd.concat(
+        [atlas.end_points(fp.Family(name, 2, -0.5, 0.1), ONE, settings, [0.3, 1.0], FLOW) for name in fp.FAMILIES],
+        ignore_index=True,
+    )
+    return points, atlas.length_sweep(SECTION, FLOW)
+
+
+def test_the_atlas_passes_every_check_and_keys_at_most_nine_entries(tables):
+    points, length = tables
+    fig, caption = atlas_figure.figure(points, length, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    assert every_problem(fig, caption, study_config()) == []
+    assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) <= 9
+    assert "\n" not in fig._suptitle.get_text() and "β_eff" in caption
+    plt.close(fig)
+
+
+def test_marker_and_fill_say_the_configuration_never_the_normalisation_or_g(tables):
+    """Every tagged artist's marker is its KL configuration's (a square for K3 in the loss, whatever its
+    normalisation or G); the normalisations are named on the grid's axis."""
+    points, length = tables
+    fig, _ = atlas_figure.figure(points, length, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    markers = {(artist.get_gid().split(";")[0], artist.get_marker()) for artist in tagged(fig)
+               if hasattr(artist, "get_marker") and artist.get_marker() not in ("", "None")}  # fmt: skip
+    assert markers and all(marker == encoding.PLACEMENT_MARKERS["loss"] for _, marker in markers), markers
+    grid = fig.axes[1]
+    assert {"RLOO", "÷ group std"} <= {t.get_text() for t in grid.texts}
+    plt.close(fig)
+
+
+def test_presets_are_named_by_their_framework_and_coinciding_ones_together(tables):
+    points, length = tables
+    fig, caption = atlas_figure.figure(points, length, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    names = [" ".join(t.get_text().split()) for t in fig.axes[0].texts]
+    assert any(name.startswith("TRL 1.16 GRPO") for name in names) or "TRL 1.16 GRPO" in caption
+    assert not any("trl-grpo" in name or "group_std" in name for name in names)
+    plt.close(fig)
+
+
+def test_a_new_preset_and_a_new_beta_are_drawn_from_the_table_alone(tables):
+    """Rows the table gains (#71: presets by framework version, more β) need no change of the figure's code."""
+    points, length = tables
+    extra = points[points.setting == "verl-grpo"].assign(setting="verl-grpo-0-4", preset="verl-grpo-0-4",
+                                                         beta_eff_ratio=lambda t: t.beta_eff_ratio * 1.2)  # fmt: skip
+    wider = points[points.beta == 1.0].assign(beta=10.0, beta_eff_ratio=lambda t: t.beta_eff_ratio * 0.9)
+    section = {**SECTION, "extra_presets": {**SECTION["extra_presets"], "verl-grpo-0-4": {
+        "framework": "verl", "version": "0.4.0", "source": "verl", "kl": "k3-loss", "normalisation": "group_std",
+        "group": 2, "default_beta": 0.0}}}  # fmt: skip
+    fig, caption = atlas_figure.figure(pd.concat([points, extra, wider], ignore_index=True), length, section,
+                                       beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])  # fmt: skip
+    assert "verl 0.4" in " ".join(t.get_text() for t in fig.axes[0].texts) + caption
+    assert "10" in [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert every_problem(fig, caption, study_config()) == []
+    plt.close(fig)
+
+
+def test_a_preset_is_named_by_its_framework():
+    assert atlas_figure.preset_name("nemo-rl-grpo", {"framework": "NeMo-RL", "version": "0.6.0"}) == "NeMo-RL 0.6 GRPO"
+    assert atlas_figure.preset_name("trl-grpo", {"framework": "TRL", "version": "1.16.0"}) == "TRL 1.16 GRPO"
+    assert atlas_figure.preset_name("slime-default", {"framework": "slime", "version": "main"}) == "slime default"
+
+
+def test_every_normalisation_has_a_name():
+    """A normalisation kl.ADVANTAGES gains is named in the figure (on the grid's axis and in the caption)."""
+    from klstudy import kl
+
+    assert set(kl.ADVANTAGES) <= set(atlas_figure.NORMALISATION_NAMES) & set(atlas_figure.AXIS_NAMES)
