@@ -218,7 +218,8 @@ def test_monte_carlo_protocol_classifies_every_configuration(baseline):
     tests = toy.unbiasedness_tests(pd.concat(results), alpha=0.01)
     verdict = {r.config: r.unbiased for r in tests.itertuples()}
     # K1 as reward-to-go in the advantage is K1 in the reward by causality: unbiased too, here without std scaling.
-    assert verdict.pop("k1-reward") and verdict.pop("k1-both") and verdict.pop("k3-both") and verdict.pop("k1-advantage")
+    unbiased = [verdict.pop(c) for c in ("k1-reward", "k1-both", "k3-both", "k1-advantage")]
+    assert all(unbiased), unbiased
     assert not any(verdict.values()), verdict
     configurations = 4 * len(kl.ESTIMATORS) + 1  # every estimator × reward, loss, both, advantage; and none
     assert len(results[0]) == 2 * configurations * 2  # lengths × configurations × parameters
