@@ -34,12 +34,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 
 started=$(date +%s)
 export KLSTUDY_GPU_SUITE_REPORT="$OUT/suite.json"
+# The suite's own temporary folder, removed after it: its FSDP checkpoints (float32 weights and Adam's state, several
+# per cell) fill tens of GiB, which a node's local disk may not hold beside the next part's 7B stand-in.
+SUITE_TMP=$(mktemp -d)
+export PYTEST_ADDOPTS="--basetemp=$SUITE_TMP${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
 if command -v make > /dev/null; then
     timeout "$SUITE_SECONDS" make test-gpu GPU_PYTHON="$PYTHON" > "$OUT/suite.log" 2>&1
 else  # the Makefile's recipe
     timeout "$SUITE_SECONDS" "$PYTHON" -m pytest -m gpu -s tests/test_gpu.py > "$OUT/suite.log" 2>&1
 fi
 echo "GPU suite: exit $? after $(( $(date +%s) - started )) s ($(tail -n 1 "$OUT/suite.log"))"
+rm -rf "$SUITE_TMP"
+unset PYTEST_ADDOPTS
 
 index=0
 for shape in $PHASE_SHAPES; do
