@@ -16,6 +16,7 @@ import jsonschema
 import yaml
 
 from klstudy import kl
+from klstudy.figure_plan import claims_figures, training_figures
 from klstudy.frameworks import PRESETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -561,60 +562,6 @@ def divergence_targets(config: dict) -> list[str]:
     """Fig. 12's forward KL and entropy: one table per selected cell and task."""
     return [f"results/divergence/{RUN_PATH}/{{task}}.csv".format(task=task, **cell)
             for cell in divergence_cells(config) for task in config["divergence"]["tasks"]]  # fmt: skip
-
-
-CLAIMS_FIGURE = "claims_forest"  # figures/claims_forest_<metric>.png: every testable claim's effect ± critical·se
-
-
-def claim_seeds(config: dict, claim: dict) -> set:
-    """The training seeds a claim pairs by design: its study's, those of its baseline's study too, and for a metric
-    of Fig. 12's snapshots only the divergence section's seeds."""
-    seeds = set(config["studies"][claim["study"]]["seeds"])
-    if claim["baseline"] != "base":
-        seeds &= set(config["studies"][claim.get("baseline_study", claim["study"])]["seeds"])
-    if claim["metric"] in ("forward_kl", "entropy"):
-        seeds &= set(config["divergence"]["seeds"])
-    return seeds
-
-
-def testable_by_design(config: dict, claim: dict) -> bool:
-    """Whether a claim can be tested at all: the rule judges the spread between seeds, so it needs two paired seeds
-    (one seed: "not testable", whatever the data)."""
-    return len(claim_seeds(config, claim)) >= 2
-
-
-def claims_figures(config: dict) -> list[str]:
-    """One claims forest per metric with a claim testable by design, in the config's order: figures/<name>, without
-    extension (a forest of every metric at once is too long for a page; one of untestable claims draws nothing)."""
-    metrics = [c["metric"] for c in config.get("claims", {}).values() if testable_by_design(config, c)]
-    return [f"figures/{CLAIMS_FIGURE}_{metric}" for metric in dict.fromkeys(metrics)]
-
-
-def lag_only(train: dict) -> bool:
-    """Whether every batch of an asynchronous run was sampled by the initial policy (steps ≤ async_level + 1): its
-    KL is 0 and its reward the reference's by construction."""
-    return bool(train.get("async_level", 0)) and train["steps"] <= train["async_level"] + 1
-
-
-def training_reference(config: dict, study: str) -> str | None:
-    """What a study's training figure is read against: no KL where the study runs it, else the configuration its
-    claims take as their baseline within the study (None: nothing to read it against)."""
-    spec = config["studies"][study]
-    if "none" in spec["kl"]:
-        return "none"
-    within = [
-        c for c in config.get("claims", {}).values() if c["study"] == c.get("baseline_study", c["study"]) == study
-    ]
-    baselines = [c["baseline"] for c in within if c["baseline"] in spec["kl"]]
-    return baselines[0] if baselines else None
-
-
-def training_figures(config: dict) -> list[str]:
-    """Each study's training dynamics (reward, KL, gradient norm): figures/training_<study>, without extension; none
-    for a study whose every batch was sampled by the initial policy (lag_only: nothing to draw but constants) or
-    that has nothing to be read against (training_reference); figures/README.md names them."""
-    return [f"figures/training_{study}" for study, spec in config["studies"].items()
-            if not lag_only(spec["train"]) and training_reference(config, study)]  # fmt: skip
 
 
 def figure_targets(config: dict) -> list[str]:

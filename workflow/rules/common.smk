@@ -11,22 +11,20 @@ from snakemake.settings.types import DeploymentMethod
 from klstudy.kl import NAME_PATTERN
 from klstudy.config import (
     AGGREGATED_TABLES,
-    CLAIMS_FIGURE,
     RUN_DIR,
     RUN_PATH,
     STUDY_TABLES,
     all_cells,
     cell_settings,
-    claims_figures,
     divergence_targets,
     evaluation_settings,
     evaluation_targets,
     figure_targets,
     pinned_directory,
     train_gpus,
-    training_figures,
     training_processes,
 )
+from klstudy.figure_plan import CLAIMS_FIGURE, claims_figures, training_figures
 from klstudy.run import failures
 from klstudy.run.estimate import gpu_resources
 from klstudy.run.preflight import runtime_cap

@@ -3,6 +3,8 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
 
     cli                the `klstudy` command line (`python -m klstudy`)
     stages             one subcommand per stage, each called by one Snakemake rule
+    toy_stages         the §3 analysis's subcommands: the toy model, its fixed points, Figure 1, the atlas
+    threads            a job's torch threads: its CPUs shared by the processes of its node
     drive              `klstudy drive`: Snakemake run so that an interrupted `make study` resumes
     warm               warm workers: jobs forked from a server that imported torch, TRL and lm-eval once
     devices            one machine's GPUs shared by a study's jobs, each on its own; a GPU job that sees none fails

@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from klstudy.config import CLAIMS_FIGURE, testable_by_design
+from klstudy.figure_plan import CLAIMS_FIGURE, testable_by_design
 from klstudy.report.figures.captions import PREDICTED_WORDS, Caption, claim_beta, claim_words, finish
 from klstudy.report.figures.encoding import (
     FULL_WIDTH,
@@ -266,7 +266,7 @@ def claims_forest(claims: pd.DataFrame, config: dict, png: Path, metric: str | N
 
 def claims_forests(claims: pd.DataFrame, config: dict, out_dir: Path) -> list[Path]:
     """Every forest of config.claims_figures: figures/claims_forest_<metric>.png (and PDF, caption)."""
-    from klstudy.config import claims_figures
+    from klstudy.figure_plan import claims_figures
 
     written = []
     for name in claims_figures(config):

@@ -11,7 +11,7 @@ import matplotlib.colors as mcolors
 import numpy as np
 import pandas as pd
 
-from klstudy.config import lag_only
+from klstudy.figure_plan import lag_only
 from klstudy.kl import NO_KL
 from klstudy.report.aggregate import final_values, mean_and_se, step_values, trailing_mean
 from klstudy.report.figures.encoding import (

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from klstudy.config import (
+from klstudy.figure_plan import (
     CLAIMS_FIGURE,
     claims_figures,
     lag_only,

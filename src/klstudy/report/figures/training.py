@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import ticker
 
-from klstudy.config import training_reference
+from klstudy.figure_plan import training_reference
 from klstudy.kl import NO_KL
 from klstudy.report.figures.captions import Caption, finish
 from klstudy.report.figures.encoding import (
