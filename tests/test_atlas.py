@@ -199,3 +199,28 @@ def test_below_the_frontier_is_zero_on_the_optimum_and_positive_off_it():
     assert table.loc["k1-reward/rloo/G2"].below_frontier.abs().max() < 1e-9
     off = table.loc["k3-loss/group_std/G2"].below_frontier
     assert (off > 1e-6).all(), off
+
+
+def test_the_summary_reads_each_presets_row_at_each_beta():
+    """The summary docs/atlas.md leads with: the grid's β, the preset's own β and the field's range, each read from
+    its own row (a resolved ratio, a bound beyond the curve, a drift, an unsettled flow, the clamp's mark)."""
+    import pandas as pd
+
+    section = {"presets": ["verl-0.7-kl-loss"], "betas": [1.0], "frameworks_betas": [0.001, 0.01, 0.04]}
+    base = dict(preset="verl-0.7-kl-loss", family="parametric", beta_eff_ratio=float("nan"), curve_beta_min=0.001,
+                beyond_curve=False, clamp_binds=0.0)  # fmt: skip
+    rows = pd.DataFrame([
+        {**base, "beta": 1.0, "resolution": "β_eff", "status": "stable", "beta_eff_ratio": 0.62},
+        {**base, "beta": 0.001, "resolution": "no", "status": "still moving"},
+        {**base, "beta": 0.01, "resolution": "no", "status": "stable", "beyond_curve": True},
+        {**base, "beta": 0.04, "resolution": "β_eff", "status": "stable", "beta_eff_ratio": 1.76, "clamp_binds": 0.2},
+    ])  # fmt: skip
+    row = atlas.summary_table(rows, section).iloc[0]
+    assert row["preset"] == "verl 0.7.0" and row["setting"] == "k3-loss, group_std, G = 5"
+    assert row["parametric: β_eff/β at β = 1"] == "0.62"
+    assert row["parametric: at its own β"] == "unsettled (β = 0.001)"  # the recipe's β; the default is off
+    assert row["parametric: β = 0.001–0.04"] == "1.76–1.76; 2 of 3 not resolved"
+    assert atlas.ratio_text(rows.iloc[2]) == "< 0.1" and atlas.ratio_text(rows.iloc[3]) == "1.76" + atlas.CLAMP_MARK
+    assert row["tabular: at its own β"] == ""  # no rows of that family: nothing read, not "off"
+    trl = atlas.summary_table(rows.assign(preset="trl-1.16"), dict(section, presets=["trl-1.16"])).iloc[0]
+    assert trl["parametric: at its own β"] == "– (off by default)"  # TRL's β is 0 by default, no recipe β

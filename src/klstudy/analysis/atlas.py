@@ -369,15 +369,13 @@ def summary_table(points: pd.DataFrame, section: dict) -> pd.DataFrame:
         row = {"preset": f"{p['framework']} {p['version']}" + (" (proposal)" if p["status"] == "proposal" else ""),
                "setting": f"{p['kl']}, {p['normalisation']}, G = {p['group']}"}  # fmt: skip
         for family in ("tabular", "parametric"):
-            at = mine[mine.family == family].set_index("beta")
+            at = mine[mine.family == family].set_index("beta", drop=False)  # a row keeps its β
             grid = [f"{ratio_text(at.loc[b])}" for b in section["betas"] if b in at.index]
             row[f"{family}: β_eff/β at β = {' / '.join(f'{b:g}' for b in section['betas'])}"] = " / ".join(grid)
             if field:
                 own = [f"{ratio_text(at.loc[b])} (β = {b:g})" for b in sorted(own_betas[name]) if b in at.index]
-                row[f"{family}: at its own β"] = "; ".join(own) or "– (off by default)"
-                row[f"{family}: β = {min(field):g}–{max(field):g}"] = _range_text(
-                    at[at.index.isin(field)].reset_index()
-                )
+                row[f"{family}: at its own β"] = "; ".join(own) if own_betas[name] else "– (off by default)"
+                row[f"{family}: β = {min(field):g}–{max(field):g}"] = _range_text(at[at.index.isin(field)])
         rows.append(row)
     return pd.DataFrame(rows)
 
