@@ -103,6 +103,11 @@ def test_a_preset_is_named_by_its_framework():
     assert atlas_figure.preset_name("nemo-rl-grpo", {"framework": "NeMo-RL", "version": "0.6.0"}) == "NeMo-RL 0.6 GRPO"
     assert atlas_figure.preset_name("trl-grpo", {"framework": "TRL", "version": "1.16.0"}) == "TRL 1.16 GRPO"
     assert atlas_figure.preset_name("slime-default", {"framework": "slime", "version": "main"}) == "slime default"
+    shipped = {name: atlas_figure.preset_name(name, row) for name, row in atlas.presets_of(
+        {"presets": ["trl-1.9", "verl-0.7-kl-loss", "openrlhf-0.11-reinforce-baseline", "skyrl-k2-proposal"]}).items()}
+    assert shipped == {"trl-1.9": "TRL 0.26–1.9", "verl-0.7-kl-loss": "verl 0.7 KL loss",
+                       "openrlhf-0.11-reinforce-baseline": "OpenRLHF 0.11 REINFORCE++ baseline",
+                       "skyrl-k2-proposal": "SkyRL 0.3 + PR 1445 K2 proposal"}  # the key's version not repeated
 
 
 def test_every_normalisation_has_a_name():

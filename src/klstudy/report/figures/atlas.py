@@ -9,6 +9,8 @@ scale, 1 (dashed) where a setup regularises as strongly as asked.
 
 from __future__ import annotations
 
+import re
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -41,17 +43,27 @@ AXIS_NAMES = {"rloo": "RLOO", "grpo": "− mean", "group_std": "÷ group std", "
 NBSP = "\u00a0"  # "G = 8" and "β = 1" are not broken across a wrapped line
 
 
+def _short_version(version: str) -> str:
+    """'0.7.0' → '0.7', '1.10.0–1.16.0' → '1.10–1.16', '0.3.0 + PR 1445' → '0.3 + PR 1445'; 'main' → '' (a version
+    that is not a number is left to the table)."""
+    if not version[:1].isdigit():
+        return ""
+    short = lambda part: ".".join(part.split(".")[:2]) if re.fullmatch(r"[\d.]+", part) else part  # noqa: E731
+    return "".join(short(part) for part in re.split(r"(–| \+ )", version))
+
+
 def preset_name(name: str, preset: dict | None = None) -> str:
-    """A preset by its framework: 'TRL 1.16 GRPO', 'verl GRPO', 'slime default' (a version that is not a number,
-    such as 'main', is left to the table)."""
+    """A preset by its framework, version and variant: 'TRL 1.10–1.16', 'verl 0.7 KL loss', 'OpenRLHF 0.11 GRPO',
+    'slime default' (the key's words after the framework and its version name the variant)."""
     if not preset:
         return name
-    version = str(preset.get("version", ""))
-    number = ".".join(version.split(".")[:2]) if version[:1].isdigit() else ""
-    framework = preset["framework"].lower()  # the key's first words name the framework ('nemo-rl-grpo')
+    framework = preset["framework"].lower()  # the key's first words name the framework ('nemo-rl-0.7')
     kind = name[len(framework) + 1 :] if name.lower().startswith(framework + "-") else name.split("-", 1)[-1]
-    kind = kind.upper() if kind in ("grpo", "rloo", "ppo") else kind.replace("-", " ")
-    return " ".join(part for part in (preset["framework"], number, kind) if part)
+    kind = re.sub(r"^[\d.]+(-|$)", "", kind)  # the key's version ('0.7-kl-loss'): the preset's own is written
+    spelt = {"reinforce": "REINFORCE++", **{w: w.upper() for w in ("grpo", "rloo", "ppo", "kl", "k1", "k2", "k3")}}
+    words = [spelt.get(w, w) for w in kind.split("-") if w]
+    return " ".join(part for part in (preset["framework"], _short_version(str(preset.get("version", ""))), *words)
+                    if part)  # fmt: skip
 
 
 def setting_name(setting: dict | pd.Series, presets: dict | None = None) -> str:
@@ -86,9 +98,18 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
     the length sweep against T; β_eff/β on a shared log axis. ``section``: config toy.atlas (its presets name the
     frameworks). ``beta_min``: the smallest β at which the effective β is searched. Returns (figure, caption)."""
     presets = presets_of(section or {})  # config names the shipped ones (frameworks.py), plus extra_presets
+    # The grid's β only (the presets' own β and the field's range are the summary table's, docs/atlas.md): a β axis
+    # of ten categories does not print at this size.
+    betas = (section or {}).get("betas") or sorted(points.beta.unique())
+    points = points[points.beta.isin(betas)]
+    length_betas = ((section or {}).get("length") or {}).get("betas")
+    length = length[length.beta.isin(length_betas)] if length_betas else length
     families = list(dict.fromkeys(points.family))
-    fig, axes = plt.subplots(len(families), 3, figsize=(FULL_WIDTH, 2.9 * len(families) + 1.3), squeeze=False,
-                             width_ratios=[1.25, 2.2, 1.2], layout="constrained")  # fmt: skip
+    # Per family two rows: the presets across the page (their names need its width), then the grid and the length.
+    fig = plt.figure(figsize=(FULL_WIDTH, min(9.0, 4.0 * len(families) + 1.0)), layout="constrained")
+    mosaic = [row for f in range(len(families)) for row in ([f"p{f}", f"p{f}"], [f"g{f}", f"l{f}"])]
+    panels = fig.subplot_mosaic(mosaic, width_ratios=[2.3, 1])
+    axes = np.array([[panels[f"p{f}"], panels[f"g{f}"], panels[f"l{f}"]] for f in range(len(families))])
     caption = Caption()
     quoted, missing = [], []
     for row, family in enumerate(families):
@@ -172,11 +193,14 @@ def _label_ends(ax, ends: list, right: float) -> None:
     height = ax.get_window_extent().height / ax.figure.dpi * 72  # points
     gap = (high - low) * 9.5 / max(height, 1.0)
     placed = sorted(((float(np.log10(line.get_ydata()[-1])), line, label) for line, label in ends), key=lambda e: e[0])
-    last = -np.inf
-    for y, line, label in placed:
+    last, heights = -np.inf, []
+    for y, _line, label in placed:
         lines = label.count("\n") + 1
-        y_text = max(y, last + gap * (lines + 1) / 2)
-        last = y_text + gap * (lines - 1) / 2
+        heights.append(max(y, last + gap * (lines + 1) / 2))
+        last = heights[-1] + gap * (lines - 1) / 2
+    down = min(max(0.0, last + gap / 2 - high), max(0.0, heights[0] - gap - low))  # the stack kept inside the panel
+    for (_y, line, label), y_text in zip(placed, heights, strict=True):
+        y_text -= down
         end = (line.get_xdata()[-1], line.get_ydata()[-1])
         ax.annotate(label, end, xytext=(right, 10**y_text), textcoords="data", ha="left", va="center", fontsize=7,
                     color=line.get_color(), arrowprops=JOIN)  # fmt: skip
@@ -232,7 +256,7 @@ def _length_panel(ax, rows: pd.DataFrame, family: str) -> None:
         name = NORMALISATION_NAMES.get(first.normalisation, first.normalisation)
         names.append(name if first.normalisation == "rloo" else f"{name}, G{NBSP}={NBSP}{int(first.group)}")
     if names:
-        ax.text(0.03, 0.97, "; ".join(dict.fromkeys(names)), transform=ax.transAxes, ha="left", va="top", fontsize=7,
+        ax.text(0.03, 0.03, "\n".join(dict.fromkeys(names)), transform=ax.transAxes, ha="left", va="bottom", fontsize=7,
                 color="0.25")  # fmt: skip
     else:
         ax.text(0.5, 0.5, f"no length sweep in the {family} policy", transform=ax.transAxes, ha="center", fontsize=7)
