@@ -1,6 +1,8 @@
-"""docs/atlas.md says what its run's table holds: the summary it leads with is written from docs/atlas/atlas.csv (the
-run of config/atlas.yaml that docs/atlas/ holds) by the function that writes the run's own atlas.md, and the numbers
-its sentences quote are read from that table here."""
+"""docs/atlas.md says what its run's table holds: the summary it leads with is written from docs/atlas/tables/atlas.csv
+(the run of config/atlas.yaml) by the function that writes the run's own atlas.md, and the numbers its sentences
+quote are read from that table here.
+
+The same table holds docs/atlas/atlas.md's summary (the run's own page) and its figure (`klstudy redraw docs/atlas`)."""
 
 import re
 from pathlib import Path
@@ -24,7 +26,7 @@ def shipped():
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     update_config(config, yaml.safe_load((ROOT / "config" / "atlas.yaml").read_text()))
     section = validate_config(config)["toy"]["atlas"]
-    return pd.read_csv(ROOT / "docs" / "atlas" / "atlas.csv"), section
+    return pd.read_csv(ROOT / "docs" / "atlas" / "tables" / "atlas.csv"), section
 
 
 def test_the_page_leads_with_the_runs_summary(shipped):
@@ -32,6 +34,8 @@ def test_the_page_leads_with_the_runs_summary(shipped):
     block = PAGE.split(BEGIN)[1].split(END)[0]
     assert block.strip() == atlas.summary_markdown(points, section).strip()
     assert PAGE.index(BEGIN) < PAGE.index("## What the atlas computes")
+    run_page = (ROOT / "docs" / "atlas" / "atlas.md").read_text()
+    assert atlas.summary_markdown(points, section).strip() in run_page  # the run's own page says the same
 
 
 def ratio(points, preset, family, beta) -> float:

@@ -366,7 +366,8 @@ def summary_table(points: pd.DataFrame, section: dict) -> pd.DataFrame:
     rows = []
     for name, p in presets.items():
         mine = points[points.preset == name]
-        row = {"preset": f"{p['framework']} {p['version']}" + (" (proposal)" if p["status"] == "proposal" else ""),
+        release = f"{p['framework']} {p['version']}" + (", a proposal" if p["status"] == "proposal" else "")
+        row = {"preset (`klstudy explain --preset`)": f"`{name}`: {release}",
                "setting": f"{p['kl']}, {p['normalisation']}, G = {p['group']}"}  # fmt: skip
         for family in ("tabular", "parametric"):
             at = mine[mine.family == family].set_index("beta", drop=False)  # a row keeps its β
