@@ -369,7 +369,7 @@ def summary_table(points: pd.DataFrame, section: dict) -> pd.DataFrame:
         release = f"{p['framework']} {p['version']}" + (", a proposal" if p["status"] == "proposal" else "")
         row = {"preset (`klstudy explain --preset`)": f"`{name}`: {release}",
                "setting": f"{p['kl']}, {p['normalisation']}, G = {p['group']}"}  # fmt: skip
-        for family in ("tabular", "parametric"):
+        for family in ("parametric", "tabular"):  # the parametric family first: it resolves the field's small β
             at = mine[mine.family == family].set_index("beta", drop=False)  # a row keeps its β
             grid = [f"{ratio_text(at.loc[b])}" for b in section["betas"] if b in at.index]
             row[f"{family}: β_eff/β at β = {' / '.join(f'{b:g}' for b in section['betas'])}"] = " / ".join(grid)
