@@ -120,7 +120,7 @@ GLOSSARY = {
     "K2-gradient": "the KL's value with K2's gradient (verl's k1+, k3+)",
     "weighted K2-gradient": "K2's gradient × π_θ/π_old (OpenRLHF)",
     "TRL": "Hugging Face's Transformer Reinforcement Learning library",
-    "z": "effect ÷ its se",
+    "z": "effect ÷ its se, signed towards the prediction",
 }
 # Abbreviations a reader meets in the images that are names, not terms (frameworks, datasets): not defined.
 PROPER_NAMES = {"TRL", "NeMo", "RL", "MATH", "MMLU", "SkyRL", "OpenRLHF", "GRPO"}
