@@ -323,6 +323,17 @@ def test_what_the_workflow_draws_leaves_out_what_would_show_nothing(run):
     publish_parts(text, writer="html", settings_overrides={"halt_level": 2, "report_level": 2})  # the report's
 
 
+def test_no_figure_draws_a_subscript_as_an_underscore(figures):
+    """π_ref, π_sampling, J_β are drawn with true subscripts; read back, the glossary's words are the same."""
+    from matplotlib.text import Text
+
+    for name, fig, _ in figures:
+        drawn = [t.get_text() for t in fig.findobj(Text)]
+        assert not [t for t in drawn if captions.SUBSCRIPT.search(t)], name
+    assert captions.plain(captions.as_math("KL(π_sampling‖π_ref), J_β, π_θ")) == "KL(π_sampling‖π_ref), J_β, π_θ"
+    assert "_" not in captions.as_math("KL(π_ref‖π_θ)").replace("$_", "")
+
+
 def test_every_caption_is_also_restructured_text_for_the_report(figures):
     """The report shows each caption file through reStructuredText: no markup there may break it."""
     for _, _, caption in figures:
