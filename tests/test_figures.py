@@ -23,6 +23,7 @@ from figure_checks import (
 from figure_study import claims_table, study_config, study_tables
 
 from klstudy import config as config_module
+from klstudy import figure_plan
 from klstudy.report import aggregate
 from klstudy.report.figures import captions, encoding, forest, panels, paper, redraw, training
 from klstudy.report.figures import toy as toy_figures
@@ -46,7 +47,7 @@ def draw_every_figure(config, tables, claims) -> list[tuple[str, object, str]]:
         study = Path(target).name.removeprefix("training_")
         drawn.append((f"training_{study}", *training.draw_training_figure(study, config, tables)))
     for target in config_module.claims_figures(config):
-        metric = Path(target).name.removeprefix(f"{config_module.CLAIMS_FIGURE}_")
+        metric = Path(target).name.removeprefix(f"{figure_plan.CLAIMS_FIGURE}_")
         drawn.append((Path(target).name, *forest.draw_claims_forest(claims, config, metric)))
     return drawn
 
@@ -322,6 +323,17 @@ def test_what_the_workflow_draws_leaves_out_what_would_show_nothing(run):
     publish_parts(text, writer="html", settings_overrides={"halt_level": 2, "report_level": 2})  # the report's
 
 
+def test_no_figure_draws_a_subscript_as_an_underscore(figures):
+    """π_ref, π_sampling, J_β are drawn with true subscripts; read back, the glossary's words are the same."""
+    from matplotlib.text import Text
+
+    for name, fig, _ in figures:
+        drawn = [t.get_text() for t in fig.findobj(Text)]
+        assert not [t for t in drawn if captions.SUBSCRIPT.search(t)], name
+    assert captions.plain(captions.as_math("KL(π_sampling‖π_ref), J_β, π_θ")) == "KL(π_sampling‖π_ref), J_β, π_θ"
+    assert "_" not in captions.as_math("KL(π_ref‖π_θ)").replace("$_", "")
+
+
 def test_every_caption_is_also_restructured_text_for_the_report(figures):
     """The report shows each caption file through reStructuredText: no markup there may break it."""
     for _, _, caption in figures:
@@ -342,7 +354,7 @@ def test_a_caption_defines_every_abbreviation_it_uses(figures):
 
 
 def test_a_forest_prints_the_z_its_interval_draws(run):
-    """Each row's 'z … / critical' agrees with the interval drawn: z = effect·critical / half-width."""
+    """Each row's 'z …, critical …' agrees with the interval drawn: z = effect·critical / half-width."""
     config, _, claims = run
     claims = claims.assign(effect=-0.1, se=0.01, critical=3.0, z=10.0)
     fig, _ = forest.draw_claims_forest(claims, config, "final_kl")
@@ -354,8 +366,22 @@ def test_a_forest_prints_the_z_its_interval_draws(run):
     for interval, effect, text in zip(intervals, effects, printed, strict=True):
         low, high = interval.get_xdata()
         z = -effect.get_xdata()[0] * 3.0 / ((high - low) / 2)  # towards the prediction (lower)
-        assert f"z {encoding.short_number(z)} / 3" in text
+        assert f"z {encoding.short_number(z)}, critical 3" in text
     plt.close(fig)
+
+
+def test_a_forests_claim_headings_lie_inside_its_frame(run):
+    """A claim's heading, wrapped, ends before the panel's right-hand spine (the twin axis' labels beyond it)."""
+    config, _, claims = run
+    long = claims.assign(text=claims.text.astype(str) + " and a clause long enough to reach past the frame line")
+    for metric in ("heldout", "final_kl"):
+        fig, _ = forest.draw_claims_forest(long, config, metric)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            for text in ax.texts:
+                assert text.get_window_extent(renderer).x1 <= ax.get_window_extent(renderer).x1, text.get_text()
+        plt.close(fig)
 
 
 def test_a_forest_leaves_claims_untestable_by_design_to_a_sentence(run):

@@ -296,3 +296,19 @@ def test_no_end_point_lies_above_the_frontier_and_the_optimum_lies_on_it():
     assert gaps[points.config == "k1-reward"].abs().max() < 1e-9
     assert (gaps[stable & (points.config == "k3-loss")] > 1e-7).all()
     assert gaps[points.config == "k2-both"].iloc[0] > 0
+
+
+def test_the_fixed_points_table_is_written_in_words():
+    """toy_fixed_points.md's table: configurations by their names, columns in words, '–' for an undefined reward below
+    the frontier, no file path; the numbers as the table has them."""
+    import re
+
+    table = pd.DataFrame({"family": "tabular", "config": ["k1-reward", "k2-loss-isst", "none"], "beta": 0.3,
+                          "status": ["stable", "stable", "drifts"], "reward": [0.86, 0.878, 1.0],
+                          "kl": [1.1, 1.41, 2.74], "optimum_reward": 0.86, "optimum_kl": 1.1,
+                          "objective_gap": [0.0, 0.076, 0.35], "kl_to_optimum": [0.0, 0.25, 1.2],
+                          "below_frontier": [0.0, 0.065, np.nan]})  # fmt: skip
+    text = monte_carlo.fixed_points_markdown(table)
+    assert "K2 in loss, weighted K2-gradient" in text and "| no KL " in text and "reward below the frontier" in text
+    assert "0.065" in text and "–" in text and "nan" not in text
+    assert not re.search(r"\b[a-z]+_[a-z_]+\b|\bk\d-|\.md\b", text), text

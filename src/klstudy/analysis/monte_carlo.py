@@ -209,6 +209,51 @@ def toy_claims(end_points: pd.DataFrame, points: pd.DataFrame, claims: dict, rul
 # ------------------------------------------------------------------------------------------------ tables
 
 
+FIXED_POINT_COLUMNS = {  # the table's columns, in words
+    "family": "policy family",
+    "config": "configuration",
+    "beta": "β",
+    "end": "end point",
+    "reward": "task reward",
+    "kl": "KL(π‖π_ref)",
+    "optimum": "optimum's reward / KL",
+    "gap": "gap J_β(optimum) − J_β(end)",
+    "kl_to_optimum": "KL(π_end‖π_optimum)",
+    "below_frontier": "reward below the frontier",
+}
+
+
+def fixed_points_markdown(table: pd.DataFrame) -> str:
+    """The fixed points' table for a reader (toy_fixed_points.md, after its figure's caption): each configuration by
+    its name in words, the columns in words, '–' where the reward below the frontier is undefined."""
+    from klstudy.report.figures.encoding import kl_label
+
+    def number(style: str):
+        return lambda values: values.map(lambda v: "–" if pd.isna(v) else format(v, style))
+
+    shown = table.assign(
+        config=lambda t: t.config.map(lambda c: "no KL" if c == kl.NO_KL else kl_label(c)),
+        end=lambda t: t.status,
+        reward=lambda t: number(".3g")(t.reward),
+        kl=lambda t: number(".3g")(t.kl),
+        optimum=lambda t: [f"{r:.3g} / {k:.3g}" for r, k in zip(t.optimum_reward, t.optimum_kl, strict=True)],
+        gap=lambda t: number(".2g")(t.objective_gap),
+        kl_to_optimum=lambda t: number(".2g")(t.kl_to_optimum),
+        below_frontier=lambda t: number(".2g")(t.below_frontier),
+    )
+    return (
+        "**The table: where each configuration's expected update ends** (exact, float64), against the optimum of "
+        "J_β = E[R] − β·KL in the same policy family: the task reward and KL(π‖π_ref) at the end point, the optimum's "
+        "reward / KL, the gap J_β(optimum) − J_β(end), KL(π_end ‖ π_optimum) and the reward below the frontier at "
+        "the end point's KL (0 on the frontier: the optimum of another β; –: the end point's KL lies beyond the "
+        "frontier's). Drifts: no fixed point; the update drives a logit past "
+        f"±{DRIFT_BOUND:g} (reward and KL where it stopped). The toy model's fixed-points page of the documentation "
+        "explains the table.\n\n"
+        + shown[list(FIXED_POINT_COLUMNS)].rename(columns=FIXED_POINT_COLUMNS).to_markdown(index=False)
+        + "\n"
+    )
+
+
 def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFrame, out_dir) -> None:
     """figures/toy_fixed_points.{csv,md} (every configuration × β × family against the optimum, with the Monte Carlo
     agreement) and figures/toy_claims.{csv,md}."""
@@ -224,25 +269,7 @@ def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFram
     )
     table.to_csv(out_dir / "toy_fixed_points.csv", index=False)
     agreed.to_csv(out_dir / "toy_monte_carlo.csv", index=False)
-    shown = table.assign(
-        end=lambda t: t.status,
-        reward=lambda t: t.reward.map("{:.3g}".format),
-        kl=lambda t: t.kl.map("{:.3g}".format),
-        optimum=lambda t: [f"{r:.3g} / {k:.3g}" for r, k in zip(t.optimum_reward, t.optimum_kl, strict=True)],
-        gap=lambda t: t.objective_gap.map("{:.2g}".format),
-        kl_to_optimum=lambda t: t.kl_to_optimum.map("{:.2g}".format),
-        below_frontier=lambda t: t.below_frontier.map("{:.2g}".format),
-    )
-    columns = ["family", "config", "beta", "end", "reward", "kl", "optimum", "gap", "kl_to_optimum", "below_frontier"]
-    (out_dir / "toy_fixed_points.md").write_text(
-        "Where each configuration's expected update ends (exact, float64), against the optimum of J_β = E[R] − β·KL "
-        "in the same family: reward and KL(π‖π_ref) at the end point, the optimum's reward / KL, the gap "
-        "J_β(optimum) − J_β(end), KL(π_end ‖ π_optimum) and the reward below the frontier at the end point's KL (0 on "
-        "the frontier: the optimum of another β). 'drifts': no fixed point; the update drives a logit past "
-        f"±{DRIFT_BOUND:g} (reward and KL where it stopped). docs/fixed-points.md explains the table.\n\n"
-        + shown[columns].to_markdown(index=False)
-        + "\n"
-    )
+    (out_dir / "toy_fixed_points.md").write_text(fixed_points_markdown(table))
     claims.to_csv(out_dir / "toy_claims.csv", index=False)
     readable = claims.assign(
         effect=lambda t: [f"{e:+.2g} ± {s:.1g}" for e, s in zip(t.effect, t.se, strict=True)],

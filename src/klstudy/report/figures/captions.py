@@ -120,7 +120,7 @@ GLOSSARY = {
     "K2-gradient": "the KL's value with K2's gradient (verl's k1+, k3+)",
     "weighted K2-gradient": "K2's gradient × π_θ/π_old (OpenRLHF)",
     "TRL": "Hugging Face's Transformer Reinforcement Learning library",
-    "z": "effect ÷ its se",
+    "z": "effect ÷ its se, signed towards the prediction",
 }
 # Abbreviations a reader meets in the images that are names, not terms (frameworks, datasets): not defined.
 PROPER_NAMES = {"TRL", "NeMo", "RL", "MATH", "MMLU", "SkyRL", "OpenRLHF", "GRPO"}
@@ -143,16 +143,48 @@ def abbreviations(*texts: str) -> str:
     return ("Abbreviations: " + "; ".join(terms) + ".") if terms else ""
 
 
-def image_texts(fig) -> str:
-    """Every text of a figure, wrapped lines joined."""
+# Subscripts written with an underscore in the figures' code (π_ref, J_β): drawn as true subscripts (mathtext).
+SUBSCRIPT = re.compile(r"(?<=[πJEβ])_(ref|sampling|old|end|optimum|eff|θ|β|π)(?![\w])")
+MATH_SUBSCRIPT = re.compile(r"\$_(?:\{\\mathregular\{(\w+)\}\}|\\(theta|beta|pi))\$")
+GREEK = {"θ": r"\theta", "β": r"\beta", "π": r"\pi"}
+
+
+def as_math(text: str) -> str:
+    """'KL(π_sampling‖π_ref)' with its subscripts as mathtext subscripts, in the text's own font (a text already
+    holding '$' is left as it is)."""
+    if "$" in text:
+        return text
+    return SUBSCRIPT.sub(lambda m: f"$_{GREEK[m[1]]}$" if m[1] in GREEK else f"$_{{\\mathregular{{{m[1]}}}}}$", text)
+
+
+def plain(text: str) -> str:
+    """as_math undone: 'π$_{\\mathregular{ref}}$' → 'π_ref' (the words the glossary and the checks read)."""
+    names = {v.lstrip("\\"): k for k, v in GREEK.items()}
+    return MATH_SUBSCRIPT.sub(lambda m: "_" + (m[1] or names[m[2]]), text)
+
+
+def set_math(fig) -> None:
+    """Every text of a figure with its subscripts drawn as subscripts (as_math)."""
     from matplotlib.text import Text
 
-    return " ".join(" ".join(t.get_text().split()) for t in fig.findobj(Text) if t.get_visible())
+    for text in fig.findobj(Text):
+        drawn = text.get_text()
+        if "_" in drawn and as_math(drawn) != drawn:
+            text.set_text(as_math(drawn))
+
+
+def image_texts(fig) -> str:
+    """Every text of a figure, wrapped lines joined, subscripts written back as π_ref (plain)."""
+    from matplotlib.text import Text
+
+    return " ".join(" ".join(plain(t.get_text()).split()) for t in fig.findobj(Text) if t.get_visible())
 
 
 def finish(fig, caption: Caption) -> CaptionText:
-    """The caption with its abbreviations paragraph: each term the image or the caption uses, defined."""
+    """The caption with its abbreviations paragraph: each term the image or the caption uses, defined; then the
+    image's subscripts drawn as subscripts (set_math)."""
     caption.add(abbreviations(image_texts(fig), *caption.paragraphs))
+    set_math(fig)
     return caption.text()
 
 

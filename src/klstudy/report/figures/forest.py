@@ -81,16 +81,16 @@ def forest_rows(claims: pd.DataFrame, config: dict, metric: str) -> tuple[pd.Dat
     return rows, left_out
 
 
-def _entries(rows: pd.DataFrame) -> list[tuple[str, str, dict | None]]:
-    """The forest's lines: per claim a header (its words, its prediction, written across the panel), then one line
-    per row (its β on the axis)."""
+def _entries(rows: pd.DataFrame, wrap: int = 80) -> list[tuple[str, str, dict | None]]:
+    """The forest's lines: per claim a header (its words, its prediction, written across the panel, wrapped at
+    ``wrap`` characters), then one line per row (its β on the axis)."""
     entries = []
     for _, claim in rows.groupby("claim", sort=False):
         records = claim.to_dict("records")
         first = records[0]
         words = claim_words(first.get("text", first["claim"]))
         predicted = PREDICTED_WORDS.get(str(first.get("predicted")), "")
-        entries.append(("header", textwrap.fill(f"{words} ({predicted})", 80), None))
+        entries.append(("header", textwrap.fill(f"{words} ({predicted})", wrap), None))
         entries += [("row", claim_beta(r) or "", r) for r in records]
     return entries
 
@@ -99,13 +99,39 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
     """One metric's claims (``metric``: the first metric with testable claims when not given): a panel of effect ±
     critical·se per row (trends over β, in their own units per decade of β, a panel of their own), the interval
     clipped to what the metric allows (a | where clipped), coloured by the verdict; a claim of no difference shows its
-    margin as a grey band around 0; verdict, z against its critical value and n on the right. Returns (figure,
-    caption)."""
+    margin as a grey band around 0; verdict, z against its critical value and the paired units on the right. The
+    claims' headings are wrapped to lie inside the panel's frame (drawn again, narrower, where one would cross it).
+    Returns (figure, caption)."""
+    wrap = 80
+    for _ in range(4):
+        fig, text = _draw_claims_forest(claims, config, metric, wrap)
+        overshoot = _heading_overshoot(fig)
+        if overshoot <= 1.0:
+            break
+        plt.close(fig)
+        wrap = max(20, int(wrap / overshoot) - 2)
+    return fig, text
+
+
+def _heading_overshoot(fig) -> float:
+    """The largest width a claim's heading needs over what its panel's frame leaves it (≤ 1: every heading fits)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    worst = 0.0
+    for ax in fig.axes:
+        frame = ax.get_window_extent(renderer)
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            worst = max(worst, (box.x1 - frame.x0) / max(frame.width, 1.0))
+    return worst
+
+
+def _draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None, wrap: int):
     metric = metric or next(iter(dict.fromkeys(claims.metric)), "final_kl")
     rows, left_out = forest_rows(claims, config, metric)
     trend = _is_trend(rows)
     groups = [(key, part) for key, part in (("", rows[~trend]), (" trend", rows[trend])) if len(part)]
-    entries = [_entries(part) for _, part in groups] or [[]]
+    entries = [_entries(part, wrap) for _, part in groups] or [[]]
     heights = [sum(1 + e[1].count("\n") * 0.8 for e in ent) + 1.5 for ent in entries]
     height = min(MAX_HEIGHT, ROW_INCHES * sum(heights) + 1.1)
     fig, axes = plt.subplots(len(heights), 1, figsize=(FULL_WIDTH, height), squeeze=False, height_ratios=heights,
@@ -139,12 +165,36 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
         "by the verdict; the interval is clipped at the range the metric allows (marked by a short upright bar: "
         + design(RANGE_WORDS["proportion" if metric in PROPORTION_METRICS else "non-negative"]) + "). "
         + (_containing_zero(axes[:, 0]) if len(rows) else ""),
+        _right_words(rows, config, caption) if len(rows) else "",
         ("A claim that the KL falls as β grows is tested as a slope over the β grid, per seed: the lower panel, in "
          "units per decade of β." if trend.any() else ""),
         design("Not drawn, with one paired seed by design (the rule judges the spread between seeds, so they cannot "
                "be tested): " + "; ".join(left_out) + ".") if left_out else "",
     )  # fmt: skip
     return fig, finish(fig, caption)
+
+
+def _right_words(rows: pd.DataFrame, config: dict, caption: Caption) -> str:
+    """What the right-hand column prints, defined: the verdict, z (or z inside margin) beside the critical value, and
+    the paired units the se is taken over; and a claim of no difference's margin, from the config."""
+    same = rows.get("predicted", pd.Series(dtype=object)) == "same"
+    words = ("Right of each line: its verdict; z, the effect ÷ its se signed towards the prediction (positive where "
+             "the effect goes the predicted way), beside the critical value the rule compares it with")  # fmt: skip
+    if same.any():
+        words += ("; for a claim of no difference (predicted the same), z inside margin: how far the effect lies "
+                  "inside the nearer end of its margin, in se (the smaller of the two one-sided tests' z, each end "
+                  "tested seed by seed; negative: outside)")  # fmt: skip
+    words += "; and the paired units its se is taken over (training seeds, or held-out questions × seeds)."
+    specs = config.get("claims", {})
+    margins = sorted({float(specs[c]["margin"]) for c in rows[same].claim.unique()
+                      if c in specs and specs[c].get("margin") is not None})  # fmt: skip
+    if margins:
+        fractions = ", ".join(caption.number(m) for m in margins)
+        words += (
+            f" The margin of a claim of no difference, the grey band around zero, is ± {fractions} × the "
+            "mean of the claim's baseline."
+        )
+    return words
 
 
 def _containing_zero(axes) -> str:
@@ -239,23 +289,24 @@ def _draw_row(ax, y: float, row: dict, metric: str, trend: bool, view: tuple[flo
 
 
 def _right_text(row: dict) -> tuple[str, str]:
-    """'not shown · z 1.7 of 31.8 · n 2', in the verdict's colour."""
+    """'not shown · z 1.7, critical 31.8 · 2 seeds', in the verdict's colour."""
     parts = [str(row["verdict"])]
     if pd.notna(row.get("z")):
-        name = "margin z" if row.get("predicted") == "same" else "z"
-        parts.append(f"{name} {short_number(row['z'])} / {short_number(row['critical'], 3)}")
+        name = "z inside margin" if row.get("predicted") == "same" else "z"
+        parts.append(f"{name} {short_number(row['z']).replace('-', '−')}, critical {short_number(row['critical'], 3)}")
     parts.append(_units_text(row))
     colour = verdict_colour(row["verdict"])
     return " · ".join(parts), colour if colour != UNTESTED_COLOUR else "0.4"
 
 
 def _units_text(row) -> str:
-    """'n 4', or 'n 100 questions × 4 seeds' for a claim paired by question (its degrees of freedom are the
-    seeds')."""
-    seeds = row.get("seeds")
-    if pd.isna(seeds) or row.get("pair_by") != "questions":
-        return f"n {row.get('units', '')}"
-    return f"n {row.get('units', '')} questions × {int(seeds)} seeds"
+    """The paired units the se is taken over: '4 seeds', or '100 questions × 4 seeds' for a claim paired by question
+    (its degrees of freedom are the seeds')."""
+    seeds, units = row.get("seeds"), row.get("units", "")
+    units = f"{units:g}" if isinstance(units, float) else str(units)
+    if row.get("pair_by") == "questions" and pd.notna(seeds):
+        return f"{units} questions × {int(seeds)} seeds"
+    return f"{units} seeds" if row.get("pair_by", "seeds") == "seeds" else f"{units} paired units"
 
 
 def claims_forest(claims: pd.DataFrame, config: dict, png: Path, metric: str | None = None) -> None:

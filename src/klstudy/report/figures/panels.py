@@ -419,8 +419,8 @@ def smoothed_series(
     drawn = []
     series = list(rows.groupby(["kl", "beta"], sort=False))
     # widths falling in drawing order (the reference widest, beneath): lines that nearly coincide each show an edge
-    widths = dict(zip([key for key, _ in series], np.linspace(2.2, 1.0, len(series)) if len(series) > 1 else [1.6],
-                      strict=True))  # fmt: skip
+    falling = np.linspace(2.2, 1.0, len(series)) if len(series) > 1 else [1.6] * len(series)
+    widths = dict(zip([key for key, _ in series], falling, strict=True))
     for (kl_config, beta), runs in series:
         beta_or_none = None if kl_config == NO_KL else beta
         style = style_of(kl_config, beta_or_none)

@@ -126,7 +126,12 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
         text = toy.toy_fixed_points_figure(pd.read_csv(tables / "toy_fixed_points.csv"), fronts,
                                            pd.read_csv(tables / "toy_monte_carlo.csv"), config["toy"]["fixed_points"],
                                            folder / "toy_fixed_points.png")  # fmt: skip
-        _keep_table(folder / "toy_fixed_points.md", text, "toy_fixed_points")
+        from klstudy.analysis.monte_carlo import fixed_points_markdown  # the table written again, in words
+
+        table = fixed_points_markdown(pd.read_csv(tables / "toy_fixed_points.csv"))
+        (folder / "toy_fixed_points.md").write_text(
+            f"![toy_fixed_points](toy_fixed_points.png)\n\n{text.strip()}\n\n{TABLE_MARK}\n\n{table}"
+        )
         drawn.append("toy_fixed_points")
     if (tables / "atlas.csv").is_file() and want("atlas"):
         from klstudy.analysis.effective_beta import EFFECTIVE_BETA_RANGE

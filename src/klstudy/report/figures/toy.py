@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -242,7 +243,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     fig, axes = plt.subplots(len(families), 2, figsize=(FULL_WIDTH, 3.2 * len(families) + 1.6), squeeze=False,
                              width_ratios=[1.5, 1], layout="constrained")  # fmt: skip
     caption = Caption()
-    listed, legend = [], {}
+    listed, legend, keys = [], {}, {}
     for row, family in enumerate(families):
         mine = points[points.family == family]
         groups = coinciding_groups(mine, "config", ["beta", "reward", "kl"])
@@ -259,7 +260,8 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
             legend.setdefault(label, tag(plt.Line2D([], [], **{**style_of(leader), "linestyle": "-"}, label=label),
                                          leader, None, "marker"))  # fmt: skip
         _draw_monte_carlo(ax, mc, {n: names[0] for names, _ in groups for n in names})
-        listed += _draw_unsettled(ax, mine, family, caption)
+        listed += _draw_unsettled(ax, mine, family, caption, {n: names[0] for names, _ in groups for n in names})
+        keys.update({names[0]: _group_label(names) for names, group in groups if (group.status != "stable").any()})
         ax.set_title(f"{family} policy: where training ends")
         ax.set_xlabel("KL(π ‖ π_ref) at the end point")
         ax.set_ylabel("task reward E_π[R]")
@@ -270,10 +272,16 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         listed += _draw_toy_gaps(axes[row, 1], groups, family)
         listed += [f"{family} policy, drawn as {kl_label(names[0])}: also {', '.join(kl_label(n) for n in names[1:])}"
                    for names, group in groups if len(names) > 1 and (group.status == "stable").any()]  # fmt: skip
+    drawn_colours = {mcolors.to_hex(h.get_color()) for h in legend.values()}
+    for leader, label in keys.items():  # a configuration drawn only where the flow stopped: its colour, named
+        colour = config_colour(leader)
+        if label not in legend and mcolors.to_hex(colour) not in drawn_colours:
+            drawn_colours.add(mcolors.to_hex(colour))
+            legend[label] = tag(plt.Line2D([], [], linewidth=4, color=colour, label=label), leader, None, "band")
     handles = list(legend.values())
     statuses = [s for s in UNSETTLED_MARKERS if s in set(points.status)]
     if statuses:
-        handles.append(plt.Line2D([], [], linestyle="", marker=UNSETTLED_MARKERS[statuses[0]], color="0.45",
+        handles.append(plt.Line2D([], [], linestyle="", marker=UNSETTLED_MARKERS[statuses[0]], color="0.15",
                                   label=" / ".join(f"{UNSETTLED_MARKERS[s].replace('>', '▶').replace('d', '◆')} {s}"
                                                    for s in statuses) + ": where the flow stopped"))  # fmt: skip
     handles.append(plt.Line2D([], [], linestyle="", marker="o", markersize=8, markerfacecolor="none", color="0.3",
@@ -284,21 +292,39 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     caption.add(TOY_CAPTION.format(length=n(section["length"]), seeds=n(section["monte_carlo"]["seeds"]),
                                    threshold=n(section["reward"]["threshold"]),
                                    betas=", ".join(n(b) for b in section["betas"]),
-                                   mc_betas=", ".join(n(b) for b in section["monte_carlo"]["betas"])),
+                                   mc_betas=", ".join(n(b) for b in section["monte_carlo"]["betas"]),
+                                   mc_where=_monte_carlo_where(agreed, families)),
                 caption.design(" ".join(f"{line}." for line in listed if "at KL" not in line))
                 + " " + " ".join(f"{line}." for line in listed if "at KL" in line))  # fmt: skip
     return fig, finish(fig, caption)
 
 
-def _draw_unsettled(ax, points: pd.DataFrame, family: str, caption: Caption) -> list[str]:
-    """The end points without a stable fixed point, in grey, one marker per place and status (drifting
-    configurations end at one boundary); returns the caption's lines naming who ends there, at the drawn place."""
+def _monte_carlo_where(agreed: pd.DataFrame, families: list[str]) -> str:
+    """', drawn in the tabular family's panel only' where some family's panel has no Monte Carlo end point."""
+    with_runs = [f for f in families if ((agreed.family == f) & (agreed["mode"] == "on-policy")).any()]
+    if len(with_runs) == len(families):
+        return ""
+    if not with_runs:
+        return ", drawn in no panel"
+    return f", drawn in the {' and '.join(with_runs)} family's panel only"
+
+
+def _draw_unsettled(ax, points: pd.DataFrame, family: str, caption: Caption, leaders: dict) -> list[str]:
+    """The end points without a stable fixed point, one marker per place, status and configuration, in the colour of
+    the configuration drawn for its group of coinciding ones (``leaders``; drifting configurations end at one
+    boundary: their markers nested there, the largest first); returns the caption's lines naming who ends there, at
+    the drawn place."""
     unsettled = points[points.status != "stable"].copy()
     lines = []
     unsettled["place"] = list(zip(unsettled.status, unsettled.kl.round(3), unsettled.reward.round(3), strict=True))
     for (status, _, _), at in unsettled.groupby("place", sort=False):
-        marker = ax.plot(at.kl.iloc[0], at.reward.iloc[0], linestyle="", marker=UNSETTLED_MARKERS.get(status, "x"),
-                         color="0.45", markersize=6, zorder=4, label="_unsettled")[0]  # fmt: skip
+        configs = list(dict.fromkeys(leaders.get(c, c) for c in at.config))
+        shape = UNSETTLED_MARKERS.get(status, "x")
+        markers = [tag(ax.plot(at.kl.iloc[0], at.reward.iloc[0], linestyle="", marker=shape, color=config_colour(c),
+                               markeredgecolor="white", markeredgewidth=0.4, markersize=5 + 2.5 * (len(configs) - i),
+                               zorder=4 + 0.01 * i, label="_unsettled")[0], c, None, "band")
+                   for i, c in enumerate(configs)]  # fmt: skip
+        marker = markers[0]
         who = {}
         for config, rows in at.groupby("config", sort=False):
             who.setdefault(kl_label(config), []).extend(f"{b:g}" for b in rows.beta)
@@ -315,9 +341,10 @@ grey, the exact optimum of J_β over β (the reward–KL frontier) in each polic
 marked with their β; dotted, the unconstrained optimum π*_β, which the parametric family cannot reach. Each \
 configuration's exact end point at each β (float64), joined over β (β falls from lower left to upper right); ▶ no \
 fixed point: the update drifts to the boundary and is drawn where the followed flow stopped; ◆ still moving when \
-stopped. Hollow circles with bars: the Monte Carlo end points of {seeds} seeds trained on-policy through the \
-trainer's loss, mean ± the seeds' standard deviation, at β ∈ {{{mc_betas}}} (the toy's claims judge them). Right: \
-the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
+stopped; each in its configuration's colour, nested (the largest first) where several configurations stop at one \
+place. Hollow circles with bars: the Monte Carlo end points of {seeds} seeds trained on-policy through the \
+trainer's loss, mean ± the seeds' standard deviation, at β ∈ {{{mc_betas}}} (the toy's claims judge \
+them){mc_where}. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
 
 
 def _draw_end_points(ax, names: list[str], group: pd.DataFrame):
