@@ -115,3 +115,12 @@ def test_every_normalisation_has_a_name():
     from klstudy import kl
 
     assert set(kl.ADVANTAGES) <= set(atlas_figure.NORMALISATION_NAMES) & set(atlas_figure.AXIS_NAMES)
+
+
+def test_the_conventions_name_every_configurations_colour_in_words():
+    """figures/README.md names each configuration's colour in words (a colour without a name was printed as hex)."""
+    import re
+
+    from klstudy.report.figures.captions import conventions
+
+    assert not re.search(r"#[0-9A-Fa-f]{6}", conventions({}))

@@ -308,7 +308,9 @@ def test_the_fixed_points_table_is_written_in_words():
                           "kl": [1.1, 1.41, 2.74], "optimum_reward": 0.86, "optimum_kl": 1.1,
                           "objective_gap": [0.0, 0.076, 0.35], "kl_to_optimum": [0.0, 0.25, 1.2],
                           "below_frontier": [0.0, 0.065, np.nan]})  # fmt: skip
-    text = monte_carlo.fixed_points_markdown(table)
+    from klstudy.report.figures.encoding import config_words
+
+    text = monte_carlo.fixed_points_markdown(table, config_words)
     assert "K2 in loss, weighted K2-gradient" in text and "| no KL " in text and "reward below the frontier" in text
     assert "0.065" in text and "–" in text and "nan" not in text
     assert not re.search(r"\b[a-z]+_[a-z_]+\b|\bk\d-|\.md\b", text), text

@@ -208,3 +208,10 @@ OFFERS = {
     "NeMo-RL": [("k3-loss-score", "loss_fn.reference_policy_kl_type k3 (the default from 0.7.0)")],
     "ROLL": [("k3-loss", "use_kl_loss: true")],
 }
+
+
+def presets_of(section: dict) -> dict:
+    """{name: the preset's fields}: the shipped presets config ``toy.atlas.presets`` names (frameworks.py), then
+    ``extra_presets``, a user's own (each checked as a shipped one is)."""
+    shipped = {name: PRESETS[name].as_row() for name in section.get("presets", [])}
+    return shipped | {name: Preset(**fields).as_row() for name, fields in section.get("extra_presets", {}).items()}

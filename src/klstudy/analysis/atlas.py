@@ -35,19 +35,12 @@ from klstudy import kl
 from klstudy.analysis import fixed_points as fp
 from klstudy.analysis.effective_beta import OptimumCurve
 from klstudy.analysis.monte_carlo import agreement, toy_claims, train_monte_carlo
-from klstudy.frameworks import PRESETS, Preset
+from klstudy.frameworks import presets_of
 
 
 def label(config: str, normalisation: str, group: int) -> str:
     """A setting's name: ``<configuration>/<normalisation>/G<group size>``."""
     return f"{config}/{normalisation}/G{group}"
-
-
-def presets_of(section: dict) -> dict:
-    """{name: the preset's fields}: the shipped presets config ``toy.atlas.presets`` names (frameworks.py), then
-    ``extra_presets``, a user's own (each checked as a shipped one is)."""
-    shipped = {name: PRESETS[name].as_row() for name in section.get("presets", [])}
-    return shipped | {name: Preset(**fields).as_row() for name, fields in section.get("extra_presets", {}).items()}
 
 
 def preset_betas(section: dict, preset: dict) -> list[float] | None:

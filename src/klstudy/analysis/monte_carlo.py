@@ -223,16 +223,16 @@ FIXED_POINT_COLUMNS = {  # the table's columns, in words
 }
 
 
-def fixed_points_markdown(table: pd.DataFrame) -> str:
+def fixed_points_markdown(table: pd.DataFrame, name=str) -> str:
     """The fixed points' table for a reader (toy_fixed_points.md, after its figure's caption): each configuration by
-    its name in words, the columns in words, '–' where the reward below the frontier is undefined."""
-    from klstudy.report.figures.encoding import kl_label
+    ``name`` (the figures' words for it: encoding.config_words, which this layer may not import), the columns in
+    words, '–' where the reward below the frontier is undefined."""
 
     def number(style: str):
         return lambda values: values.map(lambda v: "–" if pd.isna(v) else format(v, style))
 
     shown = table.assign(
-        config=lambda t: t.config.map(lambda c: "no KL" if c == kl.NO_KL else kl_label(c)),
+        config=lambda t: t.config.map(name),
         end=lambda t: t.status,
         reward=lambda t: number(".3g")(t.reward),
         kl=lambda t: number(".3g")(t.kl),
@@ -254,7 +254,7 @@ def fixed_points_markdown(table: pd.DataFrame) -> str:
     )
 
 
-def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFrame, out_dir) -> None:
+def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFrame, out_dir, name=str) -> None:
     """figures/toy_fixed_points.{csv,md} (every configuration × β × family against the optimum, with the Monte Carlo
     agreement) and figures/toy_claims.{csv,md}."""
     from pathlib import Path
@@ -269,7 +269,7 @@ def write_tables(points: pd.DataFrame, agreed: pd.DataFrame, claims: pd.DataFram
     )
     table.to_csv(out_dir / "toy_fixed_points.csv", index=False)
     agreed.to_csv(out_dir / "toy_monte_carlo.csv", index=False)
-    (out_dir / "toy_fixed_points.md").write_text(fixed_points_markdown(table))
+    (out_dir / "toy_fixed_points.md").write_text(fixed_points_markdown(table, name))
     claims.to_csv(out_dir / "toy_claims.csv", index=False)
     readable = claims.assign(
         effect=lambda t: [f"{e:+.2g} ± {s:.1g}" for e, s in zip(t.effect, t.se, strict=True)],

@@ -81,6 +81,7 @@ def _toy_fixed_points_report(args):
     import pandas as pd
 
     from klstudy.analysis import effective_beta, monte_carlo
+    from klstudy.report.figures.encoding import config_words
     from klstudy.report.figures.toy import toy_fixed_points_figure
 
     config = json.loads(args.settings)
@@ -93,7 +94,7 @@ def _toy_fixed_points_report(args):
     claims = monte_carlo.toy_claims(end_points, points, section["claims"], config["claims_rule"], section["tolerance"])
     out = Path(args.png)
     text = toy_fixed_points_figure(points, fronts, agreed, section, out)
-    monte_carlo.write_tables(points, agreed, claims, out.parent)
+    monte_carlo.write_tables(points, agreed, claims, out.parent, name=config_words)
     _caption_before_table(out, text)
     print(claims.to_string(index=False))
 

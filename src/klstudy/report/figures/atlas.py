@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from klstudy.analysis.atlas import presets_of
+from klstudy.frameworks import presets_of  # not analysis.atlas, which imports torch
 from klstudy.kl import NO_KL
 from klstudy.report.figures.captions import Caption, finish
 from klstudy.report.figures.encoding import (

@@ -209,6 +209,11 @@ def kl_label(kl_config: str, beta: float | None = None) -> str:
     return label if beta is None else f"{label}, β = {float(beta):g}"
 
 
+def config_words(kl_config: str) -> str:
+    """A configuration in a table's words: 'K3 in loss', 'no KL'."""
+    return "no KL" if kl_config == NO_KL else kl_label(kl_config)
+
+
 def beta_label(beta: float) -> str:
     return "no KL (β = 0)" if not beta else f"β = {float(beta):g}"
 

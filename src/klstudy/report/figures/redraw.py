@@ -127,8 +127,9 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
                                            pd.read_csv(tables / "toy_monte_carlo.csv"), config["toy"]["fixed_points"],
                                            folder / "toy_fixed_points.png")  # fmt: skip
         from klstudy.analysis.monte_carlo import fixed_points_markdown  # the table written again, in words
+        from klstudy.report.figures.encoding import config_words
 
-        table = fixed_points_markdown(pd.read_csv(tables / "toy_fixed_points.csv"))
+        table = fixed_points_markdown(pd.read_csv(tables / "toy_fixed_points.csv"), config_words)
         (folder / "toy_fixed_points.md").write_text(
             f"![toy_fixed_points](toy_fixed_points.png)\n\n{text.strip()}\n\n{TABLE_MARK}\n\n{table}"
         )
