@@ -216,7 +216,7 @@ def test_the_summary_reads_each_presets_row_at_each_beta():
         {**base, "beta": 0.04, "resolution": "β_eff", "status": "stable", "beta_eff_ratio": 1.76, "clamp_binds": 0.2},
     ])  # fmt: skip
     row = atlas.summary_table(rows, section).iloc[0]
-    assert row["preset (`klstudy explain --preset`)"] == "`verl-0.7-kl-loss`: verl 0.7.0"
+    assert row["preset (its name for explain)"] == "`verl-0.7-kl-loss`: verl 0.7.0"
     assert row["setting"] == "k3-loss, group_std, G = 5"
     assert row["parametric: β_eff/β at β = 1"] == "0.62"
     assert row["parametric: at its own β"] == "unsettled (β = 0.001)"  # the recipe's β; the default is off

@@ -360,7 +360,7 @@ def summary_table(points: pd.DataFrame, section: dict) -> pd.DataFrame:
     for name, p in presets.items():
         mine = points[points.preset == name]
         release = f"{p['framework']} {p['version']}" + (", a proposal" if p["status"] == "proposal" else "")
-        row = {"preset (`klstudy explain --preset`)": f"`{name}`: {release}",
+        row = {"preset (its name for explain)": f"`{name}`: {release}",
                "setting": f"{p['kl']}, {p['normalisation']}, G = {p['group']}"}  # fmt: skip
         for family in ("parametric", "tabular"):  # the parametric family first: it resolves the field's small β
             at = mine[mine.family == family].set_index("beta", drop=False)  # a row keeps its β
