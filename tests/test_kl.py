@@ -399,7 +399,7 @@ def _nemo_rl_calculate_kl(logprobs, logprobs_reference, kl_type, weights, input_
     return (weights * value).clamp(min=-output_clamp, max=output_clamp)
 
 
-@pytest.mark.parametrize("estimator", kl.ESTIMATORS)
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])  # NeMo-RL's estimators (not every one kl.py may gain)
 def test_a_weighted_correction_is_clamped_after_its_weight_as_nemo_rl_does(estimator):
     """NeMo-RL ≥ 0.7's score-form KL loss with its clamps (±20 on the log-ratio, ±10 on the weighted KL) is kl's
     ``score`` with clamp 10, in value and gradient, log-ratios far beyond both clamps included."""
