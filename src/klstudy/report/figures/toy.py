@@ -265,9 +265,11 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         ax.set_title(f"{family} policy: where training ends")
         ax.set_xlabel("KL(π ‖ π_ref) at the end point")
         ax.set_ylabel("task reward E_π[R]")
-        ax.set_ylim(-0.05, 1.08)
+        bar_tops = [*(mc.mc_reward + mc.mc_reward_se * np.sqrt(mc.seeds))]
+        ax.set_ylim(-0.05, max([1.08, *[t + 0.03 for t in bar_tops]]))  # every Monte Carlo bar whole
+        ax.set_yticks(np.linspace(0, 1, 6))  # a reward lies in [0, 1]: above 1, only a bar's mean + sd
         reach = [*mine.kl, *(mc.mc_kl + mc.mc_kl_se * np.sqrt(mc.seeds))]
-        ax.set_xlim(-0.08, float(np.nanmax(reach)) * 1.04 + 0.05)
+        ax.set_xlim(-0.4, float(np.nanmax(reach)) * 1.04 + 0.05)
         ax.grid(alpha=0.3)
         listed += _draw_toy_gaps(axes[row, 1], groups, family)
         listed += [f"{family} policy, drawn as {kl_label(names[0])}: also {', '.join(kl_label(n) for n in names[1:])}"
@@ -325,9 +327,10 @@ def _draw_unsettled(ax, points: pd.DataFrame, family: str, caption: Caption, lea
             first = at[at.config.map(lambda n: leaders.get(n, n)) == c].iloc[0]
             shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=0,
                                            y=(i - (len(configs) - 1) / 2) * -STACK_STEP, units="points")  # fmt: skip
-            markers.append(tag(ax.plot(first.kl, first.reward, linestyle="", marker=shape, color=config_colour(c),
-                                       markeredgecolor="white", markeredgewidth=0.4, markersize=6.5, zorder=4,
-                                       transform=shift, clip_on=False, label="_unsettled")[0], c, None, "band"))  # fmt: skip
+            drawn = ax.plot(first.kl, first.reward, linestyle="", marker=shape, color=config_colour(c), zorder=4,
+                            markeredgecolor="white", markeredgewidth=0.4, markersize=6.5, transform=shift,
+                            clip_on=False, label="_unsettled")[0]  # fmt: skip
+            markers.append(tag(drawn, c, None, "band"))
         marker = markers[0]
         who = {}
         for config, rows in at.groupby("config", sort=False):
@@ -367,8 +370,8 @@ fixed point: the update drifts to the boundary and is drawn where the followed f
 stopped; each in its configuration's colour; where several configurations stop at one place, their markers \
 stand one above another, centred on it (the stack's height is not a difference in reward). Hollow circles with bars: \
 the Monte Carlo end points of {seeds} seeds trained on-policy through the trainer's loss, mean ± the seeds' standard \
-deviation, at β ∈ {{{mc_betas}}} (the toy's claims judge \
-them){mc_where}. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
+deviation, at β ∈ {{{mc_betas}}} (a bar above reward 1 is the mean + sd, not a reachable reward; the toy's \
+claims judge them){mc_where}. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
 
 
 def _draw_end_points(ax, names: list[str], group: pd.DataFrame):
