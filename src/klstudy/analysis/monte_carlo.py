@@ -223,13 +223,18 @@ FIXED_POINT_COLUMNS = {  # the table's columns, in words
 }
 
 
+ROUND_OFF = 1e-12  # the table prints a value of smaller magnitude (round-off of a zero, either sign) as 0
+
+
 def fixed_points_markdown(table: pd.DataFrame, name=str) -> str:
     """The fixed points' table for a reader (toy_fixed_points.md, after its figure's caption): each configuration by
     ``name`` (the figures' words for it: encoding.config_words, which this layer may not import), the columns in
     words, '–' where the reward below the frontier is undefined."""
 
-    def number(style: str):
-        return lambda values: values.map(lambda v: "–" if pd.isna(v) else format(v, style))
+    def number(style: str):  # round-off (below ROUND_OFF in magnitude, either sign) printed as 0: display only
+        return lambda values: values.map(
+            lambda v: "–" if pd.isna(v) else "0" if abs(v) < ROUND_OFF else format(v, style)
+        )
 
     shown = table.assign(
         config=lambda t: t.config.map(name),
@@ -246,7 +251,8 @@ def fixed_points_markdown(table: pd.DataFrame, name=str) -> str:
         "J_β = E[R] − β·KL in the same policy family: the task reward and KL(π‖π_ref) at the end point, the optimum's "
         "reward / KL, the gap J_β(optimum) − J_β(end), KL(π_end ‖ π_optimum) and the reward below the frontier at "
         "the end point's KL (0 on the frontier: the optimum of another β; –: the end point's KL lies beyond the "
-        "frontier's). Drifts: no fixed point; the update drives a logit past "
+        f"frontier's; a value below {ROUND_OFF:g} in magnitude, float64 round-off, is printed as 0). Drifts: no "
+        "fixed point; the update drives a logit past "
         f"±{DRIFT_BOUND:g} (reward and KL where it stopped). The toy model's fixed-points page of the documentation "
         "explains the table.\n\n"
         + shown[list(FIXED_POINT_COLUMNS)].rename(columns=FIXED_POINT_COLUMNS).to_markdown(index=False)

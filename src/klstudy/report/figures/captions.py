@@ -115,10 +115,11 @@ GLOSSARY = {
     "J_β": "E[R] − β·KL(π‖π_ref), the objective a KL penalty optimises",
     "E[R]": "the expected task reward",
     "β_eff": "the β whose optimum of J_β has the end point's KL",
-    "ratio-weighted": "the KL loss term × π_θ/π_old per token (TRL's default)",
-    "score-weighted": "the KL loss term × exp(log π − sg[log π]) (NeMo-RL)",
-    "K2-gradient": "the KL's value with K2's gradient (verl's k1+, k3+)",
-    "weighted K2-gradient": "K2's gradient × π_θ/π_old (OpenRLHF)",
+    "ratio-weighted": "the KL loss term × π_θ/π_old per token, π_old the policy that sampled the batch (TRL's default)",
+    "score-weighted": "the KL loss term × exp(log π_θ − sg[log π_θ]), sg[·] a stop-gradient: a factor of value 1 "
+    "whose gradient is the score (NeMo-RL)",
+    "K2-gradient": "the KL's value with K2's gradient (verl's straight-through variants of K1 and K3)",
+    "weighted K2-gradient": "K2's gradient × π_θ/π_old per token, π_old the policy that sampled the batch (OpenRLHF)",
     "TRL": "Hugging Face's Transformer Reinforcement Learning library",
     "z": "effect ÷ its se, signed towards the prediction",
 }

@@ -9,7 +9,7 @@ import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib import ticker
+from matplotlib import ticker, transforms
 
 from klstudy.kl import NO_KL, PATHWISE, exactly_zero
 from klstudy.report.figures.captions import Caption, finish
@@ -265,9 +265,11 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         ax.set_title(f"{family} policy: where training ends")
         ax.set_xlabel("KL(π ‖ π_ref) at the end point")
         ax.set_ylabel("task reward E_π[R]")
-        ax.set_ylim(-0.05, 1.08)
+        bar_tops = [*(mc.mc_reward + mc.mc_reward_se * np.sqrt(mc.seeds))]
+        ax.set_ylim(-0.05, max([1.08, *[t + 0.03 for t in bar_tops]]))  # every Monte Carlo bar whole
+        ax.set_yticks(np.linspace(0, 1, 6))  # a reward lies in [0, 1]: above 1, only a bar's mean + sd
         reach = [*mine.kl, *(mc.mc_kl + mc.mc_kl_se * np.sqrt(mc.seeds))]
-        ax.set_xlim(-0.08, float(np.nanmax(reach)) * 1.04 + 0.05)
+        ax.set_xlim(-0.4, float(np.nanmax(reach)) * 1.04 + 0.05)
         ax.grid(alpha=0.3)
         listed += _draw_toy_gaps(axes[row, 1], groups, family)
         listed += [f"{family} policy, drawn as {kl_label(names[0])}: also {', '.join(kl_label(n) for n in names[1:])}"
@@ -311,19 +313,24 @@ def _monte_carlo_where(agreed: pd.DataFrame, families: list[str]) -> str:
 
 def _draw_unsettled(ax, points: pd.DataFrame, family: str, caption: Caption, leaders: dict) -> list[str]:
     """The end points without a stable fixed point, one marker per place, status and configuration, in the colour of
-    the configuration drawn for its group of coinciding ones (``leaders``; drifting configurations end at one
-    boundary: their markers nested there, the largest first); returns the caption's lines naming who ends there, at
-    the drawn place."""
-    unsettled = points[points.status != "stable"].copy()
+    the configuration drawn for its group of coinciding ones (``leaders``); where several configurations stop at one
+    place (within SAME_PLACE in KL and reward), their markers stand one above another, centred on the place, so that
+    each stays whole; returns the caption's lines naming who ends there, at the drawn place."""
+    unsettled = points[points.status != "stable"]
     lines = []
-    unsettled["place"] = list(zip(unsettled.status, unsettled.kl.round(3), unsettled.reward.round(3), strict=True))
-    for (status, _, _), at in unsettled.groupby("place", sort=False):
+    for at in _places(unsettled):
         configs = list(dict.fromkeys(leaders.get(c, c) for c in at.config))
+        status = at.status.iloc[0]
         shape = UNSETTLED_MARKERS.get(status, "x")
-        markers = [tag(ax.plot(at.kl.iloc[0], at.reward.iloc[0], linestyle="", marker=shape, color=config_colour(c),
-                               markeredgecolor="white", markeredgewidth=0.4, markersize=5 + 2.5 * (len(configs) - i),
-                               zorder=4 + 0.01 * i, label="_unsettled")[0], c, None, "band")
-                   for i, c in enumerate(configs)]  # fmt: skip
+        markers = []
+        for i, c in enumerate(configs):
+            first = at[at.config.map(lambda n: leaders.get(n, n)) == c].iloc[0]
+            shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=0,
+                                           y=(i - (len(configs) - 1) / 2) * -STACK_STEP, units="points")  # fmt: skip
+            drawn = ax.plot(first.kl, first.reward, linestyle="", marker=shape, color=config_colour(c), zorder=4,
+                            markeredgecolor="white", markeredgewidth=0.4, markersize=6.5, transform=shift,
+                            clip_on=False, label="_unsettled")[0]  # fmt: skip
+            markers.append(tag(drawn, c, None, "band"))
         marker = markers[0]
         who = {}
         for config, rows in at.groupby("config", sort=False):
@@ -334,6 +341,25 @@ def _draw_unsettled(ax, points: pd.DataFrame, family: str, caption: Caption, lea
     return lines
 
 
+SAME_PLACE = 0.01  # end points within this in KL and in reward share a place (one marker each, stacked)
+STACK_STEP = 7.5  # points between stacked markers
+
+
+def _places(unsettled: pd.DataFrame) -> list[pd.DataFrame]:
+    """The unsettled end points by status and place: each joins the first place of its status within SAME_PLACE."""
+    places: list[list[int]] = []
+    for i, row in unsettled.iterrows():
+        for place in places:
+            first = unsettled.loc[place[0]]
+            if (first.status == row.status and abs(first.kl - row.kl) <= SAME_PLACE
+                    and abs(first.reward - row.reward) <= SAME_PLACE):  # fmt: skip
+                place.append(i)
+                break
+        else:
+            places.append([i])
+    return [unsettled.loc[place] for place in places]
+
+
 TOY_CAPTION = """\
 **Where each KL configuration's training ends (toy model of §3.3).** A KL penalty is meant to make training optimise \
 J_β = E_π[R] − β·KL(π‖π_ref), with R = 1 for a sequence of T = {length} tokens with at least {threshold} ones. Left: \
@@ -341,10 +367,11 @@ grey, the exact optimum of J_β over β (the reward–KL frontier) in each polic
 marked with their β; dotted, the unconstrained optimum π*_β, which the parametric family cannot reach. Each \
 configuration's exact end point at each β (float64), joined over β (β falls from lower left to upper right); ▶ no \
 fixed point: the update drifts to the boundary and is drawn where the followed flow stopped; ◆ still moving when \
-stopped; each in its configuration's colour, nested (the largest first) where several configurations stop at one \
-place. Hollow circles with bars: the Monte Carlo end points of {seeds} seeds trained on-policy through the \
-trainer's loss, mean ± the seeds' standard deviation, at β ∈ {{{mc_betas}}} (the toy's claims judge \
-them){mc_where}. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
+stopped; each in its configuration's colour; where several configurations stop at one place, their markers \
+stand one above another, centred on it (the stack's height is not a difference in reward). Hollow circles with bars: \
+the Monte Carlo end points of {seeds} seeds trained on-policy through the trainer's loss, mean ± the seeds' standard \
+deviation, at β ∈ {{{mc_betas}}} (a bar above reward 1 is the mean + sd, not a reachable reward; the toy's \
+claims judge them){mc_where}. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
 
 
 def _draw_end_points(ax, names: list[str], group: pd.DataFrame):
