@@ -428,19 +428,27 @@ def _interval(centre, half) -> str:
     return "" if pd.isna(half) or pd.isna(centre) else f"[{sig(centre - half, 2)}, {sig(centre + half, 2)}]"
 
 
+def claim_betas(row) -> tuple:
+    """A claim row's β as the claims table has it: ("trend", None) for a slope over β; (None, None) without a β (no
+    KL); else (β, the baseline's β where candidate and baseline are one configuration at two β, or None)."""
+    if str(row.get("note", "")).startswith("trend"):
+        return "trend", None
+    beta, below = pd.to_numeric(pd.Series([row.get("beta"), row.get("baseline_beta")]), errors="coerce")
+    if pd.isna(beta) or beta == 0:
+        return None, None
+    same_config = str(row.get("baseline")) == str(row.get("candidate"))
+    return float(beta), (float(below) if same_config and pd.notna(below) else None)
+
+
 def claims_summary(claims: pd.DataFrame) -> pd.DataFrame:
     """The claims table in a few columns: claim, β, predicted, effect ± se, the interval effect ± critical·se the rule
     reads, z against critical, paired units, verdict. Every number from the claims table; none decided here."""
 
     def beta_text(row) -> str:
-        if str(row.get("note", "")).startswith("trend"):
-            return "trend"
-        beta, below = pd.to_numeric(pd.Series([row.get("beta"), row.get("baseline_beta")]), errors="coerce")
-        if pd.isna(beta) or beta == 0:
-            return ""
-        return (
-            f"{beta:g} vs {below:g}" if pd.notna(below) and row.get("candidate") == row.get("baseline") else f"{beta:g}"
-        )
+        beta, below = claim_betas(row)
+        if beta == "trend" or beta is None:
+            return beta or ""
+        return f"{beta:g} vs {below:g}" if below is not None else f"{beta:g}"
 
     rows = claims.to_dict("records")
     return pd.DataFrame(

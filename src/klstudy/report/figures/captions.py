@@ -209,13 +209,12 @@ def claim_words(text: str, limit: int = 96) -> str:
 
 def claim_beta(row) -> str:
     """The row's β in words: 'β = 1', 'β = 1 against 0.1', 'slope over β', '' (no KL, or no β)."""
-    if str(row.get("note", "")).startswith("trend"):
-        return "slope over β"
-    beta, below = pd.to_numeric(pd.Series([row.get("beta"), row.get("baseline_beta")]), errors="coerce")
-    if pd.isna(beta) or beta == 0:
-        return ""
-    same_config = str(row.get("baseline")) == str(row.get("candidate"))
-    return f"β = {beta:g}" + (f" against {below:g}" if same_config and pd.notna(below) else "")
+    from klstudy.report.tables import claim_betas
+
+    beta, below = claim_betas(row)
+    if beta == "trend" or beta is None:
+        return "slope over β" if beta else ""
+    return f"β = {beta:g}" + (f" against {below:g}" if below is not None else "")
 
 
 def verdict_line(row) -> str:

@@ -53,6 +53,14 @@ class Drawn:
     seed_key: str = "thin line: each seed"  # the legend's words for how a seed is drawn
     last_x: set = field(default_factory=set)  # where the quoted series end (their step, before any sideways dodge)
 
+    def add_series(self, label: str, line, seeds: int, band: bool, last_x: int) -> None:
+        """One series drawn by draw_series: its seeds, band and line (quoted by the caption), where it ends."""
+        self.seeds.add(seeds)
+        self.has_band |= band
+        self.has_seeds |= seeds > 1
+        self.quoted.append((label, line))
+        self.last_x.add(last_x)
+
 
 def select(table: pd.DataFrame, panel: dict, config: dict) -> pd.DataFrame:
     """The rows of a panel's cells: its study and model, its KL configurations and β (β = 0 for "none"), and those of
@@ -160,11 +168,7 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             drawn.notes.append(f"no results: {label}")
             continue
         line, seeds, band = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * every))
-        drawn.seeds.add(seeds)
-        drawn.has_band |= band
-        drawn.has_seeds |= seeds > 1
-        drawn.quoted.append((label, line))
-        drawn.last_x.add(int(runs.x.max()))
+        drawn.add_series(label, line, seeds, band, int(runs.x.max()))
         values.extend(runs.value)
         for seed, run in runs.groupby("seed"):
             status = group[group.seed == seed].status
@@ -305,11 +309,7 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         runs = runs.assign(x=runs.step, value=runs[metric], se=runs[f"{metric}_stderr"])
         label = kl_label(kl_config, beta)
         line, seeds, band = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * gap))
-        drawn.seeds.add(seeds)
-        drawn.has_band |= band
-        drawn.has_seeds |= seeds > 1
-        drawn.quoted.append((label, line))
-        drawn.last_x.add(int(runs.x.max()))
+        drawn.add_series(label, line, seeds, band, int(runs.x.max()))
         errors.extend(runs.se.dropna())
     step_axis(ax, steps)
     ax.set_ylabel("forward KL(π_ref‖π_θ), nats" if metric == "forward_kl" else "token entropy of π_θ, nats")
