@@ -69,7 +69,9 @@ def style_problems(fig) -> list[str]:
             if "hatch" in expected and (artist.get_hatch() or "") != expected["hatch"]:
                 found.append(f"{name}: hatch {artist.get_hatch()!r}, the table says {expected['hatch']!r}")
         elif isinstance(artist, Collection):
-            colours = {_hex(c) for c in artist.get_facecolor()}
+            # a fill's colour is its face; a collection of lines (error bars) has none, its colour is its edge
+            faces = artist.get_facecolor()
+            colours = {_hex(c) for c in (faces if len(faces) else artist.get_edgecolor())}
             if colours and colours != {expected["color"]}:
                 found.append(f"{name}: colour {colours}, the table says {expected['color']}")
     return found

@@ -213,6 +213,33 @@ def test_one_seed_carries_its_own_error_few_seeds_are_drawn_each_and_many_get_a_
     plt.close(fig)
 
 
+def test_many_one_seed_curves_carry_their_error_as_bars_not_bands():
+    """Up to two one-seed curves: each a band; more: each point's ±1 se a bar of its colour (bands would cover each
+    other), the bar as long as the band would be."""
+    config = study_config(1)
+    tables = study_tables(config)
+    kls = ("none", "k1-reward", "k1-loss", "k3-loss")
+    fig, ax, drawn = _curves(config, tables, kls)
+    bars = [c for c in ax.collections if (c.get_gid() or "").endswith(";band")]
+    assert bars and all(type(c).__name__ == "LineCollection" for c in bars) and drawn.has_error_bars
+    assert not drawn.has_band and not style_problems(fig)
+    two, ax_two = plt.subplots()
+    first_beta = config["studies"]["onpolicy"]["betas"][0]
+    drawn_two = panels.curves_panel(ax_two, {"kind": "curves", "study": "onpolicy", "model": "tiny",
+                                             "kl": list(kls[:2]), "betas": [first_beta]}, config, tables)  # fmt: skip
+    bands = [c for c in ax_two.collections if (c.get_gid() or "").endswith(";band")]
+    assert bands and not any(type(c).__name__ == "LineCollection" for c in bands) and not drawn_two.has_error_bars
+    heldout = tables["heldout"]
+    for bar in bars:
+        gid = encoding.GID.match(bar.get_gid())
+        rows = heldout[(heldout.study == "onpolicy") & (heldout.kl == gid["kl"]) & (heldout.step > 0)
+                       & np.isclose(heldout.beta, float(gid["beta"] or 0))]  # fmt: skip
+        # none at step 0: the base model's point carries its own
+        drawn_errors = sorted(round(float(seg[1, 1] - seg[0, 1]) / 2, 9) for seg in bar.get_segments())
+        assert drawn_errors == sorted(round(float(e), 9) for e in rows.stderr), bar.get_gid()
+    plt.close(fig), plt.close(two)
+
+
 def test_the_base_model_is_one_point_the_same_in_every_figure(run, figures):
     """Every held-out panel on one task starts from the same base point, the mean of its distinct evaluations."""
     config, tables, _ = run

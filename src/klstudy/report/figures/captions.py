@@ -265,7 +265,8 @@ Noise, drawn as it is
   thicker line or larger marker; no ±1 standard error band is drawn (with so few seeds it would look surer than a
   test that needs several standard errors). With five seeds or more, the mean is drawn with a ±1 standard error
   band, se = max(s/√n, √(Σ eᵢ²)/n): s the standard deviation over seeds, eᵢ seed i's own standard error.
-- A curve of one seed carries its own measurement error as a band: for a held-out score, ±1 standard error over
+- A curve of one seed carries its own measurement error as a band, or, where more than two such curves share a
+  panel, as a vertical bar at each point (bands would cover each other): for a held-out score, ±1 standard error over
   the questions evaluated (each question's score, one sample each: about √(p(1 − p)/questions)); for a bar,
   lm-eval's standard error over the questions; for a quantity averaged over prompts, its standard error over them.
 - The base model is one evaluation: at step 0 of held-out curves a single grey point, the same in every figure

@@ -33,6 +33,7 @@ from klstudy.report.figures.encoding import (
 
 NOT_OK = {"collapsed": "x", "diverged": "X", "missing": "."}
 SEEDS_WITHOUT_BAND = 4  # up to this many seeds, each is drawn and no ±1 se band is (a band of few seeds looks sure)
+MOST_BANDS = 2  # more one-seed curves in a panel than this: each point's ±1 se as a bar (bands would cover each other)
 
 
 @dataclass
@@ -49,14 +50,17 @@ class Drawn:
     quote_style: str = ".2f"
     reference: bool = False  # a reference drawn (no KL, the base model, chance): something to read the rest against
     has_band: bool = False
+    has_error_bars: bool = False  # one-seed errors drawn as bars at the points (many curves), not as bands
     has_seeds: bool = False
     seed_key: str = "thin line: each seed"  # the legend's words for how a seed is drawn
     last_x: set = field(default_factory=set)  # where the quoted series end (their step, before any sideways dodge)
 
-    def add_series(self, label: str, line, seeds: int, band: bool, last_x: int) -> None:
-        """One series drawn by draw_series: its seeds, band and line (quoted by the caption), where it ends."""
+    def add_series(self, label: str, line, seeds: int, error: str | None, last_x: int) -> None:
+        """One series drawn by draw_series: its seeds, its error's drawing ('band', 'bars' or None) and line (quoted
+        by the caption), where it ends."""
         self.seeds.add(seeds)
-        self.has_band |= band
+        self.has_band |= error == "band"
+        self.has_error_bars |= error == "bars"
         self.has_seeds |= seeds > 1
         self.quoted.append((label, line))
         self.last_x.add(last_x)
@@ -83,10 +87,13 @@ def status_suffix(group: pd.DataFrame) -> str:
 # One series: a configuration × β over x, its seeds drawn as the noise is.
 
 
-def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset: float = 0.0, marker: bool = True):
-    """``runs``: columns seed, x, value, se (each seed's own error; NaN unknown). One seed: the line and a ±1 se band
-    of its own error. Two to SEEDS_WITHOUT_BAND seeds: each seed a thin line, the mean over seeds a thicker one, no
-    band. More: the mean with a ±1 se band (aggregate.mean_and_se). Returns (the mean line, seeds, band drawn)."""
+def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset: float = 0.0, marker: bool = True,
+                error: str = "band", bars_after: float = -math.inf):  # fmt: skip
+    """``runs``: columns seed, x, value, se (each seed's own error; NaN unknown). One seed: the line and ±1 se of its
+    own error, as a band (``error`` 'band') or as a bar at each point ('bars': where many curves share a panel). Two
+    to SEEDS_WITHOUT_BAND seeds: each seed a thin line, the mean over seeds a thicker one, no band. More: the mean with
+    a ±1 se band (aggregate.mean_and_se). Bars only at x > ``bars_after`` (a point drawn with its own error, the base
+    model's, gets none). Returns (the mean line, seeds, how the error was drawn: 'band', 'bars' or None)."""
     style = style_of(kl_config, beta)
     if not marker:
         style = {**style, "marker": ""}
@@ -94,7 +101,7 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
     stats = pd.DataFrame([(x, *mean_and_se(g.value, g.se)) for x, g in runs.groupby("x", sort=True)],
                          columns=["x", "mean", "se", "n"])  # fmt: skip
     x = stats.x.to_numpy(dtype=float) + offset
-    band = False
+    drawn_error = None
     if 1 < seeds <= SEEDS_WITHOUT_BAND:
         for _, run in runs.groupby("seed"):
             run = run.sort_values("x")
@@ -102,14 +109,23 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
                         alpha=0.55, label="_seed")[0], kl_config, beta, "seed")  # fmt: skip
     elif stats.se.notna().any():
         low, high = stats["mean"] - stats.se, stats["mean"] + stats.se
-        # a light fill, its edge in β's line style: two bands of one configuration at two β stay apart
-        band = ax.fill_between(x, low, high, facecolor=mcolors.to_rgba(style["color"], 0.12), linewidth=0.6,
-                               edgecolor=mcolors.to_rgba(style["color"], 0.6), linestyle=style["linestyle"],
-                               label="_band")  # fmt: skip
-        tag(band, kl_config, beta, "band")
-        band = True
+        drawn_error = "bars" if seeds == 1 and error == "bars" else "band"
+        if drawn_error == "bars":
+            at = (stats.x > bars_after).to_numpy()
+            artist = ax.vlines(x[at], low[at], high[at], colors=[style["color"]], linewidth=0.9, alpha=0.8,
+                               label="_error")  # fmt: skip
+        else:  # a light fill, its edge in β's line style: two bands of one configuration at two β stay apart
+            artist = ax.fill_between(x, low, high, facecolor=mcolors.to_rgba(style["color"], 0.12), linewidth=0.6,
+                                     edgecolor=mcolors.to_rgba(style["color"], 0.6), linestyle=style["linestyle"],
+                                     label="_band")  # fmt: skip
+        tag(artist, kl_config, beta, "band")
     line = ax.plot(x, stats["mean"], label=label, linewidth=MEAN_LINEWIDTH if seeds > 1 else 1.2, **style)[0]
-    return tag(line, kl_config, None if kl_config == NO_KL else beta), seeds, band
+    return tag(line, kl_config, None if kl_config == NO_KL else beta), seeds, drawn_error
+
+
+def error_drawing(lines: list) -> str:
+    """How a panel of ``lines`` series draws one seed's error: bands for up to MOST_BANDS curves, else bars."""
+    return "band" if len(lines) <= MOST_BANDS else "bars"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -167,8 +183,10 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         if runs.empty:
             drawn.notes.append(f"no results: {label}")
             continue
-        line, seeds, band = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * every))
-        drawn.add_series(label, line, seeds, band, int(runs.x.max()))
+        bars_after = 0 if np.isfinite(base[0]) else -1  # the base point carries its own error
+        line, seeds, error = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * every),
+                                         error=error_drawing(lines), bars_after=bars_after)  # fmt: skip
+        drawn.add_series(label, line, seeds, error, int(runs.x.max()))
         values.extend(runs.value)
         for seed, run in runs.groupby("seed"):
             status = group[group.seed == seed].status
@@ -308,8 +326,9 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     for i, ((kl_config, beta), runs) in enumerate(lines):
         runs = runs.assign(x=runs.step, value=runs[metric], se=runs[f"{metric}_stderr"])
         label = kl_label(kl_config, beta)
-        line, seeds, band = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * gap))
-        drawn.add_series(label, line, seeds, band, int(runs.x.max()))
+        line, seeds, error = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * gap),
+                                         error=error_drawing(lines))  # fmt: skip
+        drawn.add_series(label, line, seeds, error, int(runs.x.max()))
         errors.extend(runs.se.dropna())
     step_axis(ax, steps)
     ax.set_ylabel("forward KL(π_ref‖π_θ), nats" if metric == "forward_kl" else "token entropy of π_θ, nats")

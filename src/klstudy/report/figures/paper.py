@@ -247,6 +247,9 @@ def _legend(kept, config: dict) -> list:
     extra = [h for h in labelled if _is_extra(h.get_label()) and h.get_label() not in [x.get_label() for x in handles]]
     if any(d.has_band for _, _, d, _ in kept):
         extra.append(plt.Rectangle((0, 0), 1, 1, color="0.6", alpha=0.3, label="band: ±1 se, one seed"))
+    if any(d.has_error_bars for _, _, d, _ in kept):
+        bar = plt.Line2D([], [], color="0.4", marker="|", markersize=9, linewidth=0, label="bar: ±1 se, one seed")
+        extra.append(bar)
     for key in dict.fromkeys(d.seed_key for _, _, d, _ in kept if d.has_seeds and d.unit == "point"):
         dot = key.startswith("small dot")
         extra.append(plt.Line2D([], [], color="0.4", linewidth=0 if dot else 0.6, marker="." if dot else "",
