@@ -150,6 +150,16 @@ def test_one_palette_colour_is_the_configuration_and_line_style_the_beta_by_its_
     hatches = [encoding.beta_hatch(b) for b in encoding.BETA_STYLES]
     assert "-" not in styles and "" not in hatches  # no β is drawn as no KL's solid line or unhatched bar
     assert len(set(styles)) == len(styles) and len(set(hatches)) == len(hatches)
+    words = [encoding.BETA_STYLE_WORDS[b] for b in encoding.BETA_STYLES]  # the conventions' words, one per style
+    assert len(set(words)) == len(words)
+    # a dash pattern started at another of its dashes, each length within half a line width, reads as the same line
+    # (β = 0.3 and 3 did): no β's pattern is one of those of another
+    patterns = [np.array(encoding.beta_linestyle(b)[1]) for b in encoding.BETA_STYLES]
+    for i, pattern in enumerate(patterns):
+        for j, other in enumerate(patterns[:i]):
+            alike = len(other) == len(pattern) and any(
+                np.abs(np.roll(pattern, k) - other).max() < 0.5 for k in range(0, len(pattern), 2))  # fmt: skip
+            assert not alike, (list(encoding.BETA_STYLES)[j], list(encoding.BETA_STYLES)[i])
     verdicts = {mcolors.to_hex(c) for c in [*encoding.VERDICT_COLOURS.values(), encoding.UNTESTED_COLOUR]}
     assert not verdicts & {mcolors.to_hex(encoding.config_colour(k)) for k in [*PAPER_CONFIGS, "base"]}
 

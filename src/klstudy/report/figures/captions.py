@@ -289,15 +289,13 @@ the claims forests draw every testable claim's effect ± critical·se, the inter
 
 def conventions(config: dict) -> str:
     """CONVENTIONS filled from the style table and the claims rule (Markdown that is also reStructuredText)."""
-    from klstudy.report.figures.encoding import BETA_STYLES, CONFIG_COLOURS, kl_label
+    from klstudy.report.figures.encoding import BETA_STYLE_WORDS, BETA_STYLES, CONFIG_COLOURS, kl_label
 
     names = {"#0072B2": "blue", "#56B4E9": "sky blue", "#1D3F6E": "navy", "#E69F00": "orange", "#8C510A": "brown",
              "#F5D08A": "sand", "#CC79A7": "pink", "#7B2D64": "plum", "#E8B5D3": "light pink", "#3A2A8C": "indigo",
              "#B35806": "burnt orange", "#9970AB": "lavender", "black": "black"}  # fmt: skip
     colours = "; ".join(f"{kl_label(k)} {names.get(c, c)}" for k, c in CONFIG_COLOURS.items())
-    dash = {1.0: "dotted", 0.1: "dashed", 10.0: "long dashes", 0.05: "dash-dot", 0.3: "dash-dot-dot",
-            3.0: "dot-dot-dash", 0.005: "sparse dots", 0.01: "sparse dashes"}  # fmt: skip
-    betas = ", ".join(f"{b:g} {dash.get(b, 'its own dashes')}" for b in BETA_STYLES)
+    betas = ", ".join(f"{b:g} {BETA_STYLE_WORDS[b]}" for b in BETA_STYLES)
     rule = config.get("claims_rule", {})
     return CONVENTIONS.format(colours=colours, betas=betas, min_z=rule.get("min_z", 3), alpha=rule.get("alpha", 0.01),
                               q=rule.get("q", 0.05))  # fmt: skip

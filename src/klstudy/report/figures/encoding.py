@@ -85,9 +85,11 @@ BETA_STYLES = {
     0.1: ((0, (3, 1.5)), "//"),
     0.3: ((0, (2.5, 1, 0.8, 1, 0.8, 1)), "\\\\"),
     1.0: ((0, (1, 1.5)), ".."),
-    3.0: ((0, (0.8, 1, 0.8, 1, 2.8, 1)), "xx"),
+    3.0: ((0, (2.2, 0.8, 2.2, 2.5)), "xx"),  # paired dashes: no rotation of 0.3's dash-dot-dot
     10.0: ((0, (6, 1.5)), "--"),
 }
+BETA_STYLE_WORDS = {0.005: "sparse dots", 0.01: "sparse dashes", 0.05: "dash-dot", 0.1: "dashed", 0.3: "dash-dot-dot",
+                    1.0: "dotted", 3.0: "paired dashes", 10.0: "long dashes"}  # fmt: skip
 MEAN_LINEWIDTH = 1.6  # the widest line a β's style is drawn with (a mean over seeds); legend samples show it twice
 NO_KL_STYLE = ("-", "")  # β = 0: solid, unhatched; no β of BETA_STYLES is
 VERDICT_COLOURS = {"shown": "#009E73", "contradicted": "#CC3311", "not shown": "0.45"}
