@@ -124,7 +124,7 @@ def ink_problems(fig, caption) -> list[str]:
     found = []
     read = getattr(caption, "read", [])
     for artist, index, axis, _, text in read:
-        if artist.figure is not fig:
+        if artist.get_figure(root=True) is not fig:  # a subfigure's artist: its root
             found.append(f"{text}: read from an artist not drawn in this figure")
         elif not _agrees(text, _recomputed(artist, index, axis)):
             found.append(f"{text}: the artist draws {_recomputed(artist, index, axis)}")
@@ -196,6 +196,9 @@ def panel_problems(fig, caption) -> list[str]:
     """No panel of constant data or of a single point; a figure with a claim about it or a reference drawn."""
     found = []
     for ax in fig.axes:
+        if ax.get_gid() == DOTS:
+            found += _dots_problems(ax)
+            continue
         ys = []
         for line in ax.get_lines():
             if not str(line.get_gid() or "").startswith("reference"):
@@ -213,6 +216,20 @@ def panel_problems(fig, caption) -> list[str]:
     if "Claims about these panels" not in str(caption) and "Claims on" not in str(caption) and not has_reference(fig):
         found.append("no claim about the figure and no reference drawn")
     return found
+
+
+DOTS = "dots against a reference"  # a panel of rows (e.g. the atlas's presets), each point read against a line
+
+
+def _dots_problems(ax) -> list[str]:
+    """A panel of rows, each row's value a point across (x) read against the reference line drawn in it (β_eff/β
+    against 1): at least one point, and the reference; constant rows are a finding here (presets that agree)."""
+    xs = [x for line in ax.get_lines() if not str(line.get_gid() or "").startswith("reference")
+          for x in np.asarray(line.get_xdata(), dtype=float).ravel() if np.isfinite(x)]  # fmt: skip
+    references = [line for line in ax.get_lines() if str(line.get_gid() or "").startswith("reference")]
+    if not xs:
+        return [f"{ax.get_title()[:50]!r}: no point"]
+    return [] if references else [f"{ax.get_title()[:50]!r}: points with no reference to read them against"]
 
 
 def outside(fig) -> list[str]:

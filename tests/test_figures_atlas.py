@@ -68,7 +68,7 @@ def test_marker_and_fill_say_the_configuration_never_the_normalisation_or_g(tabl
     markers = {(artist.get_gid().split(";")[0], artist.get_marker()) for artist in tagged(fig)
                if hasattr(artist, "get_marker") and artist.get_marker() not in ("", "None")}  # fmt: skip
     assert markers and all(marker == encoding.PLACEMENT_MARKERS["loss"] for _, marker in markers), markers
-    grid = fig.axes[1]
+    grid = next(ax for ax in fig.axes if ax.get_xlabel().startswith("G, completions per prompt"))
     assert {"RLOO", "÷ group std"} <= {t.get_text() for t in grid.texts}
     plt.close(fig)
 
@@ -76,8 +76,8 @@ def test_marker_and_fill_say_the_configuration_never_the_normalisation_or_g(tabl
 def test_presets_are_named_by_their_framework_and_coinciding_ones_together(tables):
     points, length = tables
     fig, caption = atlas_figure.figure(points, length, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
-    names = [" ".join(t.get_text().split()) for t in fig.axes[0].texts]
-    assert any(name.startswith("TRL 1.16 GRPO") for name in names) or "TRL 1.16 GRPO" in caption
+    names = [" ".join(t.get_text().split()) for t in fig.axes[0].get_yticklabels()]  # a row per preset
+    assert any(name.startswith("TRL 1.16 GRPO") for name in names)
     assert not any("trl-grpo" in name or "group_std" in name for name in names)
     plt.close(fig)
 
@@ -93,8 +93,8 @@ def test_a_new_preset_and_a_new_beta_are_drawn_from_the_table_alone(tables):
         "group": 2, "default_beta": 0.0}}}  # fmt: skip
     fig, caption = atlas_figure.figure(pd.concat([points, extra, wider], ignore_index=True), length, section,
                                        beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])  # fmt: skip
-    assert "verl 0.4" in " ".join(t.get_text() for t in fig.axes[0].texts) + caption
-    assert "10" in [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert "verl 0.4" in " ".join(t.get_text() for t in fig.axes[0].get_yticklabels())
+    assert "β\u00a0=\u00a010" in [ax.get_title() for ax in fig.axes]  # a panel of its own
     assert every_problem(fig, caption, study_config()) == []
     plt.close(fig)
 
@@ -124,3 +124,17 @@ def test_the_conventions_name_every_configurations_colour_in_words():
     from klstudy.report.figures.captions import conventions
 
     assert not re.search(r"#[0-9A-Fa-f]{6}", conventions({}))
+
+
+def test_a_presets_panel_is_read_across_against_its_reference():
+    """The presets' panels are rows of points across, each read against β_eff/β = 1: a panel without the reference,
+    or without a point, is a panel that shows nothing."""
+    from figure_checks import DOTS, panel_problems
+
+    fig, ax = plt.subplots()
+    ax.set_gid(DOTS)
+    ax.plot([0.5], [0], "o")
+    assert panel_problems(fig, "Claims on it") == ["'': points with no reference to read them against"]
+    ax.axvline(1, gid="reference one")
+    assert panel_problems(fig, "Claims on it") == []
+    plt.close(fig)

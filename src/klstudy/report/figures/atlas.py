@@ -1,10 +1,10 @@
 """The atlas's figure: how strongly each setup practitioners run regularises, β_eff/β, from the atlas's tables
 (analysis/atlas.py; figures/atlas.csv and figures/atlas_length.csv, whose columns it reads).
 
-One row per policy family, three panels: the frameworks' presets against β; the grid of normalisations × G for each
-KL configuration (normalisation and G on the x axis, the one encoding for the rest: colour = KL configuration,
-marker = placement, fill = estimator, line style = β); and the length sweep against T. The y axis is β_eff/β on a log
-scale, 1 (dashed) where a setup regularises as strongly as asked.
+Per policy family: the frameworks' presets, a row each, in one panel per β asked for (β_eff/β across); then the grid
+of normalisations × G for each KL configuration (normalisation and G on the x axis, the one encoding for the rest:
+colour = KL configuration, marker = placement, fill = estimator, line style = β) and the length sweep against T
+(β_eff/β up). β_eff/β is on one log scale in every panel, 1 (dashed) where a setup regularises as strongly as asked.
 """
 
 from __future__ import annotations
@@ -105,24 +105,29 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
     length_betas = ((section or {}).get("length") or {}).get("betas")
     length = length[length.beta.isin(length_betas)] if length_betas else length
     families = list(dict.fromkeys(points.family))
-    # Per family two rows: the presets across the page (their names need its width), then the grid and the length.
+    # Per family two rows: the presets (one panel per β asked for, a row per preset: their names need the page's
+    # width), then the grid and the length sweep.
     fig = plt.figure(figsize=(FULL_WIDTH, min(9.0, 4.0 * len(families) + 1.0)), layout="constrained")
-    mosaic = [row for f in range(len(families)) for row in ([f"p{f}", f"p{f}"], [f"g{f}", f"l{f}"])]
-    panels = fig.subplot_mosaic(mosaic, width_ratios=[2.3, 1])
-    axes = np.array([[panels[f"p{f}"], panels[f"g{f}"], panels[f"l{f}"]] for f in range(len(families))])
+    rows_of = fig.subfigures(2 * len(families), 1)
     caption = Caption()
-    quoted, missing = [], []
+    quoted, missing, preset_axes, curve_axes = [], [], [], []
     for row, family in enumerate(families):
         mine = points[points.family == family]
-        quoted += _presets_panel(axes[row, 0], mine[_is_preset(mine)], presets, family, caption)
-        _grid_panel(axes[row, 1], mine[~_is_preset(mine)], family)
-        _length_panel(axes[row, 2], length[length.family == family], family)
+        top, bottom = rows_of[2 * row], rows_of[2 * row + 1]
+        beta_axes = list(top.subplots(1, len(betas), sharey=True, squeeze=False)[0])
+        quoted += _presets_panels(beta_axes, mine[_is_preset(mine)], presets, family, betas, caption)
+        top.suptitle(f"{family} policy: framework presets", x=0.01, ha="left", fontsize=8)
+        grid_ax, length_ax = bottom.subplots(1, 2, width_ratios=[2.3, 1])
+        _grid_panel(grid_ax, mine[~_is_preset(mine)], family)
+        grid_ax.set_ylabel(f"{family} policy\nβ_eff / β (log)")
+        _length_panel(length_ax, length[length.family == family], family)
         missing += _not_drawn(mine, presets, beta_min, family)
-    _share_log_axis(axes)
-    for ax in axes[:, 0]:
-        _label_ends(ax, *ax._atlas_ends)
+        preset_axes += beta_axes
+        curve_axes += [grid_ax, length_ax]
+    _share_log_axis(curve_axes, preset_axes)
     configs = list(
-        dict.fromkeys(tag_config(line) for ax in axes.ravel() for line in ax.get_lines() if tag_config(line))
+        dict.fromkeys(tag_config(line) for ax in [*preset_axes, *curve_axes] for line in ax.get_lines()
+                      if tag_config(line))  # fmt: skip
     )  # the configurations drawn
     grid_betas = sorted(points.beta.unique())
     handles = key_handles(configs, [b for b in grid_betas])
@@ -135,10 +140,12 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
     caption.add(
         "**How strongly each setup practitioners run regularises (toy model of §3.3, exact, float64).** β_eff is the β "
         "whose optimum of J_β has the same KL to the reference as the setup's end point; β_eff/β below 1 (under the "
-        "dashed line) means weaker regularisation than asked for, above it stronger. One row per policy family. "
-        f"Left: each framework's preset (its KL term, normalisation and G, as its code ships them) against the β "
-        f"asked for, at T = {length_t} tokens, named at its line's end; presets that end at the same points are one "
-        "line, named together. Centre: the grid, each KL configuration with each advantage normalisation (RLOO, "
+        "dashed line) means weaker regularisation than asked for, above it stronger. Two rows per policy family. "
+        "Top of each family: each framework's preset (its KL term, normalisation and G, as its code ships them), "
+        f"one row per preset, its β_eff/β at each β asked for (one panel per β), at T = {length_t} tokens, the "
+        "row's name in its KL configuration's colour; presets that end at the same points at every β share a row, "
+        "named together; a row without a point at a β has no β_eff there (listed below). Below, left: the grid, "
+        "each KL configuration with each advantage normalisation (RLOO, "
         "whose expected update does not depend on G; the group mean, Dr. GRPO; ÷ the group's standard deviation, "
         "GRPO; ÷ the batch's, TRL's batch option) and G, one line per KL configuration and β over G. Right: β_eff/β "
         f"against the answer's length T, the reward at least ceil({fraction} × T) ones (the settings the config's "
@@ -149,61 +156,41 @@ def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = No
     return fig, finish(fig, caption)
 
 
-def _presets_panel(ax, rows: pd.DataFrame, presets: dict | None, family: str, caption: Caption) -> list[str]:
-    """Each group of coinciding presets against β (categories), named at its right end; returns the caption's
-    quotes of the values drawn at the largest β."""
-    betas = sorted(rows.beta.unique())
-    position = {b: i for i, b in enumerate(betas)}
-    quotes, ends = [], []
-    for names, group in coinciding_groups(rows, "setting", ["beta", "beta_eff_ratio"], equal_nan=True):
-        drawable = _drawable(group).sort_values("beta")
-        if drawable.empty:
-            continue
-        first = group.iloc[0]
-        label = " =\n".join(setting_name(rows[rows.setting == n].iloc[0].to_dict(), presets) for n in names)
-        line = ax.plot([position[b] for b in drawable.beta], drawable.beta_eff_ratio, linestyle="-", linewidth=1,
-                       markersize=4, color=config_colour(first.config), **marker_of(first.config))[0]  # fmt: skip
-        tag(line, first.config, None, "marker")
-        ends.append((line, label))
-        if drawable.beta.max() == max(betas):
-            quotes.append(
-                f"{family}, {label.replace(chr(10), ' ')} at β = {max(betas):g}: {caption.value(line, -1, '.2f')}"
-            )
-    ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
-    ax.set_xlim(-0.4, len(betas) + 2.6)  # room for the names right of the lines
-    ax.spines[["right", "top"]].set_visible(False)
-    ax._atlas_ends = (ends, len(betas) - 0.6)  # named once the shared y axis is set
-    ax.set_xlabel("β asked for")
-    ax.set_ylabel(f"{family} policy\nβ_eff / β (log)")
-    ax.set_title("framework presets", loc="left")
-    ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
-    ax.grid(alpha=0.3, axis="y")
+def _presets_panels(axes: list, rows: pd.DataFrame, presets: dict | None, family: str, betas: list,
+                    caption: Caption) -> list[str]:  # fmt: skip
+    """One panel per β asked for (``axes``), a row per group of coinciding presets (named on the left, in its KL
+    configuration's colour; the largest β_eff/β at the largest β at the top), its β_eff/β a marker of its KL
+    configuration; returns the caption's quotes of the values drawn at the largest β."""
+    groups = [(names, _drawable(group)) for names, group in
+              coinciding_groups(rows, "setting", ["beta", "beta_eff_ratio"], equal_nan=True)]  # fmt: skip
+    groups = sorted([g for g in groups if len(g[1])], key=lambda g: -g[1].sort_values("beta").beta_eff_ratio.iloc[-1])
+    labels = [" = ".join(setting_name(rows[rows.setting == n].iloc[0].to_dict(), presets) for n in names)
+              for names, _ in groups]  # fmt: skip
+    quotes = []
+    for ax, beta in zip(axes, betas, strict=True):
+        for y, ((_, group), label) in enumerate(zip(groups, labels, strict=True)):
+            at = group[group.beta == beta]
+            if at.empty:
+                continue
+            config = at.iloc[0].config
+            line = ax.plot(at.beta_eff_ratio, [y], linestyle="", markersize=4.5, color=config_colour(config),
+                           **marker_of(config))[0]  # fmt: skip
+            tag(line, config, None, "marker")
+            if beta == max(betas):
+                name = caption.design(label)  # the preset's name and version, the config's
+                quotes.append(f"{family}, {name} at β = {beta:g}: {caption.value(line, -1, '.2f', axis='x')}")
+        ax.axvline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
+        ax.set_gid("dots against a reference")  # each point read against 1, not against the others (the tests' rule)
+        ax.set_title(f"β{NBSP}={NBSP}{beta:g}", fontsize=8)
+        ax.grid(alpha=0.3, axis="x")
+        ax.set_ylim(len(groups) - 0.5, -0.5)
+        ax.set_xlabel("β_eff / β")
+    axes[0].set_yticks(range(len(groups)), labels, fontsize=7)
+    for tick, (_, group) in zip(axes[0].get_yticklabels(), groups, strict=True):
+        tick.set_color(config_colour(group.iloc[0].config))
+    for ax in axes[1:]:
+        ax.tick_params(axis="y", left=False)
     return quotes
-
-
-JOIN = {"arrowstyle": "-", "color": "0.7", "linewidth": 0.5, "shrinkA": 0, "shrinkB": 2}  # a name to its line's end
-
-
-def _label_ends(ax, ends: list, right: float) -> None:
-    """Each line's name right of its last point, at x = ``right``, spread apart vertically (a line of 7 pt each, on
-    the log axis) so that none overlap; a thin grey line joins a name moved from its point."""
-    if not ends:
-        return
-    low, high = (np.log10(v) for v in ax.get_ylim())
-    height = ax.get_window_extent().height / ax.figure.dpi * 72  # points
-    gap = (high - low) * 9.5 / max(height, 1.0)
-    placed = sorted(((float(np.log10(line.get_ydata()[-1])), line, label) for line, label in ends), key=lambda e: e[0])
-    last, heights = -np.inf, []
-    for y, _line, label in placed:
-        lines = label.count("\n") + 1
-        heights.append(max(y, last + gap * (lines + 1) / 2))
-        last = heights[-1] + gap * (lines - 1) / 2
-    down = min(max(0.0, last + gap / 2 - high), max(0.0, heights[0] - gap - low))  # the stack kept inside the panel
-    for (_y, line, label), y_text in zip(placed, heights, strict=True):
-        y_text -= down
-        end = (line.get_xdata()[-1], line.get_ydata()[-1])
-        ax.annotate(label, end, xytext=(right, 10**y_text), textcoords="data", ha="left", va="center", fontsize=7,
-                    color=line.get_color(), arrowprops=JOIN)  # fmt: skip
 
 
 def _grid_panel(ax, rows: pd.DataFrame, family: str) -> None:
@@ -267,17 +254,22 @@ def _length_panel(ax, rows: pd.DataFrame, family: str) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
-def _share_log_axis(axes) -> None:
-    """One log y axis for every panel: from the smallest to the largest β_eff/β drawn, 1 inside."""
-    values = [y for ax in axes.ravel() for line in ax.get_lines() for y in np.asarray(line.get_ydata(), dtype=float)
-              if np.isfinite(y) and y > 0]  # fmt: skip
-    low, high = min([*values, 1.0]) / 1.3, max([*values, 1.0]) * 1.3
-    for ax in axes.ravel():
-        ax.set_yscale("log")
-        ax.set_ylim(low, high)
-        ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
-        ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+def _share_log_axis(curve_axes: list, preset_axes: list) -> None:
+    """β_eff/β on a log scale, from the smallest to the largest value drawn, 1 inside: one y axis for the grid and
+    length panels, one x axis for the presets' (their rows are presets; their narrower range keeps presets that
+    differ by a tenth apart)."""
+    for axes, axis in ((curve_axes, "y"), (preset_axes, "x")):
+        values = [v for ax in axes for line in ax.get_lines()
+                  for v in np.asarray(line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float)]  # fmt: skip
+        values = [v for v in values if np.isfinite(v) and v > 0]
+        low, high = min([*values, 1.0]) / 1.3, max([*values, 1.0]) * 1.3
+        for ax in axes:
+            getattr(ax, f"set_{axis}scale")("log")
+            getattr(ax, f"set_{axis}lim")(low, high)
+            scale = ax.yaxis if axis == "y" else ax.xaxis
+            scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+            scale.set_major_formatter(ticker.FormatStrFormatter("%g"))
+            scale.set_minor_formatter(ticker.NullFormatter())
 
 
 def _not_drawn(rows: pd.DataFrame, presets: dict | None, beta_min: float, family: str) -> list[str]:

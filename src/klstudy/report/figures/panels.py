@@ -369,8 +369,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         tag(ax.plot([0], [mean], color="black", markersize=5, linestyle="", label="_mean", **marker_of(NO_KL))[0],
             NO_KL, None, "marker")  # fmt: skip
         if n > 1:
-            tag(ax.scatter(np.zeros(len(none)), none.kl_k3, s=7, color="black", alpha=0.6, zorder=3, linewidth=0,
-                           label="_seeds"), NO_KL, None, "band")  # fmt: skip
+            tag(ax.scatter(np.zeros(len(none)), none.kl_k3, s=9, color="black", zorder=4, edgecolors="white",
+                           linewidths=0.4, label="_seeds"), NO_KL, None, "band")  # fmt: skip
         if n == 1 and np.isfinite(se):
             ax.errorbar([0], [mean], yerr=[se], color="black", capsize=2, linewidth=0.8)
         drawn.quoted.append((kl_label(NO_KL), reference))
@@ -393,8 +393,11 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             ax.errorbar(x[one_seed], stats["mean"][one_seed], yerr=stats.se[one_seed], fmt="none",
                         color=config_colour(kl_config), capsize=2, linewidth=0.8)  # fmt: skip
         if (stats.n > 1).any():
-            tag(ax.scatter([position[b] + shift for b in rows.beta], rows.kl_k3, s=7, color=config_colour(kl_config),
-                           alpha=0.6, zorder=3, linewidth=0, label="_seeds"), kl_config, None, "band")  # fmt: skip
+            # over the mean's marker, white-edged: seeds that agree with their mean stay visible on it
+            at = [position[b] + shift for b in rows.beta]
+            seeds = ax.scatter(at, rows.kl_k3, s=9, color=config_colour(kl_config), zorder=4, edgecolors="white",
+                               linewidths=0.4, label="_seeds")  # fmt: skip
+            tag(seeds, kl_config, None, "band")
             drawn.has_seeds = True
         if claims is not None:
             _mark_verdicts(ax, stats.assign(x=x), claims, kl_config)
