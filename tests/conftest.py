@@ -1,10 +1,16 @@
 """Fixtures shared across test modules."""
 
 import pytest
+import torch
 from workflow_helpers import reduced_run  # noqa: F401  (the reduced study, run once per session)
 
 from klstudy.data import procedural, staging
 from klstudy.train import tiny
+
+# One torch thread in the test process, as the workflow gives every toy job (--threads 1): the toy's tensors are tiny,
+# and two threads' hand-offs per operation made its exact computations 5 times slower on a loaded 2-core machine (the
+# tests that train start processes of their own, with their own threads).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

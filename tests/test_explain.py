@@ -97,14 +97,19 @@ def test_a_bad_setting_is_refused_with_its_field():
         explain.Setting("k3-loss", "rloo", 8, 0.1, framework="Axolotl").check()
 
 
-def test_explain_prints_a_preset_and_a_setting_no_preset_covers():
+def test_explain_prints_a_preset_and_a_setting_no_preset_covers(tmp_path):
     """The command as a user types it: a framework by version, and a setting of kl.py's grammar that no preset is
-    (K2 in the advantage with NeMo-RL's normalisation at G = 3), each in a few lines with β_eff/β in both families."""
-    command = [sys.executable, "-m", "klstudy", "explain", "--beta", "1", "--range", "3"]
+    (K2 in the advantage with NeMo-RL's normalisation at G = 3), each in a few lines with β_eff/β in both families.
+    In a config whose toy answers have T = 2 tokens (its own --config): config.yaml's T = 4 takes minutes on 2 cores."""
+    config = yaml.safe_load(open("config.yaml"))
+    config["toy"].setdefault("fixed_points", {}).update(length=2, reward={"kind": "ones_at_least", "threshold": 1})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "klstudy", "explain", "--beta", "1", "--range", "3",
+               "--config", str(tmp_path / "config.yaml")]  # fmt: skip
     outside = ["--kl", "k2-advantage", "--normalisation", "loo_std", "--group", "3"]
     for arguments, named in ((["--framework", "TRL", "--version", "1.12.0"], "trl-1.16"), (outside, "k2-advantage")):
         out = subprocess.run(command + arguments, capture_output=True, text=True, check=True).stdout
         lines = out.strip().splitlines()
         assert len(lines) <= 8 and named in lines[0], out
         assert sum(line.startswith("β_eff/β, ") for line in lines) == 2, out
-        assert "limits:" in lines[-1]
+        assert "limits:" in lines[-1] and "T = 2" in lines[-1]

@@ -168,9 +168,15 @@ def test_monte_carlo_training_ends_where_the_exact_fixed_point_says(config, mode
 
 def test_the_numbers_are_the_same_run_after_run_and_thread_count():
     fam = family("parametric")
-    first = fp.fixed_point_table(fam, REWARD, ["k3-loss", "k3-reward"], [0.3, 1.0], FLOW)
+    threads = torch.get_num_threads()  # one (conftest)
+    torch.set_num_threads(2)
+    try:
+        first = fp.fixed_point_table(fam, REWARD, ["k3-loss", "k3-reward"], [0.3, 1.0], FLOW)
+    finally:
+        torch.set_num_threads(threads)
     torch.set_num_threads(1)
     second = fp.fixed_point_table(fam, REWARD, ["k3-loss", "k3-reward"], [0.3, 1.0], FLOW)
+    torch.set_num_threads(threads)
     pd.testing.assert_frame_equal(first, second, check_exact=True)
     small = dict(MC, seeds=3, steps=20)
     runs = [monte_carlo.train_monte_carlo(fam, REWARD, "k3-loss", [1.0], small, "off-policy") for _ in range(2)]

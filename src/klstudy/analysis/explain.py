@@ -181,8 +181,9 @@ def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS) -> str
         )
     lines.append(nearest_unbiased(setting, toy_section))
     lines.append(
-        "limits: a one-prompt toy (binary tokens, T = 4, a 0/1 reward, exact on-policy expected updates, no clipping "
-        "or off-policy minibatches): read the direction and rough size, not a language model's numbers (docs/atlas.md)"
+        f"limits: a one-prompt toy (binary tokens, T = {section['length']}, a 0/1 reward, exact on-policy expected "
+        "updates, no clipping or off-policy minibatches): read the direction and rough size, not a language model's "
+        "numbers (docs/atlas.md)"
     )
     return "\n".join(lines)
 

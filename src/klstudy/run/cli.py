@@ -203,6 +203,9 @@ def _explain(args) -> None:
     except ValueError as error:
         raise SystemExit(f"klstudy explain: {error}") from None
     toy = validate_config(yaml.safe_load(Path(args.config).read_text()))["toy"]
+    import torch
+
+    torch.set_num_threads(1)  # the toy's tensors are tiny: one thread, as the workflow's toy jobs (--threads 1)
     print(explain.explain(spec, toy, args.range))
 
 
