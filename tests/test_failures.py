@@ -70,6 +70,7 @@ def test_the_last_attempt_decides_and_every_failed_node_is_excluded(tmp_path):
     assert (failures.previous_failure(path).attempt, failures.previous_failure(path).kind) == (5, "other")
 
 
+@pytest.mark.slow  # a whole Snakemake run with retries, 60-120 s: `make test-all`; the classification: tests above
 def test_a_deterministic_failure_is_not_retried_on_gpus(tmp_path):
     """K1 in the reward generating with vLLM from an interpreter without vLLM: TRL's ImportError, the same on any
     node. Two retries are allowed: each runs alone on one CPU for a minute (Snakemake's job line shows it), says why,
