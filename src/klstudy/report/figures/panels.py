@@ -197,8 +197,8 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     if np.isfinite(base[0]) and values:
         drawn.quoted.insert(0, ("base model (step 0)", draw_base_point(ax, *base)))
         drawn.reference = True
-        drawn.notes.append(f"step 0 is the base model's one evaluation on {task_name(config, data)}, the mean of "
-                           f"its {base[2]} step-0 evaluation{'s' if base[2] > 1 else ''}")  # fmt: skip
+        pooled = f", the mean of the {base[2]} step-0 evaluations its runs made" if base[2] > 1 else ""
+        drawn.notes.append(f"step 0 is the base model's one evaluation on {task_name(config, data)}{pooled}")
     if data in config.get("evaluation", {}).get("tasks", []):
         k = config["evaluation"]["k"]
         drawn.notes.append(
@@ -323,13 +323,20 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     steps = sorted(rows.step.unique())
     gap = min(np.diff(steps)) if len(steps) > 1 else 1
     errors = []
+    base = base_divergence(rows, metric)
     for i, ((kl_config, beta), runs) in enumerate(lines):
         runs = runs.assign(x=runs.step, value=runs[metric], se=runs[f"{metric}_stderr"])
+        if base is not None:  # every run's step 0 is the base model's one measurement: drawn once, grey
+            runs = pd.concat([runs[runs.step > 0], runs[["seed"]].drop_duplicates().assign(x=0, value=base[0],
+                                                                                           se=base[1])])  # fmt: skip
         label = kl_label(kl_config, beta)
         line, seeds, error = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * gap),
-                                         error=error_drawing(lines))  # fmt: skip
+                                         error=error_drawing(lines), bars_after=0 if base else -1)  # fmt: skip
         drawn.add_series(label, line, seeds, error, int(runs.x.max()))
         errors.extend(runs.se.dropna())
+    if base is not None and lines:
+        drawn.quoted.insert(0, ("base model (step 0)", draw_base_point(ax, base[0], base[1], 1)))
+        drawn.reference = True
     step_axis(ax, steps)
     ax.set_ylabel("forward KL(π_ref‖π_θ), nats" if metric == "forward_kl" else "token entropy of π_θ, nats")
     ax.set_title(task_name(config, panel["task"]))
@@ -339,6 +346,15 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     elif metric != "forward_kl" and errors:
         keep_noise_span(ax, 4 * float(np.median(errors)))
     return drawn
+
+
+def base_divergence(rows: pd.DataFrame, metric: str) -> tuple[float, float] | None:
+    """The base model's (value, se) when every run's step-0 measurement is the same one (the policy at step 0 is the
+    reference: measured once, a copy scores the same); None when they differ or there is no step 0."""
+    zero = rows[rows.step == 0]
+    if zero.empty or np.ptp(zero[metric].to_numpy(dtype=float)) > 1e-12:
+        return None
+    return float(zero[metric].iloc[0]), float(zero[f"{metric}_stderr"].iloc[0])
 
 
 def keep_noise_span(ax, half: float) -> None:

@@ -120,8 +120,10 @@ def noise_text(drawn) -> str:
     if max(seeds) == 1:
         return "one seed: the band (or bar) is ±1 se of the measurement itself"
     if max(seeds) <= SEEDS_WITHOUT_BAND:
+        if drawn.unit == "bar":
+            return "each seed a dot on its bar, the bar the mean over seeds, no error bar"
         return "each seed thin, the mean over seeds thick, no band"
-    return "the mean over seeds with a ±1 se band"
+    return "the mean over seeds with ±1 se" + (" error bars" if drawn.unit == "bar" else " band")
 
 
 def draw_panels(axes, panels: list[dict], config: dict, tables: dict, claims) -> list:
