@@ -110,6 +110,7 @@ def test_a_killed_and_resumed_wandb_run_is_one_run_with_each_step_once(model_dir
     assert json.loads((tmp_path / "cell-ckpt" / "tracking.json").read_text())["wandb"]["id"] == next(iter(history))
 
 
+@pytest.mark.slow  # 50 s: `make test-all` (CI's time); a killed and resumed W&B run is tested above
 def test_steps_lost_between_a_checkpoint_and_its_wandb_flush_are_sent_again_from_the_metrics(
     model_dir, data_dir, tmp_path
 ):

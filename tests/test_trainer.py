@@ -463,7 +463,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted
     assert _weights(out / "snapshots" / "step~2") != _weights(out / "final")
 
 
-@pytest.mark.parametrize("async_level", [0, 2])
+# on-policy: `make test-all` (60 s, CI's time); the epoch's sampler order is the same code at both levels
+@pytest.mark.parametrize("async_level", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_a_run_resumed_after_an_epoch_boundary_ends_like_an_uninterrupted_one(
     model_dir, data_dir, tmp_path, async_level
 ):

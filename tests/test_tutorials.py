@@ -131,9 +131,12 @@ def test_the_estimator_tutorial_reaches_table1_the_fixed_points_and_a_training_c
     summary_path = next(w for w in shlex.split(target) if w.endswith("summary.json"))
     summary = json.loads((copy / summary_path).read_text())
     assert summary["status"] == "ok" and summary["steps_done"] == 2 and summary["cell"]["kl"] == "k4-loss"
-    # The page's own tests of what it touched, in the copy: they fail if a step the page needs were missing.
+    # The page's own tests of what it touched, in the copy, those that meet K4 (each test over every estimator): they
+    # fail if a step the page needs were missing. The whole command (the three files, 5-10 minutes on 2 cores) runs in
+    # test_the_estimator_tutorial_runs_as_written, `make test-all`.
     (tests,) = [c for c in commands(DOCS / "tutorial-estimator.md") if c.startswith(".venv/bin/pytest")]
-    assert "passed" in run(f"{tests} -q -p no:cacheprovider", copy, timeout=900)
+    out = run(f"{tests} -q -p no:cacheprovider -k k4", copy, timeout=900)
+    assert re.search(r"\b([2-9]|\d\d+) passed", out) and "failed" not in out, out[-2000:]
 
 
 @pytest.mark.slow
