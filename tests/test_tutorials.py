@@ -90,6 +90,7 @@ CHECK_K4 = textwrap.dedent(
 
     from snakemake.utils import update_config
 
+    torch.set_num_threads(1)  # the toy's tiny tensors, as the workflow's toy jobs (two threads: several times slower)
     config = configuration.validate_config(yaml.safe_load(open("config.yaml")))
     merged = yaml.safe_load(open("config.yaml"))
     update_config(merged, yaml.safe_load(open("k4.yaml")))
