@@ -179,10 +179,10 @@ def _presets_panels(axes: list, rows: pd.DataFrame, presets: dict | None, family
             if beta == max(betas):
                 name = caption.design(label)  # the preset's name and version, the config's
                 quotes.append(f"{family}, {name} at β = {beta:g}: {caption.value(line, -1, '.2f', axis='x')}")
-        ax.axvline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
+        ax.axvline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one", zorder=1)  # under
         ax.set_gid("dots against a reference")  # each point read against 1, not against the others (the tests' rule)
         ax.set_title(f"β{NBSP}={NBSP}{beta:g}", fontsize=8)
-        ax.grid(alpha=0.3, axis="x")
+        ax.grid(alpha=0.3)  # across: a guide along each preset's row
         ax.set_ylim(len(groups) - 0.5, -0.5)
         ax.set_xlabel("β_eff / β")
     axes[0].set_yticks(range(len(groups)), labels, fontsize=7)
