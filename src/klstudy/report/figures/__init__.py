@@ -3,6 +3,7 @@ numbers); the study's tables themselves are tables.py's.
 
     encoding   the one encoding every figure shares (colour, marker, line style, hatch), names, saving
     captions   a caption's numbers read from the drawn artists, and the conventions every caption shares
+    series     one series drawn as its noise is (one seed, a few, many), and the base model's one measurement
     panels     the panels of the config's ``figures`` section, one function per kind (curves, bars, divergence, KL)
     paper      those figures: their panels laid out, with the claims' verdicts on them
     training   each study's training dynamics: reward, KL and gradient norm over steps
