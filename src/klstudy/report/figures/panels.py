@@ -35,6 +35,7 @@ from klstudy.report.figures.series import (
     draw_base_point,
     draw_series,
     error_drawing,
+    from_base,
 )
 
 NOT_OK = {"collapsed": "x", "diverged": "X", "missing": "."}
@@ -110,12 +111,11 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         runs = heldout[(heldout.study == name) & (heldout.kl == kl_config) & (heldout.beta == beta)]
         runs = runs.assign(x=runs.step, value=runs.pass_at_1, se=runs.get("stderr", math.nan))
         if np.isfinite(base[0]):  # every run starts from the base model: its one evaluation, not each run's own
-            runs = pd.concat([runs[runs.step > 0], runs[["seed"]].drop_duplicates().assign(x=0, value=base[0],
-                                                                                           se=base[1])])  # fmt: skip
+            runs = from_base(runs, base[0], base[1])
         if runs.empty:
             drawn.notes.append(f"no results: {label}")
             continue
-        bars_after = 0 if np.isfinite(base[0]) else -1  # the base point carries its own error
+        bars_after = 0 if np.isfinite(base[0]) else -math.inf  # the base point carries its own error
         line, seeds, error = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * every),
                                          error=error_drawing(lines), bars_after=bars_after)  # fmt: skip
         drawn.add_series(label, line, seeds, error, int(runs.x.max()))
@@ -259,11 +259,11 @@ def divergence_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     for i, ((kl_config, beta), runs) in enumerate(lines):
         runs = runs.assign(x=runs.step, value=runs[metric], se=runs[f"{metric}_stderr"])
         if base is not None:  # every run's step 0 is the base model's one measurement: drawn once, grey
-            runs = pd.concat([runs[runs.step > 0], runs[["seed"]].drop_duplicates().assign(x=0, value=base[0],
-                                                                                           se=base[1])])  # fmt: skip
+            runs = from_base(runs, *base)
         label = kl_label(kl_config, beta)
+        bars_after = 0 if base is not None else -math.inf  # the base point carries its own error
         line, seeds, error = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * gap),
-                                         error=error_drawing(lines), bars_after=0 if base else -1)  # fmt: skip
+                                         error=error_drawing(lines), bars_after=bars_after)  # fmt: skip
         drawn.add_series(label, line, seeds, error, int(runs.x.max()))
         errors.extend(runs.se.dropna())
     if base is not None and lines:

@@ -96,3 +96,9 @@ def base_divergence(rows: pd.DataFrame, metric: str) -> tuple[float, float] | No
     if zero.empty or np.ptp(zero[metric].to_numpy(dtype=float)) > 1e-12:
         return None
     return float(zero[metric].iloc[0]), float(zero[f"{metric}_stderr"].iloc[0])
+
+
+def from_base(runs: pd.DataFrame, value: float, se: float) -> pd.DataFrame:
+    """``runs`` (columns seed, step, x, value, se) with each seed's step 0 replaced by the base model's one
+    measurement: every run starts from it, and it is drawn once."""
+    return pd.concat([runs[runs.step > 0], runs[["seed"]].drop_duplicates().assign(x=0, value=value, se=se)])
