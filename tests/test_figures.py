@@ -265,6 +265,31 @@ def test_the_base_model_is_one_point_the_same_in_every_figure(run, figures):
     assert by_task["held-out pass@1, MATH test"] == {round(expected, 12)}
 
 
+def test_every_curve_leaves_from_the_base_point_with_no_marker_or_band_of_its_own_there(run, figures):
+    """Where a panel draws the base model's point, every configuration's line starts at it (step 0, not dodged)
+    without a marker there, and no band or bar covers step 0: the base model is drawn once."""
+    checked = 0
+    for name, fig, _ in figures:
+        for ax in fig.axes:
+            base = [line for line in ax.lines if line.get_gid() == "reference base"]
+            if not base:
+                continue
+            x0, y0 = float(base[0].get_xdata()[0]), float(base[0].get_ydata()[0])
+            for line in ax.lines:
+                if not (line.get_gid() or "").startswith("style kl=") or line.get_label().startswith("_"):
+                    continue
+                xs, ys = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
+                assert (xs[0], ys[0]) == pytest.approx((x0, y0)), (name, line.get_label())
+                marked = line.get_markevery()
+                assert marked is not None and 0 not in list(marked), (name, line.get_label(), marked)
+                checked += 1
+            for band in ax.collections:
+                if (band.get_gid() or "").endswith(";band"):
+                    covered = [v[:, 0] for v in (p.vertices for p in band.get_paths()) if len(v)]
+                    assert all(np.nanmin(c) > x0 + 1e-9 for c in covered if np.isfinite(c).any()), (name, band.get_gid())
+    assert checked
+
+
 def test_an_entropy_axis_keeps_a_span_that_shows_its_noise(run):
     config, tables, _ = run
     fig, ax = plt.subplots()

@@ -23,12 +23,23 @@ SECTION = {
     "presets": [],
     "extra_presets": {  # small G, to keep it quick; verl's coincides with a grid setting the figure draws
         "trl-grpo": {
-            "framework": "TRL", "version": "1.16.0", "source": "trl", "kl": "k3-loss-ratio",
-            "normalisation": "group_std", "group": 4, "default_beta": 0.0,
+            "framework": "TRL",
+            "version": "1.16.0",
+            "source": "trl",
+            "kl": "k3-loss-ratio",
+            "normalisation": "group_std",
+            "group": 4,
+            "default_beta": 0.0,
         },
         "verl-grpo": {
-            "framework": "verl", "version": "0.7.0", "source": "verl", "kl": "k3-loss", "normalisation": "group_std",
-            "group": 2, "default_beta": 0.0, "clamp": 10.0,
+            "framework": "verl",
+            "version": "0.7.0",
+            "source": "verl",
+            "kl": "k3-loss",
+            "normalisation": "group_std",
+            "group": 2,
+            "default_beta": 0.0,
+            "clamp": 10.0,
         },
     },  # fmt: skip
     "length": {
@@ -52,8 +63,8 @@ def tables():
 
 
 def test_the_atlas_passes_every_check_and_keys_at_most_nine_entries(tables):
-    points, length = tables
-    fig, caption = atlas_figure.figure(points, length, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    points, _ = tables
+    fig, caption = atlas_figure.figure(points, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
     assert every_problem(fig, caption, study_config()) == []
     assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) <= 9
     assert "\n" not in fig._suptitle.get_text() and "β_eff" in caption
@@ -64,18 +75,18 @@ def test_marker_and_fill_say_the_configuration_never_the_normalisation_or_g(tabl
     """Every tagged artist's marker is its KL configuration's (a square for K3 in the loss, whatever its
     normalisation or G); the normalisations are named on the grid's axis."""
     points, length = tables
-    fig, _ = atlas_figure.figure(points, length, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    fig, _ = atlas_figure.figure(points, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
     markers = {(artist.get_gid().split(";")[0], artist.get_marker()) for artist in tagged(fig)
                if hasattr(artist, "get_marker") and artist.get_marker() not in ("", "None")}  # fmt: skip
     assert markers and all(marker == encoding.PLACEMENT_MARKERS["loss"] for _, marker in markers), markers
     grid = next(ax for ax in fig.axes if ax.get_xlabel().startswith("G, completions per prompt"))
-    assert {"RLOO", "÷ group std"} <= {t.get_text() for t in grid.texts}
+    assert {"RLOO", "÷ group std"} <= {" ".join(t.get_text().split()) for t in grid.texts}
     plt.close(fig)
 
 
 def test_presets_are_named_by_their_framework_and_coinciding_ones_together(tables):
     points, length = tables
-    fig, caption = atlas_figure.figure(points, length, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    fig, caption = atlas_figure.figure(points, SECTION, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
     names = [" ".join(t.get_text().split()) for t in fig.axes[0].get_yticklabels()]  # a row per preset
     assert any(name.startswith("TRL 1.16 GRPO") for name in names)
     assert not any("trl-grpo" in name or "group_std" in name for name in names)
@@ -91,7 +102,7 @@ def test_a_new_preset_and_a_new_beta_are_drawn_from_the_table_alone(tables):
     section = {**SECTION, "extra_presets": {**SECTION["extra_presets"], "verl-grpo-0-4": {
         "framework": "verl", "version": "0.4.0", "source": "verl", "kl": "k3-loss", "normalisation": "group_std",
         "group": 2, "default_beta": 0.0}}}  # fmt: skip
-    fig, caption = atlas_figure.figure(pd.concat([points, extra, wider], ignore_index=True), length, section,
+    fig, caption = atlas_figure.figure(pd.concat([points, extra, wider], ignore_index=True), section,
                                        beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])  # fmt: skip
     assert "verl 0.4" in " ".join(t.get_text() for t in fig.axes[0].get_yticklabels())
     assert "β\u00a0=\u00a010" in [ax.get_title() for ax in fig.axes]  # a panel of its own
@@ -103,11 +114,18 @@ def test_a_preset_is_named_by_its_framework():
     assert atlas_figure.preset_name("nemo-rl-grpo", {"framework": "NeMo-RL", "version": "0.6.0"}) == "NeMo-RL 0.6 GRPO"
     assert atlas_figure.preset_name("trl-grpo", {"framework": "TRL", "version": "1.16.0"}) == "TRL 1.16 GRPO"
     assert atlas_figure.preset_name("slime-default", {"framework": "slime", "version": "main"}) == "slime default"
-    shipped = {name: atlas_figure.preset_name(name, row) for name, row in atlas.presets_of(
-        {"presets": ["trl-1.9", "verl-0.7-kl-loss", "openrlhf-0.11-reinforce-baseline", "skyrl-k2-proposal"]}).items()}
-    assert shipped == {"trl-1.9": "TRL 0.26–1.9", "verl-0.7-kl-loss": "verl 0.7 KL loss",
-                       "openrlhf-0.11-reinforce-baseline": "OpenRLHF 0.11 REINFORCE++ baseline",
-                       "skyrl-k2-proposal": "SkyRL 0.3 + PR 1445 K2 proposal"}  # the key's version not repeated
+    shipped = {
+        name: atlas_figure.preset_name(name, row)
+        for name, row in atlas.presets_of(
+            {"presets": ["trl-1.9", "verl-0.7-kl-loss", "openrlhf-0.11-reinforce-baseline", "skyrl-k2-proposal"]}
+        ).items()
+    }
+    assert shipped == {
+        "trl-1.9": "TRL 0.26–1.9",
+        "verl-0.7-kl-loss": "verl 0.7 KL loss",
+        "openrlhf-0.11-reinforce-baseline": "OpenRLHF 0.11 REINFORCE++ baseline",
+        "skyrl-k2-proposal": "SkyRL 0.3 + PR 1445 K2 proposal",
+    }  # the key's version not repeated
 
 
 def test_every_normalisation_has_a_name():
@@ -137,4 +155,41 @@ def test_a_presets_panel_is_read_across_against_its_reference():
     assert panel_problems(fig, "Claims on it") == ["'': points with no reference to read them against"]
     ax.axvline(1, gid="reference one")
     assert panel_problems(fig, "Claims on it") == []
+    plt.close(fig)
+
+
+def test_the_length_sweep_passes_every_check_and_no_panel_holds_two_settings_of_one_colour(tables):
+    """Its own figure, a panel per family and normalisation: two settings of one KL configuration (one colour) at one
+    β never share a panel, where nothing in the ink could tell them apart; each is named in its panel."""
+    _, length = tables
+    fig, caption = atlas_figure.length_figure(length, SECTION)
+    assert every_problem(fig, caption, study_config()) == []
+    for ax in fig.axes:
+        styles = [line.get_gid() for line in ax.get_lines() if (line.get_gid() or "").startswith("style kl=")]
+        assert styles and len(styles) == len(set(styles)), (ax.get_title(), styles)
+    named = {" ".join(t.get_text().split()) for ax in fig.axes for t in ax.texts}
+    assert {"K3 in loss", "TRL 1.16 GRPO, G = 4"} <= named, named
+    assert "K3 in loss at β = 1:" in caption and "at T = " in caption
+    plt.close(fig)
+
+
+def test_configurations_that_end_alike_everywhere_are_drawn_once_and_named_together():
+    """Two configurations with the same β_eff/β in every grid setting are one line whose legend entry names both;
+    coinciding lines within a panel are drawn in falling widths and said in the caption."""
+    grid = pd.DataFrame([  # K1 in the advantage ends where K1 in the reward does under RLOO only
+        {"family": "tabular", "config": config, "beta": 1.0, "status": "stable", "normalisation": normalisation,
+         "group": 2, "beta_eff_ratio": value, "preset": None, "T": 2, "setting": f"{config}/{normalisation}/G2"}
+        for config, rloo, grpo in (("k1-reward", 1.0, 1.0), ("k1-both", 1.0, 1.0), ("k1-advantage", 1.0, 2.0),
+                                   ("k3-loss", 0.9, 1.9))
+        for normalisation, value in (("rloo", rloo), ("grpo", grpo))
+    ])  # fmt: skip
+    fig, caption = atlas_figure.figure(grid, {"betas": [1.0]}, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "K1 in reward = K1 in reward and loss" in labels and "K1 in reward and loss" not in labels
+    assert "tabular, β = 1, RLOO: K1 in reward and K1 in advantage (per token)" in caption
+    panel = next(ax for ax in fig.axes if ax.get_xlabel().startswith("G, completions per prompt"))
+    rloo = {line.get_gid().split(";")[0]: line.get_markersize() for line in panel.get_lines()
+            if (line.get_gid() or "").startswith("style kl=") and list(line.get_xdata()) == [0]}  # fmt: skip
+    assert rloo["style kl=k1-reward"] > rloo["style kl=k1-advantage"], rloo  # the first drawn widest, beneath
+    assert "style kl=k1-both" not in rloo
     plt.close(fig)

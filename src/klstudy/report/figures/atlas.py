@@ -10,6 +10,7 @@ colour = KL configuration, marker = placement, fill = estimator, line style = β
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -27,6 +28,7 @@ from klstudy.report.figures.encoding import (
     key_handles,
     kl_label,
     marker_of,
+    new_figure,
     save,
     style_of,
     tag,
@@ -85,75 +87,119 @@ def _drawable(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[(rows.status == "stable") & rows.beta_eff_ratio.notna()]
 
 
+LENGTH_FIGURE = "atlas_length"  # the length sweep's figure, beside the atlas's (its PNG and caption, .md)
+
+
 def draw(points: pd.DataFrame, length: pd.DataFrame, png, section: dict | None = None, *, beta_min: float) -> str:
-    """figure(), written to ``png`` (a PDF beside it); returns the caption (the table's Markdown, figures/atlas.md,
-    which has this figure's name, opens with it)."""
-    fig, text = figure(points, length, section, beta_min=beta_min)
+    """figure(), written to ``png`` (a PDF beside it), and length_figure() beside it (LENGTH_FIGURE: its PNG, PDF and
+    caption); returns the atlas's caption (the table's Markdown, figures/atlas.md, which has this figure's name, opens
+    with it)."""
+    fig, text = figure(points, section, beta_min=beta_min)
     save(fig, png)
+    length_fig, length_text = length_figure(length, section)
+    save(length_fig, Path(png).with_name(f"{LENGTH_FIGURE}.png"), length_text)
     return text
 
 
-def figure(points: pd.DataFrame, length: pd.DataFrame, section: dict | None = None, *, beta_min: float):
-    """One row per policy family: the presets against β, the grid (normalisation × G) per KL configuration and β,
-    the length sweep against T; β_eff/β on a shared log axis. ``section``: config toy.atlas (its presets name the
+def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float):
+    """Per policy family two rows, a column per β asked for: the presets (a row each), then the grid (normalisation ×
+    G, a line per KL configuration); β_eff/β on log axes. ``section``: config toy.atlas (its presets name the
     frameworks). ``beta_min``: the smallest β at which the effective β is searched. Returns (figure, caption)."""
     presets = presets_of(section or {})  # config names the shipped ones (frameworks.py), plus extra_presets
     # The grid's β only (the presets' own β and the field's range are the summary table's, docs/atlas.md): a β axis
     # of ten categories does not print at this size.
     betas = (section or {}).get("betas") or sorted(points.beta.unique())
     points = points[points.beta.isin(betas)]
-    length_betas = ((section or {}).get("length") or {}).get("betas")
-    length = length[length.beta.isin(length_betas)] if length_betas else length
     families = list(dict.fromkeys(points.family))
-    # Per family two rows: the presets (one panel per β asked for, a row per preset: their names need the page's
-    # width), then the grid and the length sweep.
-    fig = plt.figure(figsize=(FULL_WIDTH, min(9.0, 4.0 * len(families) + 1.0)), layout="constrained")
-    rows_of = fig.subfigures(2 * len(families), 1)
+    same_as = _same_everywhere(points[~_is_preset(points)])  # configurations drawn once, named together
+    fig = plt.figure(figsize=(FULL_WIDTH, 9.0), layout="constrained")
+    rows_of = fig.subfigures(2 * len(families), 1, height_ratios=[1.0, 1.0] * len(families))
     caption = Caption()
-    quoted, missing, preset_axes, curve_axes = [], [], [], []
+    quoted, missing, notes, preset_axes, curve_axes = [], [], [], [], []
     for row, family in enumerate(families):
         mine = points[points.family == family]
         top, bottom = rows_of[2 * row], rows_of[2 * row + 1]
         beta_axes = list(top.subplots(1, len(betas), sharey=True, squeeze=False)[0])
         quoted += _presets_panels(beta_axes, mine[_is_preset(mine)], presets, family, betas, caption)
         top.suptitle(f"{family} policy: framework presets", x=0.01, ha="left", fontsize=8)
-        grid_ax, length_ax = bottom.subplots(1, 2, width_ratios=[2.3, 1])
-        _grid_panel(grid_ax, mine[~_is_preset(mine)], family)
-        grid_ax.set_ylabel(f"{family} policy\nβ_eff / β (log)")
-        _length_panel(length_ax, length[length.family == family], family)
+        grid_axes = list(bottom.subplots(1, len(betas), sharey=True, squeeze=False)[0])
+        notes += _grid_panels(grid_axes, mine[~_is_preset(mine)], betas, same_as, family)
+        bottom.suptitle(f"{family} policy: each KL configuration × advantage normalisation × G", x=0.01, ha="left",
+                        fontsize=8)  # fmt: skip
+        grid_axes[0].set_ylabel("β_eff / β (log)")
         missing += _not_drawn(mine, presets, beta_min, family)
+        _share_log_axis(grid_axes, "y")  # a family's own range: the tabular's 1.4 decades would be lost in 3
         preset_axes += beta_axes
-        curve_axes += [grid_ax, length_ax]
-    _share_log_axis(curve_axes, preset_axes)
+        curve_axes += grid_axes
+    _share_log_axis(preset_axes, "x")
     configs = list(
-        dict.fromkeys(tag_config(line) for ax in [*preset_axes, *curve_axes] for line in ax.get_lines()
-                      if tag_config(line))  # fmt: skip
+        dict.fromkeys(
+            tag_config(line) for ax in [*preset_axes, *curve_axes] for line in ax.get_lines() if tag_config(line)
+        )  # fmt: skip
     )  # the configurations drawn
-    grid_betas = sorted(points.beta.unique())
-    handles = key_handles(configs, [b for b in grid_betas])
+    handles = key_handles(configs, [b for b in sorted(points.beta.unique())])
+    for handle in handles[: len(configs)]:  # a configuration drawn for others that end where it does names them too
+        named = [tag_config(handle)] + [c for c, leader in same_as.items() if leader == tag_config(handle) != c]
+        handle.set_label(_joined_labels(named))
     handles.append(plt.Line2D([], [], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
-                              label="β_eff/β = 1: as strong as asked"))  # fmt: skip
+                              label="β_eff/β = 1"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     length_t = caption.number(int(points["T"].iloc[0]))
-    fraction = caption.number(((section or {}).get("length") or {}).get("threshold_fraction", 0.75))
+    merged = [
+        _joined_labels([leader, *[c for c, lead in same_as.items() if lead == leader != c]])
+        for leader in dict.fromkeys(same_as.values())
+        if list(same_as.values()).count(leader) > 1
+    ]
     caption.add(
         "**How strongly each setup practitioners run regularises (toy model of §3.3, exact, float64).** β_eff is the β "
         "whose optimum of J_β has the same KL to the reference as the setup's end point; β_eff/β below 1 (under the "
-        "dashed line) means weaker regularisation than asked for, above it stronger. Two rows per policy family. "
-        "Top of each family: each framework's preset (its KL term, normalisation and G, as its code ships them), "
-        f"one row per preset, its β_eff/β at each β asked for (one panel per β), at T = {length_t} tokens, the "
-        "row's name in its KL configuration's colour; presets that end at the same points at every β share a row, "
-        "named together; a row without a point at a β has no β_eff there (listed below). Below, left: the grid, "
-        "each KL configuration with each advantage normalisation (RLOO, "
-        "whose expected update does not depend on G; the group mean, Dr. GRPO; ÷ the group's standard deviation, "
-        "GRPO; ÷ the batch's, TRL's batch option) and G, one line per KL configuration and β over G. Right: β_eff/β "
-        f"against the answer's length T, the reward at least ceil({fraction} × T) ones (the settings the config's "
-        "atlas length section lists, named in the panel).",
+        "dashed line) means weaker regularisation than asked for, above it stronger. A column per β asked for; per "
+        "policy family two rows. Top: each framework's preset (its KL term, normalisation and G, as its code ships "
+        f"them), a row per preset, at T = {length_t} tokens, the row's name in its KL configuration's colour; presets "
+        "that end at the same points at every β share a row, named together; a row without a point at a β has no "
+        "β_eff there (listed below). Below it: the grid, each KL configuration (a line) with each advantage "
+        "normalisation (RLOO, whose expected update does not depend on G; the group mean, Dr. GRPO; ÷ the group's "
+        "standard deviation, GRPO; ÷ the batch's, TRL's batch option) and G on x"
+        + (
+            f"; configurations that end at the same point in every setting of the grid are drawn once and named "
+            f"together ({'; '.join(merged)})"
+            if merged
+            else ""
+        )
+        + ". The same settings against the answer's length T: the length sweep's figure, beside this one.",
+        ("Lines that coincide in a panel, drawn in falling widths so that each shows: " + "; ".join(notes) + ".")
+        if notes
+        else "",
         ("Drawn values, " + "; ".join(quoted) + ".") if quoted else "",
         caption.design("Not drawn (no β_eff): " + "; ".join(missing) + ".") if missing else "",
     )
     return fig, finish(fig, caption)
+
+
+def _same_everywhere(rows: pd.DataFrame) -> dict[str, str]:
+    """{configuration: the first configuration whose grid rows (every family, normalisation, G and β) end at the same
+    β_eff/β}: configurations drawn as one line, named together (K1 in the reward and K1 in the reward and the loss,
+    both unbiased, end at the optimum everywhere)."""
+    index = ["family", "normalisation", "group", "beta"]
+    ratios = {config: _drawable(group).set_index(index).beta_eff_ratio.sort_index()
+              for config, group in rows.groupby("config", sort=False)}  # fmt: skip
+    leaders: dict[str, str] = {}
+    for config, values in ratios.items():
+        leaders[config] = next(
+            (leader for leader in dict.fromkeys(leaders.values()) if ratios[leader].index.equals(values.index)
+             and np.allclose(ratios[leader], values, rtol=1e-6, atol=1e-9)),
+            config,
+        )  # fmt: skip
+    return leaders
+
+
+def _joined_labels(configs: list[str]) -> str:
+    """'K3 in loss, ratio-weighted = weighted K2-gradient': the words the configurations share said once."""
+    labels = [kl_label(c) for c in configs]
+    head = labels[0].split(", ")[0]
+    rest = [lab[len(head) + 2 :] if lab.startswith(head + ", ") else lab for lab in labels[1:]]
+    return " = ".join([labels[0], *rest])
 
 
 def _presets_panels(axes: list, rows: pd.DataFrame, presets: dict | None, family: str, betas: list,
@@ -183,8 +229,8 @@ def _presets_panels(axes: list, rows: pd.DataFrame, presets: dict | None, family
         ax.set_gid("dots against a reference")  # each point read against 1, not against the others (the tests' rule)
         ax.set_title(f"β{NBSP}={NBSP}{beta:g}", fontsize=8)
         ax.grid(alpha=0.3)  # across: a guide along each preset's row
-        ax.set_ylim(len(groups) - 0.5, -0.5)
-        ax.set_xlabel("β_eff / β")
+        ax.set_ylim(max(len(groups), 1) - 0.5, -0.5)
+    axes[0].get_figure().supxlabel("β_eff / β", fontsize=8)
     axes[0].set_yticks(range(len(groups)), labels, fontsize=7)
     for tick, (_, group) in zip(axes[0].get_yticklabels(), groups, strict=True):
         tick.set_color(config_colour(group.iloc[0].config))
@@ -193,9 +239,14 @@ def _presets_panels(axes: list, rows: pd.DataFrame, presets: dict | None, family
     return quotes
 
 
-def _grid_panel(ax, rows: pd.DataFrame, family: str) -> None:
-    """The grid: x the normalisations, each with its G (RLOO once: its expected update does not depend on G), one
-    line per KL configuration and β over G (colour: configuration; line style: β)."""
+GAP = 0.7  # the grid's extra space between two normalisations, in G's steps
+
+
+def _grid_panels(axes: list, rows: pd.DataFrame, betas: list, same_as: dict, family: str) -> list[str]:
+    """The grid, a panel per β: x the normalisations, each with its G (RLOO once: its expected update does not depend
+    on G), a line per KL configuration over G (colour: configuration; line style: its β); a configuration that ends
+    where another does everywhere is not drawn again (``same_as``). Lines that coincide within a panel are drawn in
+    falling widths; returns their notes."""
     categories = []  # (normalisation, G or None)
     for normalisation in dict.fromkeys(rows.normalisation):
         mine = rows[rows.normalisation == normalisation]
@@ -203,73 +254,184 @@ def _grid_panel(ax, rows: pd.DataFrame, family: str) -> None:
         same = len(per_g) <= 1 or np.allclose(per_g.to_numpy(), per_g.to_numpy()[:1], equal_nan=True)
         groups = [None] if same else sorted(mine.group.unique())
         categories += [(normalisation, g) for g in groups]
-    x_of = {c: i for i, c in enumerate(categories)}
-    for (config, beta), group in rows.groupby(["config", "beta"], sort=False):
-        for normalisation in dict.fromkeys(group.normalisation):
-            part = _drawable(group[group.normalisation == normalisation]).sort_values("group")
-            if (normalisation, None) in x_of:
-                part = part.head(1)
-                xs = [x_of[(normalisation, None)]] * len(part)
-            else:
-                xs = [x_of[(normalisation, g)] for g in part.group]
-            if len(part):
-                tag(ax.plot(xs, part.beta_eff_ratio, markersize=3.5, linewidth=1, label="_grid",
-                            **style_of(config, beta))[0], config, beta)  # fmt: skip
-    labels = [f"{g}" if g else "any" for _, g in categories]
-    ax.set_xticks(range(len(categories)), labels)
-    ax.set_xlim(-0.6, len(categories) - 0.4)
-    for normalisation in dict.fromkeys(n for n, _ in categories):
-        xs = [x_of[c] for c in categories if c[0] == normalisation]
-        ax.text(np.mean(xs), 1.01, AXIS_NAMES.get(normalisation, normalisation), transform=ax.get_xaxis_transform(),
-                ha="center", va="bottom", fontsize=7)  # fmt: skip
-        if xs[0] > 0:
-            ax.axvline(xs[0] - 0.5, color="0.75", linewidth=0.6)
-    ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
-    ax.set_xlabel("G, completions per prompt, by advantage normalisation")
-    ax.grid(alpha=0.3, axis="y")
+    # a gap of GAP between normalisations: room for their names, which are wider than their few G
+    x_of = dict(zip(categories, np.arange(len(categories)) + GAP * np.cumsum(
+        [i > 0 and c[0] != categories[i - 1][0] for i, c in enumerate(categories)]), strict=True))  # fmt: skip
+    leaders = [c for c in dict.fromkeys(rows.config) if same_as.get(c, c) == c]
+    notes = []
+    for ax, beta in zip(axes, betas, strict=True):
+        segments = []  # (config, normalisation, xs, ys)
+        for config in leaders:
+            group = rows[(rows.config == config) & (rows.beta == beta)]
+            for normalisation in dict.fromkeys(group.normalisation):
+                part = _drawable(group[group.normalisation == normalisation]).sort_values("group")
+                if (normalisation, None) in x_of:
+                    part = part.head(1)
+                    xs = [x_of[(normalisation, None)]] * len(part)
+                else:
+                    xs = [x_of[(normalisation, g)] for g in part.group]
+                if len(part):
+                    segments.append((config, normalisation, xs, list(part.beta_eff_ratio)))
+        notes += _draw_segments(ax, segments, beta, family)
+        ax.set_xticks(list(x_of.values()), [f"{g}" if g else "any" for _, g in categories])
+        ax.set_xlim(-0.6, max(x_of.values()) + 0.6)
+        for normalisation in dict.fromkeys(n for n, _ in categories):
+            xs = [x_of[c] for c in categories if c[0] == normalisation]
+            ax.text(np.mean(xs), 1.01, _two_lines(AXIS_NAMES.get(normalisation, normalisation)),
+                    transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=7,
+                    linespacing=0.9)  # fmt: skip
+            if xs[0] > 0:
+                ax.axvline(xs[0] - (1 + GAP) / 2, color="0.75", linewidth=0.6)
+        ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one", zorder=1)
+        ax.set_xlabel("G, completions per prompt")
+        ax.grid(alpha=0.3, axis="y")
+    return notes
 
 
-def _length_panel(ax, rows: pd.DataFrame, family: str) -> None:
-    """β_eff/β against T for the length sweep's settings (colour: configuration; line style: β), each named by its
-    normalisation and G in the panel."""
-    names = []
+def _two_lines(name: str) -> str:
+    """'÷ group std' → '÷ group' over 'std', '− mean' → '− group' over 'mean': a normalisation's name over its few G
+    (a panel per β leaves each G about 11 pt)."""
+    name = "− group mean" if name == "− mean" else name
+    return "\n".join(name.rsplit(" ", 1)) if len(name) > 6 else name
+
+
+def _draw_segments(ax, segments: list, beta: float, family: str) -> list[str]:
+    """Each configuration's line over one normalisation's G; lines at the same points drawn widest first, beneath,
+    so that each shows an edge; returns a note per group of them."""
+    groups: list[list] = []
+    for segment in segments:
+        home = next((g for g in groups if g[0][2] == segment[2] and np.allclose(g[0][3], segment[3], rtol=1e-6)), None)
+        if home is None:
+            groups.append([segment])
+        else:
+            home.append(segment)
+    notes = []
+    for group in groups:
+        for rank, (config, _, xs, ys) in enumerate(group):
+            wider = len(group) - 1 - rank
+            line = ax.plot(xs, ys, label="_grid", zorder=2 + rank,
+                           **{**style_of(config, beta), "linewidth": 1 + 1.6 * wider,
+                              "markersize": 3.5 + 2.5 * wider})[0]  # fmt: skip
+            tag(line, config, beta)
+        if len(group) > 1:
+            where = AXIS_NAMES.get(group[0][1], group[0][1])
+            notes.append(f"{family}, β = {beta:g}, {where}: " + " and ".join(kl_label(c) for c, *_ in group))
+    return notes
+
+
+def length_figure(length: pd.DataFrame, section: dict | None = None):
+    """β_eff/β against the answer's length T for the length sweep's settings (config toy.atlas.length), a panel per
+    family and advantage normalisation (settings of one KL configuration, which share a colour, fall in different
+    panels), a line per setting and β (line style: β), each setting named in its panel in its configuration's
+    colour. Returns (figure, caption)."""
+    presets = presets_of(section or {})
+    options = (section or {}).get("length") or {}
+    rows = length[length.beta.isin(options["betas"])] if options.get("betas") else length
+    families = [f for f in options.get("families") or (section or {}).get("families") or [] if f in set(rows.family)]
+    panels = [(family, normalisation) for family in families or dict.fromkeys(rows.family)
+              for normalisation in dict.fromkeys(rows[rows.family == family].normalisation)]  # fmt: skip
+    fig, axes = new_figure(FULL_WIDTH, 2.6, 1, max(len(panels), 1), sharey=True)
+    axes = list(axes[0])
+    caption = Caption()
+    quoted, missing = [], []
+    for ax, (family, normalisation) in zip(axes, panels, strict=False):
+        mine = rows[(rows.family == family) & (rows.normalisation == normalisation)]
+        title = f"{family}, {AXIS_NAMES.get(normalisation, normalisation)}"
+        quoted += _length_panel(ax, mine, presets, title, caption)
+        missing += _length_not_drawn(mine, presets, title)
+    if not panels:
+        axes[0].text(0.5, 0.5, "no length sweep in this run", transform=axes[0].transAxes, ha="center", fontsize=7)
+    axes[0].set_ylabel("β_eff / β (log)")
+    _share_log_axis(axes, "y", room_below=3.0)
+    configs = list(dict.fromkeys(tag_config(line) for ax in axes for line in ax.get_lines() if tag_config(line)))
+    handles = key_handles(configs, sorted(rows.beta.unique()))
+    handles.append(plt.Line2D([], [], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
+                              label="β_eff/β = 1: as strong as asked"))  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncols=3)
+    fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
+    fraction = caption.number(options.get("threshold_fraction", 0.75))
+    caption.add(
+        "**β_eff/β against the answer's length T (toy model of §3.3, exact, float64).** The reward is at least "
+        f"ceil({fraction} × T) ones in T tokens; β_eff is the β whose optimum of J_β has the same KL to the reference "
+        "as the setup's end point (below the dashed 1: weaker regularisation than asked for). A panel per policy "
+        "family and advantage normalisation, a line per setting (its name in the panel, in its KL configuration's "
+        "colour) and β asked for (line style); the settings are those the run's configuration lists for the length "
+        "sweep. The atlas's figure beside it shows the settings at one T across normalisations, G and presets.",
+        ("Drawn values, first and last T: " + "; ".join(quoted) + ".") if quoted else "",
+        caption.design("Not drawn (no β_eff): " + "; ".join(missing) + ".") if missing else "",
+    )
+    return fig, finish(fig, caption)
+
+
+def _length_not_drawn(rows: pd.DataFrame, presets: dict | None, title: str) -> list[str]:
+    """The length sweep's points without a β_eff, a setting and β at a time, with why: 'tabular, ÷ group std, TRL
+    1.10–1.16, G = 8 at β = 0.3: T = 4, 5, 6, 7, 8 (still moving)'."""
+    out = []
+    for (_, beta), group in rows.groupby(["setting", "beta"], sort=False):
+        missing = group[~group.index.isin(_drawable(group).index)].sort_values("T")
+        if missing.empty:
+            continue
+        first = group.iloc[0]
+        name = _length_setting_name(first, group, presets)
+        whys = {}
+        for row in missing.itertuples():
+            whys.setdefault(_why(row, 0.0), []).append(str(int(row.T)))
+        out.append(f"{title}, {name} at β = {beta:g}: "
+                   + "; ".join(f"T = {', '.join(ts)} ({why})" for why, ts in whys.items()))  # fmt: skip
+    return out
+
+
+def _length_setting_name(first, group: pd.DataFrame, presets: dict | None) -> str:
+    """A length sweep's setting in words: its preset's name or its KL configuration's, with G unless RLOO."""
+    name = (preset_name(first.preset, (presets or {}).get(first.preset)) if _is_preset(group.head(1)).iloc[0]
+            else kl_label(first.config))  # fmt: skip
+    return name if first.normalisation == "rloo" else f"{name}, G{NBSP}={NBSP}{int(first.group)}"
+
+
+def _length_panel(ax, rows: pd.DataFrame, presets: dict | None, title: str, caption: Caption) -> list[str]:
+    """One family and normalisation of the length sweep: a line per setting and β, the settings named at the
+    bottom in their colours; returns the caption's quotes of each line's first and last point."""
+    names, quotes = {}, []
     for (_, beta), group in rows.groupby(["setting", "beta"], sort=False):
         drawable = _drawable(group).sort_values("T")
         if drawable.empty:
             continue
         first = group.iloc[0]
-        tag(ax.plot(drawable["T"], drawable.beta_eff_ratio, markersize=3, linewidth=1, label="_length",
-                    **style_of(first.config, beta))[0], first.config, beta)  # fmt: skip
-        name = NORMALISATION_NAMES.get(first.normalisation, first.normalisation)
-        names.append(name if first.normalisation == "rloo" else f"{name}, G{NBSP}={NBSP}{int(first.group)}")
-    if names:
-        ax.text(0.03, 0.03, "\n".join(dict.fromkeys(names)), transform=ax.transAxes, ha="left", va="bottom", fontsize=7,
-                color="0.25")  # fmt: skip
-    else:
-        ax.text(0.5, 0.5, f"no length sweep in the {family} policy", transform=ax.transAxes, ha="center", fontsize=7)
-    ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
+        line = ax.plot(drawable["T"], drawable.beta_eff_ratio, markersize=3, linewidth=1, label="_length",
+                       **style_of(first.config, beta))[0]  # fmt: skip
+        tag(line, first.config, beta)
+        name = _length_setting_name(first, group, presets)
+        names[name] = first.config
+        t = [int(v) for v in line.get_xdata()]
+        quotes.append(f"{title}, {caption.design(name)} at β = {beta:g}: {caption.value(line, 0)} at T = "
+                      f"{caption.number(t[0])}, {caption.value(line, -1)} at T = {caption.number(t[-1])}")  # fmt: skip
+    for i, (name, config) in enumerate(reversed(names.items())):  # at the bottom, under the lines, 8 pt apart
+        ax.annotate(name, (0.03, 0), xycoords="axes fraction", xytext=(0, 2 + 8 * i), textcoords="offset points",
+                    ha="left", va="bottom", fontsize=7, color=config_colour(config))  # fmt: skip
+    ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one", zorder=1)
     ax.set_xlabel("T, tokens per answer")
-    ax.set_title("against T")
-    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True, nbins=6))
+    ax.set_title(title, fontsize=8)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True, nbins=5))
     ax.grid(alpha=0.3, axis="y")
+    return quotes
 
 
-def _share_log_axis(curve_axes: list, preset_axes: list) -> None:
-    """β_eff/β on a log scale, from the smallest to the largest value drawn, 1 inside: one y axis for the grid and
-    length panels, one x axis for the presets' (their rows are presets; their narrower range keeps presets that
-    differ by a tenth apart)."""
-    for axes, axis in ((curve_axes, "y"), (preset_axes, "x")):
-        values = [v for ax in axes for line in ax.get_lines()
-                  for v in np.asarray(line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float)]  # fmt: skip
-        values = [v for v in values if np.isfinite(v) and v > 0]
-        low, high = min([*values, 1.0]) / 1.3, max([*values, 1.0]) * 1.3
-        for ax in axes:
-            getattr(ax, f"set_{axis}scale")("log")
-            getattr(ax, f"set_{axis}lim")(low, high)
-            scale = ax.yaxis if axis == "y" else ax.xaxis
-            scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
-            scale.set_major_formatter(ticker.FormatStrFormatter("%g"))
-            scale.set_minor_formatter(ticker.NullFormatter())
+def _share_log_axis(axes: list, axis: str, room_below: float = 1.3) -> None:
+    """β_eff/β on one log scale for these panels' ``axis``, from the smallest to the largest value drawn, 1 inside
+    (``room_below``: the factor of room under the smallest, for names written there). Each row of panels has its own:
+    the presets' narrow range keeps presets that differ by a tenth apart."""
+    values = [v for ax in axes for line in ax.get_lines()
+              for v in np.asarray(line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float)]  # fmt: skip
+    values = [v for v in values if np.isfinite(v) and v > 0]
+    low, high = min([*values, 1.0]) / room_below, max([*values, 1.0]) * 1.3
+    subs = (1, 2, 5) if np.log10(high / low) < 2 else (1,)  # a tick a decade on a long range: short panels keep each
+    for ax in axes:
+        getattr(ax, f"set_{axis}scale")("log")
+        getattr(ax, f"set_{axis}lim")(low, high)
+        scale = ax.yaxis if axis == "y" else ax.xaxis
+        scale.set_major_locator(ticker.LogLocator(subs=subs, numticks=20))
+        scale.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        scale.set_minor_formatter(ticker.NullFormatter())
 
 
 def _not_drawn(rows: pd.DataFrame, presets: dict | None, beta_min: float, family: str) -> list[str]:
@@ -307,4 +469,14 @@ def _why(row, beta_min: float) -> str:
     return "its KL outside the optima's"
 
 
-__all__ = ["figure", "draw", "preset_name", "setting_name", "NORMALISATION_NAMES", "NO_KL", "beta_linestyle"]
+__all__ = [
+    "figure",
+    "length_figure",
+    "LENGTH_FIGURE",
+    "draw",
+    "preset_name",
+    "setting_name",
+    "NORMALISATION_NAMES",
+    "NO_KL",
+    "beta_linestyle",
+]

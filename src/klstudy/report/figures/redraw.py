@@ -140,7 +140,7 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
         text = atlas.draw(pd.read_csv(tables / "atlas.csv"), pd.read_csv(tables / "atlas_length.csv"),
                           folder / "atlas.png", config["toy"]["atlas"], beta_min=EFFECTIVE_BETA_RANGE[0])  # fmt: skip
         _keep_table(folder / "atlas.md", text, "atlas")
-        drawn.append("atlas")
+        drawn += ["atlas", atlas.LENGTH_FIGURE]  # its caption written beside it
     for name in drawn:  # a shipped folder keeps the PNG and its caption; the PDF is the workflow's
         (folder / f"{name}.pdf").unlink(missing_ok=True)
     return drawn

@@ -34,7 +34,10 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
     seeds = runs.seed.nunique()
     stats = pd.DataFrame([(x, *mean_and_se(g.value, g.se)) for x, g in runs.groupby("x", sort=True)],
                          columns=["x", "mean", "se", "n"])  # fmt: skip
-    x = stats.x.to_numpy(dtype=float) + offset
+    # A point at x <= bars_after is the base model's, drawn once in grey (draw_base_point): every line leaves from it,
+    # undodged, without a marker or a band of its own there.
+    at_base = (stats.x <= bars_after).to_numpy()
+    x = np.where(at_base, stats.x.to_numpy(dtype=float), stats.x.to_numpy(dtype=float) + offset)
     drawn_error = None
     if 1 < seeds <= SEEDS_WITHOUT_BAND:
         for _, run in runs.groupby("seed"):
@@ -49,11 +52,13 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
             artist = ax.vlines(x[at], low[at], high[at], colors=[style["color"]], linewidth=0.9, alpha=0.8,
                                label="_error")  # fmt: skip
         else:  # a light fill, its edge in β's line style: two bands of one configuration at two β stay apart
+            low, high = low.where(~at_base), high.where(~at_base)  # the base point carries its own error
             artist = ax.fill_between(x, low, high, facecolor=mcolors.to_rgba(style["color"], 0.12), linewidth=0.6,
                                      edgecolor=mcolors.to_rgba(style["color"], 0.6), linestyle=style["linestyle"],
                                      label="_band")  # fmt: skip
         tag(artist, kl_config, beta, "band")
-    line = ax.plot(x, stats["mean"], label=label, linewidth=MEAN_LINEWIDTH if seeds > 1 else 1.2, **style)[0]
+    line = ax.plot(x, stats["mean"], label=label, linewidth=MEAN_LINEWIDTH if seeds > 1 else 1.2,
+                   markevery=list(np.flatnonzero(~at_base)), **style)[0]  # fmt: skip
     return tag(line, kl_config, None if kl_config == NO_KL else beta), seeds, drawn_error
 
 
