@@ -518,6 +518,30 @@ def test_the_toy_figure_draws_coinciding_end_points_once_and_names_where_the_dri
     plt.close(fig)
 
 
+def test_the_monte_carlo_end_points_wear_no_marker_or_fill_of_the_encoding(run):
+    """A Monte Carlo end point is a cross: no placement's marker and no fill an estimator's (a hollow ring read as
+    K3), drawn under the exact end points' markers."""
+    points, fronts, agreed, section = toy_end_points()
+    fig, _ = toy_figures.draw_toy_fixed_points(points, fronts, agreed, section)
+    carlo = [c.lines[0] for c in fig.axes[0].containers if c.get_label() == "_monte_carlo"]
+    assert carlo and all(line.get_marker() == "x" for line in carlo)
+    assert not {line.get_marker() for line in carlo} & set(encoding.PLACEMENT_MARKERS.values())
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(("steps", "ticks"), [(range(1, 16), [5, 10, 15]), ([0, 4, 8, 12], [0, 4, 8, 12]),
+                                              (range(0, 101), [0, 25, 50, 75, 100])])  # fmt: skip
+def test_step_ticks_fall_on_a_divisor_of_the_last_step(steps, ticks):
+    """Ticks every 5 steps in a run of 15 that evaluates every 5 (not every 3, between its evaluations)."""
+    fig, ax = plt.subplots()
+    ax.plot(list(steps), np.zeros(len(steps)))
+    encoding.step_axis(ax, pd.Series(list(steps)))
+    fig.canvas.draw()
+    low, high = ax.get_xlim()
+    assert [t for t in ax.get_xticks() if low <= t <= high] == ticks
+    plt.close(fig)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # A shipped folder redrawn from its committed tables.
 

@@ -235,7 +235,7 @@ def _group_label(names: list[str]) -> str:
 def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, section: dict):
     """One row per family. Left: the reward–KL plane, the exact frontier (the family's optimum over β, its β grid
     marked) and each configuration's exact stable end points over β (its marker, joined over β), with the on-policy
-    Monte Carlo end points (hollow circles, ± the seeds' sd); the end points of configurations without a fixed point
+    Monte Carlo end points (crosses, ± the seeds' sd); the end points of configurations without a fixed point
     (▶, where the flow stopped) or still moving (◆) in grey, once per place (several configurations end at one: the
     caption names them). Right: the gap J_β(optimum) − J_β(end) against β. Configurations whose end points coincide
     at every β are drawn once (the caption names them). Returns (figure, caption)."""
@@ -286,7 +286,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         handles.append(plt.Line2D([], [], linestyle="", marker=UNSETTLED_MARKERS[statuses[0]], color="0.15",
                                   label=" / ".join(f"{UNSETTLED_MARKERS[s].replace('>', '▶').replace('d', '◆')} {s}"
                                                    for s in statuses) + ": where the flow stopped"))  # fmt: skip
-    handles.append(plt.Line2D([], [], linestyle="", marker="o", markersize=8, markerfacecolor="none", color="0.3",
+    handles.append(plt.Line2D([], [], linestyle="", marker="x", markersize=9, markeredgewidth=1.1, color="0.3",
                               label="Monte Carlo, mean ± sd of seeds"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=2)
     fig.suptitle("Where each KL configuration's training ends, against the optimum of J_β (toy model)")
@@ -368,7 +368,7 @@ marked with their β; dotted, the unconstrained optimum π*_β, which the parame
 configuration's exact end point at each β (float64), joined over β (β falls from lower left to upper right); ▶ no \
 fixed point: the update drifts to the boundary and is drawn where the followed flow stopped; ◆ still moving when \
 stopped; each in its configuration's colour; where several configurations stop at one place, their markers \
-stand one above another, centred on it (the stack's height is not a difference in reward). Hollow circles with bars: \
+stand one above another, centred on it (the stack's height is not a difference in reward). Crosses with bars: \
 the Monte Carlo end points of {seeds} seeds trained on-policy through the trainer's loss, mean ± the seeds' standard \
 deviation, at β ∈ {{{mc_betas}}} (a bar above reward 1 is the mean + sd, not a reachable reward; the toy's \
 claims judge them){mc_where}. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
@@ -389,8 +389,9 @@ def _draw_monte_carlo(ax, mc: pd.DataFrame, leaders: dict) -> None:
     """The Monte Carlo end points, mean ± the seeds' sd, in the colour of the configuration drawn for their group."""
     for config, runs in mc.groupby("config", sort=False):
         spread = np.sqrt(runs.seeds)
-        ax.errorbar(runs.mc_kl, runs.mc_reward, xerr=runs.mc_kl_se * spread, yerr=runs.mc_reward_se * spread, fmt="o",
-                    mfc="none", ms=8, capsize=1.5, color=config_colour(leaders.get(config, config)), lw=0.7,
+        # a cross: no placement's marker, and without a fill that would read as an estimator's (hollow is K3)
+        ax.errorbar(runs.mc_kl, runs.mc_reward, xerr=runs.mc_kl_se * spread, yerr=runs.mc_reward_se * spread, fmt="x",
+                    ms=9, mew=1.1, capsize=1.5, zorder=1.5, color=config_colour(leaders.get(config, config)), lw=0.7,
                     linestyle="", label="_monte_carlo")  # fmt: skip
 
 
