@@ -286,7 +286,8 @@ def test_every_curve_leaves_from_the_base_point_with_no_marker_or_band_of_its_ow
             for band in ax.collections:
                 if (band.get_gid() or "").endswith(";band"):
                     covered = [v[:, 0] for v in (p.vertices for p in band.get_paths()) if len(v)]
-                    assert all(np.nanmin(c) > x0 + 1e-9 for c in covered if np.isfinite(c).any()), (name, band.get_gid())
+                    starts = [np.nanmin(c) for c in covered if np.isfinite(c).any()]
+                    assert all(start > x0 + 1e-9 for start in starts), (name, band.get_gid())
     assert checked
 
 
