@@ -146,7 +146,7 @@ def _same(a: str, b: str) -> bool:
 
 
 SNAKE = re.compile(r"(?<![\w])[a-z][a-z0-9]*_[a-z0-9_]*[a-z0-9](?![\w])")
-FILE = re.compile(r"\b[\w-]+\.(csv|md|png|pdf|yaml|json|jsonl|py|rst)\b")
+FILE = re.compile(r"\b[\w-]+\.(csv|md|png|pdf|yaml|json|jsonl|py|rst|gguf|safetensors|tsv|log)\b")
 KL_ID = re.compile(r"\bk\d-(reward|loss|both)\b")
 ENGLISH = {"unbiased", "bridge", "tiny", "none", "base", "optimum"}
 

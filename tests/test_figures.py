@@ -530,6 +530,23 @@ def test_the_monte_carlo_end_points_wear_no_marker_or_fill_of_the_encoding(run):
     plt.close(fig)
 
 
+def test_figure_1_defines_its_settings_and_names_the_lines_that_read_as_one():
+    """Each column's setting is defined by its parameters in the caption; lines within a factor NEAR of each other at
+    most T are named there; the shipped tables' first setting drawn first."""
+    import yaml
+
+    tables = ROOT / "docs" / "embedded" / "tables"
+    definitions = yaml.safe_load((tables / "config.yaml").read_text())["toy"]["settings"]
+    results = pd.concat([pd.read_csv(tables / "toy" / f"{name}.csv") for name in definitions], ignore_index=True)
+    fig, caption = toy_figures.draw_fig01(results, pd.read_csv(tables / "toy" / "unbiasedness.csv"), definitions)
+    close = definitions["close"]
+    assert f"“close”: the policy's (a, b) = ({close['a']:g}, {close['b']:g})" in caption
+    assert "K2 in reward, K3 in reward" in caption  # they lie within a factor 1.25 in the squared-bias panels
+    widths = [line.get_linewidth() for line in fig.axes[0].lines if (line.get_gid() or "").startswith("style kl=")]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
+    plt.close(fig)
+
+
 @pytest.mark.parametrize(("steps", "ticks"), [(range(1, 16), [5, 10, 15]), ([0, 4, 8, 12], [0, 4, 8, 12]),
                                               (range(0, 101), [0, 25, 50, 75, 100])])  # fmt: skip
 def test_step_ticks_fall_on_a_divisor_of_the_last_step(steps, ticks):
@@ -545,6 +562,28 @@ def test_step_ticks_fall_on_a_divisor_of_the_last_step(steps, ticks):
 
 # ---------------------------------------------------------------------------------------------------------
 # A shipped folder redrawn from its committed tables.
+
+
+@pytest.mark.parametrize("folder", ["embedded", "smollm2", "separation", "toy", "atlas"])
+def test_no_shipped_caption_names_a_file_or_an_identifier(folder):
+    """Every figure caption a shipped folder holds (up to its table, in a toy report) is read for snake_case, file
+    names (a model's GGUF path among them), configuration ids and its run's config names."""
+    import yaml
+    from figure_checks import identifier_problems
+
+    shipped = ROOT / "docs" / folder
+    if not (shipped / "tables").is_dir():
+        pytest.skip(f"docs/{folder} ships no tables to redraw it from: its run must be made again (the configs "
+                    "docs/results.md names, `make study RUN_DIR=…`) and its tables copied into tables/")
+    settings = shipped / "tables" / "config.yaml"
+    config = yaml.safe_load(settings.read_text()) if settings.is_file() else {}
+    captions = [png.with_suffix(".md") for png in sorted(shipped.glob("*.png"))]
+    assert captions, folder
+    fig = plt.figure()
+    for caption in captions:
+        text = caption.read_text().split(redraw.TABLE_MARK)[0]
+        assert identifier_problems(fig, text, config) == [], caption.name
+    plt.close(fig)
 
 
 @pytest.mark.parametrize("folder", ["embedded"])

@@ -47,12 +47,15 @@ rule fig01:
         png=report("figures/fig01_toy_bias_variance.png", caption="../report/fig01.rst", category="2 Analysis (§3)"),
         pdf="figures/fig01_toy_bias_variance.pdf",
         caption="figures/fig01_toy_bias_variance.md",
+    params:
+        settings=lambda wildcards: json.dumps(TOY["settings"]),
     log:
         "logs/figures/fig01.log",
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy fig01 --inputs {input.results} --tests {input.tests} --out {output.png} > {log} 2>&1"
+        "python -m klstudy fig01 --inputs {input.results} --tests {input.tests} --settings {params.settings:q}"
+        " --out {output.png} > {log} 2>&1"
 
 
 

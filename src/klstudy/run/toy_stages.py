@@ -161,7 +161,8 @@ def _fig01(args):
     from klstudy.report.figures.toy import fig01_toy_bias_variance
 
     results = pd.concat([pd.read_csv(path) for path in args.inputs], ignore_index=True)
-    fig01_toy_bias_variance(results, pd.read_csv(args.tests), Path(args.out))
+    settings = json.loads(args.settings) if args.settings else None
+    fig01_toy_bias_variance(results, pd.read_csv(args.tests), Path(args.out), settings)
 
 
 def add_commands(commands) -> None:
@@ -221,5 +222,6 @@ def add_commands(commands) -> None:
     fig01 = commands.add_parser("fig01", help="Figure 1 (PNG, and PDF beside it)")
     fig01.add_argument("--inputs", nargs="+", required=True, help="the toy jobs' CSV files, one per setting")
     fig01.add_argument("--tests", required=True, help="toy-tests' CSV (which configurations are unbiased)")
+    fig01.add_argument("--settings", help="config toy.settings as JSON: the caption defines each setting")
     fig01.add_argument("--out", required=True, help="PNG path (a PDF is written beside it)")
     fig01.set_defaults(run=_fig01)

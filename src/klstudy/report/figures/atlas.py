@@ -168,7 +168,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
             else ""
         )
         + ". The same settings against the answer's length T: the length sweep's figure, beside this one.",
-        ("Lines that coincide in a panel, drawn in falling widths so that each shows: " + "; ".join(notes) + ".")
+        ("Lines on one another or within a marker's height (10 %) in a panel, drawn in falling widths so that each "
+         "shows: " + "; ".join(notes) + ".")
         if notes
         else "",
         ("Drawn values, " + "; ".join(quoted) + ".") if quoted else "",
@@ -295,27 +296,53 @@ def _two_lines(name: str) -> str:
     return "\n".join(name.rsplit(" ", 1)) if len(name) > 6 else name
 
 
-def _draw_segments(ax, segments: list, beta: float, family: str) -> list[str]:
-    """Each configuration's line over one normalisation's G; lines at the same points drawn widest first, beneath,
-    so that each shows an edge; returns a note per group of them."""
-    groups: list[list] = []
-    for segment in segments:
-        home = next((g for g in groups if g[0][2] == segment[2] and np.allclose(g[0][3], segment[3], rtol=1e-6)), None)
-        if home is None:
-            groups.append([segment])
+NEAR_RATIO = 1.10  # β_eff/β within 10 % of another at every common point: within a marker's height on these axes
+
+
+def _overlapping(series: list[dict]) -> list[list[dict]]:
+    """``series`` (dicts with xs and ys) grouped where one lies on another or within NEAR_RATIO of it at every point
+    both have (and they share one at least): drawn in falling widths, said in the caption."""
+    groups: list[list[dict]] = []
+    for one in series:
+        for group in groups:
+            other = group[0]
+            if list(other["xs"]) != list(one["xs"]):
+                continue
+            a, b = np.asarray(other["ys"], dtype=float), np.asarray(one["ys"], dtype=float)
+            both = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
+            if both.any() and np.all(np.abs(np.log(a[both] / b[both])) < np.log(NEAR_RATIO)):
+                group.append(one)
+                break
         else:
-            home.append(segment)
-    notes = []
+            groups.append([one])
+    return groups
+
+
+def _draw_overlapping(ax, series: list[dict], markersize: float, label: str, growth: float = 5) -> list[list[dict]]:
+    """Each series (config, beta, xs, ys) as a line of its configuration and β; those that overlap drawn widest
+    first, beneath, so that each shows an edge. Returns the groups, each series with its line."""
+    groups = _overlapping(series)
     for group in groups:
-        for rank, (config, _, xs, ys) in enumerate(group):
-            wider = len(group) - 1 - rank
-            line = ax.plot(xs, ys, label="_grid", zorder=2 + rank,
-                           **{**style_of(config, beta), "linewidth": 1 + 1.6 * wider,
-                              "markersize": 3.5 + 2.5 * wider})[0]  # fmt: skip
-            tag(line, config, beta)
+        step = 1 / max(len(group) - 1, 2)  # the widest at most 2.4 points of line, 5 of marker, more than the narrowest
+        for rank, one in enumerate(group):
+            wider = (len(group) - 1 - rank) * step
+            one["line"] = ax.plot(one["xs"], one["ys"], label=label, zorder=2 + rank,
+                                  **{**style_of(one["config"], one["beta"]), "linewidth": 1 + 2.4 * wider,
+                                     "markersize": markersize + growth * wider})[0]  # fmt: skip
+            tag(one["line"], one["config"], one["beta"])
+    return groups
+
+
+def _draw_segments(ax, segments: list, beta: float, family: str) -> list[str]:
+    """Each configuration's line over one normalisation's G; lines on one another or within a marker's height of
+    one another drawn widest first, beneath; returns a note per group of them."""
+    series = [{"config": config, "beta": beta, "where": normalisation, "xs": xs, "ys": ys}
+              for config, normalisation, xs, ys in segments]  # fmt: skip
+    notes = []
+    for group in _draw_overlapping(ax, series, 3.5, "_grid"):
         if len(group) > 1:
-            where = AXIS_NAMES.get(group[0][1], group[0][1])
-            notes.append(f"{family}, β = {beta:g}, {where}: " + " and ".join(kl_label(c) for c, *_ in group))
+            where = AXIS_NAMES.get(group[0]["where"], group[0]["where"])
+            notes.append(f"{family}, β = {beta:g}, {where}: " + " and ".join(kl_label(o["config"]) for o in group))
     return notes
 
 
@@ -333,11 +360,12 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     fig, axes = new_figure(FULL_WIDTH, 2.6, 1, max(len(panels), 1), sharey=True)
     axes = list(axes[0])
     caption = Caption()
-    quoted, missing = [], []
+    quoted, missing, notes = [], [], []
     for ax, (family, normalisation) in zip(axes, panels, strict=False):
         mine = rows[(rows.family == family) & (rows.normalisation == normalisation)]
         title = f"{family}, {AXIS_NAMES.get(normalisation, normalisation)}"
-        quoted += _length_panel(ax, mine, presets, title, caption)
+        panel_quotes, panel_notes = _length_panel(ax, mine, presets, title, caption)
+        quoted, notes = quoted + panel_quotes, notes + panel_notes
         missing += _length_not_drawn(mine, presets, title)
     if not panels:
         axes[0].text(0.5, 0.5, "no length sweep in this run", transform=axes[0].transAxes, ha="center", fontsize=7)
@@ -357,8 +385,10 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         "family and advantage normalisation, a line per setting (its name in the panel, in its KL configuration's "
         "colour) and β asked for (line style); the settings are those the run's configuration lists for the length "
         "sweep. The atlas's figure beside it shows the settings at one T across normalisations, G and presets.",
+        ("Lines on one another or within a marker's height (10 %), drawn in falling widths so that each shows: "
+         + "; ".join(notes) + ".") if notes else "",
         ("Drawn values, first and last T: " + "; ".join(quoted) + ".") if quoted else "",
-        caption.design("Not drawn (no β_eff): " + "; ".join(missing) + ".") if missing else "",
+        caption.design("Not drawn (no β_eff; a gap in its line): " + "; ".join(missing) + ".") if missing else "",
     )
     return fig, finish(fig, caption)
 
@@ -388,23 +418,32 @@ def _length_setting_name(first, group: pd.DataFrame, presets: dict | None) -> st
     return name if first.normalisation == "rloo" else f"{name}, G{NBSP}={NBSP}{int(first.group)}"
 
 
-def _length_panel(ax, rows: pd.DataFrame, presets: dict | None, title: str, caption: Caption) -> list[str]:
-    """One family and normalisation of the length sweep: a line per setting and β, the settings named at the
-    bottom in their colours; returns the caption's quotes of each line's first and last point."""
-    names, quotes = {}, []
+def _length_panel(ax, rows: pd.DataFrame, presets: dict | None, title: str, caption: Caption) -> tuple[list, list]:
+    """One family and normalisation of the length sweep: a line per setting and β (broken at a T without β_eff),
+    the settings named at the bottom in their colours; lines that overlap drawn in falling widths. Returns the
+    caption's quotes of each line's first and last point, and its notes on the lines that overlap."""
+    names, quotes, series = {}, [], []
     for (_, beta), group in rows.groupby(["setting", "beta"], sort=False):
-        drawable = _drawable(group).sort_values("T")
+        drawable = _drawable(group)
         if drawable.empty:
             continue
+        every_t = group.sort_values("T")
         first = group.iloc[0]
-        line = ax.plot(drawable["T"], drawable.beta_eff_ratio, markersize=3, linewidth=1, label="_length",
-                       **style_of(first.config, beta))[0]  # fmt: skip
-        tag(line, first.config, beta)
         name = _length_setting_name(first, group, presets)
         names[name] = first.config
-        t = [int(v) for v in line.get_xdata()]
-        quotes.append(f"{title}, {caption.design(name)} at β = {beta:g}: {caption.value(line, 0)} at T = "
-                      f"{caption.number(t[0])}, {caption.value(line, -1)} at T = {caption.number(t[-1])}")  # fmt: skip
+        ys = every_t.beta_eff_ratio.where(every_t.index.isin(drawable.index))  # a gap where there is no β_eff
+        series.append({"config": first.config, "beta": beta, "name": name, "xs": list(every_t["T"]),
+                       "ys": list(ys)})  # fmt: skip
+    notes = []
+    for group in _draw_overlapping(ax, series, 2.5, "_length", growth=2.5):  # a point per T: small markers
+        for one in group:
+            line, t = one["line"], [int(v) for v in one["line"].get_xdata()]
+            ends = np.flatnonzero(np.isfinite(np.asarray(one["ys"], dtype=float)))[[0, -1]]
+            quotes.append(f"{title}, {caption.design(one['name'])} at β = {one['beta']:g}: "
+                          + ", ".join(f"{caption.value(line, int(i))} at T = {caption.number(t[i])}" for i in ends))
+        if len(group) > 1:
+            named = [f"{caption.design(o['name'])} at β = {o['beta']:g}" for o in group]
+            notes.append(f"{title}: " + " and ".join(named))
     for i, (name, config) in enumerate(reversed(names.items())):  # at the bottom, under the lines, 8 pt apart
         ax.annotate(name, (0.03, 0), xycoords="axes fraction", xytext=(0, 2 + 8 * i), textcoords="offset points",
                     ha="left", va="bottom", fontsize=7, color=config_colour(config))  # fmt: skip
@@ -413,7 +452,7 @@ def _length_panel(ax, rows: pd.DataFrame, presets: dict | None, title: str, capt
     ax.set_title(title, fontsize=8)
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True, nbins=5))
     ax.grid(alpha=0.3, axis="y")
-    return quotes
+    return quotes, notes
 
 
 def _share_log_axis(axes: list, axis: str, room_below: float = 1.3) -> None:

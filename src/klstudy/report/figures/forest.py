@@ -97,7 +97,8 @@ def _entries(rows: pd.DataFrame, wrap: int = 80) -> list[tuple[str, str, dict | 
 
 def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = None):
     """One metric's claims (``metric``: the first metric with testable claims when not given): a panel of effect ±
-    critical·se per row (trends over β, in their own units per decade of β, a panel of their own), the interval
+    critical·se per row (a row without a prediction: effect ± 1 se, thin; trends over β, in their own units per
+    decade of β, a panel of their own), the interval
     clipped to what the metric allows (a | where clipped), coloured by the verdict; a claim of no difference shows its
     margin as a grey band around 0; verdict, z against its critical value and the paired units on the right. The
     claims' headings are wrapped to lie inside the panel's frame (drawn again, narrower, where one would cross it).
@@ -144,9 +145,13 @@ def _draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None, 
     handles = [plt.Line2D([], [], color=c, marker="o", label=v) for v, c in VERDICT_COLOURS.items()
                if v in set(rows.verdict)]  # fmt: skip
     drawn = [line for ax in axes[:, 0] for line in ax.get_lines()]
-    if any(line.get_gid() == "effect" and line.get_markerfacecolor() == "white" for line in drawn):
+    hollow = sum(line.get_gid() == "effect" and line.get_markerfacecolor() == "white" for line in drawn)
+    if hollow > sum(line.get_gid() == "one se" for line in drawn):  # some without even a spread over seeds
         handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linestyle="",
                                   label="no interval (not testable, or no prediction)"))  # fmt: skip
+    if any(line.get_gid() == "one se" for line in drawn):
+        handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linewidth=0.9,
+                                  label="no prediction: effect ± 1 se over seeds"))  # fmt: skip
     if any(line.get_marker() == "|" for line in drawn):
         handles.append(plt.Line2D([], [], color="0.15", marker="|", markersize=8, linestyle="",
                                   label="clipped at the range the metric allows"))  # fmt: skip
@@ -283,7 +288,10 @@ def _draw_row(ax, y: float, row: dict, metric: str, trend: bool, view: tuple[flo
             elif clipped:
                 ax.plot(end, y, marker="|", color="0.15", markersize=8, markeredgewidth=1.4)
         ax.plot(x, y, "o", color=colour, markersize=4, gid="effect")
-    else:
+    else:  # no interval the verdict reads; a row with a spread over seeds (no prediction) still shows it, ± 1 se
+        if pd.notna(se):
+            ax.plot([max(x - se, view[0]), min(x + se, view[1])], [y, y], color=colour, linewidth=0.9,
+                    gid="one se")  # fmt: skip
         ax.plot(min(max(x, view[0]), view[1]), y, "o", color=colour, markerfacecolor="white", markersize=4,
                 gid="effect")  # fmt: skip
 

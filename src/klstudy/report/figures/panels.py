@@ -308,8 +308,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         tag(ax.plot([0], [mean], color="black", markersize=5, linestyle="", label="_mean", **marker_of(NO_KL))[0],
             NO_KL, None, "marker")  # fmt: skip
         if n > 1:
-            tag(ax.scatter(np.zeros(len(none)), none.kl_k3, s=9, color="black", zorder=4, edgecolors="white",
-                           linewidths=0.4, label="_seeds"), NO_KL, None, "band")  # fmt: skip
+            tag(ax.scatter(np.full(len(none), SEED_BESIDE), none.kl_k3, s=9, color="black", zorder=4,
+                           edgecolors="white", linewidths=0.4, label="_seeds"), NO_KL, None, "band")  # fmt: skip
         if n == 1 and np.isfinite(se):
             ax.errorbar([0], [mean], yerr=[se], color="black", capsize=2, linewidth=0.8)
         drawn.quoted.append((kl_label(NO_KL), reference))
@@ -324,7 +324,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         shift = dodge(i, len(configs), 0.7)
         x = np.array([position[b] for b in stats.beta]) + shift
         marker = marker_of(kl_config)
-        line = ax.plot(x, stats["mean"], color=config_colour(kl_config), linestyle="-", linewidth=0.8, markersize=5,
+        # markers only: β is a category here, and a line across β in one style would read as a β's (solid: no KL)
+        line = ax.plot(x, stats["mean"], color=config_colour(kl_config), linestyle="", markersize=5,
                        label=kl_label(kl_config), **marker)[0]  # fmt: skip
         tag(line, kl_config, None, "marker")
         one_seed = stats.n == 1
@@ -332,8 +333,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             ax.errorbar(x[one_seed], stats["mean"][one_seed], yerr=stats.se[one_seed], fmt="none",
                         color=config_colour(kl_config), capsize=2, linewidth=0.8)  # fmt: skip
         if (stats.n > 1).any():
-            # over the mean's marker, white-edged: seeds that agree with their mean stay visible on it
-            at = [position[b] + shift for b in rows.beta]
+            # beside the mean's marker (right of it): over it, they hid its fill, which says the estimator
+            at = [position[b] + shift + SEED_BESIDE for b in rows.beta]
             seeds = ax.scatter(at, rows.kl_k3, s=9, color=config_colour(kl_config), zorder=4, edgecolors="white",
                                linewidths=0.4, label="_seeds")  # fmt: skip
             tag(seeds, kl_config, None, "band")
@@ -355,6 +356,9 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     low, high = ax.get_ylim()
     ax.set_ylim(min(0.0, low), high)
     return drawn
+
+
+SEED_BESIDE = 0.075  # fig13: a seed's dot this far right of its mean's marker (β categories are 1 apart)
 
 
 def _mark_verdicts(ax, stats: pd.DataFrame, claims: pd.DataFrame, kl_config: str) -> None:

@@ -119,7 +119,7 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
     if settings and all((tables / "toy" / f"{s}.csv").is_file() for s in settings) and want("fig01_toy_bias_variance"):
         results = pd.concat([pd.read_csv(tables / "toy" / f"{s}.csv") for s in settings], ignore_index=True)
         toy.fig01_toy_bias_variance(results, pd.read_csv(tables / "toy" / "unbiasedness.csv"),
-                                    folder / "fig01_toy_bias_variance.png")  # fmt: skip
+                                    folder / "fig01_toy_bias_variance.png", config["toy"].get("settings"))  # fmt: skip
         drawn.append("fig01_toy_bias_variance")
     if (tables / "toy_fixed_points.csv").is_file() and want("toy_fixed_points"):
         fronts = pd.concat([pd.read_csv(p) for p in sorted((tables / "toy" / "frontier").glob("*.csv"))])
