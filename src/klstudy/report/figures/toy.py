@@ -275,7 +275,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     fig, axes = plt.subplots(len(families), 2, figsize=(FULL_WIDTH, 3.2 * len(families) + 1.6), squeeze=False,
                              width_ratios=[1.5, 1], layout="constrained")  # fmt: skip
     caption = Caption()
-    listed, legend, keys = [], {}, {}
+    listed, legend, keys, off_fixed = [], {}, {}, []
     for row, family in enumerate(families):
         mine = points[points.family == family]
         groups = coinciding_groups(mine, "config", ["beta", "reward", "kl"])
@@ -291,7 +291,8 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
             label = _group_label(next((names for names, _ in groups if config in names), [config]))
             legend.setdefault(label, tag(plt.Line2D([], [], **{**style_of(leader), "linestyle": "-"}, label=label),
                                          leader, None, "marker"))  # fmt: skip
-        _draw_monte_carlo(ax, mc, {n: names[0] for names, _ in groups for n in names})
+        crosses = _draw_monte_carlo(ax, mc, {n: names[0] for names, _ in groups for n in names})
+        off_fixed += _monte_carlo_off_fixed_points(crosses, mine, family, caption)
         listed += _draw_unsettled(ax, mine, family, caption, {n: names[0] for names, _ in groups for n in names})
         keys.update({names[0]: _group_label(names) for names, group in groups if (group.status != "stable").any()})
         ax.set_title(f"{family} policy: where training ends")
@@ -329,7 +330,9 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
                                    mc_betas=", ".join(n(b) for b in section["monte_carlo"]["betas"]),
                                    mc_where=_monte_carlo_where(agreed, families)),
                 caption.design(" ".join(f"{line}." for line in listed if "at KL" not in line))
-                + " " + " ".join(f"{line}." for line in listed if "at KL" in line))  # fmt: skip
+                + " " + " ".join(f"{line}." for line in listed if "at KL" in line),
+                ("Monte Carlo end points of configurations without a stable fixed point at their β (no exact marker "
+                 "beside them), each cross's β: " + "; ".join(off_fixed) + ".") if off_fixed else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
@@ -417,14 +420,39 @@ def _draw_end_points(ax, names: list[str], group: pd.DataFrame):
     return tag(handle, names[0], None, "marker")
 
 
-def _draw_monte_carlo(ax, mc: pd.DataFrame, leaders: dict) -> None:
-    """The Monte Carlo end points, mean ± the seeds' sd, in the colour of the configuration drawn for their group."""
+def _draw_monte_carlo(ax, mc: pd.DataFrame, leaders: dict) -> list[tuple[str, object, pd.DataFrame]]:
+    """The Monte Carlo end points, mean ± the seeds' sd, in the colour of the configuration drawn for their group;
+    returns (configuration, its crosses' line, its rows)."""
+    drawn = []
     for config, runs in mc.groupby("config", sort=False):
         spread = np.sqrt(runs.seeds)
         # a cross: no placement's marker, and without a fill that would read as an estimator's (hollow is K3)
-        ax.errorbar(runs.mc_kl, runs.mc_reward, xerr=runs.mc_kl_se * spread, yerr=runs.mc_reward_se * spread, fmt="x",
-                    ms=9, mew=1.1, capsize=1.5, zorder=1.5, color=config_colour(leaders.get(config, config)), lw=0.7,
-                    linestyle="", label="_monte_carlo")  # fmt: skip
+        bars = ax.errorbar(runs.mc_kl, runs.mc_reward, xerr=runs.mc_kl_se * spread, yerr=runs.mc_reward_se * spread,
+                           fmt="x", ms=9, mew=1.1, capsize=1.5, zorder=1.5, lw=0.7, linestyle="", label="_monte_carlo",
+                           color=config_colour(leaders.get(config, config)))  # fmt: skip
+        drawn.append((config, bars.lines[0], runs.reset_index(drop=True)))
+    return drawn
+
+
+def _monte_carlo_off_fixed_points(drawn: list, points: pd.DataFrame, family: str, caption: Caption) -> list[str]:
+    """The crosses of the configurations without a stable fixed point at their β (nothing exact beside them tells
+    their β), each with its β, KL and task reward, read from the drawing."""
+    quotes = []
+    for config, line, runs in drawn:
+        unstable = [i for i, r in runs.iterrows()
+                    if not ((points.config == config) & np.isclose(points.beta, r.beta)
+                            & (points.status == "stable")).any()]  # fmt: skip
+        if not unstable:
+            continue
+        if config == NO_KL:  # one run per β of the grid, which it ignores
+            parts = [f"KL {caption.value(line, i, '.2f', axis='x')}, reward {caption.value(line, i, '.2f')}"
+                     for i in unstable]  # fmt: skip
+            quotes.append(f"{family} policy, {kl_label(config)}, a run at each β of the grid: " + "; ".join(parts))
+            continue
+        parts = [f"β {caption.number(runs.beta[i])}: KL {caption.value(line, i, '.2f', axis='x')}, reward "
+                 f"{caption.value(line, i, '.2f')}" for i in unstable]  # fmt: skip
+        quotes.append(f"{family} policy, {kl_label(config)}: " + "; ".join(parts))
+    return quotes
 
 
 def _draw_toy_frontier(ax, fronts: pd.DataFrame, points: pd.DataFrame, family: str) -> None:
