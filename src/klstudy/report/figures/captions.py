@@ -257,12 +257,14 @@ Encoding
 - Line style (bars: hatching): β, the KL coefficient, by its value, the same in every figure: {betas}; solid: no KL
   (β = 0). A legend's sample is drawn as the line is.
 - Grey: the base model (no RL). Green and red are kept for verdicts: green shown, red contradicted.
+- Lines or points that lie on one another (or within a marker's height) are drawn in falling widths, the widest
+  beneath, so that each shows an edge; the caption names them.
 
 Noise, drawn as it is
 ---------------------
 
-- With four training seeds or fewer, each seed is drawn as its own thin line or dot, and the mean over seeds as a
-  thicker line or larger marker; no ±1 standard error band is drawn (with so few seeds it would look surer than a
+- With four training seeds or fewer, each seed is drawn as its own thin line or dot (a dot beside its mean's
+  marker), and the mean over seeds as a thicker line or larger marker; no ±1 standard error band is drawn (with so few seeds it would look surer than a
   test that needs several standard errors). With five seeds or more, the mean is drawn with a ±1 standard error
   band, se = max(s/√n, √(Σ eᵢ²)/n): s the standard deviation over seeds, eᵢ seed i's own standard error.
 - A curve of one seed carries its own measurement error as a band, or, where more than two such curves share a
@@ -270,7 +272,8 @@ Noise, drawn as it is
   the questions evaluated (each question's score, one sample each: about √(p(1 − p)/questions)); for a bar,
   lm-eval's standard error over the questions; for a quantity averaged over prompts, its standard error over them.
 - The base model is one evaluation: at step 0 of held-out curves a single grey point, the same in every figure
-  that shows that task, its value the mean of its step-0 evaluations (every run evaluates it before training).
+  that shows that task, its value the mean of its step-0 evaluations (every run evaluates it before training); every
+  curve leaves from it, with no marker or band of its own at step 0.
 - Smoothing, where used, is named on the axis, and the raw steps are drawn beside it as thin lines.
 - Axes for small quantities keep a span that shows their noise; a single β is a category, not a point on a log
   axis.
