@@ -547,6 +547,16 @@ def test_figure_1_defines_its_settings_and_names_the_lines_that_read_as_one():
     plt.close(fig)
 
 
+def test_a_caption_says_a_one_seed_error_is_drawn_only_where_it_is():
+    """One seed: 'the band is ±1 se' where a band is drawn, 'the bar' where bars are, and neither for a smoothed
+    training curve, whose raw steps are its noise (a caption claimed a band that panel never had)."""
+    smoothed = panels.Drawn("kl", seeds={1})
+    assert "band" not in paper.noise_text(smoothed).split(";")[1] and "no band" in paper.noise_text(smoothed)
+    assert "the band is" in paper.noise_text(panels.Drawn("heldout", seeds={1}, has_band=True))
+    assert "the bar is" in paper.noise_text(panels.Drawn("kl", seeds={1}, has_error_bars=True))
+    assert "error bar" in paper.noise_text(panels.Drawn("accuracy", seeds={1}, unit="bar"))
+
+
 @pytest.mark.parametrize(("steps", "ticks"), [(range(1, 16), [5, 10, 15]), ([0, 4, 8, 12], [0, 4, 8, 12]),
                                               (range(0, 101), [0, 25, 50, 75, 100])])  # fmt: skip
 def test_step_ticks_fall_on_a_divisor_of_the_last_step(steps, ticks):

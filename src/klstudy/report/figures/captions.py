@@ -264,9 +264,11 @@ Noise, drawn as it is
 ---------------------
 
 - With four training seeds or fewer, each seed is drawn as its own thin line or dot (a dot beside its mean's
-  marker), and the mean over seeds as a thicker line or larger marker; no ±1 standard error band is drawn (with so few seeds it would look surer than a
-  test that needs several standard errors). With five seeds or more, the mean is drawn with a ±1 standard error
-  band, se = max(s/√n, √(Σ eᵢ²)/n): s the standard deviation over seeds, eᵢ seed i's own standard error.
+  marker), and the mean over seeds as a thicker line or larger marker; no ±1 standard error band is drawn (with so
+  few seeds it would look surer than a test that needs several standard errors). With five seeds or more, the mean
+  is drawn with a ±1 standard error band, se = max(s/√n, √(Σ eᵢ²)/n): s the standard deviation over seeds, eᵢ seed
+  i's own standard error.
+- A smoothed training curve carries no band: the raw steps drawn thin beside it show its noise.
 - A curve of one seed carries its own measurement error as a band, or, where more than two such curves share a
   panel, as a vertical bar at each point (bands would cover each other): for a held-out score, ±1 standard error over
   the questions evaluated (each question's score, one sample each: about √(p(1 − p)/questions)); for a bar,

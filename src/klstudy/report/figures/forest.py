@@ -10,6 +10,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from klstudy.claims_rule import critical_value
 from klstudy.figure_plan import CLAIMS_FIGURE, testable_by_design
 from klstudy.report.figures.captions import PREDICTED_WORDS, Caption, claim_beta, claim_words, finish
 from klstudy.report.figures.encoding import (
@@ -78,6 +79,13 @@ def forest_rows(claims: pd.DataFrame, config: dict, metric: str) -> tuple[pd.Dat
     margins = {name: c.get("margin") for name, c in specs.items()}
     rows["margin"] = [(margins.get(name) or math.nan) * abs(b) if pd.notna(b) else math.nan
                       for name, b in zip(rows.claim, rows.get("baseline_mean", math.nan), strict=True)]  # fmt: skip
+    # A row without a prediction has no verdict, but its spread over seeds is drawn as the others' is: the critical
+    # value its seeds would have been judged with (claims_rule.critical_value), so that it looks no surer than they.
+    rule = config.get("claims_rule") or {}
+    unjudged = rows.critical.isna() & rows.se.notna() & (rows.get("df", pd.Series(math.nan, index=rows.index)) >= 1)
+    rows["spread_critical"] = math.nan
+    if unjudged.any() and {"alpha", "min_z"} <= set(rule):
+        rows.loc[unjudged, "spread_critical"] = critical_value(rows.loc[unjudged, "df"], rule)
     return rows, left_out
 
 
@@ -97,11 +105,11 @@ def _entries(rows: pd.DataFrame, wrap: int = 80) -> list[tuple[str, str, dict | 
 
 def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = None):
     """One metric's claims (``metric``: the first metric with testable claims when not given): a panel of effect ±
-    critical·se per row (a row without a prediction: effect ± 1 se, thin; trends over β, in their own units per
-    decade of β, a panel of their own), the interval
-    clipped to what the metric allows (a | where clipped), coloured by the verdict; a claim of no difference shows its
-    margin as a grey band around 0; verdict, z against its critical value and the paired units on the right. The
-    claims' headings are wrapped to lie inside the panel's frame (drawn again, narrower, where one would cross it).
+    critical·se per row (a row without a prediction: the same, thin and hollow, no verdict; trends over β, in their
+    own units per decade of β, a panel of their own), the interval clipped to what the metric allows (a | where
+    clipped), coloured by the verdict; a claim of no difference shows its margin as a grey band around 0; verdict, z
+    against its critical value and the paired units on the right. The claims' headings are wrapped to lie inside the
+    panel's frame (drawn again, narrower, where one would cross it).
     Returns (figure, caption)."""
     wrap = 80
     for _ in range(4):
@@ -146,12 +154,12 @@ def _draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None, 
                if v in set(rows.verdict)]  # fmt: skip
     drawn = [line for ax in axes[:, 0] for line in ax.get_lines()]
     hollow = sum(line.get_gid() == "effect" and line.get_markerfacecolor() == "white" for line in drawn)
-    if hollow > sum(line.get_gid() == "one se" for line in drawn):  # some without even a spread over seeds
+    if hollow > sum(line.get_gid() == "unjudged interval" for line in drawn):  # some without a spread over seeds
         handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linestyle="",
                                   label="no interval (not testable, or no prediction)"))  # fmt: skip
-    if any(line.get_gid() == "one se" for line in drawn):
+    if any(line.get_gid() == "unjudged interval" for line in drawn):
         handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", markerfacecolor="white", linewidth=0.9,
-                                  label="no prediction: effect ± 1 se over seeds"))  # fmt: skip
+                                  label="no prediction: effect ± critical·se, no verdict"))  # fmt: skip
     if any(line.get_marker() == "|" for line in drawn):
         handles.append(plt.Line2D([], [], color="0.15", marker="|", markersize=8, linestyle="",
                                   label="clipped at the range the metric allows"))  # fmt: skip
@@ -254,6 +262,7 @@ def _view(rows: list[dict], metric: str, trend: bool) -> tuple[float, float]:
     ends, scale = [0.0], []
     for row in rows:
         effect, se, critical = row.get("effect"), row.get("se"), row.get("critical")
+        critical = critical if pd.notna(critical) else row.get("spread_critical")  # a row without a prediction's too
         if pd.isna(effect):
             continue
         scale.append(abs(effect) + (0 if pd.isna(se) else se))
@@ -288,10 +297,19 @@ def _draw_row(ax, y: float, row: dict, metric: str, trend: bool, view: tuple[flo
             elif clipped:
                 ax.plot(end, y, marker="|", color="0.15", markersize=8, markeredgewidth=1.4)
         ax.plot(x, y, "o", color=colour, markersize=4, gid="effect")
-    else:  # no interval the verdict reads; a row with a spread over seeds (no prediction) still shows it, ± 1 se
-        if pd.notna(se):
-            ax.plot([max(x - se, view[0]), min(x + se, view[1])], [y, y], color=colour, linewidth=0.9,
-                    gid="one se")  # fmt: skip
+    else:  # no verdict; a row with a spread over seeds (no prediction) shows it as a verdict would read it, thin
+        spread = row.get("spread_critical")
+        if pd.notna(se) and pd.notna(spread):
+            low_allowed, high_allowed = difference_range(metric, row.get("baseline_mean"), trend)
+            low, high = max(x - spread * se, low_allowed), min(x + spread * se, high_allowed)
+            ax.plot([max(low, view[0]), min(high, view[1])], [y, y], color=colour, linewidth=0.9,
+                    gid="unjudged interval")  # fmt: skip
+            for end, clipped, edge, arrow in ((low, x - spread * se < low_allowed, view[0], "<"),
+                                              (high, x + spread * se > high_allowed, view[1], ">")):  # fmt: skip
+                if (arrow == "<" and end < view[0]) or (arrow == ">" and end > view[1]):  # past the panel
+                    ax.plot(edge, y, marker=arrow, color=colour, markersize=5)
+                elif clipped:  # at the range the metric allows
+                    ax.plot(end, y, marker="|", color="0.15", markersize=8, markeredgewidth=1.4)
         ax.plot(min(max(x, view[0]), view[1]), y, "o", color=colour, markerfacecolor="white", markersize=4,
                 gid="effect")  # fmt: skip
 

@@ -312,6 +312,7 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                            edgecolors="white", linewidths=0.4, label="_seeds"), NO_KL, None, "band")  # fmt: skip
         if n == 1 and np.isfinite(se):
             ax.errorbar([0], [mean], yerr=[se], color="black", capsize=2, linewidth=0.8)
+            drawn.has_error_bars = True
         drawn.quoted.append((kl_label(NO_KL), reference))
         drawn.reference = True
         drawn.seeds.add(n)
@@ -332,6 +333,7 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         if one_seed.any():
             ax.errorbar(x[one_seed], stats["mean"][one_seed], yerr=stats.se[one_seed], fmt="none",
                         color=config_colour(kl_config), capsize=2, linewidth=0.8)  # fmt: skip
+            drawn.has_error_bars = True
         if (stats.n > 1).any():
             # beside the mean's marker (right of it): over it, they hid its fill, which says the estimator
             at = [position[b] + shift + SEED_BESIDE for b in rows.beta]

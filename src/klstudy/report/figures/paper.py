@@ -118,7 +118,11 @@ def noise_text(drawn) -> str:
     if not seeds:
         return ""
     if max(seeds) == 1:
-        return "one seed: the band (or bar) is ±1 se of the measurement itself"
+        if drawn.unit == "bar":
+            return "one seed: each bar's error bar is ±1 se of the measurement itself"
+        if not (drawn.has_band or drawn.has_error_bars):  # a smoothed training curve: its raw steps show its noise
+            return "one seed: no band; the thin line, each step as logged, shows its noise"
+        return "one seed: the " + ("band" if drawn.has_band else "bar") + " is ±1 se of the measurement itself"
     if max(seeds) <= SEEDS_WITHOUT_BAND:
         if drawn.unit == "bar":
             return "each seed a dot on its bar, the bar the mean over seeds, no error bar"

@@ -28,6 +28,7 @@ from klstudy.report.figures.encoding import (
 # ---------------------------------------------------------------------------------------------------------
 # Figure 1 (§3.3).
 
+ESTIMATOR_ORDER = {"k1": 0, "k2": 1, "k3": 2}  # drawing order of a panel's lines: filled, half-filled, hollow markers
 NEAR = 1.25  # two lines within this factor of each other at every T are named as lying together (log axes)
 
 
@@ -98,7 +99,8 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
                  + ", ".join(kl_label(c) for c in configs if c in unbiased) + ".") if unbiased else "",
                 ("Drawn once, equal at every T: " + "; ".join(dict.fromkeys(together)) + ".") if together else "",
                 (f"Within a factor {caption.number(NEAR)} of each other (read one line as two; lines are drawn in "
-                 "falling widths, the first of the legend's order widest, so that each shows an edge): "
+                 "falling widths, K1's filled markers widest and beneath, K3's hollow ones on top, so that each "
+                 "shows): "
                  + "; ".join(dict.fromkeys(near)) + ".") if near else "")  # fmt: skip
     return fig, finish(fig, caption)
 
@@ -141,10 +143,12 @@ def _coinciding_lines(lines: dict[str, pd.Series], rtol: float = 1e-6) -> list[t
 def _draw_lines(ax, lines: dict[str, pd.Series]) -> list[list[str]]:
     """One line per group of coinciding configurations, in its first configuration's style (labelled with every
     name); earlier lines wider, so that a line under another shows at its edges."""
-    groups = _coinciding_lines(lines)
+    # filled markers (K1) first, widest and beneath, hollow ones (K3) last, on top: a hollow marker over a filled one
+    # shows both, a filled one over a hollow one hides it
+    groups = sorted(_coinciding_lines(lines), key=lambda group: ESTIMATOR_ORDER.get(group[0][0][:2], 3))
     for i, (names, series) in enumerate(groups):
         style = {**style_of(names[0]), "linestyle": "-"}
-        line = ax.plot(series.index, series.to_numpy(), markersize=max(3.0, 6.0 - 0.5 * i),
+        line = ax.plot(series.index, series.to_numpy(), markersize=max(3.0, 7.0 - 0.7 * i),
                        linewidth=max(0.7, 2.6 - 0.3 * i), zorder=2 + 0.01 * i,
                        label=" = ".join(kl_label(n) for n in names), **style)[0]  # fmt: skip
         tag(line, names[0], None, "marker")
@@ -331,8 +335,10 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
                                    mc_where=_monte_carlo_where(agreed, families)),
                 caption.design(" ".join(f"{line}." for line in listed if "at KL" not in line))
                 + " " + " ".join(f"{line}." for line in listed if "at KL" in line),
-                ("Monte Carlo end points of configurations without a stable fixed point at their β (no exact marker "
-                 "beside them), each cross's β: " + "; ".join(off_fixed) + ".") if off_fixed else "")  # fmt: skip
+                ("Each Monte Carlo cross is in its own configuration's colour (no KL's black), also where its exact "
+                 "end points are drawn in another's. Monte Carlo end points of configurations without a stable fixed "
+                 "point at their β (no exact marker beside them), each cross's β: " + "; ".join(off_fixed) + ".")
+                if off_fixed else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
@@ -421,15 +427,15 @@ def _draw_end_points(ax, names: list[str], group: pd.DataFrame):
 
 
 def _draw_monte_carlo(ax, mc: pd.DataFrame, leaders: dict) -> list[tuple[str, object, pd.DataFrame]]:
-    """The Monte Carlo end points, mean ± the seeds' sd, in the colour of the configuration drawn for their group;
-    returns (configuration, its crosses' line, its rows)."""
+    """The Monte Carlo end points, mean ± the seeds' sd, in their configuration's own colour (its exact end points
+    may be drawn in another's, which they coincide with); returns (configuration, its crosses' line, its rows)."""
     drawn = []
     for config, runs in mc.groupby("config", sort=False):
         spread = np.sqrt(runs.seeds)
         # a cross: no placement's marker, and without a fill that would read as an estimator's (hollow is K3)
         bars = ax.errorbar(runs.mc_kl, runs.mc_reward, xerr=runs.mc_kl_se * spread, yerr=runs.mc_reward_se * spread,
                            fmt="x", ms=9, mew=1.1, capsize=1.5, zorder=1.5, lw=0.7, linestyle="", label="_monte_carlo",
-                           color=config_colour(leaders.get(config, config)))  # fmt: skip
+                           color=config_colour(config))  # its own colour (no KL black), not its exact group's
         drawn.append((config, bars.lines[0], runs.reset_index(drop=True)))
     return drawn
 
