@@ -285,8 +285,11 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         groups = coinciding_groups(mine, "config", ["beta", "reward", "kl"])
         ax = axes[row, 0]
         _draw_toy_frontier(ax, fronts, mine, family)
-        for names, group in groups:
-            handle = _draw_end_points(ax, names, group)
+        # falling sizes, filled markers (K1) largest and beneath, hollow (K3) smallest on top: end points that lie
+        # on one another each show a rim (near the reference, at large β, most of them do)
+        ordered = sorted(groups, key=lambda g: ESTIMATOR_ORDER.get(g[0][0][:2], 3))
+        for rank, (names, group) in enumerate(ordered):
+            handle = _draw_end_points(ax, names, group, 8.0 - 4.0 * rank / max(len(ordered) - 1, 1), rank)
             if handle is not None:
                 legend.setdefault(handle.get_label(), handle)
         mc = agreed[(agreed.family == family) & (agreed["mode"] == "on-policy")]
@@ -406,7 +409,9 @@ TOY_CAPTION = """\
 J_β = E_π[R] − β·KL(π‖π_ref), with R = 1 for a sequence of T = {length} tokens with at least {threshold} ones. Left: \
 grey, the exact optimum of J_β over β (the reward–KL frontier) in each policy family, its points at β ∈ {{{betas}}} \
 marked with their β; dotted, the unconstrained optimum π*_β, which the parametric family cannot reach. Each \
-configuration's exact end point at each β (float64), joined over β (β falls from lower left to upper right); ▶ no \
+configuration's exact end point at each β (float64), joined over β (β falls from lower left to upper right), in \
+falling sizes (K1's filled markers largest, beneath; K3's hollow ones smallest, on top: end points that lie on one \
+another each show a rim); ▶ no \
 fixed point: the update drifts to the boundary and is drawn where the followed flow stopped; ◆ still moving when \
 stopped; each in its configuration's colour; where several configurations stop at one place, their markers \
 stand one above another, centred on it (the stack's height is not a difference in reward). Crosses with bars: \
@@ -415,14 +420,15 @@ deviation, at β ∈ {{{mc_betas}}} (a bar above reward 1 is the mean + sd, not 
 claims judge them){mc_where}. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
 
 
-def _draw_end_points(ax, names: list[str], group: pd.DataFrame):
-    """A group's exact stable end points over β, joined; returns its legend handle (None without one)."""
+def _draw_end_points(ax, names: list[str], group: pd.DataFrame, markersize: float = 5.0, rank: int = 0):
+    """A group's exact stable end points over β, joined (``markersize``; ``rank``: drawn over the groups before);
+    returns its legend handle (None without one)."""
     style = {**style_of(names[0]), "linestyle": "-"}
     stable = group[group.status == "stable"].sort_values("beta")
     if stable.empty:
         return None
-    handle = ax.plot(stable.kl, stable.reward, linewidth=0.9, markersize=5, zorder=3, label=_group_label(names),
-                     **style)[0]  # fmt: skip
+    handle = ax.plot(stable.kl, stable.reward, linewidth=0.9, markersize=markersize, zorder=3 + 0.01 * rank,
+                     label=_group_label(names), **style)[0]  # fmt: skip
     return tag(handle, names[0], None, "marker")
 
 
