@@ -326,7 +326,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         handles.append(plt.Line2D([], [], linestyle="", marker=UNSETTLED_MARKERS[statuses[0]], color="0.15",
                                   label=" / ".join(f"{UNSETTLED_MARKERS[s].replace('>', '▶').replace('d', '◆')} {s}"
                                                    for s in statuses) + ": where the flow stopped"))  # fmt: skip
-    handles.append(plt.Line2D([], [], linestyle="", marker="x", markersize=9, markeredgewidth=1.1, color="0.3",
+    handles.append(plt.Line2D([], [], linestyle="", marker="x", markersize=8, markeredgewidth=1.0, color="0.3",
                               label="Monte Carlo, mean ± sd of seeds"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=2)
     fig.suptitle("Where each KL configuration's training ends, against the optimum of J_β (toy model)")
@@ -338,9 +338,10 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
                                    mc_where=_monte_carlo_where(agreed, families)),
                 caption.design(" ".join(f"{line}." for line in listed if "at KL" not in line))
                 + " " + " ".join(f"{line}." for line in listed if "at KL" in line),
-                ("Each Monte Carlo cross is in its own configuration's colour (no KL's black), also where its exact "
-                 "end points are drawn in another's. Monte Carlo end points of configurations without a stable fixed "
-                 "point at their β (no exact marker beside them), each cross's β: " + "; ".join(off_fixed) + ".")
+                ("Each Monte Carlo cross is drawn over the exact markers, in the colour the legend gives its "
+                 "configuration (configurations whose exact end points coincide share one). Monte Carlo end points "
+                 "of configurations without a stable fixed point at their β (no exact marker beside them), each "
+                 "cross's β: " + "; ".join(off_fixed) + ".")
                 if off_fixed else "")  # fmt: skip
     return fig, finish(fig, caption)
 
@@ -433,15 +434,17 @@ def _draw_end_points(ax, names: list[str], group: pd.DataFrame, markersize: floa
 
 
 def _draw_monte_carlo(ax, mc: pd.DataFrame, leaders: dict) -> list[tuple[str, object, pd.DataFrame]]:
-    """The Monte Carlo end points, mean ± the seeds' sd, in their configuration's own colour (its exact end points
-    may be drawn in another's, which they coincide with); returns (configuration, its crosses' line, its rows)."""
+    """The Monte Carlo end points, mean ± the seeds' sd, over the exact markers (a thin cross leaves them readable),
+    in the colour the legend gives their configuration (that of the group whose exact end points it shares); returns
+    (configuration, its crosses' line, its rows)."""
     drawn = []
     for config, runs in mc.groupby("config", sort=False):
         spread = np.sqrt(runs.seeds)
-        # a cross: no placement's marker, and without a fill that would read as an estimator's (hollow is K3)
+        # a cross: no placement's marker, and without a fill that would read as an estimator's (hollow is K3); over
+        # the exact markers, where its bars (the seeds' spread) stay in view
         bars = ax.errorbar(runs.mc_kl, runs.mc_reward, xerr=runs.mc_kl_se * spread, yerr=runs.mc_reward_se * spread,
-                           fmt="x", ms=9, mew=1.1, capsize=1.5, zorder=1.5, lw=0.7, linestyle="", label="_monte_carlo",
-                           color=config_colour(config))  # its own colour (no KL black), not its exact group's
+                           fmt="x", ms=8, mew=1.0, capsize=1.5, zorder=4, lw=0.7, linestyle="", label="_monte_carlo",
+                           color=config_colour(leaders.get(config, config)))  # fmt: skip
         drawn.append((config, bars.lines[0], runs.reset_index(drop=True)))
     return drawn
 
