@@ -372,7 +372,7 @@ def _draw_unsettled(ax, points: pd.DataFrame, family: str, caption: Caption, lea
             first = at[at.config.map(lambda n: leaders.get(n, n)) == c].iloc[0]
             shift = transforms.offset_copy(ax.transData, fig=ax.figure, x=0,
                                            y=(i - (len(configs) - 1) / 2) * -STACK_STEP, units="points")  # fmt: skip
-            drawn = ax.plot(first.kl, first.reward, linestyle="", marker=shape, color=config_colour(c), zorder=4,
+            drawn = ax.plot(first.kl, first.reward, linestyle="", marker=shape, color=config_colour(c), zorder=5,
                             markeredgecolor="white", markeredgewidth=0.4, markersize=6.5, transform=shift,
                             clip_on=False, label="_unsettled")[0]  # fmt: skip
             markers.append(tag(drawn, c, None, "band"))
@@ -418,7 +418,8 @@ stopped; each in its configuration's colour; where several configurations stop a
 stand one above another, centred on it (the stack's height is not a difference in reward). Crosses with bars: \
 the Monte Carlo end points of {seeds} seeds trained on-policy through the trainer's loss, mean ± the seeds' standard \
 deviation, at β ∈ {{{mc_betas}}} (a bar above reward 1 is the mean + sd, not a reachable reward; the toy's \
-claims judge them){mc_where}. Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum."""
+claims judge them){mc_where}; ▶ and ◆ are drawn over the crosses. Right: the gap J_β(optimum) − J_β(end) of the \
+stable end points off the optimum, in the same falling sizes."""
 
 
 def _draw_end_points(ax, names: list[str], group: pd.DataFrame, markersize: float = 5.0, rank: int = 0):
@@ -491,12 +492,16 @@ def _draw_toy_gaps(ax, groups: list[tuple[list[str], pd.DataFrame]], family: str
     configurations; returns the caption's lines on the groups on the optimum at every β and on those without a fixed
     point (nothing to draw)."""
     on_optimum = []
-    for names, group in groups:
+    # falling sizes as in the end points' panel (filled largest, beneath): gaps within a marker's height each show
+    ordered = sorted(groups, key=lambda g: ESTIMATOR_ORDER.get(g[0][0][:2], 3))
+    for rank, (names, group) in enumerate(ordered):
         stable = group[group.status == "stable"]
         off = stable[stable.objective_gap >= GAP_FLOOR].sort_values("beta")
         if len(off):
-            tag(ax.plot(off.beta, off.objective_gap, markersize=4, linewidth=0.9, label="_gap",
-                        **{**style_of(names[0]), "linestyle": "-"})[0], names[0], None, "marker")  # fmt: skip
+            size = 7.0 - 3.5 * rank / max(len(ordered) - 1, 1)
+            tag(ax.plot(off.beta, off.objective_gap, markersize=size, linewidth=0.9, label="_gap",
+                        zorder=3 + 0.01 * rank, **{**style_of(names[0]), "linestyle": "-"})[0],
+                names[0], None, "marker")  # fmt: skip
         if len(stable) and (stable.objective_gap < GAP_FLOOR).all():
             on_optimum.append(_group_label(names))
     ax.set_xscale("log")
