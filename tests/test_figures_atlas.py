@@ -43,7 +43,7 @@ SECTION = {
         },
     },  # fmt: skip
     "length": {
-        "settings": ["k3-loss/rloo/G2", "trl-grpo"],
+        "settings": ["k3-loss/rloo/G2", "trl-grpo", "verl-grpo"],  # verl's: K3 in the loss again, ÷ group std
         "betas": [1.0],
         "threshold_fraction": 0.75,
         "max_length": {"tabular": 2, "parametric": 3},
