@@ -132,25 +132,17 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         preset_axes += beta_axes
         curve_axes += grid_axes
     _share_log_axis(preset_axes, "x")
-    configs = list(
-        dict.fromkeys(
-            tag_config(line) for ax in [*preset_axes, *curve_axes] for line in ax.get_lines() if tag_config(line)
-        )  # fmt: skip
-    )  # the configurations drawn
+    configs = _drawn_configs([*preset_axes, *curve_axes])
     handles = key_handles(configs, [b for b in sorted(points.beta.unique())])
     for handle in handles[: len(configs)]:  # a configuration drawn for others that end where it does names them too
-        named = [tag_config(handle)] + [c for c, leader in same_as.items() if leader == tag_config(handle) != c]
-        handle.set_label(_joined_labels(named))
+        handle.set_label(_joined_labels(_drawn_for(tag_config(handle), same_as)))
     handles.append(plt.Line2D([], [], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
                               label="β_eff/β = 1"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     length_t = caption.number(int(points["T"].iloc[0]))
-    merged = [
-        _joined_labels([leader, *[c for c, lead in same_as.items() if lead == leader != c]])
-        for leader in dict.fromkeys(same_as.values())
-        if list(same_as.values()).count(leader) > 1
-    ]
+    merged = [_joined_labels(_drawn_for(leader, same_as)) for leader in dict.fromkeys(same_as.values())
+              if len(_drawn_for(leader, same_as)) > 1]  # fmt: skip
     caption.add(
         "**How strongly each setup practitioners run regularises (toy model of §3.3, exact, float64).** β_eff is the β "
         "whose optimum of J_β has the same KL to the reference as the setup's end point; β_eff/β below 1 (under the "
@@ -195,6 +187,22 @@ def _same_everywhere(rows: pd.DataFrame) -> dict[str, str]:
     return leaders
 
 
+def _drawn_for(leader: str, same_as: dict) -> list[str]:
+    """The configurations a line of ``leader`` is drawn for: itself, then those that end where it does everywhere."""
+    return [leader, *[c for c, lead in same_as.items() if lead == leader != c]]
+
+
+def _drawn_configs(axes: list) -> list[str]:
+    """The configurations these panels draw, in drawing order (the legend's entries)."""
+    return list(dict.fromkeys(tag_config(line) for ax in axes for line in ax.get_lines() if tag_config(line)))
+
+
+def _reference_one(ax, vertical: bool = False) -> None:
+    """β_eff/β = 1, dashed, under the data: where a setup regularises as strongly as asked."""
+    draw = ax.axvline if vertical else ax.axhline
+    draw(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one", zorder=1)
+
+
 def _joined_labels(configs: list[str]) -> str:
     """'K3 in loss, ratio-weighted = weighted K2-gradient': the words the configurations share said once."""
     labels = [kl_label(c) for c in configs]
@@ -226,7 +234,7 @@ def _presets_panels(axes: list, rows: pd.DataFrame, presets: dict | None, family
             if beta == max(betas):
                 name = caption.design(label)  # the preset's name and version, the config's
                 quotes.append(f"{family}, {name} at β = {beta:g}: {caption.value(line, -1, '.2f', axis='x')}")
-        ax.axvline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one", zorder=1)  # under
+        _reference_one(ax, vertical=True)
         ax.set_gid("dots against a reference")  # each point read against 1, not against the others (the tests' rule)
         ax.set_title(f"β{NBSP}={NBSP}{beta:g}", fontsize=8)
         ax.grid(alpha=0.3)  # across: a guide along each preset's row
@@ -283,7 +291,7 @@ def _grid_panels(axes: list, rows: pd.DataFrame, betas: list, same_as: dict, fam
                     linespacing=0.9)  # fmt: skip
             if xs[0] > 0:
                 ax.axvline(xs[0] - (1 + GAP) / 2, color="0.75", linewidth=0.6)
-        ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one", zorder=1)
+        _reference_one(ax)
         ax.set_xlabel("G, completions per prompt")
         ax.grid(alpha=0.3, axis="y")
     return notes
@@ -371,8 +379,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         axes[0].text(0.5, 0.5, "no length sweep in this run", transform=axes[0].transAxes, ha="center", fontsize=7)
     axes[0].set_ylabel("β_eff / β (log)")
     _share_log_axis(axes, "y", room_below=3.0)
-    configs = list(dict.fromkeys(tag_config(line) for ax in axes for line in ax.get_lines() if tag_config(line)))
-    handles = key_handles(configs, sorted(rows.beta.unique()))
+    handles = key_handles(_drawn_configs(axes), sorted(rows.beta.unique()))
     handles.append(plt.Line2D([], [], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
                               label="β_eff/β = 1: as strong as asked"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
@@ -447,7 +454,7 @@ def _length_panel(ax, rows: pd.DataFrame, presets: dict | None, title: str, capt
     for i, (name, config) in enumerate(reversed(names.items())):  # at the bottom, under the lines, 8 pt apart
         ax.annotate(name, (0.03, 0), xycoords="axes fraction", xytext=(0, 2 + 8 * i), textcoords="offset points",
                     ha="left", va="bottom", fontsize=7, color=config_colour(config))  # fmt: skip
-    ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one", zorder=1)
+    _reference_one(ax)
     ax.set_xlabel("T, tokens per answer")
     ax.set_title(title, fontsize=8)
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True, nbins=5))
