@@ -279,37 +279,30 @@ def _view(rows: list[dict], metric: str, trend: bool) -> tuple[float, float]:
 
 def _draw_row(ax, y: float, row: dict, metric: str, trend: bool, view: tuple[float, float]) -> None:
     """effect ± critical·se clipped to the metric's range (a | where clipped) and to the panel (an arrow where it
-    runs past), coloured by the verdict; a claim of no difference's margin as a grey band; no interval: hollow."""
+    runs past), coloured by the verdict; a claim of no difference's margin as a grey band; no verdict: hollow, its
+    interval (a row without a prediction: as its seeds would be judged) thin."""
     colour = verdict_colour(row["verdict"])
     x, se, critical = row["effect"], row.get("se"), row.get("critical")
+    judged = pd.notna(se) and pd.notna(critical)
     if pd.notna(row.get("margin")):
         ax.fill_betweenx([y - 0.4, y + 0.4], -row["margin"], row["margin"], color=MARGIN_COLOUR, linewidth=0)
     if pd.isna(x):
         return
+    critical = critical if judged else row.get("spread_critical")
     if pd.notna(se) and pd.notna(critical):
         low_allowed, high_allowed = difference_range(metric, row.get("baseline_mean"), trend)
         low, high = max(x - critical * se, low_allowed), min(x + critical * se, high_allowed)
-        ax.plot([max(low, view[0]), min(high, view[1])], [y, y], color=colour, linewidth=1.3, gid="interval")
+        ax.plot([max(low, view[0]), min(high, view[1])], [y, y], color=colour, linewidth=1.3 if judged else 0.9,
+                gid="interval" if judged else "unjudged interval")  # fmt: skip
         for end, clipped, edge, arrow in ((low, x - critical * se < low_allowed, view[0], "<"),
                                           (high, x + critical * se > high_allowed, view[1], ">")):  # fmt: skip
             if (end < view[0] and arrow == "<") or (end > view[1] and arrow == ">"):
                 ax.plot(edge, y, marker=arrow, color=colour, markersize=5)
             elif clipped:
                 ax.plot(end, y, marker="|", color="0.15", markersize=8, markeredgewidth=1.4)
+    if judged:
         ax.plot(x, y, "o", color=colour, markersize=4, gid="effect")
-    else:  # no verdict; a row with a spread over seeds (no prediction) shows it as a verdict would read it, thin
-        spread = row.get("spread_critical")
-        if pd.notna(se) and pd.notna(spread):
-            low_allowed, high_allowed = difference_range(metric, row.get("baseline_mean"), trend)
-            low, high = max(x - spread * se, low_allowed), min(x + spread * se, high_allowed)
-            ax.plot([max(low, view[0]), min(high, view[1])], [y, y], color=colour, linewidth=0.9,
-                    gid="unjudged interval")  # fmt: skip
-            for end, clipped, edge, arrow in ((low, x - spread * se < low_allowed, view[0], "<"),
-                                              (high, x + spread * se > high_allowed, view[1], ">")):  # fmt: skip
-                if (arrow == "<" and end < view[0]) or (arrow == ">" and end > view[1]):  # past the panel
-                    ax.plot(edge, y, marker=arrow, color=colour, markersize=5)
-                elif clipped:  # at the range the metric allows
-                    ax.plot(end, y, marker="|", color="0.15", markersize=8, markeredgewidth=1.4)
+    else:
         ax.plot(min(max(x, view[0]), view[1]), y, "o", color=colour, markerfacecolor="white", markersize=4,
                 gid="effect")  # fmt: skip
 
