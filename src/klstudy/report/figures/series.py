@@ -42,7 +42,8 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
     if 1 < seeds <= SEEDS_WITHOUT_BAND:
         for _, run in runs.groupby("seed"):
             run = run.sort_values("x")
-            tag(ax.plot(run.x + offset, run.value, color=style["color"], linestyle=style["linestyle"], linewidth=0.6,
+            run_x = np.where(run.x <= bars_after, run.x, run.x + offset)  # from the base point, as the mean
+            tag(ax.plot(run_x, run.value, color=style["color"], linestyle=style["linestyle"], linewidth=0.6,
                         alpha=0.55, label="_seed")[0], kl_config, beta, "seed")  # fmt: skip
     elif stats.se.notna().any():
         low, high = stats["mean"] - stats.se, stats["mean"] + stats.se
