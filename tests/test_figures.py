@@ -504,9 +504,9 @@ def toy_end_points():
     rows += [dict(family="tabular", config=c, beta=b, status="drifts", reward=1.0, kl=2.74, objective_gap=np.nan)
              for c in ("none", "k1-loss") for b in on]  # fmt: skip
     fronts = pd.DataFrame({"family": "tabular", "kl": [0.0, 0.3, 2.5], "reward": [0.2, 0.5, 1.0]})
-    agreed = pd.DataFrame({"family": "tabular", "mode": "on-policy", "config": "k3-loss", "beta": [1.0, 3.0],
-                           "seeds": 20, "mc_reward": [0.6, 0.25], "mc_reward_se": 0.01, "mc_kl": [0.6, 0.1],
-                           "mc_kl_se": 0.01})  # fmt: skip
+    agreed = pd.DataFrame({"family": "tabular", "mode": "on-policy", "config": ["k3-loss"] * 2 + ["k1-loss"] * 2,
+                           "beta": [1.0, 3.0] * 2, "seeds": 20, "mc_reward": [0.6, 0.25, 0.99, 0.98],
+                           "mc_reward_se": 0.01, "mc_kl": [0.6, 0.1, 2.4, 2.3], "mc_kl_se": 0.01})  # fmt: skip
     return pd.DataFrame(rows), fronts, agreed, section
 
 
@@ -521,14 +521,29 @@ def test_the_toy_figure_draws_coinciding_end_points_once_and_names_where_the_dri
     plt.close(fig)
 
 
-def test_the_monte_carlo_end_points_wear_no_marker_or_fill_of_the_encoding(run):
-    """A Monte Carlo end point is a cross: no placement's marker and no fill an estimator's (a hollow ring read as
-    K3), drawn under the exact end points' markers."""
+def test_the_monte_carlo_check_has_panels_of_its_own_a_row_per_configuration_trained(run):
+    """The seeds' end points are not drawn over the exact ones (crosses on markers of their colour hid their bars):
+    a panel per β, a row per configuration trained, named in words, the exact end point above (▶ where its flow
+    stopped) and the seeds' mean ± sd below, a cross (no placement's marker, no estimator's fill)."""
     points, fronts, agreed, section = toy_end_points()
-    fig, _ = toy_figures.draw_toy_fixed_points(points, fronts, agreed, section)
-    carlo = [c.lines[0] for c in fig.axes[0].containers if c.get_label() == "_monte_carlo"]
-    assert carlo and all(line.get_marker() == "x" for line in carlo)
-    assert not {line.get_marker() for line in carlo} & set(encoding.PLACEMENT_MARKERS.values())
+    fig, caption = toy_figures.draw_toy_fixed_points(points, fronts, agreed, section)
+    exact_panels = [ax for ax in fig.axes if "where training ends" in ax.get_title()]
+    assert exact_panels and not [c for ax in exact_panels for c in ax.containers]
+    check = [ax for ax in fig.axes if ax.get_title().startswith("β ")]
+    assert [ax.get_title() for ax in check] == ["β 1", "β 3"]
+    assert [t.get_text() for t in check[0].get_yticklabels()] == ["K1 in loss", "K3 in loss"]  # shared by the rest
+    for ax, beta in zip(check, (1.0, 3.0), strict=True):
+        crosses = [c.lines[0] for c in ax.containers if c.get_label() == "_monte_carlo"]
+        exact = [line for line in ax.lines if line.get_label() == "_exact"]
+        assert {line.get_marker() for line in crosses} == {"x"}
+        assert [line.get_marker() for line in exact] == [">", encoding.PLACEMENT_MARKERS["loss"]]
+        for config, cross, end in zip(("k1-loss", "k3-loss"), crosses, exact, strict=True):
+            assert cross.get_xdata()[0] == pytest.approx(agreed[(agreed.config == config) & (agreed.beta == beta)]
+                                                         .mc_kl.iloc[0])  # fmt: skip
+            assert end.get_xdata()[0] == pytest.approx(points[(points.config == config) & (points.beta == beta)]
+                                                       .kl.iloc[0])  # fmt: skip
+            assert end.get_ydata()[0] < cross.get_ydata()[0]  # rows run down: the exact end point above its seeds
+    assert "a row per configuration trained (tabular policy: K1 in loss, K3 in loss)" in caption
     plt.close(fig)
 
 

@@ -16,6 +16,7 @@ from klstudy.report.figures.captions import Caption, finish
 from klstudy.report.figures.encoding import (
     FULL_WIDTH,
     GAP_FLOOR,
+    MAX_HEIGHT,
     coinciding_groups,
     config_colour,
     kl_label,
@@ -269,20 +270,26 @@ def _group_label(names: list[str]) -> str:
 
 
 def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, section: dict):
-    """One row per family. Left: the reward–KL plane, the exact frontier (the family's optimum over β, its β grid
-    marked) and each configuration's exact stable end points over β (its marker, joined over β), with the on-policy
-    Monte Carlo end points (crosses, ± the seeds' sd); the end points of configurations without a fixed point
-    (▶, where the flow stopped) or still moving (◆) in grey, once per place (several configurations end at one: the
-    caption names them). Right: the gap J_β(optimum) − J_β(end) against β. Configurations whose end points coincide
-    at every β are drawn once (the caption names them). Returns (figure, caption)."""
+    """One row per family, exact. Left: the reward–KL plane, the exact frontier (the family's optimum over β, its β
+    grid marked) and each configuration's exact stable end points over β (its marker, joined over β); the end points
+    of configurations without a fixed point (▶, where the flow stopped) or still moving (◆), once per place (several
+    configurations end at one: the caption names them). Right: the gap J_β(optimum) − J_β(end) against β.
+    Configurations whose end points coincide at every β are drawn once (the caption names them). Below, the Monte
+    Carlo check: a panel per β of the on-policy runs, a row per configuration trained, the seeds' KL at the end
+    (mean ± sd) under the exact end point's. Returns (figure, caption)."""
     families = list(dict.fromkeys(points.family))
-    fig, axes = plt.subplots(len(families), 2, figsize=(FULL_WIDTH, 3.2 * len(families) + 1.6), squeeze=False,
-                             width_ratios=[1.5, 1], layout="constrained")  # fmt: skip
+    mc = agreed[agreed["mode"] == "on-policy"]
+    fig = plt.figure(figsize=(FULL_WIDTH, min(MAX_HEIGHT, 2.6 * len(families) + (2.4 if len(mc) else 0) + 1.4)),
+                     layout="constrained")  # fmt: skip
+    parts = fig.subfigures(2 if len(mc) else 1, 1, squeeze=False, height_ratios=[2.6 * len(families), 2.4][: 1 +
+                           bool(len(mc))])[:, 0]  # fmt: skip
+    axes = parts[0].subplots(len(families), 2, squeeze=False, width_ratios=[1.5, 1])
     caption = Caption()
-    listed, legend, keys, off_fixed = [], {}, {}, []
+    listed, legend, keys, leaders = [], {}, {}, {}
     for row, family in enumerate(families):
         mine = points[points.family == family]
         groups = coinciding_groups(mine, "config", ["beta", "reward", "kl"])
+        leaders[family] = {n: names[0] for names, _ in groups for n in names}
         ax = axes[row, 0]
         _draw_toy_frontier(ax, fronts, mine, family)
         # falling sizes, filled markers (K1) largest and beneath, hollow (K3) smallest on top: end points that lie
@@ -292,28 +299,22 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
             handle = _draw_end_points(ax, names, group, 8.0 - 4.0 * rank / max(len(ordered) - 1, 1), rank)
             if handle is not None:
                 legend.setdefault(handle.get_label(), handle)
-        mc = agreed[(agreed.family == family) & (agreed["mode"] == "on-policy")]
-        for config in dict.fromkeys(mc.config):
-            leader = next((names[0] for names, _ in groups if config in names), config)
-            label = _group_label(next((names for names, _ in groups if config in names), [config]))
-            legend.setdefault(label, tag(plt.Line2D([], [], **{**style_of(leader), "linestyle": "-"}, label=label),
-                                         leader, None, "marker"))  # fmt: skip
-        crosses = _draw_monte_carlo(ax, mc, {n: names[0] for names, _ in groups for n in names})
-        off_fixed += _monte_carlo_off_fixed_points(crosses, mine, family, caption)
-        listed += _draw_unsettled(ax, mine, family, caption, {n: names[0] for names, _ in groups for n in names})
+        listed += _draw_unsettled(ax, mine, family, caption, leaders[family])
         keys.update({names[0]: _group_label(names) for names, group in groups if (group.status != "stable").any()})
-        ax.set_title(f"{family} policy: where training ends")
+        ax.set_title(f"{family} policy: where training ends (exact)")
         ax.set_xlabel("KL(π ‖ π_ref) at the end point")
         ax.set_ylabel("task reward E_π[R]")
-        bar_tops = [*(mc.mc_reward + mc.mc_reward_se * np.sqrt(mc.seeds))]
-        ax.set_ylim(-0.05, max([1.08, *[t + 0.03 for t in bar_tops]]))  # every Monte Carlo bar whole
-        ax.set_yticks(np.linspace(0, 1, 6))  # a reward lies in [0, 1]: above 1, only a bar's mean + sd
-        reach = [*mine.kl, *(mc.mc_kl + mc.mc_kl_se * np.sqrt(mc.seeds))]
-        ax.set_xlim(-0.4, float(np.nanmax(reach)) * 1.04 + 0.05)
+        ax.set_ylim(-0.05, 1.08)
+        ax.set_yticks(np.linspace(0, 1, 6))
+        ax.set_xlim(-0.4, float(np.nanmax(mine.kl)) * 1.04 + 0.05)
         ax.grid(alpha=0.3)
         listed += _draw_toy_gaps(axes[row, 1], groups, family)
         listed += [f"{family} policy, drawn as {kl_label(names[0])}: also {', '.join(kl_label(n) for n in names[1:])}"
                    for names, group in groups if len(names) > 1 and (group.status == "stable").any()]  # fmt: skip
+    if len(mc):
+        _draw_monte_carlo_check(parts[1], points, mc, leaders)
+        for family, config in mc[["family", "config"]].drop_duplicates().itertuples(index=False):
+            keys.setdefault(leaders[family].get(config, config), kl_label(leaders[family].get(config, config)))
     drawn_colours = {mcolors.to_hex(h.get_color()) for h in legend.values()}
     for leader, label in keys.items():  # a configuration drawn only where the flow stopped: its colour, named
         colour = config_colour(leader)
@@ -326,34 +327,104 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         handles.append(plt.Line2D([], [], linestyle="", marker=UNSETTLED_MARKERS[statuses[0]], color="0.15",
                                   label=" / ".join(f"{UNSETTLED_MARKERS[s].replace('>', '▶').replace('d', '◆')} {s}"
                                                    for s in statuses) + ": where the flow stopped"))  # fmt: skip
-    handles.append(plt.Line2D([], [], linestyle="", marker="x", markersize=8, markeredgewidth=1.0, color="0.3",
-                              label="Monte Carlo, mean ± sd of seeds"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=2)
     fig.suptitle("Where each KL configuration's training ends, against the optimum of J_β (toy model)")
     n = caption.number
-    caption.add(TOY_CAPTION.format(length=n(section["length"]), seeds=n(section["monte_carlo"]["seeds"]),
-                                   threshold=n(section["reward"]["threshold"]),
-                                   betas=", ".join(n(b) for b in section["betas"]),
-                                   mc_betas=", ".join(n(b) for b in section["monte_carlo"]["betas"]),
-                                   mc_where=_monte_carlo_where(agreed, families)),
+    caption.add(TOY_CAPTION.format(length=n(section["length"]), threshold=n(section["reward"]["threshold"]),
+                                   betas=", ".join(n(b) for b in section["betas"])),
+                _monte_carlo_text(mc, families, section, caption),
                 caption.design(" ".join(f"{line}." for line in listed if "at KL" not in line))
-                + " " + " ".join(f"{line}." for line in listed if "at KL" in line),
-                ("Each Monte Carlo cross is drawn over the exact markers, in the colour the legend gives its "
-                 "configuration (configurations whose exact end points coincide share one). Monte Carlo end points "
-                 "of configurations without a stable fixed point at their β (no exact marker beside them), each "
-                 "cross's β: " + "; ".join(off_fixed) + ".")
-                if off_fixed else "")  # fmt: skip
+                + " " + " ".join(f"{line}." for line in listed if "at KL" in line))  # fmt: skip
     return fig, finish(fig, caption)
 
 
-def _monte_carlo_where(agreed: pd.DataFrame, families: list[str]) -> str:
-    """', drawn in the tabular family's panel only' where some family's panel has no Monte Carlo end point."""
-    with_runs = [f for f in families if ((agreed.family == f) & (agreed["mode"] == "on-policy")).any()]
-    if len(with_runs) == len(families):
+def _monte_carlo_text(mc: pd.DataFrame, families: list[str], section: dict, caption: Caption) -> str:
+    """The caption's paragraph on the Monte Carlo panels: who was trained, how, and what the panels compare."""
+    if mc.empty:
+        return "No Monte Carlo runs: the end points are the exact analysis only."
+    n = caption.number
+    rows = _check_rows(mc)
+    trained = "; ".join(f"{family} policy: " + ", ".join(kl_label(c) for f, c in rows if f == family)
+                        for family in dict.fromkeys(f for f, _ in rows))  # fmt: skip
+    return (MONTE_CARLO_CAPTION.format(seeds=n(section["monte_carlo"]["seeds"]),
+                                       mc_betas=", ".join(n(b) for b in section["monte_carlo"]["betas"]),
+                                       trained=trained, where=_monte_carlo_where(mc, families)))  # fmt: skip
+
+
+MONTE_CARLO_CAPTION = """\
+Bottom, the Monte Carlo check: {seeds} seeds of each configuration trained on-policy through the trainer's loss, a \
+panel per β ∈ {{{mc_betas}}}, a row per configuration trained ({trained}){where}. In each row, the exact end \
+point's KL (its marker, above; ▶ ◆ where the exact flow stopped: no end point) and the seeds' (×, below: mean ± the \
+seeds' standard deviation), on a log scale; the marker and the cross take the colour the legend gives the \
+configuration (configurations whose exact end points coincide share one). The toy's claims judge the seeds' task \
+reward against the exact end points'; the off-policy runs are in the Monte Carlo table, not drawn."""
+
+
+def _draw_monte_carlo_check(subfig, points: pd.DataFrame, mc: pd.DataFrame, leaders: dict) -> None:
+    """A panel per β of the on-policy Monte Carlo runs, a row per (family, configuration) trained: the exact end
+    point's KL (the marker of the configuration's group, or ▶ / ◆ where the flow stopped) above the seeds' mean ± sd
+    (a cross: no placement's marker, no estimator's fill), so that neither hides the other."""
+    betas = sorted(set(mc.beta))
+    rows = _check_rows(mc)
+    one_family = len({family for family, _ in rows}) == 1
+    axes = subfig.subplots(1, len(betas), sharex=True, sharey=True, squeeze=False)[0]
+    for ax, beta in zip(axes, betas, strict=True):
+        for y, (family, config) in enumerate(rows):
+            leader = leaders[family].get(config, config)
+            exact = points[(points.family == family) & (points.config == config) & np.isclose(points.beta, beta)]
+            runs = mc[(mc.family == family) & (mc.config == config) & np.isclose(mc.beta, beta)]
+            if len(exact):
+                end = exact.iloc[0]
+                style = ({**style_of(leader), "linestyle": ""} if end.status == "stable" else
+                         {"color": config_colour(leader), "linestyle": "", "marker": UNSETTLED_MARKERS[end.status]})
+                tag(ax.plot([end.kl], [y - CHECK_OFFSET], markersize=5.5, label="_exact", **style)[0], leader, None,
+                    "marker" if end.status == "stable" else "band")  # fmt: skip
+            for run in runs.itertuples():
+                bars = ax.errorbar([run.mc_kl], [y + CHECK_OFFSET], xerr=[run.mc_kl_se * np.sqrt(run.seeds)], fmt="x",
+                                   ms=5.5, mew=1.0, capsize=1.5, lw=0.8, color=config_colour(leader),
+                                   label="_monte_carlo")  # fmt: skip
+                tag(bars.lines[0], leader, None, "band")
+        ax.set_xscale("log")
+        ax.set_yticks(range(len(rows)), [kl_label(c) if one_family else f"{f}: {kl_label(c)}" for f, c in rows])
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_title(f"β {beta:g}")
+        ax.set_xlabel("KL(π ‖ π_ref) at the end")
+        ax.grid(alpha=0.3, axis="x", which="major")
+    _decades_axis(axes[0], [*points[points.family.isin(mc.family)].kl, *mc.mc_kl,
+                            *(mc.mc_kl + mc.mc_kl_se * np.sqrt(mc.seeds))])  # fmt: skip
+    family = rows[0][0] if one_family else "each"
+    subfig.suptitle(f"Monte Carlo check, {family} policy: the exact end point (marker, above) and the seeds' "
+                    "(×, mean ± sd, below)", fontsize=8)  # fmt: skip
+
+
+def _check_rows(mc: pd.DataFrame) -> list[tuple[str, str]]:
+    """The Monte Carlo panels' rows, (family, configuration): by family, then placement and estimator, no KL last."""
+    trained = list(dict.fromkeys(mc[["family", "config"]].itertuples(index=False, name=None)))
+    order = {c: i for i, c in enumerate(_table_order([c for _, c in trained]))}
+    families = list(dict.fromkeys(f for f, _ in trained))
+    return sorted(trained, key=lambda fc: (families.index(fc[0]), fc[1] == NO_KL, order[fc[1]]))
+
+
+def _decades_axis(ax, values) -> None:
+    """A log x range around ``values`` with a labelled power of ten in it at least (only decades labelled: a range
+    under a decade would label its minor ticks over one another)."""
+    values = [v for v in values if v > 0 and np.isfinite(v)]
+    low, high = min(values) / 1.6, max(values) * 1.6
+    if np.floor(np.log10(high)) - np.ceil(np.log10(low)) < 1:
+        low, high = 10 ** np.floor(np.log10(low)), 10 ** np.ceil(np.log10(high))
+    ax.set_xlim(low, high)
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+CHECK_OFFSET = 0.24  # rows: the exact end point this far above the row's line, the seeds' cross as far below
+
+
+def _monte_carlo_where(mc: pd.DataFrame, families: list[str]) -> str:
+    """'; the parametric family has no Monte Carlo runs' where a family has none."""
+    without = [f for f in families if f not in set(mc.family)]
+    if not without:
         return ""
-    if not with_runs:
-        return ", drawn in no panel"
-    return f", drawn in the {' and '.join(with_runs)} family's panel only"
+    return f"; the {' and '.join(without)} {'family has' if len(without) == 1 else 'families have'} no Monte Carlo runs"
 
 
 def _draw_unsettled(ax, points: pd.DataFrame, family: str, caption: Caption, leaders: dict) -> list[str]:
@@ -407,19 +478,16 @@ def _places(unsettled: pd.DataFrame) -> list[pd.DataFrame]:
 
 TOY_CAPTION = """\
 **Where each KL configuration's training ends (toy model of §3.3).** A KL penalty is meant to make training optimise \
-J_β = E_π[R] − β·KL(π‖π_ref), with R = 1 for a sequence of T = {length} tokens with at least {threshold} ones. Left: \
-grey, the exact optimum of J_β over β (the reward–KL frontier) in each policy family, its points at β ∈ {{{betas}}} \
-marked with their β; dotted, the unconstrained optimum π*_β, which the parametric family cannot reach. Each \
-configuration's exact end point at each β (float64), joined over β (β falls from lower left to upper right), in \
-falling sizes (K1's filled markers largest, beneath; K3's hollow ones smallest, on top: end points that lie on one \
-another each show a rim); ▶ no \
-fixed point: the update drifts to the boundary and is drawn where the followed flow stopped; ◆ still moving when \
-stopped; each in its configuration's colour; where several configurations stop at one place, their markers \
-stand one above another, centred on it (the stack's height is not a difference in reward). Crosses with bars: \
-the Monte Carlo end points of {seeds} seeds trained on-policy through the trainer's loss, mean ± the seeds' standard \
-deviation, at β ∈ {{{mc_betas}}} (a bar above reward 1 is the mean + sd, not a reachable reward; the toy's \
-claims judge them){mc_where}; ▶ and ◆ are drawn over the crosses. Right: the gap J_β(optimum) − J_β(end) of the \
-stable end points off the optimum, in the same falling sizes."""
+J_β = E_π[R] − β·KL(π‖π_ref), with R = 1 for a sequence of T = {length} tokens with at least {threshold} ones. Top, \
+exact (float64), a row per policy family. Left: grey, the exact optimum of J_β over β (the reward–KL frontier) in \
+each policy family, its points at β ∈ {{{betas}}} marked with their β; dotted, the unconstrained optimum π*_β, which \
+the parametric family cannot reach. Each configuration's exact end point at each β, joined over β (β falls from \
+lower left to upper right), in falling sizes (K1's filled markers largest, beneath; K3's hollow ones smallest, on \
+top: end points that lie on one another each show a rim); ▶ no fixed point: the update drifts to the boundary and is \
+drawn where the followed flow stopped; ◆ still moving when stopped; each in its configuration's colour; where \
+several configurations stop at one place, their markers stand one above another, centred on it (the stack's height \
+is not a difference in reward). Right: the gap J_β(optimum) − J_β(end) of the stable end points off the optimum, in \
+the same falling sizes."""
 
 
 def _draw_end_points(ax, names: list[str], group: pd.DataFrame, markersize: float = 5.0, rank: int = 0):
@@ -432,43 +500,6 @@ def _draw_end_points(ax, names: list[str], group: pd.DataFrame, markersize: floa
     handle = ax.plot(stable.kl, stable.reward, linewidth=0.9, markersize=markersize, zorder=3 + 0.01 * rank,
                      label=_group_label(names), **style)[0]  # fmt: skip
     return tag(handle, names[0], None, "marker")
-
-
-def _draw_monte_carlo(ax, mc: pd.DataFrame, leaders: dict) -> list[tuple[str, object, pd.DataFrame]]:
-    """The Monte Carlo end points, mean ± the seeds' sd, over the exact markers (a thin cross leaves them readable),
-    in the colour the legend gives their configuration (that of the group whose exact end points it shares); returns
-    (configuration, its crosses' line, its rows)."""
-    drawn = []
-    for config, runs in mc.groupby("config", sort=False):
-        spread = np.sqrt(runs.seeds)
-        # a cross: no placement's marker, and without a fill that would read as an estimator's (hollow is K3); over
-        # the exact markers, where its bars (the seeds' spread) stay in view
-        bars = ax.errorbar(runs.mc_kl, runs.mc_reward, xerr=runs.mc_kl_se * spread, yerr=runs.mc_reward_se * spread,
-                           fmt="x", ms=8, mew=1.0, capsize=1.5, zorder=4, lw=0.7, linestyle="", label="_monte_carlo",
-                           color=config_colour(leaders.get(config, config)))  # fmt: skip
-        drawn.append((config, bars.lines[0], runs.reset_index(drop=True)))
-    return drawn
-
-
-def _monte_carlo_off_fixed_points(drawn: list, points: pd.DataFrame, family: str, caption: Caption) -> list[str]:
-    """The crosses of the configurations without a stable fixed point at their β (nothing exact beside them tells
-    their β), each with its β, KL and task reward, read from the drawing."""
-    quotes = []
-    for config, line, runs in drawn:
-        unstable = [i for i, r in runs.iterrows()
-                    if not ((points.config == config) & np.isclose(points.beta, r.beta)
-                            & (points.status == "stable")).any()]  # fmt: skip
-        if not unstable:
-            continue
-        if config == NO_KL:  # one run per β of the grid, which it ignores
-            parts = [f"KL {caption.value(line, i, '.2f', axis='x')}, reward {caption.value(line, i, '.2f')}"
-                     for i in unstable]  # fmt: skip
-            quotes.append(f"{family} policy, {kl_label(config)}, a run at each β of the grid: " + "; ".join(parts))
-            continue
-        parts = [f"β {caption.number(runs.beta[i])}: KL {caption.value(line, i, '.2f', axis='x')}, reward "
-                 f"{caption.value(line, i, '.2f')}" for i in unstable]  # fmt: skip
-        quotes.append(f"{family} policy, {kl_label(config)}: " + "; ".join(parts))
-    return quotes
 
 
 def _draw_toy_frontier(ax, fronts: pd.DataFrame, points: pd.DataFrame, family: str) -> None:
