@@ -276,7 +276,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     configurations end at one: the caption names them). Right: the gap J_β(optimum) − J_β(end) against β.
     Configurations whose end points coincide at every β are drawn once (the caption names them). Below, the Monte
     Carlo check: a panel per β of the on-policy runs, a row per configuration trained, the seeds' KL at the end
-    (mean ± sd) under the exact end point's. Returns (figure, caption)."""
+    (mean ± se) under the exact end point's. Returns (figure, caption)."""
     families = list(dict.fromkeys(points.family))
     mc = agreed[agreed["mode"] == "on-policy"]
     fig = plt.figure(figsize=(FULL_WIDTH, min(MAX_HEIGHT, 2.6 * len(families) + (2.4 if len(mc) else 0) + 1.4)),
@@ -354,15 +354,16 @@ def _monte_carlo_text(mc: pd.DataFrame, families: list[str], section: dict, capt
 MONTE_CARLO_CAPTION = """\
 Bottom, the Monte Carlo check: {seeds} seeds of each configuration trained on-policy through the trainer's loss, a \
 panel per β ∈ {{{mc_betas}}}, a row per configuration trained ({trained}){where}. In each row, the exact end \
-point's KL (its marker, above; ▶ ◆ where the exact flow stopped: no end point) and the seeds' (×, below: mean ± the \
-seeds' standard deviation), on a log scale; the marker and the cross take the colour the legend gives the \
+point's KL (its marker, above; ▶ ◆ where the exact flow stopped: no end point) and the seeds' (×, below: their mean \
+± 1 se), on a log scale; the marker and the cross take the colour the legend gives the \
 configuration (configurations whose exact end points coincide share one). The toy's claims judge the seeds' task \
-reward against the exact end points'; the off-policy runs are in the Monte Carlo table, not drawn."""
+reward against the exact end points' (the verdicts: the toy's claims table, among the report's claims); the \
+off-policy runs are in the Monte Carlo table, not drawn."""
 
 
 def _draw_monte_carlo_check(subfig, points: pd.DataFrame, mc: pd.DataFrame, leaders: dict) -> None:
     """A panel per β of the on-policy Monte Carlo runs, a row per (family, configuration) trained: the exact end
-    point's KL (the marker of the configuration's group, or ▶ / ◆ where the flow stopped) above the seeds' mean ± sd
+    point's KL (the marker of the configuration's group, or ▶ / ◆ where the flow stopped) above the seeds' mean ± se
     (a cross: no placement's marker, no estimator's fill), so that neither hides the other."""
     betas = sorted(set(mc.beta))
     rows = _check_rows(mc)
@@ -380,7 +381,7 @@ def _draw_monte_carlo_check(subfig, points: pd.DataFrame, mc: pd.DataFrame, lead
                 tag(ax.plot([end.kl], [y - CHECK_OFFSET], markersize=5.5, label="_exact", **style)[0], leader, None,
                     "marker" if end.status == "stable" else "band")  # fmt: skip
             for run in runs.itertuples():
-                bars = ax.errorbar([run.mc_kl], [y + CHECK_OFFSET], xerr=[run.mc_kl_se * np.sqrt(run.seeds)], fmt="x",
+                bars = ax.errorbar([run.mc_kl], [y + CHECK_OFFSET], xerr=[run.mc_kl_se], fmt="x",
                                    ms=5.5, mew=1.0, capsize=1.5, lw=0.8, color=config_colour(leader),
                                    label="_monte_carlo")  # fmt: skip
                 tag(bars.lines[0], leader, None, "band")
@@ -391,10 +392,10 @@ def _draw_monte_carlo_check(subfig, points: pd.DataFrame, mc: pd.DataFrame, lead
         ax.set_xlabel("KL(π ‖ π_ref) at the end")
         ax.grid(alpha=0.3, axis="x", which="major")
     _decades_axis(axes[0], [*points[points.family.isin(mc.family)].kl, *mc.mc_kl,
-                            *(mc.mc_kl + mc.mc_kl_se * np.sqrt(mc.seeds))])  # fmt: skip
+                            *(mc.mc_kl + mc.mc_kl_se)])  # fmt: skip
     family = rows[0][0] if one_family else "each"
     subfig.suptitle(f"Monte Carlo check, {family} policy: the exact end point (marker, above) and the seeds' "
-                    "(×, mean ± sd, below)", fontsize=8)  # fmt: skip
+                    "(×, mean ± se, below)", fontsize=8)  # fmt: skip
 
 
 def _check_rows(mc: pd.DataFrame) -> list[tuple[str, str]]:
