@@ -193,3 +193,16 @@ def test_configurations_that_end_alike_everywhere_are_drawn_once_and_named_toget
     assert rloo["style kl=k1-reward"] > rloo["style kl=k1-advantage"], rloo  # the first drawn widest, beneath
     assert "style kl=k1-both" not in rloo
     plt.close(fig)
+
+
+def test_lines_that_run_together_over_part_of_their_length_are_drawn_in_falling_widths():
+    """A long line that meets another from some T on (a line hid one from T = 7 in the length sweep, unnamed: the
+    rule asked for nearness at every T) joins its group, and so does a line near any member, not only the first."""
+    xs = [1, 2, 3, 4]
+    first = {"xs": xs, "ys": [1.0, 1.0, 1.0, 1.0]}
+    joins_late = {"xs": xs, "ys": [2.0, 2.0, 1.02, 1.01]}
+    near_the_second = {"xs": xs, "ys": [2.1, 2.1, 3.0, 3.0]}
+    apart = {"xs": xs, "ys": [5.0, 5.0, 5.0, 5.0]}
+    groups = atlas_figure._overlapping([first, joins_late, near_the_second, apart], at_least=2)
+    assert [len(g) for g in groups] == [3, 1]
+    assert [len(g) for g in atlas_figure._overlapping([first, joins_late, near_the_second, apart])] == [1, 2, 1]

@@ -307,29 +307,42 @@ def _two_lines(name: str) -> str:
 NEAR_RATIO = 1.10  # β_eff/β within 10 % of another at every common point: within a marker's height on these axes
 
 
-def _overlapping(series: list[dict]) -> list[list[dict]]:
-    """``series`` (dicts with xs and ys) grouped where one lies on another or within NEAR_RATIO of it at every point
-    both have (and they share one at least): drawn in falling widths, said in the caption."""
-    groups: list[list[dict]] = []
-    for one in series:
-        for group in groups:
-            other = group[0]
-            if list(other["xs"]) != list(one["xs"]):
-                continue
-            a, b = np.asarray(other["ys"], dtype=float), np.asarray(one["ys"], dtype=float)
-            both = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
-            if both.any() and np.all(np.abs(np.log(a[both] / b[both])) < np.log(NEAR_RATIO)):
-                group.append(one)
-                break
-        else:
-            groups.append([one])
-    return groups
+def _near_points(one: dict, other: dict) -> tuple[int, int]:
+    """(points where two series of the same xs both have a value, of those within NEAR_RATIO of each other)."""
+    if list(other["xs"]) != list(one["xs"]):
+        return 0, 0
+    a, b = np.asarray(other["ys"], dtype=float), np.asarray(one["ys"], dtype=float)
+    both = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
+    return int(both.sum()), int(np.sum(np.abs(np.log(a[both] / b[both])) < np.log(NEAR_RATIO)))
 
 
-def _draw_overlapping(ax, series: list[dict], markersize: float, label: str, growth: float = 5) -> list[list[dict]]:
-    """Each series (config, beta, xs, ys) as a line of its configuration and β; those that overlap drawn widest
-    first, beneath, so that each shows an edge. Returns the groups, each series with its line."""
-    groups = _overlapping(series)
+def _overlapping(series: list[dict], at_least: int | None = None) -> list[list[dict]]:
+    """``series`` (dicts with xs and ys) grouped where one lies on another or within NEAR_RATIO of it, at every point
+    both have (``at_least`` None), or at ``at_least`` points or more (long lines that run together over part of
+    their length), with whatever lies near a member of the group: drawn in falling widths, said in the caption."""
+    parent = list(range(len(series)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i, one in enumerate(series):
+        for j in range(i):
+            common, near = _near_points(one, series[j])
+            if near and (near == common if at_least is None else near >= at_least):
+                parent[root(i)] = root(j)
+    groups: dict[int, list[dict]] = {}
+    for i, one in enumerate(series):
+        groups.setdefault(root(i), []).append(one)
+    return list(groups.values())
+
+
+def _draw_overlapping(ax, series: list[dict], markersize: float, label: str, growth: float = 5,
+                      at_least: int | None = None) -> list[list[dict]]:  # fmt: skip
+    """Each series (config, beta, xs, ys) as a line of its configuration and β; those that overlap (``_overlapping``)
+    drawn widest first, beneath, so that each shows an edge. Returns the groups, each series with its line."""
+    groups = _overlapping(series, at_least)
     for group in groups:
         step = 1 / max(len(group) - 1, 2)  # the widest at most 2.4 points of line, 5 of marker, more than the narrowest
         for rank, one in enumerate(group):
@@ -442,7 +455,8 @@ def _length_panel(ax, rows: pd.DataFrame, presets: dict | None, title: str, capt
         series.append({"config": first.config, "beta": beta, "name": name, "xs": list(every_t["T"]),
                        "ys": list(ys)})  # fmt: skip
     notes = []
-    for group in _draw_overlapping(ax, series, 2.5, "_length", growth=2.5):  # a point per T: small markers
+    # a point per T, small markers; lines that run together over two T or more overlap there
+    for group in _draw_overlapping(ax, series, 2.5, "_length", growth=2.5, at_least=2):
         for one in group:
             line, t = one["line"], [int(v) for v in one["line"].get_xdata()]
             ends = np.flatnonzero(np.isfinite(np.asarray(one["ys"], dtype=float)))[[0, -1]]

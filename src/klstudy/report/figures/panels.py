@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from matplotlib import patheffects
 
 from klstudy.figure_plan import lag_only
 from klstudy.kl import NO_KL
@@ -57,6 +58,7 @@ class Drawn:
     has_band: bool = False
     has_error_bars: bool = False  # one-seed errors drawn as bars at the points (many curves), not as bands
     has_seeds: bool = False
+    own_scale: bool = False  # a y range of its own, not its quantity's shared one (share_y)
     seed_key: str = "thin line: each seed"  # the legend's words for how a seed is drawn
     last_x: set = field(default_factory=set)  # where the quoted series end (their step, before any sideways dodge)
 
@@ -190,6 +192,11 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                       label=label, error_kw={"elinewidth": 0.8})  # fmt: skip
         for bar in bars:
             tag(bar, kl_config, None if kl_config in (NO_KL, "base") else beta, "bar")
+        if bars.errorbar is not None:  # a white rim: a black error bar shows on a black (no KL) or dark bar too
+            _, caps, stems = bars.errorbar.lines
+            rim = [patheffects.withStroke(linewidth=2.0, foreground="white"), patheffects.Normal()]
+            for artist in [*caps, *stems]:
+                artist.set_path_effects(rim)
         if 1 < seeds <= SEEDS_WITHOUT_BAND:  # each seed a dot on its bar
             for xi, r in zip(x, by_task, strict=True):
                 ax.scatter(np.full(len(r), xi), r.mean_at_k, s=6, color="black", zorder=4, linewidth=0,
@@ -203,6 +210,8 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             if pd.isna(mean):
                 ax.text(xi, 0.005, "n/a", rotation=90, ha="center", va="bottom", fontsize=7)
                 continue
+            if mean == 0:  # a bar of height 0 would read as a missing one
+                ax.text(xi, 0.005, "0", ha="center", va="bottom", fontsize=7)
             any_value = True
             tops[t] = max(tops[t], mean + errors[t], float(r.mean_at_k.max()))
             if "unread" in r and r.unread.notna().any():
@@ -456,13 +465,26 @@ def seeds_text(seeds: set[int], unit: str = "point") -> str:
 PROPORTIONS = ("pass@1", "accuracy", "task_reward")  # in [0, 1]: at least 0 to 0.05 shown
 
 
+OWN_SCALE = 3  # a panel whose own top is under 1/OWN_SCALE of its quantity's shared top keeps a y range of its own
+
+
 def share_y(axes, drawn: list[Drawn]) -> None:
-    """Panels of one quantity share one y range. Every quantity drawn is ≥ 0 (scores, KL, entropy, norms): a band's
-    lower edge below 0 is cut just under 0, where a line at 0 stays visible."""
+    """Panels of one quantity share one y range, but a panel whose values would fill less than a third of it keeps
+    its own (``own_scale``, which its caption says): a small quantity's curves and their noise squeezed into the
+    bottom of another panel's range could not be read. Every quantity drawn is ≥ 0 (scores, KL, entropy, norms): a
+    band's lower edge below 0 is cut just under 0, where a line at 0 stays visible."""
     for quantity in {d.quantity for d in drawn}:
-        group = [ax for ax, d in zip(axes, drawn, strict=True) if d.quantity == quantity and d.empty is None]
+        group = [(ax, d) for ax, d in zip(axes, drawn, strict=True) if d.quantity == quantity and d.empty is None]
         if not group:
             continue
+        top = max(ax.get_ylim()[1] for ax, _ in group)
+        if quantity != "accuracy":  # bars of one quantity compare heights across panels: always one range
+            for ax, d in group:
+                if len(group) > 1 and ax.get_ylim()[1] < top / OWN_SCALE:
+                    ax.set_ylim(max(ax.get_ylim()[0], -0.03 * ax.get_ylim()[1]), ax.get_ylim()[1])
+                    d.own_scale = True
+            group = [(ax, d) for ax, d in group if ax.get_ylim()[1] >= top / OWN_SCALE]
+        group = [ax for ax, _ in group]
         low = min(ax.get_ylim()[0] for ax in group)
         high = max(max(ax.get_ylim()[1] for ax in group), 0.05 if quantity in PROPORTIONS else 0.0)
         low = 0.0 if quantity == "accuracy" else max(low, -0.03 * high)  # bars stand on 0

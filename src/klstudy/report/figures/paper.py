@@ -195,6 +195,9 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
         studies = " beside ".join(study_name(config, s) for s in [panel["study"], *panel.get("with", [])])
         line = caption.design(f"{letter}{what[0].upper()}{what[1:]}; {studies}, "
                               f"{design_text(config, panel['study'])}") + (f"; {noise}." if noise else ".")  # fmt: skip
+        if drawn.own_scale:
+            line += (" Its y axis is its own, not the other panels' of its quantity: its values stay under a third "
+                     "of theirs.")  # fmt: skip
         base = [f"{label} {caption.value(artist, style=drawn.quote_style)}" for label, artist in drawn.quoted
                 if label.startswith("base model")]  # fmt: skip
         series = [(label, artist) for label, artist in drawn.quoted if not label.startswith("base model")]
