@@ -2,6 +2,8 @@
 fill of the KL configuration, line style of β; normalisation and G on the axis), print size, words for every setting,
 numbers read from the drawing, and new rows (a preset, a β) drawn without a change of code."""
 
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
@@ -205,4 +207,23 @@ def test_lines_that_run_together_over_part_of_their_length_are_drawn_in_falling_
     apart = {"xs": xs, "ys": [5.0, 5.0, 5.0, 5.0]}
     groups = atlas_figure._overlapping([first, joins_late, near_the_second, apart], at_least=2)
     assert [len(g) for g in groups] == [3, 1]
-    assert [len(g) for g in atlas_figure._overlapping([first, joins_late, near_the_second, apart])] == [1, 2, 1]
+    assert [len(g) for g in atlas_figure._overlapping([first, joins_late, near_the_second, apart])] == [1, 1, 1, 1]
+
+
+def test_an_end_point_beyond_the_optima_is_drawn_as_the_bound_its_ratio_lies_below():
+    """No β_eff because the end point has more KL than the optimum at the least β the optima reach (β_c): an arrow at
+    β_c/β where its line has a gap (the gap alone hid a ratio below 0.11 under the axis), from the shipped tables."""
+    import yaml
+
+    tables = Path(__file__).resolve().parents[1] / "docs" / "atlas" / "tables"
+    length = pd.read_csv(tables / "atlas_length.csv")
+    section = yaml.safe_load((tables / "config.yaml").read_text())["toy"]["atlas"]
+    fig, caption = atlas_figure.length_figure(length, section)
+    arrows = sorted((round(x), y) for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "bound"
+                    for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True))  # fmt: skip
+    beyond = length[(length.status == "stable") & length.beta_eff_ratio.isna() & length.beyond_curve.astype(bool)]
+    beyond = beyond[beyond.beta.isin(section["length"]["betas"])]
+    assert len(beyond) and arrows == sorted(zip(beyond["T"], beyond.curve_beta_min / beyond.beta, strict=True))
+    assert all(ax.get_ylim()[0] < min(y for _, y in arrows) for ax in fig.axes)  # every arrow inside the axes
+    assert "the arrow is drawn at β_c/β" in caption
+    plt.close(fig)

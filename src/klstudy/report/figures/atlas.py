@@ -25,6 +25,7 @@ from klstudy.report.figures.encoding import (
     beta_linestyle,
     coinciding_groups,
     config_colour,
+    dodge,
     key_handles,
     kl_label,
     marker_of,
@@ -395,6 +396,9 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     handles = key_handles(_drawn_configs(axes), sorted(rows.beta.unique()))
     handles.append(plt.Line2D([], [], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
                               label="β_eff/β = 1: as strong as asked"))  # fmt: skip
+    if len(_bounds(rows)):
+        handles.append(plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKER, markersize=7,
+                                  label="no β_eff: β_eff/β below the arrow"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
@@ -409,6 +413,9 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
          + "; ".join(notes) + ".") if notes else "",
         ("Drawn values, first and last T: " + "; ".join(quoted) + ".") if quoted else "",
         caption.design("Not drawn (no β_eff; a gap in its line): " + "; ".join(missing) + ".") if missing else "",
+        ("↓: an end point with more KL than the family's optimum at the least β its optima were followed to "
+         "(β_c, named above: the optima stop there, where their KL stops growing), so that its β_eff is below β_c; "
+         "the arrow is drawn at β_c/β, which its β_eff/β lies below.") if len(_bounds(rows)) else "",
     )
     return fig, finish(fig, caption)
 
@@ -465,6 +472,7 @@ def _length_panel(ax, rows: pd.DataFrame, presets: dict | None, title: str, capt
         if len(group) > 1:
             named = [f"{caption.design(o['name'])} at β = {o['beta']:g}" for o in group]
             notes.append(f"{title}: " + " and ".join(named))
+    _draw_bounds(ax, rows)
     for i, (name, config) in enumerate(reversed(names.items())):  # at the bottom, under the lines, 8 pt apart
         ax.annotate(name, (0.03, 0), xycoords="axes fraction", xytext=(0, 2 + 8 * i), textcoords="offset points",
                     ha="left", va="bottom", fontsize=7, color=config_colour(config))  # fmt: skip
@@ -474,6 +482,28 @@ def _length_panel(ax, rows: pd.DataFrame, presets: dict | None, title: str, capt
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True, nbins=5))
     ax.grid(alpha=0.3, axis="y")
     return quotes, notes
+
+
+BOUND_MARKER = r"$\downarrow$"  # β_eff/β below this: more KL than the family's optimum at the least β followed
+
+
+def _bounds(rows: pd.DataFrame) -> pd.DataFrame:
+    """The stable end points without a β_eff whose KL is beyond the family's optimum curve (it stops at
+    curve_beta_min): β_eff < curve_beta_min, so β_eff/β < curve_beta_min/β (``bound``)."""
+    if "beyond_curve" not in rows:
+        return rows.iloc[:0].assign(bound=[])
+    beyond = rows[(rows.status == "stable") & rows.beta_eff_ratio.isna() & rows.beyond_curve.fillna(False).astype(bool)]
+    return beyond.assign(bound=beyond.curve_beta_min / beyond.beta)
+
+
+def _draw_bounds(ax, rows: pd.DataFrame) -> None:
+    """Each bound of ``_bounds`` as an arrow down at the bound, in its configuration's colour, where its line has a
+    gap (a gap alone hid the strongest weakening of the sweep, below the axis)."""
+    bounds = _bounds(rows)
+    for _, together in bounds.groupby(["T", "bound"], sort=False):  # arrows at one place side by side, over the lines
+        for i, row in enumerate(together.itertuples()):
+            ax.plot([row.T + dodge(i, len(together), 0.6)], [row.bound], linestyle="", marker=BOUND_MARKER,
+                    markersize=7, color=config_colour(row.config), zorder=6, label="_bound", gid="bound")  # fmt: skip
 
 
 def _share_log_axis(axes: list, axis: str, room_below: float = 1.3) -> None:
