@@ -227,3 +227,24 @@ def test_an_end_point_beyond_the_optima_is_drawn_as_the_bound_its_ratio_lies_bel
     assert all(ax.get_ylim()[0] < min(y for _, y in arrows) for ax in fig.axes)  # every arrow inside the axes
     assert "the arrow is drawn at β_c/β" in caption
     plt.close(fig)
+
+
+def test_the_atlas_draws_every_bound_and_joins_only_configurations_whose_gaps_agree_too():
+    """Presets and grid: each end point beyond the optima is an arrow at its bound (blanks hid the weakest presets,
+    below 0.11); two configurations are drawn as one only where they agree on their gaps and why as well (the caption
+    joined two that one list called still moving and the other beyond the optima). From the shipped tables."""
+    import yaml
+
+    from klstudy.analysis.effective_beta import EFFECTIVE_BETA_RANGE
+
+    tables = Path(__file__).resolve().parents[1] / "docs" / "atlas" / "tables"
+    points = pd.read_csv(tables / "atlas.csv")
+    section = yaml.safe_load((tables / "config.yaml").read_text())["toy"]["atlas"]
+    fig, caption = atlas_figure.figure(points, section, beta_min=EFFECTIVE_BETA_RANGE[0])
+    drawn = {round(float(v), 9) for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "bound"
+             for v in [*line.get_xdata(), *line.get_ydata()]}  # fmt: skip
+    beyond = points[(points.status == "stable") & points.beta_eff_ratio.isna() & points.beyond_curve.astype(bool)
+                    & points.beta.isin(section["betas"])]  # fmt: skip
+    assert len(beyond) and {round(b, 9) for b in beyond.curve_beta_min / beyond.beta} <= drawn
+    assert "K3 in loss, ratio-weighted = weighted K2-gradient" not in caption
+    plt.close(fig)

@@ -129,16 +129,20 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
                         fontsize=8)  # fmt: skip
         grid_axes[0].set_ylabel("β_eff / β (log)")
         missing += _not_drawn(mine, presets, beta_min, family)
-        _share_log_axis(grid_axes, "y")  # a family's own range: the tabular's 1.4 decades would be lost in 3
+        # a family's own range (the tabular's 1.4 decades would be lost in 3), room for an arrow at its lowest bound
+        _share_log_axis(grid_axes, "y", room_below=2.0)
         preset_axes += beta_axes
         curve_axes += grid_axes
     _share_log_axis(preset_axes, "x")
     configs = _drawn_configs([*preset_axes, *curve_axes])
-    handles = key_handles(configs, [b for b in sorted(points.beta.unique())])
-    for handle in handles[: len(configs)]:  # a configuration drawn for others that end where it does names them too
+    handles = key_handles(configs, [])  # β heads each column: no key of its line styles
+    for handle in handles:  # a configuration drawn for others that end where it does names them too
         handle.set_label(_joined_labels(_drawn_for(tag_config(handle), same_as)))
     handles.append(plt.Line2D([], [], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
                               label="β_eff/β = 1"))  # fmt: skip
+    if any(line.get_gid() == "bound" for ax in [*preset_axes, *curve_axes] for line in ax.get_lines()):
+        handles.append(plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKER, markersize=7,
+                                  label="↓ ← no β_eff: β_eff/β below the arrow"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     length_t = caption.number(int(points["T"].iloc[0]))
@@ -167,6 +171,10 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         else "",
         ("Drawn values, " + "; ".join(quoted) + ".") if quoted else "",
         caption.design("Not drawn (no β_eff): " + "; ".join(missing) + ".") if missing else "",
+        ("↓ (←, in the presets' rows): an end point with more KL than the family's optimum at the least β its optima "
+         "were followed to (β_c, named above: the optima stop there, where their KL stops growing), so that its β_eff "
+         "is below β_c; the arrow is drawn at β_c/β, which its β_eff/β lies below.")
+        if any(line.get_gid() == "bound" for ax in fig.axes for line in ax.get_lines()) else "",
     )
     return fig, finish(fig, caption)
 
@@ -178,11 +186,16 @@ def _same_everywhere(rows: pd.DataFrame) -> dict[str, str]:
     index = ["family", "normalisation", "group", "beta"]
     ratios = {config: _drawable(group).set_index(index).beta_eff_ratio.sort_index()
               for config, group in rows.groupby("config", sort=False)}  # fmt: skip
+    # where there is no β_eff, why (still moving, beyond the optima and its bound, ...) must agree too
+    absent = {config: sorted((*key, _why(row, 0.0)) for key, row in zip(
+                  group.set_index(index).index, group.itertuples(), strict=True)
+                  if key not in ratios[config].index)
+              for config, group in rows.groupby("config", sort=False)}  # fmt: skip
     leaders: dict[str, str] = {}
     for config, values in ratios.items():
         leaders[config] = next(
             (leader for leader in dict.fromkeys(leaders.values()) if ratios[leader].index.equals(values.index)
-             and np.allclose(ratios[leader], values, rtol=1e-6, atol=1e-9)),
+             and np.allclose(ratios[leader], values, rtol=1e-6, atol=1e-9) and absent[leader] == absent[config]),
             config,
         )  # fmt: skip
     return leaders
@@ -219,11 +232,18 @@ def _presets_panels(axes: list, rows: pd.DataFrame, presets: dict | None, family
     configuration; returns the caption's quotes of the values drawn at the largest β."""
     groups = [(names, _drawable(group)) for names, group in
               coinciding_groups(rows, "setting", ["beta", "beta_eff_ratio"], equal_nan=True)]  # fmt: skip
-    groups = sorted([g for g in groups if len(g[1])], key=lambda g: -g[1].sort_values("beta").beta_eff_ratio.iloc[-1])
+    bounded = {tuple(names): _bounds(group) for names, group in
+               coinciding_groups(rows, "setting", ["beta", "beta_eff_ratio"], equal_nan=True)}  # fmt: skip
+    groups = [g for g in groups if len(g[1]) or len(bounded[tuple(g[0])])]
+    groups = sorted(groups, key=lambda g: -(g[1].sort_values("beta").beta_eff_ratio.iloc[-1] if len(g[1]) else
+                                            bounded[tuple(g[0])].bound.min()))  # fmt: skip
     labels = [" = ".join(setting_name(rows[rows.setting == n].iloc[0].to_dict(), presets) for n in names)
               for names, _ in groups]  # fmt: skip
     quotes = []
     for ax, beta in zip(axes, betas, strict=True):
+        _draw_arrows(ax, [(y, row.bound, row.config) for y, (names, _) in enumerate(groups)
+                          for row in bounded[tuple(names)][bounded[tuple(names)].beta == beta].itertuples()],
+                     vertical=True)  # fmt: skip
         for y, ((_, group), label) in enumerate(zip(groups, labels, strict=True)):
             at = group[group.beta == beta]
             if at.empty:
@@ -242,8 +262,8 @@ def _presets_panels(axes: list, rows: pd.DataFrame, presets: dict | None, family
         ax.set_ylim(max(len(groups), 1) - 0.5, -0.5)
     axes[0].get_figure().supxlabel("β_eff / β", fontsize=8)
     axes[0].set_yticks(range(len(groups)), labels, fontsize=7)
-    for tick, (_, group) in zip(axes[0].get_yticklabels(), groups, strict=True):
-        tick.set_color(config_colour(group.iloc[0].config))
+    for tick, (names, group) in zip(axes[0].get_yticklabels(), groups, strict=True):
+        tick.set_color(config_colour((group if len(group) else bounded[tuple(names)]).iloc[0].config))
     for ax in axes[1:]:
         ax.tick_params(axis="y", left=False)
     return quotes
@@ -270,7 +290,7 @@ def _grid_panels(axes: list, rows: pd.DataFrame, betas: list, same_as: dict, fam
     leaders = [c for c in dict.fromkeys(rows.config) if same_as.get(c, c) == c]
     notes = []
     for ax, beta in zip(axes, betas, strict=True):
-        segments = []  # (config, normalisation, xs, ys)
+        segments, arrows = [], []  # (config, normalisation, xs, ys); (x, bound, config)
         for config in leaders:
             group = rows[(rows.config == config) & (rows.beta == beta)]
             for normalisation in dict.fromkeys(group.normalisation):
@@ -282,7 +302,13 @@ def _grid_panels(axes: list, rows: pd.DataFrame, betas: list, same_as: dict, fam
                     xs = [x_of[(normalisation, g)] for g in part.group]
                 if len(part):
                     segments.append((config, normalisation, xs, list(part.beta_eff_ratio)))
+                bounded = _bounds(group[group.normalisation == normalisation]).sort_values("group")
+                if (normalisation, None) in x_of:
+                    bounded = bounded.head(1)
+                arrows += [(x_of[(normalisation, None if (normalisation, None) in x_of else g)], b, config)
+                           for g, b in zip(bounded.group, bounded.bound, strict=True)]  # fmt: skip
         notes += _draw_segments(ax, segments, beta, family)
+        _draw_arrows(ax, arrows)
         ax.set_xticks(list(x_of.values()), [f"{g}" if g else "any" for _, g in categories])
         ax.set_xlim(-0.6, max(x_of.values()) + 0.6)
         for normalisation in dict.fromkeys(n for n, _ in categories):
@@ -361,7 +387,7 @@ def _draw_segments(ax, segments: list, beta: float, family: str) -> list[str]:
     series = [{"config": config, "beta": beta, "where": normalisation, "xs": xs, "ys": ys}
               for config, normalisation, xs, ys in segments]  # fmt: skip
     notes = []
-    for group in _draw_overlapping(ax, series, 3.5, "_grid"):
+    for group in _draw_overlapping(ax, series, 3.5, "_grid", growth=3, at_least=1):  # a point on another hides it
         if len(group) > 1:
             where = AXIS_NAMES.get(group[0]["where"], group[0]["where"])
             notes.append(f"{family}, β = {beta:g}, {where}: " + " and ".join(kl_label(o["config"]) for o in group))
@@ -485,6 +511,7 @@ def _length_panel(ax, rows: pd.DataFrame, presets: dict | None, title: str, capt
 
 
 BOUND_MARKER = r"$\downarrow$"  # β_eff/β below this: more KL than the family's optimum at the least β followed
+LEFT_MARKER = r"$\leftarrow$"  # the same, where β_eff/β runs across (the presets' rows)
 
 
 def _bounds(rows: pd.DataFrame) -> pd.DataFrame:
@@ -497,13 +524,24 @@ def _bounds(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _draw_bounds(ax, rows: pd.DataFrame) -> None:
-    """Each bound of ``_bounds`` as an arrow down at the bound, in its configuration's colour, where its line has a
-    gap (a gap alone hid the strongest weakening of the sweep, below the axis)."""
-    bounds = _bounds(rows)
-    for _, together in bounds.groupby(["T", "bound"], sort=False):  # arrows at one place side by side, over the lines
-        for i, row in enumerate(together.itertuples()):
-            ax.plot([row.T + dodge(i, len(together), 0.6)], [row.bound], linestyle="", marker=BOUND_MARKER,
-                    markersize=7, color=config_colour(row.config), zorder=6, label="_bound", gid="bound")  # fmt: skip
+    """Each bound of ``_bounds`` as an arrow at the bound, where its line has a gap (a gap alone hid the strongest
+    weakening of the sweep, below the axis)."""
+    _draw_arrows(ax, [(row.T, row.bound, row.config) for row in _bounds(rows).itertuples()])
+
+
+def _draw_arrows(ax, arrows: list, vertical: bool = False) -> None:
+    """(position, bound, configuration) as an arrow at the bound in the configuration's colour, pointing to lower
+    β_eff/β (down; left where β_eff/β runs across, ``vertical``); arrows at one place side by side, over the lines."""
+    places: dict[tuple, list] = {}
+    for at, bound, config in arrows:
+        places.setdefault((at, round(float(bound), 12)), []).append((config, float(bound)))
+    for (at, _), drawn in places.items():
+        configs, bound = [config for config, _ in drawn], drawn[0][1]
+        for i, config in enumerate(dict.fromkeys(configs)):
+            beside = at + dodge(i, len(set(configs)), 0.6)
+            xy = ([bound], [beside]) if vertical else ([beside], [bound])
+            ax.plot(*xy, linestyle="", marker=LEFT_MARKER if vertical else BOUND_MARKER, markersize=7,
+                    color=config_colour(config), zorder=6, label="_bound", gid="bound")  # fmt: skip
 
 
 def _share_log_axis(axes: list, axis: str, room_below: float = 1.3) -> None:
