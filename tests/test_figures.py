@@ -659,3 +659,31 @@ def test_an_error_bar_shows_on_a_black_bar_and_a_zero_bar_is_written():
     assert (0.0 in heights) == any(t.get_text() == "0" for t in ax.texts)
     assert 0.0 in heights  # the shipped run has one (K1 in the loss on MATH²): the test above is not empty
     plt.close(fig)
+
+
+def test_a_crowded_training_panel_draws_each_seeds_final_value_and_a_forest_names_each_claims_study():
+    """Where a panel would hold too many thin lines (each then the mean over seeds), each seed's final value stands
+    as a dot right of the end, their mean the thick line's last point (a reader saw no seed drawn); a forest of claims
+    on two studies names each claim's (two claims compared K1 in the loss with no KL at β = 10, one on new seeds).
+    From docs/separation's shipped tables."""
+    import yaml
+
+    tables = ROOT / "docs" / "separation" / "tables"
+    config = yaml.safe_load((tables / "config.yaml").read_text())
+    read = aggregate.read_tables(tables)
+    fig, caption = training.draw_training_figure("bridge", config, read)
+    for ax in fig.axes:
+        thick = {line.get_gid(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+        dots = [c for c in ax.collections if c.get_label() == "_seed ends"]
+        assert len(dots) == len(thick)
+        for collection in dots:
+            ends = np.asarray(collection.get_offsets())[:, 1]
+            line = thick[collection.get_gid().replace(";band", ";line")]
+            assert len(ends) == 4 and ends.mean() == pytest.approx(line.get_ydata()[-1])
+    assert "each seed's final value then a dot" in caption
+    plt.close(fig)
+    claims = encoding.read_claims(tables / "claims.csv")
+    fig, _ = forest.draw_claims_forest(claims, config, "final_kl")
+    words = " ".join(" ".join(t.get_text().split()) for ax in fig.axes for t in ax.texts)
+    assert f"in {encoding.study_name(config, 'bridge')}" in words and "in on-policy grid" in words
+    plt.close(fig)

@@ -335,10 +335,12 @@ NEAR_RATIO = 1.10  # β_eff/β within 10 % of another at every common point: wit
 
 
 def _near_points(one: dict, other: dict) -> tuple[int, int]:
-    """(points where two series of the same xs both have a value, of those within NEAR_RATIO of each other)."""
-    if list(other["xs"]) != list(one["xs"]):
+    """(points at an x of both series where both have a value, of those within NEAR_RATIO of each other)."""
+    ys_of = dict(zip(other["xs"], other["ys"], strict=True))
+    shared = [(ys_of[x], y) for x, y in zip(one["xs"], one["ys"], strict=True) if x in ys_of]
+    if not shared:
         return 0, 0
-    a, b = np.asarray(other["ys"], dtype=float), np.asarray(one["ys"], dtype=float)
+    a, b = (np.asarray(v, dtype=float) for v in zip(*shared, strict=True))
     both = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
     return int(both.sum()), int(np.sum(np.abs(np.log(a[both] / b[both])) < np.log(NEAR_RATIO)))
 

@@ -21,6 +21,7 @@ from klstudy.report.figures.encoding import (
     save,
     scale_text,
     short_number,
+    study_name,
     verdict_colour,
 )
 
@@ -89,16 +90,18 @@ def forest_rows(claims: pd.DataFrame, config: dict, metric: str) -> tuple[pd.Dat
     return rows, left_out
 
 
-def _entries(rows: pd.DataFrame, wrap: int = 80) -> list[tuple[str, str, dict | None]]:
-    """The forest's lines: per claim a header (its words, its prediction, written across the panel, wrapped at
-    ``wrap`` characters), then one line per row (its β on the axis)."""
+def _entries(rows: pd.DataFrame, wrap: int = 80, studies: dict | None = None) -> list[tuple[str, str, dict | None]]:
+    """The forest's lines: per claim a header (its words, its prediction and, given ``studies`` (study: its name),
+    the study it reads; written across the panel, wrapped at ``wrap`` characters), then one line per row (its β on
+    the axis)."""
     entries = []
     for _, claim in rows.groupby("claim", sort=False):
         records = claim.to_dict("records")
         first = records[0]
         words = claim_words(first.get("text", first["claim"]))
         predicted = PREDICTED_WORDS.get(str(first.get("predicted")), "")
-        entries.append(("header", textwrap.fill(f"{words} ({predicted})", wrap), None))
+        study = f"; in {studies[first['study']]}" if studies and first.get("study") in studies else ""
+        entries.append(("header", textwrap.fill(f"{words} ({predicted}{study})", wrap), None))
         entries += [("row", claim_beta(r) or "", r) for r in records]
     return entries
 
@@ -140,7 +143,10 @@ def _draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None, 
     rows, left_out = forest_rows(claims, config, metric)
     trend = _is_trend(rows)
     groups = [(key, part) for key, part in (("", rows[~trend]), (" trend", rows[trend])) if len(part)]
-    entries = [_entries(part, wrap) for _, part in groups] or [[]]
+    # a forest of claims on several studies names each claim's (two claims can compare the same configurations)
+    read = list(dict.fromkeys(rows.get("study", pd.Series(dtype=str)).dropna()))
+    studies = {s: study_name(config, s) for s in read} if len(read) > 1 else None
+    entries = [_entries(part, wrap, studies) for _, part in groups] or [[]]
     heights = [sum(1 + e[1].count("\n") * 0.8 for e in ent) + 1.5 for ent in entries]
     height = min(MAX_HEIGHT, ROW_INCHES * sum(heights) + 1.1)
     fig, axes = plt.subplots(len(heights), 1, figsize=(FULL_WIDTH, height), squeeze=False, height_ratios=heights,
@@ -252,7 +258,7 @@ def _forest_panel(ax, metric: str, trend: bool, entries: list) -> None:
     twin.tick_params(axis="y", length=0)
     twin.tick_params(axis="x", which="both", bottom=False, labelbottom=False, top=False, labeltop=False)
     unit = CLAIM_METRIC_UNITS.get(metric, metric)
-    ax.set_xlabel(f"{unit}{': slope per decade of β' if trend else ''}, candidate − baseline")
+    ax.set_xlabel(f"{unit}: slope per decade of β, mean over seeds" if trend else f"{unit}, candidate − baseline")
     ax.grid(alpha=0.3, axis="x")
 
 

@@ -384,12 +384,16 @@ def _mark_verdicts(ax, stats: pd.DataFrame, claims: pd.DataFrame, kl_config: str
                         markeredgewidth=1.4, color=VERDICT_COLOURS[verdict], zorder=4, label="_ring")  # fmt: skip
 
 
+END_DOTS_OFFSET, END_DOTS_WIDTH = 0.9, 1.2  # in steps: where each seed's final value stands, right of the last step
+
+
 def smoothed_series(
     ax, rows: pd.DataFrame, column: str, window: int, mean_raw: bool = False, reference: str = NO_KL
 ) -> list:
     """Per configuration × β: each step as logged, thin (each seed's own line; ``mean_raw``: the mean over seeds, one
-    line a series, for a crowded panel), and its trailing mean over ``window`` steps (aggregate.trailing_mean: the last
-    point is the run's final value) averaged over seeds, thick. The reference (no KL, or the configuration a study's
+    line a series, for a crowded panel, with each seed's final value a dot right of the last step), and its trailing
+    mean over ``window`` steps (aggregate.trailing_mean: the last point is the run's final value) averaged over seeds,
+    thick. The reference (no KL, or the configuration a study's
     claims compare with) is drawn wider and beneath the others, so that a configuration that trains as it does stays
     visible on it. Returns [(label, thick line, seeds)]."""
     drawn = []
@@ -416,6 +420,11 @@ def smoothed_series(
                            linewidth=0.5, alpha=0.5, label="_raw", zorder=1)[0]  # fmt: skip
             tag(thin, kl_config, beta_or_none, "seed")
         mean = pd.concat(smoothed).groupby("step").value.mean()
+        if mean_raw and len(smoothed) > 1:  # no seed's own line: each seed's final value, a dot right of the end
+            ends = [s.sort_values("step").value.iloc[-1] for s in smoothed]
+            at = mean.index.max() + END_DOTS_OFFSET + dodge(len(drawn), len(series), END_DOTS_WIDTH)
+            tag(ax.scatter(np.full(len(ends), at), ends, s=5, color=style["color"], linewidth=0, zorder=4,
+                           label="_seed ends"), kl_config, beta_or_none, "band")  # fmt: skip
         label = kl_label(kl_config, beta_or_none)
         line = ax.plot(mean.index, mean.to_numpy(), linewidth=3.0 if under else widths[(kl_config, beta)], markersize=4,
                        markevery=max(1, len(mean) // 5), label=label, zorder=2 if under else 3, **style)[0]  # fmt: skip

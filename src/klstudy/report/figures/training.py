@@ -94,8 +94,10 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         "Rows: the task reward (the batch's mean, no KL term), the K3 estimate of KL(π_sampling‖π_ref) on the batch "
         "the sampling policy drew, and the gradient norm before clipping; columns: β"
         f"{', each with the no-KL run' if NO_KL in spec['kl'] and has_kl else ''}. Thin lines: each step as logged"
-        + (design(f" (the mean over seeds in a panel that would hold more than {RAW_SEED_LINES_UP_TO} thin lines)")
-           if seeds > 1 else "")
+        + (design(f" (the mean over seeds in a panel that would hold more than {RAW_SEED_LINES_UP_TO} thin lines, "
+                  "each seed's final value then a dot right of the last step, the configurations side by side in "
+                  "the order of the legend)")
+           if seeds > 1 and crowded_any(training, betas, seeds) else "")
         + design(f"; thick: the trailing mean of the last {window} logged steps up to each step (the window that "
                  "defines the end of training), averaged over seeds. ") + spans,
         design(async_text(spec["train"])) if spec["train"].get("async_level") else "",
@@ -150,7 +152,11 @@ def _legend(kls: list[str], betas: list[float], seeds: int, crowded: bool, refer
             handle.set_label(f"{kl_label(reference)}: the claims' baseline")
             handle.set_linewidth(2.4)
     raw = "thin: each step as logged" + (", each seed" if seeds > 1 and not crowded else "")
+    raw += ", the mean over seeds where crowded" if seeds > 1 and crowded else ""
     handles.append(plt.Line2D([], [], color="0.4", linewidth=0.5, label=raw))
+    if seeds > 1 and crowded:
+        handles.append(plt.Line2D([], [], color="0.4", linestyle="", marker="o", markersize=2.5,
+                                  label="dots right of the end: each seed's final value"))  # fmt: skip
     return handles
 
 
