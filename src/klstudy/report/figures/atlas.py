@@ -165,7 +165,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
             else ""
         )
         + ". The same settings against the answer's length T: the length sweep's figure, beside this one.",
-        ("Lines on one another or within a marker's height (10 %) in a panel, drawn in falling widths so that each "
+        (f"Lines on one another or within a marker's height ({NEAR_RATIO - 1:.0%}) in a panel, drawn in falling "
+         "widths so that each "
          "shows: " + "; ".join(notes) + ".")
         if notes
         else "",
@@ -331,7 +332,8 @@ def _two_lines(name: str) -> str:
     return "\n".join(name.rsplit(" ", 1)) if len(name) > 6 else name
 
 
-NEAR_RATIO = 1.10  # β_eff/β within 10 % of another at every common point: within a marker's height on these axes
+# β_eff/β within 15 % of another: within the largest marker's half-height (a group's widest, 6.5 pt) on these axes
+NEAR_RATIO = 1.15
 
 
 def _near_points(one: dict, other: dict) -> tuple[int, int]:
@@ -437,7 +439,8 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         "family and advantage normalisation, a line per setting (its name in the panel, in its KL configuration's "
         "colour) and β asked for (line style); the settings are those the run's configuration lists for the length "
         "sweep. The atlas's figure beside it shows the settings at one T across normalisations, G and presets.",
-        ("Lines on one another or within a marker's height (10 %), drawn in falling widths so that each shows: "
+        (f"Lines on one another or within a marker's height ({NEAR_RATIO - 1:.0%}), drawn in falling widths so that "
+         "each shows: "
          + "; ".join(notes) + ".") if notes else "",
         ("Drawn values, first and last T: " + "; ".join(quoted) + ".") if quoted else "",
         caption.design("Not drawn (no β_eff; a gap in its line): " + "; ".join(missing) + ".") if missing else "",
