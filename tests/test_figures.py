@@ -687,3 +687,13 @@ def test_a_crowded_training_panel_draws_each_seeds_final_value_and_a_forest_name
     words = " ".join(" ".join(t.get_text().split()) for ax in fig.axes for t in ax.texts)
     assert f"in {encoding.study_name(config, 'bridge')}" in words and "in on-policy grid" in words
     plt.close(fig)
+
+
+def test_a_kl_against_beta_panel_of_many_configurations_takes_the_page_width():
+    """Seven configurations side by side in each β category, each with its seeds' dots, ran into one another in a
+    column's width (the separating design's fig13)."""
+    config = {"studies": {"grid": {"kl": ["none", "k1-reward", "k3-loss"]},
+                          "wide": {"kl": ["none", "k1-reward", "k1-loss", "k3-reward", "k3-loss", "k1-both"]}}}
+    assert paper._width([{"kind": "kl_vs_beta", "study": "grid"}], config) == encoding.SINGLE_COLUMN
+    assert paper._width([{"kind": "kl_vs_beta", "study": "wide"}], config) == encoding.FULL_WIDTH
+    assert encoding.wrap("How far each configuration keeps the policy (on-policy)", 50).endswith("(on-policy)")

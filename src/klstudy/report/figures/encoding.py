@@ -359,10 +359,10 @@ def key_handles(kls: list[str], betas: list[float]) -> list:
 
 
 def wrap(text: str, width: int) -> str:
-    """textwrap.fill that never breaks 'β = 0.1' or 'G = 8' across lines."""
+    """textwrap.fill that never breaks 'β = 0.1' or 'G = 8' across lines, nor a word at its hyphen ('on-policy')."""
     import textwrap
 
-    return textwrap.fill(text.replace(" = ", "\ue000"), width).replace("\ue000", " = ")
+    return textwrap.fill(text.replace(" = ", "\ue000"), width, break_on_hyphens=False).replace("\ue000", " = ")
 
 
 def say_in_panel(ax, text: str, y: float = 0.92) -> None:

@@ -82,9 +82,17 @@ def _bar_groups(panel: dict, config: dict) -> int:
     return 1 + sum(1 if kl == NO_KL else len(betas) for kl in kls)
 
 
-def _width(panels: list[dict]) -> float:
-    """One panel of points or curves fits a column; bars of five tasks, or two panels, take the page's width."""
-    return SINGLE_COLUMN if len(panels) == 1 and panels[0]["kind"] not in ("bars", "divergence") else FULL_WIDTH
+CROWDED_CATEGORY = 4  # configurations side by side in one β category that a column's width still keeps apart
+
+
+def _width(panels: list[dict], config: dict) -> float:
+    """One panel of points or curves fits a column; bars of five tasks, two panels, or a panel of more than
+    CROWDED_CATEGORY configurations side by side in each β (their seeds' dots beside them) take the page's width."""
+    if len(panels) != 1 or panels[0]["kind"] in ("bars", "divergence"):
+        return FULL_WIDTH
+    panel = panels[0]
+    kls = [k for k in panel.get("kl") or config["studies"][panel["study"]]["kl"] if k != NO_KL]
+    return FULL_WIDTH if panel["kind"] == "kl_vs_beta" and len(kls) > CROWDED_CATEGORY else SINGLE_COLUMN
 
 
 def panel_description(panel: dict, config: dict) -> str:
@@ -164,7 +172,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     spec = config["figures"][name]
     panels = spec["panels"]
     rows, columns = _grid_shape(panels, config)
-    width = _width(panels)
+    width = _width(panels, config)
     fig, axes = plt.subplots(rows, columns, figsize=(width, 2.5 * rows + 1.2), squeeze=False, layout="constrained")
     axes = list(axes.ravel())
     for ax in axes[len(panels) :]:
