@@ -697,3 +697,26 @@ def test_a_kl_against_beta_panel_of_many_configurations_takes_the_page_width():
     assert paper._width([{"kind": "kl_vs_beta", "study": "grid"}], config) == encoding.SINGLE_COLUMN
     assert paper._width([{"kind": "kl_vs_beta", "study": "wide"}], config) == encoding.FULL_WIDTH
     assert encoding.wrap("How far each configuration keeps the policy (on-policy)", 50).endswith("(on-policy)")
+
+
+def test_a_crowded_held_out_panel_draws_each_seeds_last_evaluation_as_a_dot_not_a_line():
+    """Seven series of four seeds made 28 thin lines in one panel (the separating design's fig02): past
+    RAW_SEED_LINES_UP_TO seed lines, each seed's last evaluation is a dot right of the end, the caption and legend say
+    so, and a panel of few seed lines keeps them. From docs/separation's shipped tables."""
+    import yaml
+
+    from klstudy.report.figures import series
+
+    tables = ROOT / "docs" / "separation" / "tables"
+    config = yaml.safe_load((tables / "config.yaml").read_text())
+    fig, caption = paper.draw_paper_figure("fig02_k1_in_loss", config, aggregate.read_tables(tables))
+    crowded = fig.axes[0]
+    assert not [line for line in crowded.get_lines() if line.get_label() == "_seed"]
+    dots = [c for c in crowded.collections if c.get_label() == "_seed ends"]
+    means = [line for line in crowded.get_lines() if not line.get_label().startswith("_") and "base" not in
+             line.get_label()]  # fmt: skip
+    assert len(dots) == len(means) and all(len(c.get_offsets()) == 4 for c in dots)
+    assert min(c.get_offsets()[0][0] for c in dots) > max(max(line.get_xdata()) for line in means)
+    assert "each seed's last evaluation a dot right of the end" in caption
+    assert series.RAW_SEED_LINES_UP_TO < 7 * 4
+    plt.close(fig)

@@ -30,6 +30,7 @@ from klstudy.report.figures.encoding import (
     task_name,
 )
 from klstudy.report.figures.series import (
+    RAW_SEED_LINES_UP_TO,
     SEEDS_WITHOUT_BAND,
     base_divergence,
     base_heldout,
@@ -94,6 +95,9 @@ def status_suffix(group: pd.DataFrame) -> str:
 # The panel kinds.
 
 
+SEED_END_KEY = "dot right of the end: each seed's last evaluation"  # a crowded panel's seeds (draw_series seed_ends)
+
+
 def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     """Held-out pass@1 against training step, every curve starting at the base model's one evaluation (step 0); each
     configuration × β drawn as draw_series draws its seeds; a run that stopped early (collapsed or diverged) ends in
@@ -105,6 +109,9 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     base = base_heldout(tables["heldout"], config, panel["model"], data)
     lines = list(cells.groupby(["study", "kl", "beta"], sort=False))
     every = study["train"].get("eval_every", 10)
+    # too many seed lines to read: each seed's last evaluation a dot right of the end, the series side by side
+    crowded = sum(n for _, g in lines if 1 < (n := g.seed.nunique()) <= SEEDS_WITHOUT_BAND) > RAW_SEED_LINES_UP_TO
+    last_step = heldout.step.max() if len(heldout) else 0
     shared = cells.groupby(["kl", "beta"]).study.nunique().max() > 1 if len(cells) else False
     values = []
     for i, ((name, kl_config, beta), group) in enumerate(lines):
@@ -118,8 +125,9 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             drawn.notes.append(f"no results: {label}")
             continue
         bars_after = 0 if np.isfinite(base[0]) else -math.inf  # the base point carries its own error
+        ends = last_step + 0.45 * every + dodge(i, len(lines), 0.5 * every) if crowded else None
         line, seeds, error = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(lines), 0.3 * every),
-                                         error=error_drawing(lines), bars_after=bars_after)  # fmt: skip
+                                         error=error_drawing(lines), bars_after=bars_after, seed_ends=ends)  # fmt: skip
         drawn.add_series(label, line, seeds, error, int(runs.x.max()))
         values.extend(runs.value)
         for seed, run in runs.groupby("seed"):
@@ -128,6 +136,8 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                 last = run.sort_values("x").iloc[-1]
                 ax.scatter(last.x, last.value, marker=NOT_OK[status.iloc[0]], s=40, zorder=4, color=line.get_color(),
                            label=f"{status.iloc[0]} (last evaluation)")  # fmt: skip
+    if crowded and drawn.has_seeds:
+        drawn.seed_key = SEED_END_KEY
     if np.isfinite(base[0]) and values:
         drawn.quoted.insert(0, ("base model (step 0)", draw_base_point(ax, *base)))
         drawn.reference = True

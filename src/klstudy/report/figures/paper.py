@@ -29,7 +29,15 @@ from klstudy.report.figures.encoding import (
     task_name,
     wrap,
 )
-from klstudy.report.figures.panels import PANELS, SEEDS_WITHOUT_BAND, coinciding, near, seeds_text, share_y
+from klstudy.report.figures.panels import (
+    PANELS,
+    SEED_END_KEY,
+    SEEDS_WITHOUT_BAND,
+    coinciding,
+    near,
+    seeds_text,
+    share_y,
+)
 
 # A panel kind's metric in the claims table (divergence panels: the panel's own metric).
 PANEL_METRICS = {"curves": "heldout", "bars": "evaluation", "kl_vs_beta": "final_kl", "kl_curves": "final_kl"}
@@ -134,6 +142,9 @@ def noise_text(drawn) -> str:
     if max(seeds) <= SEEDS_WITHOUT_BAND:
         if drawn.unit == "bar":
             return "each seed a dot on its bar, the bar the mean over seeds, no error bar"
+        if drawn.seed_key == SEED_END_KEY:  # a crowded panel
+            return ("each seed's last evaluation a dot right of the end (its lines would be a tangle), the mean over "
+                    "seeds thick, no band")
         return "each seed thin, the mean over seeds thick, no band"
     return "the mean over seeds with ±1 se" + (" error bars" if drawn.unit == "bar" else " band")
 
@@ -268,7 +279,7 @@ def _legend(kept, config: dict) -> list:
         bar = plt.Line2D([], [], color="0.4", marker="|", markersize=9, linewidth=0, label="bar: ±1 se, one seed")
         extra.append(bar)
     for key in dict.fromkeys(d.seed_key for _, _, d, _ in kept if d.has_seeds and d.unit == "point"):
-        dot = key.startswith("small dot")
+        dot = key.startswith(("small dot", "dot"))
         extra.append(plt.Line2D([], [], color="0.4", linewidth=0 if dot else 0.6, marker="." if dot else "",
                                 label=key))  # fmt: skip
     return handles + extra

@@ -15,6 +15,7 @@ from klstudy.report.figures.encoding import BASE_COLOUR, MEAN_LINEWIDTH, style_o
 
 SEEDS_WITHOUT_BAND = 4  # up to this many seeds, each is drawn and no ±1 se band is (a band of few seeds looks sure)
 MOST_BANDS = 2  # more one-seed curves in a panel than this: each point's ±1 se as a bar (bands would cover each other)
+RAW_SEED_LINES_UP_TO = 12  # more seed lines in a panel than this read as one tangle: each seed's end a dot instead
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -22,12 +23,14 @@ MOST_BANDS = 2  # more one-seed curves in a panel than this: each point's ±1 se
 
 
 def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset: float = 0.0, marker: bool = True,
-                error: str = "band", bars_after: float = -math.inf):  # fmt: skip
+                error: str = "band", bars_after: float = -math.inf, seed_ends: float | None = None):  # fmt: skip
     """``runs``: columns seed, x, value, se (each seed's own error; NaN unknown). One seed: the line and ±1 se of its
     own error, as a band (``error`` 'band') or as a bar at each point ('bars': where many curves share a panel). Two
     to SEEDS_WITHOUT_BAND seeds: each seed a thin line, the mean over seeds a thicker one, no band. More: the mean with
     a ±1 se band (aggregate.mean_and_se). Bars only at x > ``bars_after`` (a point drawn with its own error, the base
-    model's, gets none). Returns (the mean line, seeds, how the error was drawn: 'band', 'bars' or None)."""
+    model's, gets none). ``seed_ends`` (a crowded panel): two to SEEDS_WITHOUT_BAND seeds are drawn as each seed's
+    last value, a dot at that x, not as lines. Returns (the mean line, seeds, how the error was drawn: 'band', 'bars'
+    or None)."""
     style = style_of(kl_config, beta)
     if not marker:
         style = {**style, "marker": ""}
@@ -39,7 +42,11 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
     at_base = (stats.x <= bars_after).to_numpy()
     x = np.where(at_base, stats.x.to_numpy(dtype=float), stats.x.to_numpy(dtype=float) + offset)
     drawn_error = None
-    if 1 < seeds <= SEEDS_WITHOUT_BAND:
+    if 1 < seeds <= SEEDS_WITHOUT_BAND and seed_ends is not None:
+        ends = [run.sort_values("x").value.iloc[-1] for _, run in runs.groupby("seed")]
+        tag(ax.scatter(np.full(len(ends), seed_ends), ends, s=5, color=style["color"], linewidth=0, zorder=4,
+                       label="_seed ends"), kl_config, beta, "band")  # fmt: skip
+    elif 1 < seeds <= SEEDS_WITHOUT_BAND:
         for _, run in runs.groupby("seed"):
             run = run.sort_values("x")
             run_x = np.where(run.x <= bars_after, run.x, run.x + offset)  # from the base point, as the mean

@@ -26,6 +26,7 @@ from klstudy.report.figures.encoding import (
     wrap,
 )
 from klstudy.report.figures.panels import async_text, coinciding, near, smoothed_series, too_short_for_lag
+from klstudy.report.figures.series import RAW_SEED_LINES_UP_TO
 
 # Axis labels: what is logged, on which samples (the sampling policy's: with several updates per batch or an
 # asynchronous lag it is not π_θ), and the smoothing drawn ({window}: the study's final_steps).
@@ -39,7 +40,6 @@ SMOOTHING = "thick: trailing {window}-step mean"
 # of 6 is a flat line at 0 on a linear axis); less, and a log axis only hides how little it moves.
 LOG_SPAN = 10.0
 # Up to this many thin lines a panel draws every seed's raw steps; more, each series' raw steps averaged over seeds.
-RAW_SEED_LINES_UP_TO = 12
 
 
 def draw_training_figure(study: str, config: dict, tables: dict):
