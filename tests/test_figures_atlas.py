@@ -13,7 +13,7 @@ from figure_study import study_config
 from klstudy.analysis import atlas, effective_beta
 from klstudy.analysis import fixed_points as fp
 from klstudy.report.figures import atlas as atlas_figure
-from klstudy.report.figures import encoding
+from klstudy.report.figures import atlas_length, encoding
 
 FLOW = {"step": 0.25, "steps": 200, "newton_every": 25}
 ONE = {"kind": "ones_at_least", "threshold": 1}
@@ -164,7 +164,7 @@ def test_the_length_sweep_passes_every_check_and_no_panel_holds_two_settings_of_
     """Its own figure, a panel per family and normalisation: two settings of one KL configuration (one colour) at one
     β never share a panel, where nothing in the ink could tell them apart; each is named in its panel."""
     _, length = tables
-    fig, caption = atlas_figure.length_figure(length, SECTION)
+    fig, caption = atlas_length.length_figure(length, SECTION)
     assert every_problem(fig, caption, study_config()) == []
     for ax in fig.axes:
         styles = [line.get_gid() for line in ax.get_lines() if (line.get_gid() or "").startswith("style kl=")]
@@ -218,7 +218,7 @@ def test_an_end_point_beyond_the_optima_is_drawn_as_the_bound_its_ratio_lies_bel
     tables = Path(__file__).resolve().parents[1] / "docs" / "atlas" / "tables"
     length = pd.read_csv(tables / "atlas_length.csv")
     section = yaml.safe_load((tables / "config.yaml").read_text())["toy"]["atlas"]
-    fig, caption = atlas_figure.length_figure(length, section)
+    fig, caption = atlas_length.length_figure(length, section)
     arrows = sorted((round(x), y) for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "bound"
                     for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True))  # fmt: skip
     beyond = length[(length.status == "stable") & length.beta_eff_ratio.isna() & length.beyond_curve.astype(bool)]

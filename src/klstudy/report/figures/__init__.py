@@ -9,7 +9,8 @@ numbers); the study's tables themselves are tables.py's.
     training   each study's training dynamics: reward, KL and gradient norm over steps
     forest     the claims figure: every claim's effect ± critical·se, coloured by its verdict
     toy        the toy model's: Figure 1, and where each configuration's training ends against the optimum
-    atlas      the atlas's: how strongly each framework's KL setup regularises (β_eff against β, and against length)
+    atlas      the atlas's: how strongly each framework's KL setup regularises (β_eff against β), and its helpers
+    atlas_length  the atlas's length sweep (β_eff against the answer's length), and both figures written together
     redraw     every figure of a shipped folder from its tables/ (`klstudy redraw`), and figures/README.md
 """
 

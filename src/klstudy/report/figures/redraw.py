@@ -85,7 +85,7 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
     """Draw into ``folder`` every figure its tables (``folder``/tables unless given) allow, or those tables/figures.txt
     lists; returns the names drawn."""
     from klstudy.report import aggregate
-    from klstudy.report.figures import atlas, forest, paper, toy, training
+    from klstudy.report.figures import atlas, atlas_length, forest, paper, toy, training
     from klstudy.report.figures.encoding import read_claims
 
     folder = Path(folder)
@@ -137,7 +137,7 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
     if (tables / "atlas.csv").is_file() and want("atlas"):
         from klstudy.analysis.effective_beta import EFFECTIVE_BETA_RANGE
 
-        text = atlas.draw(pd.read_csv(tables / "atlas.csv"), pd.read_csv(tables / "atlas_length.csv"),
+        text = atlas_length.draw(pd.read_csv(tables / "atlas.csv"), pd.read_csv(tables / "atlas_length.csv"),
                           folder / "atlas.png", config["toy"]["atlas"], beta_min=EFFECTIVE_BETA_RANGE[0])  # fmt: skip
         _keep_table(folder / "atlas.md", text, "atlas")
         drawn += ["atlas", atlas.LENGTH_FIGURE]  # its caption written beside it
