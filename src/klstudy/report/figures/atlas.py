@@ -159,6 +159,12 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         else "",
         ("Drawn values, " + "; ".join(quoted) + ".") if quoted else "",
         caption.design("Not drawn (no β_eff): " + "; ".join(missing) + ".") if missing else "",
+        ("Why a point has no β_eff: still moving, its update had not settled when the followed flow stopped (no "
+         "end point to read); drifts, no fixed point (a logit leaves for the boundary); not enumerated, too many "
+         "groups of G completions to compute its expected update exactly; its KL outside the optima's, outside the "
+         "KL the family's optima were followed over (and no bound known). Presets with no β_eff at any β have no row "
+         "(they are listed there).")
+        if missing else "",
         ("↓ (←, in the presets' rows): an end point with more KL than the family's optimum at the least β its optima "
          "were followed to (β_c, named above: the optima stop there, where their KL stops growing), so that its β_eff "
          "is below β_c; the arrow is drawn at β_c/β, which its β_eff/β lies below.")
@@ -308,6 +314,7 @@ def _grid_panels(axes: list, rows: pd.DataFrame, betas: list, same_as: dict, fam
                 ax.axvline(xs[0] - (1 + GAP) / 2, color="0.75", linewidth=0.6)
         _reference_one(ax)
         ax.set_xlabel("G, completions per prompt")
+        ax.set_title(f"β{NBSP}={NBSP}{beta:g}", fontsize=8, pad=22)  # above the normalisations' names
         ax.grid(alpha=0.3, axis="y")
     return notes
 
@@ -356,12 +363,18 @@ def _overlapping(series: list[dict], at_least: int | None = None) -> list[list[d
     return list(groups.values())
 
 
+HOLLOW_FIRST = {"k3": 2, "k2": 1, "k1": 0}  # a group's drawing order, beneath to on top: hollow, half, filled
+
+
 def _draw_overlapping(ax, series: list[dict], markersize: float, label: str, growth: float = 5,
                       at_least: int | None = None) -> list[list[dict]]:  # fmt: skip
     """Each series (config, beta, xs, ys) as a line of its configuration and β; those that overlap (``_overlapping``)
     drawn widest first, beneath, so that each shows an edge. Returns the groups, each series with its line."""
     groups = _overlapping(series, at_least)
-    for group in groups:
+    for i, group in enumerate(groups):
+        # hollow markers (white-faced, K3) widest and beneath, filled ones (K1) smallest on top: a white face drawn
+        # over a smaller filled marker would hide it but for its tips
+        groups[i] = group = sorted(group, key=lambda one: -HOLLOW_FIRST.get(one["config"][:2], 0))
         step = 1 / max(len(group) - 1, 2)  # the widest at most 2.4 points of line, 5 of marker, more than the narrowest
         for rank, one in enumerate(group):
             wider = (len(group) - 1 - rank) * step
