@@ -719,4 +719,9 @@ def test_a_crowded_held_out_panel_draws_each_seeds_last_evaluation_as_a_dot_not_
     assert min(c.get_offsets()[0][0] for c in dots) > max(max(line.get_xdata()) for line in means)
     assert "each seed's last evaluation a dot right of the end" in caption
     assert series.RAW_SEED_LINES_UP_TO < 7 * 4
+    # which column is which, in drawing order; seeds that tie stand side by side (pass@1 moves in steps of 0.01)
+    order = "; ".join(line.get_label() for line in means)
+    assert f"left to right: {order}" in caption
+    points = [tuple(p) for c in dots for p in c.get_offsets()]
+    assert len(set(points)) == len(points)
     plt.close(fig)

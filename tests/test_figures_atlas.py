@@ -188,11 +188,12 @@ def test_configurations_that_end_alike_everywhere_are_drawn_once_and_named_toget
     fig, caption = atlas_figure.figure(grid, {"betas": [1.0]}, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "K1 in reward = K1 in reward and loss" in labels and "K1 in reward and loss" not in labels
-    assert "tabular, β = 1, RLOO: K1 in reward and K1 in advantage (per token)" in caption
+    # K3 in the loss, 10 % under them, within a marker's height: hollow, so drawn widest and beneath
+    assert "tabular, β = 1, RLOO: K3 in loss and K1 in reward and K1 in advantage (per token)" in caption
     panel = next(ax for ax in fig.axes if ax.get_xlabel().startswith("G, completions per prompt"))
     rloo = {line.get_gid().split(";")[0]: line.get_markersize() for line in panel.get_lines()
             if (line.get_gid() or "").startswith("style kl=") and list(line.get_xdata()) == [0]}  # fmt: skip
-    assert rloo["style kl=k1-reward"] > rloo["style kl=k1-advantage"], rloo  # the first drawn widest, beneath
+    assert rloo["style kl=k3-loss"] > rloo["style kl=k1-reward"] > rloo["style kl=k1-advantage"], rloo
     assert "style kl=k1-both" not in rloo
     plt.close(fig)
 

@@ -138,6 +138,8 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                            label=f"{status.iloc[0]} (last evaluation)")  # fmt: skip
     if crowded and drawn.has_seeds:
         drawn.seed_key = SEED_END_KEY
+        drawn.notes.append("the columns of dots right of the end, left to right: " + "; ".join(
+            label for label, _ in drawn.quoted))  # the series in drawing order, as dodged
     if np.isfinite(base[0]) and values:
         drawn.quoted.insert(0, ("base model (step 0)", draw_base_point(ax, *base)))
         drawn.reference = True

@@ -212,8 +212,10 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
         what = caption.design(panel_description(panel, config))
         noise = noise_text(drawn)
         studies = " beside ".join(study_name(config, s) for s in [panel["study"], *panel.get("with", [])])
+        design_said = ", ".join(part for part in design_text(config, panel["study"]).split(", ")
+                                if part not in studies)  # a study's name may say its batch already  # fmt: skip
         line = caption.design(f"{letter}{what[0].upper()}{what[1:]}; {studies}, "
-                              f"{design_text(config, panel['study'])}") + (f"; {noise}." if noise else ".")  # fmt: skip
+                              f"{design_said}") + (f"; {noise}." if noise else ".")  # fmt: skip
         if drawn.own_scale:
             line += (" Its y axis is its own, not the other panels' of its quantity: its values stay under a third "
                      "of theirs.")  # fmt: skip

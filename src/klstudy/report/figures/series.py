@@ -44,8 +44,8 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
     drawn_error = None
     if 1 < seeds <= SEEDS_WITHOUT_BAND and seed_ends is not None:
         ends = [run.sort_values("x").value.iloc[-1] for _, run in runs.groupby("seed")]
-        tag(ax.scatter(np.full(len(ends), seed_ends), ends, s=5, color=style["color"], linewidth=0, zorder=4,
-                       label="_seed ends"), kl_config, beta, "band")  # fmt: skip
+        tag(ax.scatter(tied_apart(ends, seed_ends, TIE_STEP * (ax.get_xlim()[1] - ax.get_xlim()[0])), ends, s=5,
+                       color=style["color"], linewidth=0, zorder=4, label="_seed ends"), kl_config, beta, "band")
     elif 1 < seeds <= SEEDS_WITHOUT_BAND:
         for _, run in runs.groupby("seed"):
             run = run.sort_values("x")
@@ -68,6 +68,18 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
     line = ax.plot(x, stats["mean"], label=label, linewidth=MEAN_LINEWIDTH if seeds > 1 else 1.2,
                    markevery=list(np.flatnonzero(~at_base)), **style)[0]  # fmt: skip
     return tag(line, kl_config, None if kl_config == NO_KL else beta), seeds, drawn_error
+
+
+TIE_STEP = 0.008  # of the x range: seeds with the same value side by side, not one on another (pass@1 ties often)
+
+
+def tied_apart(values: list, x: float, step: float) -> list[float]:
+    """x for each value, those equal to another spread side by side around x, ``step`` apart."""
+    xs = []
+    for i, value in enumerate(values):
+        same = [j for j, other in enumerate(values) if np.isclose(other, value)]
+        xs.append(x + (same.index(i) - (len(same) - 1) / 2) * step)
+    return xs
 
 
 def error_drawing(lines: list) -> str:

@@ -101,6 +101,9 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         + design(f"; thick: the trailing mean of the last {window} logged steps up to each step (the window that "
                  "defines the end of training), averaged over seeds. ") + spans,
         design(async_text(spec["train"])) if spec["train"].get("async_level") else "",
+        ("The claims on this study are judged on each run's final values (the thick lines' last points), not in this "
+         "figure: their verdicts are in the claims table and its forests.")
+        if any(c.get("study") == study for c in (config.get("claims") or {}).values()) else "",
         " ".join(f"{n[0].upper()}{n[1:]}." for n in dict.fromkeys(design(n) for n in notes)),
     )  # fmt: skip
     return fig, finish(fig, caption)
