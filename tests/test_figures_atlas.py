@@ -226,7 +226,7 @@ def test_an_end_point_beyond_the_optima_is_drawn_as_the_bound_its_ratio_lies_bel
     beyond = beyond[beyond.beta.isin(section["length"]["betas"])]
     assert len(beyond) and arrows == sorted(zip(beyond["T"], beyond.curve_beta_min / beyond.beta, strict=True))
     assert all(ax.get_ylim()[0] < min(y for _, y in arrows) for ax in fig.axes)  # every arrow inside the axes
-    assert "the arrow is drawn at β_c/β" in caption
+    assert "a bar at β_c/β, which its β_eff/β lies below" in caption
     plt.close(fig)
 
 

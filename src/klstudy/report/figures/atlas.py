@@ -120,7 +120,7 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         _share_log_axis(grid_axes, "y", room_below=2.0)
         preset_axes += beta_axes
         curve_axes += grid_axes
-    _share_log_axis(preset_axes, "x")
+    _share_log_axis(preset_axes, "x", room_below=ARROW_LENGTH * 1.2)  # room for an arrow's head
     configs = _drawn_configs([*preset_axes, *curve_axes])
     handles = key_handles(configs, [])  # β heads each column: no key of its line styles
     for handle in handles:  # a configuration drawn for others that end where it does names them too
@@ -129,7 +129,7 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
                               label="β_eff/β = 1"))  # fmt: skip
     if any(line.get_gid() == "bound" for ax in [*preset_axes, *curve_axes] for line in ax.get_lines()):
         handles.append(plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKER, markersize=7,
-                                  label="↓ ← no β_eff: β_eff/β below the arrow"))  # fmt: skip
+                                  label="no β_eff: below the bar (↓, ←)"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     length_t = caption.number(int(points["T"].iloc[0]))
@@ -167,7 +167,7 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         if missing else "",
         ("↓ (←, in the presets' rows): an end point with more KL than the family's optimum at the least β its optima "
          "were followed to (β_c, named above: the optima stop there, where their KL stops growing), so that its β_eff "
-         "is below β_c; the arrow is drawn at β_c/β, which its β_eff/β lies below.")
+         "is below β_c; a bar at β_c/β, which its β_eff/β lies below, and an arrow from it.")
         if any(line.get_gid() == "bound" for ax in fig.axes for line in ax.get_lines()) else "",
     )
     return fig, finish(fig, caption)
@@ -378,7 +378,10 @@ def _draw_overlapping(ax, series: list[dict], markersize: float, label: str, gro
         step = 1 / max(len(group) - 1, 2)  # the widest at most 2.4 points of line, 5 of marker, more than the narrowest
         for rank, one in enumerate(group):
             wider = (len(group) - 1 - rank) * step
-            one["line"] = ax.plot(one["xs"], one["ys"], label=label, zorder=2 + rank,
+            # across groups too: every hollow marker beneath every filled one (a filled point near but outside a
+            # group was hidden under its enlarged white-faced squares)
+            layer = 2 + 10 * (2 - HOLLOW_FIRST.get(one["config"][:2], 0))
+            one["line"] = ax.plot(one["xs"], one["ys"], label=label, zorder=layer + 0.1 * rank,
                                   **{**style_of(one["config"], one["beta"]), "linewidth": 1 + 2.4 * wider,
                                      "markersize": markersize + growth * wider})[0]  # fmt: skip
             tag(one["line"], one["config"], one["beta"])
@@ -400,6 +403,7 @@ def _draw_segments(ax, segments: list, beta: float, family: str) -> list[str]:
 
 BOUND_MARKER = r"$\downarrow$"  # β_eff/β below this: more KL than the family's optimum at the least β followed
 LEFT_MARKER = r"$\leftarrow$"  # the same, where β_eff/β runs across (the presets' rows)
+ARROW_LENGTH = 1.6  # the factor of β_eff/β an arrow spans from its bound's bar
 
 
 def _bounds(rows: pd.DataFrame) -> pd.DataFrame:
@@ -422,8 +426,14 @@ def _draw_arrows(ax, arrows: list, vertical: bool = False) -> None:
         for i, config in enumerate(dict.fromkeys(configs)):
             beside = at + dodge(i, len(set(configs)), 0.6)
             xy = ([bound], [beside]) if vertical else ([beside], [bound])
-            ax.plot(*xy, linestyle="", marker=LEFT_MARKER if vertical else BOUND_MARKER, markersize=7,
-                    color=config_colour(config), zorder=6, label="_bound", gid="bound")  # fmt: skip
+            head = (bound / ARROW_LENGTH, beside) if vertical else (beside, bound / ARROW_LENGTH)
+            colour = config_colour(config)
+            # a bar at the bound, the arrow leaving it towards lower β_eff/β: the bound is the bar, not the head
+            ax.plot(*xy, linestyle="", marker="|" if vertical else "_", markersize=7, markeredgewidth=1.4,
+                    color=colour, zorder=6, label="_bound", gid="bound")  # fmt: skip
+            ax.annotate("", xy=head, xytext=(xy[0][0], xy[1][0]), zorder=6,
+                        arrowprops={"arrowstyle": "-|>", "color": colour, "lw": 1.0, "mutation_scale": 7,
+                                    "shrinkA": 0, "shrinkB": 0})  # fmt: skip
 
 
 def _share_log_axis(axes: list, axis: str, room_below: float = 1.3) -> None:

@@ -75,7 +75,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
                               label="β_eff/β = 1: as strong as asked"))  # fmt: skip
     if len(_bounds(rows)):
         handles.append(plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKER, markersize=7,
-                                  label="no β_eff: β_eff/β below the arrow"))  # fmt: skip
+                                  label="no β_eff: below the bar (↓)"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
@@ -93,7 +93,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         caption.design("Not drawn (no β_eff; a gap in its line): " + "; ".join(missing) + ".") if missing else "",
         ("↓: an end point with more KL than the family's optimum at the least β its optima were followed to "
          "(β_c, named above: the optima stop there, where their KL stops growing), so that its β_eff is below β_c; "
-         "the arrow is drawn at β_c/β, which its β_eff/β lies below.") if len(_bounds(rows)) else "",
+         "a bar at β_c/β, which its β_eff/β lies below, and an arrow from it.") if len(_bounds(rows)) else "",
     )
     return fig, finish(fig, caption)
 

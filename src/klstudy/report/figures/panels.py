@@ -38,6 +38,7 @@ from klstudy.report.figures.series import (
     draw_series,
     error_drawing,
     from_base,
+    tied_apart,
 )
 
 NOT_OK = {"collapsed": "x", "diverged": "X", "missing": "."}
@@ -435,8 +436,10 @@ def smoothed_series(
         if mean_raw and len(smoothed) > 1:  # no seed's own line: each seed's final value, a dot right of the end
             ends = [s.sort_values("step").value.iloc[-1] for s in smoothed]
             at = mean.index.max() + END_DOTS_OFFSET + dodge(len(drawn), len(series), END_DOTS_WIDTH)
-            tag(ax.scatter(np.full(len(ends), at), ends, s=5, color=style["color"], linewidth=0, zorder=4,
-                           label="_seed ends"), kl_config, beta_or_none, "band")  # fmt: skip
+            near = 0.02 * (ax.dataLim.height or 1.0)  # about a dot's height on the panel drawn so far
+            xs = tied_apart([round(e / near) for e in ends], at, 0.12)  # dots on one another side by side
+            tag(ax.scatter(xs, ends, s=5, color=style["color"], linewidth=0, zorder=4, label="_seed ends"), kl_config,
+                beta_or_none, "band")  # fmt: skip
         label = kl_label(kl_config, beta_or_none)
         line = ax.plot(mean.index, mean.to_numpy(), linewidth=3.0 if under else widths[(kl_config, beta)], markersize=4,
                        markevery=max(1, len(mean) // 5), label=label, zorder=2 if under else 3, **style)[0]  # fmt: skip
