@@ -117,10 +117,10 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         grid_axes[0].set_ylabel("β_eff / β (log)")
         missing += _not_drawn(mine, presets, beta_min, family)
         # a family's own range (the tabular's 1.4 decades would be lost in 3), room for an arrow at its lowest bound
-        _share_log_axis(grid_axes, "y", room_below=2.0)
+        _share_log_axis(grid_axes, "y", room_below=4.5)
         preset_axes += beta_axes
         curve_axes += grid_axes
-    _share_log_axis(preset_axes, "x", room_below=ARROW_LENGTH * 1.2)  # room for an arrow's head
+    _share_log_axis(preset_axes, "x", room_below=2.4)  # room for an arrow left of its bar
     configs = _drawn_configs([*preset_axes, *curve_axes])
     handles = key_handles(configs, [])  # β heads each column: no key of its line styles
     for handle in handles:  # a configuration drawn for others that end where it does names them too
@@ -403,7 +403,7 @@ def _draw_segments(ax, segments: list, beta: float, family: str) -> list[str]:
 
 BOUND_MARKER = r"$\downarrow$"  # β_eff/β below this: more KL than the family's optimum at the least β followed
 LEFT_MARKER = r"$\leftarrow$"  # the same, where β_eff/β runs across (the presets' rows)
-ARROW_LENGTH = 1.6  # the factor of β_eff/β an arrow spans from its bound's bar
+ARROW_POINTS = 11  # an arrow's length from its bound's bar
 
 
 def _bounds(rows: pd.DataFrame) -> pd.DataFrame:
@@ -426,13 +426,15 @@ def _draw_arrows(ax, arrows: list, vertical: bool = False) -> None:
         for i, config in enumerate(dict.fromkeys(configs)):
             beside = at + dodge(i, len(set(configs)), 0.6)
             xy = ([bound], [beside]) if vertical else ([beside], [bound])
-            head = (bound / ARROW_LENGTH, beside) if vertical else (beside, bound / ARROW_LENGTH)
             colour = config_colour(config)
             # a bar at the bound, the arrow leaving it towards lower β_eff/β: the bound is the bar, not the head
             ax.plot(*xy, linestyle="", marker="|" if vertical else "_", markersize=7, markeredgewidth=1.4,
                     color=colour, zorder=6, label="_bound", gid="bound")  # fmt: skip
-            ax.annotate("", xy=head, xytext=(xy[0][0], xy[1][0]), zorder=6,
-                        arrowprops={"arrowstyle": "-|>", "color": colour, "lw": 1.0, "mutation_scale": 7,
+            # a shaft of fixed length in points (in data units it shrank to nothing on a panel of many decades, and
+            # its head read as a ▼ data point); the head at the far end
+            ax.annotate("", xy=(xy[0][0], xy[1][0]), xytext=(-ARROW_POINTS, 0) if vertical else (0, -ARROW_POINTS),
+                        textcoords="offset points", zorder=6,
+                        arrowprops={"arrowstyle": "<|-", "color": colour, "lw": 1.0, "mutation_scale": 6,
                                     "shrinkA": 0, "shrinkB": 0})  # fmt: skip
 
 
