@@ -144,7 +144,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         "that end at the same points at every β share a row, named together; a row without a point at a β has no "
         "β_eff there (listed below). Below it: the grid, each KL configuration (a line) with each advantage "
         "normalisation (RLOO, whose expected update does not depend on G; the group mean, Dr. GRPO; ÷ the group's "
-        "standard deviation, GRPO; ÷ the batch's, TRL's batch option) and G on x"
+        "standard deviation, GRPO; ÷ the batch's, TRL's batch option) and G on x, each line in its panel's β's line "
+        "style (the conventions' table; a β not in it takes its nearest's), the legend's samples keying colour only"
         + (
             f"; configurations that end at the same point in every setting of the grid are drawn once and named "
             f"together ({'; '.join(merged)})"
