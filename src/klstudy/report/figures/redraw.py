@@ -48,9 +48,9 @@ def readme(config: dict) -> str:
             shown = [f"“{figure['title']}”" for figure in config.get("figures", {}).values()
                      if any(study in (p["study"], *p.get("with", [])) for p in figure["panels"])]  # fmt: skip
             where = f"its held-out curves are drawn in {', '.join(shown)}" if shown else "no figure draws it"
-            left.append(f"- No training figure for the study “{spec.get('description', study)}”: it runs no KL, and "
-                        "no claim compares its configurations with one another, so its curves have nothing drawn "
-                        f"to be read against; {where}.")  # fmt: skip
+            left.append(f"- No training figure for the study “{spec.get('description', study)}”: it has no no-KL "
+                        "run, and no claim compares its configurations with one another, so its curves have nothing "
+                        f"drawn to be read against; {where}.")  # fmt: skip
     untestable = [name for name, claim in config.get("claims", {}).items() if not testable_by_design(config, claim)]
     if untestable:
         words = verdict_lines([{"claim": n, "text": config["claims"][n]["text"], "verdict": "not testable"}
