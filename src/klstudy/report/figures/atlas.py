@@ -127,7 +127,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         handle.set_label(_joined_labels(_drawn_for(tag_config(handle), same_as)))
     handles.append(plt.Line2D([], [], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
                               label="β_eff/β = 1"))  # fmt: skip
-    if any(line.get_gid() == "bound" for ax in [*preset_axes, *curve_axes] for line in ax.get_lines()):
+    bounds_drawn = any(line.get_gid() == "bound" for ax in [*preset_axes, *curve_axes] for line in ax.get_lines())
+    if bounds_drawn:
         handles.append(plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKER, markersize=7,
                                   label="no β_eff: below the bar (↓, ←)"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
@@ -166,10 +167,7 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
          "KL the family's optima were followed over (and no bound known). Presets with no β_eff at any β have no row "
          "(they are listed there).")
         if missing else "",
-        ("↓ (←, in the presets' rows): an end point with more KL than the family's optimum at the least β its optima "
-         "were followed to (β_c, named above: the optima stop there, where their KL stops growing), so that its β_eff "
-         "is below β_c; a bar at β_c/β, which its β_eff/β lies below, and an arrow from it.")
-        if any(line.get_gid() == "bound" for ax in fig.axes for line in ax.get_lines()) else "",
+        f"↓ (←, in the presets' rows): {BOUND_TEXT}" if bounds_drawn else "",
     )
     return fig, finish(fig, caption)
 
@@ -225,10 +223,9 @@ def _presets_panels(axes: list, rows: pd.DataFrame, presets: dict | None, family
     """One panel per β asked for (``axes``), a row per group of coinciding presets (named on the left, in its KL
     configuration's colour; the largest β_eff/β at the largest β at the top), its β_eff/β a marker of its KL
     configuration; returns the caption's quotes of the values drawn at the largest β."""
-    groups = [(names, _drawable(group)) for names, group in
-              coinciding_groups(rows, "setting", ["beta", "beta_eff_ratio"], equal_nan=True)]  # fmt: skip
-    bounded = {tuple(names): _bounds(group) for names, group in
-               coinciding_groups(rows, "setting", ["beta", "beta_eff_ratio"], equal_nan=True)}  # fmt: skip
+    coinciding = coinciding_groups(rows, "setting", ["beta", "beta_eff_ratio"], equal_nan=True)
+    groups = [(names, _drawable(group)) for names, group in coinciding]
+    bounded = {tuple(names): _bounds(group) for names, group in coinciding}
     groups = [g for g in groups if len(g[1]) or len(bounded[tuple(g[0])])]
     groups = sorted(groups, key=lambda g: -(g[1].sort_values("beta").beta_eff_ratio.iloc[-1] if len(g[1]) else
                                             bounded[tuple(g[0])].bound.min()))  # fmt: skip
@@ -405,6 +402,11 @@ def _draw_segments(ax, segments: list, beta: float, family: str) -> list[str]:
 BOUND_MARKER = r"$\downarrow$"  # β_eff/β below this: more KL than the family's optimum at the least β followed
 LEFT_MARKER = r"$\leftarrow$"  # the same, where β_eff/β runs across (the presets' rows)
 ARROW_POINTS = 11  # an arrow's length from its bound's bar
+BOUND_TEXT = (  # what a bound's bar and arrow say, in both figures' captions
+    "an end point with more KL than the family's optimum at the least β its optima were followed to (β_c, named "
+    "above: the optima stop there, where their KL stops growing), so that its β_eff is below β_c; a bar at β_c/β, "
+    "which its β_eff/β lies below, and an arrow from it."
+)
 
 
 def _bounds(rows: pd.DataFrame) -> pd.DataFrame:

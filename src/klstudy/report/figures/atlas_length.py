@@ -15,6 +15,7 @@ from klstudy.frameworks import presets_of
 from klstudy.report.figures.atlas import (
     AXIS_NAMES,
     BOUND_MARKER,
+    BOUND_TEXT,
     LENGTH_FIGURE,
     NBSP,
     NEAR_RATIO,
@@ -73,7 +74,8 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     handles = key_handles(_drawn_configs(axes), sorted(rows.beta.unique()))
     handles.append(plt.Line2D([], [], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
                               label="β_eff/β = 1: as strong as asked"))  # fmt: skip
-    if len(_bounds(rows)):
+    bounded = len(_bounds(rows)) > 0
+    if bounded:
         handles.append(plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKER, markersize=7,
                                   label="no β_eff: below the bar (↓)"))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
@@ -91,9 +93,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
          + "; ".join(notes) + ".") if notes else "",
         ("Drawn values, first and last T: " + "; ".join(quoted) + ".") if quoted else "",
         caption.design("Not drawn (no β_eff; a gap in its line): " + "; ".join(missing) + ".") if missing else "",
-        ("↓: an end point with more KL than the family's optimum at the least β its optima were followed to "
-         "(β_c, named above: the optima stop there, where their KL stops growing), so that its β_eff is below β_c; "
-         "a bar at β_c/β, which its β_eff/β lies below, and an arrow from it.") if len(_bounds(rows)) else "",
+        f"↓: {BOUND_TEXT}" if bounded else "",
     )
     return fig, finish(fig, caption)
 

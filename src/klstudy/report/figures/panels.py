@@ -35,10 +35,10 @@ from klstudy.report.figures.series import (
     base_divergence,
     base_heldout,
     draw_base_point,
+    draw_seed_ends,
     draw_series,
     error_drawing,
     from_base,
-    tied_apart,
 )
 
 NOT_OK = {"collapsed": "x", "diverged": "X", "missing": "."}
@@ -437,9 +437,7 @@ def smoothed_series(
             ends = [s.sort_values("step").value.iloc[-1] for s in smoothed]
             at = mean.index.max() + END_DOTS_OFFSET + dodge(len(drawn), len(series), END_DOTS_WIDTH)
             near = 0.02 * (ax.dataLim.height or 1.0)  # about a dot's height on the panel drawn so far
-            xs = tied_apart([round(e / near) for e in ends], at, 0.12)  # dots on one another side by side
-            tag(ax.scatter(xs, ends, s=5, color=style["color"], linewidth=0, zorder=4, label="_seed ends"), kl_config,
-                beta_or_none, "band")  # fmt: skip
+            draw_seed_ends(ax, ends, at, 0.12, kl_config, beta_or_none, ties=[round(e / near) for e in ends])
         label = kl_label(kl_config, beta_or_none)
         line = ax.plot(mean.index, mean.to_numpy(), linewidth=3.0 if under else widths[(kl_config, beta)], markersize=4,
                        markevery=max(1, len(mean) // 5), label=label, zorder=2 if under else 3, **style)[0]  # fmt: skip
@@ -502,13 +500,12 @@ def share_y(axes, drawn: list[Drawn]) -> None:
         if not group:
             continue
         top = max(ax.get_ylim()[1] for ax, _ in group)
-        if quantity != "accuracy":  # bars of one quantity compare heights across panels: always one range
-            for ax, d in group:
-                if len(group) > 1 and ax.get_ylim()[1] < top / OWN_SCALE:
-                    ax.set_ylim(max(ax.get_ylim()[0], -0.03 * ax.get_ylim()[1]), ax.get_ylim()[1])
-                    d.own_scale = True
-            group = [(ax, d) for ax, d in group if ax.get_ylim()[1] >= top / OWN_SCALE]
-        group = [ax for ax, _ in group]
+        # bars of one quantity compare heights across panels: always one range
+        own = [(ax, d) for ax, d in group if quantity != "accuracy" and ax.get_ylim()[1] < top / OWN_SCALE]
+        for ax, d in own:
+            ax.set_ylim(max(ax.get_ylim()[0], -0.03 * ax.get_ylim()[1]), ax.get_ylim()[1])
+            d.own_scale = True
+        group = [ax for ax, d in group if not d.own_scale]
         low = min(ax.get_ylim()[0] for ax in group)
         high = max(max(ax.get_ylim()[1] for ax in group), 0.05 if quantity in PROPORTIONS else 0.0)
         low = 0.0 if quantity == "accuracy" else max(low, -0.03 * high)  # bars stand on 0

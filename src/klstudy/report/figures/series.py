@@ -11,7 +11,7 @@ import pandas as pd
 
 from klstudy.kl import NO_KL
 from klstudy.report.aggregate import mean_and_se
-from klstudy.report.figures.encoding import BASE_COLOUR, MEAN_LINEWIDTH, style_of, tag
+from klstudy.report.figures.encoding import BASE_COLOUR, MEAN_LINEWIDTH, config_colour, style_of, tag
 
 SEEDS_WITHOUT_BAND = 4  # up to this many seeds, each is drawn and no ±1 se band is (a band of few seeds looks sure)
 MOST_BANDS = 2  # more one-seed curves in a panel than this: each point's ±1 se as a bar (bands would cover each other)
@@ -44,8 +44,7 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
     drawn_error = None
     if 1 < seeds <= SEEDS_WITHOUT_BAND and seed_ends is not None:
         ends = [run.sort_values("x").value.iloc[-1] for _, run in runs.groupby("seed")]
-        tag(ax.scatter(tied_apart(ends, seed_ends, TIE_STEP * (ax.get_xlim()[1] - ax.get_xlim()[0])), ends, s=5,
-                       color=style["color"], linewidth=0, zorder=4, label="_seed ends"), kl_config, beta, "band")
+        draw_seed_ends(ax, ends, seed_ends, TIE_STEP * (ax.get_xlim()[1] - ax.get_xlim()[0]), kl_config, beta)
     elif 1 < seeds <= SEEDS_WITHOUT_BAND:
         for _, run in runs.groupby("seed"):
             run = run.sort_values("x")
@@ -80,6 +79,14 @@ def tied_apart(values: list, x: float, step: float) -> list[float]:
         same = [j for j, other in enumerate(values) if np.isclose(other, value)]
         xs.append(x + (same.index(i) - (len(same) - 1) / 2) * step)
     return xs
+
+
+def draw_seed_ends(ax, ends: list, x: float, step: float, kl_config: str, beta, ties: list | None = None):
+    """Each seed's last value a dot at ``x`` in its configuration's colour (a crowded panel's seeds); dots that tie
+    (equal ``ties``: the values themselves unless given) side by side, ``step`` apart."""
+    xs = tied_apart(ends if ties is None else ties, x, step)
+    return tag(ax.scatter(xs, ends, s=5, color=config_colour(kl_config), linewidth=0, zorder=4, label="_seed ends"),
+               kl_config, beta, "band")
 
 
 def error_drawing(lines: list) -> str:

@@ -279,10 +279,9 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     (mean ± se) under the exact end point's. Returns (figure, caption)."""
     families = list(dict.fromkeys(points.family))
     mc = agreed[agreed["mode"] == "on-policy"]
-    fig = plt.figure(figsize=(FULL_WIDTH, min(MAX_HEIGHT, 2.6 * len(families) + (2.4 if len(mc) else 0) + 1.4)),
-                     layout="constrained")  # fmt: skip
-    parts = fig.subfigures(2 if len(mc) else 1, 1, squeeze=False, height_ratios=[2.6 * len(families), 2.4][: 1 +
-                           bool(len(mc))])[:, 0]  # fmt: skip
+    heights = [2.6 * len(families), *([2.4] if len(mc) else [])]  # inches: the exact rows, the Monte Carlo check
+    fig = plt.figure(figsize=(FULL_WIDTH, min(MAX_HEIGHT, sum(heights) + 1.4)), layout="constrained")
+    parts = fig.subfigures(len(heights), 1, squeeze=False, height_ratios=heights)[:, 0]
     axes = parts[0].subplots(len(families), 2, squeeze=False, width_ratios=[1.5, 1])
     caption = Caption()
     listed, legend, keys, leaders = [], {}, {}, {}
