@@ -134,6 +134,35 @@ def test_fsdp2_shards_are_gathered_into_a_whole_model_in_the_base_dtype(tmp_path
         torch.testing.assert_close(saved.state_dict()[name], tensor, rtol=0, atol=0)  # bf16 -> fp32 -> bf16 exact
 
 
+def test_the_reference_model_is_the_checkpoint_on_every_rank_sharded_per_layer(tmp_path):
+    """Under FSDP2 with config/accelerate/fsdp.yaml's settings, over two CPU processes: the reference KLTrainer builds
+    for every β (reference.build) has each decoder layer as its own FSDP unit, and every rank's gathered parameters
+    and logits are the checkpoint's, also when rank 1 loaded garbage (as a transformers that honours
+    fsdp_cpu_ram_efficient_loading leaves it). TRL 1.16's own reference (β > 0: prepare_fsdp) is shown failing both,
+    which is why the project builds its own."""
+    import torch
+
+    from klstudy.train import tiny
+
+    spec = tiny.TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, sft_steps=0)
+    tokenizer = tiny.build_tokenizer()
+    tiny.save(tiny.build_model(spec, tokenizer).to(torch.float32), tokenizer, tmp_path / "base", spec, {})
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2",
+         str(ROOT / "tests/fsdp_cpu_reference.py"), str(tmp_path / "base"), str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for result in ranks:
+        for loading in ("every rank", "rank 0 only"):
+            ours = result[f"klstudy, {loading}"]
+            assert all(ours["layers_sharded"]) and ours["parameter_error"] == 0, (loading, ours)
+            assert ours["logit_error"] < 1e-5, (loading, ours)
+        assert not any(result["trl, every rank"]["layers_sharded"])  # one unit: the whole model gathered at once
+        assert result["trl, rank 0 only"]["parameter_error"] > 0.1  # rank 1's garbage is half of every gathered row
+
+
 def test_whitened_per_token_advantages_span_both_processes(model_dir, tmp_path):
     """The KL placed in the advantage with OpenRLHF's whitening over every token of the batch: each process's per-token
     advantages equal a hand computation on the whole batch, gathered from both (padded to one width)."""

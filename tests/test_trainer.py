@@ -53,6 +53,7 @@ def common(tmp_path, **overrides):
         disable_tqdm=True,
         lr_scheduler_type="constant",
         loss_type="dapo",
+        bf16=False,  # TRL's default is bf16 autocast, on a CPU too; the cells run float32 there (cell.trainer_config)
     )
     settings.update(overrides)
     return settings
@@ -69,7 +70,9 @@ def ours(model_dir, tmp_path, **overrides):
 
 
 def drift(trainer, scale=0.05):
-    """Move the policy away from the reference (seeded), so that every KL term is non-zero."""
+    """Move the policy away from the reference (seeded), so that every KL term is non-zero. The first-step check that
+    the reference is the policy's starting point would stop such a policy: it is marked done."""
+    trainer._reference_checked = True
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for parameter in trainer.model.parameters():
@@ -307,6 +310,46 @@ def test_beta_zero_still_measures_the_kl_to_the_reference(model_dir, tmp_path):
     batch = scored(trainer)
     gradient(trainer, batch)
     assert trainer._metrics["train"]["kl_k3"][-1] > 0  # drift() moved the policy away from the reference
+
+
+@pytest.mark.parametrize("beta", [0.0, BETA])
+def test_the_reference_is_built_once_by_klstudy_for_every_beta(model_dir, tmp_path, monkeypatch, beta):
+    """TRL 1.16 builds its own reference for β > 0 (float32, one FSDP unit: reference.py says why not); KLTrainer's
+    is reference.build's, for β = 0 too, and TRL loads the policy alone. Multi-process sharding: test_multiprocess."""
+    import trl.trainer.grpo_trainer as grpo
+
+    from klstudy.train import reference
+
+    loaded, built = [], []
+    monkeypatch.setattr(grpo, "create_model_from_path", lambda *a, **k: loaded.append(a) or _load(*a, **k))
+    monkeypatch.setattr(reference, "build", lambda *a, **k: built.append(a) or _build(*a, **k))
+    trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="reward", beta=beta)
+    assert len(loaded) == 1 and len(built) == 1  # the policy, by TRL; the reference, by reference.build
+    assert trainer.ref_model is not trainer.model and trainer.beta == beta == trainer.args.beta
+
+
+_load = __import__("trl.trainer.grpo_trainer", fromlist=["x"]).create_model_from_path
+_build = __import__("klstudy.train.reference", fromlist=["x"]).build
+
+
+@pytest.mark.parametrize("kl_name", ["k3-loss", "k1-reward"])
+def test_a_wrong_reference_stops_the_cell_at_its_first_step(model_dir, tmp_path, kl_name):
+    """Before any update the policy is its reference: their log-probs agree (logged as reference_logp_gap), or the
+    cell stops at step 1 naming the reference. A reference whose weights were moved stands for one loaded wrong on
+    some process. On-policy K3 in the loss computes no sampling log-probs of its own: the check computes them."""
+    spec = kl.KLSpec.from_name(kl_name, BETA)
+    settings = dict(kl_estimator=spec.estimator, kl_placement=spec.placement, max_steps=1)
+    right = ours(model_dir, tmp_path / "right", **settings)
+    right.train()
+    gaps = [row["reference_logp_gap"] for row in right.state.log_history if "reference_logp_gap" in row]
+    assert len(gaps) == 1 and gaps[0] < 1e-5, gaps  # float32 forwards of the same weights
+    wrong = ours(model_dir, tmp_path / "wrong", **settings)
+    with torch.no_grad():
+        for parameter in wrong.ref_model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    with pytest.raises(RuntimeError, match="the reference model is not the policy's base model on process 0"):
+        wrong.train()
+    assert wrong.state.global_step == 0  # no update was made
 
 
 def test_updates_per_batch_takes_that_many_optimiser_steps_per_generation(model_dir, tmp_path):

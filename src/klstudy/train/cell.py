@@ -55,6 +55,7 @@ METRIC_KEYS = {
     "learning_rate": "learning_rate",
     "step_time": "step_time",  # TRL's: the whole optimiser step, generating its batch included where it does
     "generation_time": "generation_time",  # generating and scoring a batch (logged by the step that trains on it)
+    "reference_logp_gap": "reference_logp_gap",  # step 1 only: the reference checked against the policy (reference.py)
 }
 # Columns that differ between two runs of the same cell (wall-clock time, memory): every other column of metrics.jsonl
 # is a function of the cell's settings and seed (on a CPU; GPU kernels add their own noise).

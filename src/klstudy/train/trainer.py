@@ -22,7 +22,9 @@ checkpointing and distributed training are TRL's own; on a CPU, vllm_cpu.py adap
    since their batches would be trained after the run.
 
 Per-step metrics always include the KL between the sampling policy and the reference, estimated with
-K1 and K3 per sequence (a reference model is loaded even when β = 0, to measure it).
+K1 and K3 per sequence (a reference model is loaded even when β = 0, to measure it). The reference is built by
+reference.py, for every β (TRL's own, for β > 0, is not sharded per layer under FSDP2), and checked at the first
+step: before any update, the policy's and the reference's log-probs of the sampled tokens must agree.
 """
 
 from __future__ import annotations
@@ -41,13 +43,12 @@ from torch.utils.data import Sampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import add_fused_lm_head, create_model_from_path, get_config_model_id, use_adapter
+from trl.trainer.utils import get_config_model_id, use_adapter
 
 from klstudy import kl
+from klstudy.train import reference, vllm_cpu
 
 # The paper's "normalisation by the total number of tokens in the sampled response batch" is what TRL
-from klstudy.train import vllm_cpu
-
 # calls dapo; Dr. GRPO (the asynchronous study) divides by batch size × max completion length.
 LOSS_TYPES = {"token_sum": "dapo", "dr_grpo": "dr_grpo"}
 TRAINER_ADVANTAGES = tuple(name for name in kl.ADVANTAGES if name != "none")  # a baseline is always subtracted
@@ -176,6 +177,8 @@ LOGGED_METRICS = {
     "clip_ratio/region_mean": "the share of tokens the policy loss gives no gradient (clipped, truncated or masked)",
     "generation_time": "seconds to generate and score one generation batch",
     "staleness": "steps between the policy that generated the trained batch and the one trained (async_level)",
+    "reference_logp_gap": "first step only: mean |log π_θ − log π_ref| a sampled token, before any update (the "
+    "largest over processes; ~0 when the reference is the policy's base model: reference.py)",
 }
 
 
@@ -202,18 +205,37 @@ class EpochSeededSampler(Sampler):
         return len(self.sampler)
 
 
+@contextlib.contextmanager
+def _without_trl_reference(args: KLTrainerConfig, model):
+    """GRPOTrainer.__init__ with β read as 0: TRL then builds no reference of its own (its β is used nowhere else
+    there); KLTrainer builds it (reference.py) and sets β back. A model that already holds PEFT adapters is left to
+    TRL, which copies its adapter as the reference ("ref")."""
+    beta = args.beta
+    if isinstance(model, torch.nn.Module) and is_peft_model(model):
+        yield
+        return
+    args.beta = 0.0
+    try:
+        yield
+    finally:
+        args.beta = beta
+
+
 class KLTrainer(GRPOTrainer):
     """GRPOTrainer whose KL estimator, placement, baseline and asynchrony follow ``KLTrainerConfig``."""
 
     def __init__(self, model, reward_funcs, args: KLTrainerConfig, **kwargs):
         colocated_on_cpu = args.use_vllm and args.vllm_mode == "colocate" and vllm_cpu.on_cpu()
-        with vllm_cpu.colocated_engine() if colocated_on_cpu else contextlib.nullcontext():
+        engine = vllm_cpu.colocated_engine() if colocated_on_cpu else contextlib.nullcontext()
+        with engine, _without_trl_reference(args, model):
             super().__init__(model, reward_funcs, args, **kwargs)
+        self.beta = args.beta  # TRL computes the reference's log-probs in scoring when β ≠ 0
         if colocated_on_cpu:  # vLLM's CPU backend needs its own weight sync (vllm_cpu.py); GPUs keep TRL's
             vllm_cpu.adapt_trl_generation(self.vllm_generation)
         self.kl_spec = self.args.kl_spec()
-        if self.ref_model is None and self.args.measure_reference_kl and not self._uses_peft():
+        if (args.beta != 0 or self.args.measure_reference_kl) and not self._uses_peft():
             self.ref_model = self._load_reference_model()
+        self._reference_checked = False  # the first-step agreement of policy and reference (reference.py)
         self._fifo: collections.deque = collections.deque()
         self._lookahead = None  # iterator over prompt batches, async_level batches ahead of the training loop
         self._lookahead_drawn = 0  # prompt batches drawn from the look-ahead iterator, restored on resume
@@ -226,12 +248,14 @@ class KLTrainer(GRPOTrainer):
 
     def _load_reference_model(self):
         model = self.accelerator.unwrap_model(self.model)
-        reference = create_model_from_path(
-            get_config_model_id(model.config), dtype=model.dtype, attn_implementation=model.config._attn_implementation
+        return reference.build(
+            get_config_model_id(model.config),
+            self.accelerator,
+            model.dtype,
+            attn_implementation=model.config._attn_implementation,
+            temperature=self.temperature,
+            cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
         )
-        reference.eval().requires_grad_(False)
-        add_fused_lm_head(reference, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
-        return self.accelerator.prepare_model(reference, evaluation_mode=True)
 
     def _logps(self, model, batch: dict) -> torch.Tensor:
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -273,6 +297,8 @@ class KLTrainer(GRPOTrainer):
             batch["old_per_token_logps"] = self._logps(self.model, batch)
         if "ref_per_token_logps" not in batch and (self.ref_model is not None or self._uses_peft()):
             batch["ref_per_token_logps"] = self._reference_logps(batch)
+        if not self._reference_checked and "ref_per_token_logps" in batch:
+            self._check_reference(batch, mask)
         weights = self.reward_weights.to(self._task_rewards.device)
         task_rewards = (self._task_rewards * weights).nansum(dim=1)  # (global batch,)
         penalty = torch.zeros_like(mask[:, 0])
@@ -306,6 +332,22 @@ class KLTrainer(GRPOTrainer):
         shape = (*groups.shape, every_mask.size(1))
         advantages = kl.token_advantages(groups, to_go.view(shape), every_mask.view(shape), self.args.advantage)
         return advantages.reshape(-1, shape[-1])[:, :width]
+
+    def _check_reference(self, batch: dict, mask: torch.Tensor) -> None:
+        """At the first step of a run, before any update (a resumed run was checked when it began): the reference's
+        log-probs of the sampled tokens against the policy's, logged as ``reference_logp_gap``; a cell whose reference
+        is not its policy's starting point on some process stops here (reference.check_agreement)."""
+        self._reference_checked = True
+        if self.state.global_step > 0:
+            return
+        policy = batch.get("old_per_token_logps")
+        if policy is None:
+            policy = self._logps(self.model, batch)
+        gap = reference.logp_gap(policy, batch["ref_per_token_logps"], mask)
+        gaps = self.accelerator.gather(gap.reshape(1))
+        precision = reference.forward_dtype(self.accelerator, self.accelerator.unwrap_model(self.model).dtype)
+        worst = reference.check_agreement(gaps, precision)
+        self._metrics["train"]["reference_logp_gap"].append(worst)
 
     def _needs_sampling_logps(self) -> bool:
         spec = self.kl_spec
