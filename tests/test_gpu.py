@@ -14,7 +14,8 @@ package's own Python dependencies.
   therefore those of a shared GPU (benchmarks/step_phases.py measures one job alone).
 - lm-eval's hf backend on the GPU (`klstudy evaluate`), Fig. 12 on the GPU (`klstudy divergence`).
 
-It asserts that every final/ and snapshot loads in bf16, one metrics line per step, the resume, and prints generated
+It asserts that every final/ and snapshot loads in bf16, one metrics line per step (the first with the reference's
+first-step agreement, reference.py), the resume, and prints generated
 tokens/s, trained tokens/s and peak GPU memory per cell (docs/paper-scale.md); with
 KLSTUDY_GPU_SUITE_REPORT=FILE it also writes them there as JSON. Without a CUDA device it is skipped, saying so;
 KLSTUDY_GPU_SUITE_ON_CPU=1 rehearses it on a CPU at the embedded model's shape: every command and assertion except
@@ -162,6 +163,8 @@ def _throughput(name: str, spec: dict, rows: list[dict], seconds: float, sharing
         ),  # fmt: skip
         "peak_gpu_memory_gib": max((r.get("peak_memory_gib", 0.0) for r in rows), default=0.0),
         "jobs_sharing_the_gpu": sharing,
+        # the first-step agreement of policy and reference (reference.py), in the launcher's bf16: its bound is 0.1
+        "reference_logp_gap": next((r["reference_logp_gap"] for r in rows if "reference_logp_gap" in r), None),
     }
     REPORT["cells"][name] = numbers
     print(f"\n{SHAPE} {name}: {json.dumps(numbers)}", flush=True)
@@ -219,6 +222,7 @@ def test_cells_train_under_fsdp_with_one_metrics_line_per_step(trained, name):
     assert sorted({row["step"] for row in rows}) == list(range(1, steps + 1))
     assert all(row["response_length"] > 0 for row in rows if "response_length" in row)
     assert all(math.isfinite(row["grad_norm"]) and math.isfinite(row["loss"]) for row in rows)
+    assert "reference_logp_gap" in rows[0] and all("reference_logp_gap" not in row for row in rows[1:])
     if CELLS[name]["kl"] in ("k1-loss", "k1-both"):
         assert all(row["grad_norm"] > 0 for row in rows)
     if CUDA:

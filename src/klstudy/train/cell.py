@@ -243,7 +243,8 @@ class RunRecorder(TrainerCallback):
             return
         # step = the generation batch this update trained on (the paper's training step), 1-based.
         row = {"step": -(-state.global_step // self.updates), "optimizer_step": state.global_step}
-        row.update({name: float(logs[key]) for name, key in METRIC_KEYS.items() if key in logs})
+        # TRL logs None for a metric with no value this step (reference_logp_gap after the first): no column
+        row.update({name: float(logs[key]) for name, key in METRIC_KEYS.items() if logs.get(key) is not None})
         row["time"] = round(time.perf_counter() - self.start, 3)
         if torch.cuda.is_available():  # this process's peak since the last step: generation and update
             row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
