@@ -38,6 +38,29 @@ def test_a_setting_changed_in_the_config_is_found(mapping, paper_config):
     assert "studies.unbiased.kl: not in the config" in found
 
 
+def test_every_setting_a_run_uses_is_stated_or_read(mapping, paper_config):
+    """Each key under the sections a run reads is a row's (the paper's words, and a reading where it is not stated) or
+    a not_settings entry's (why it is no setting of the paper's)."""
+    assert paper_settings.uncovered(paper_config, mapping) == []
+
+
+def test_a_setting_with_neither_a_row_nor_a_reason_is_found(mapping, paper_config):
+    trimmed = copy.deepcopy(mapping)
+    trimmed["settings"] = [row for row in mapping["settings"] if "weight_decay" not in str(row.get("key"))]
+    found = paper_settings.uncovered(paper_config, trimmed)
+    assert found == [f"studies.{study}.train.{key}" for study in paper_config["studies"]
+                     for key in ("weight_decay", "max_grad_norm")]  # the optimiser's row named both  # fmt: skip
+    changed = copy.deepcopy(paper_config)
+    changed["divergence"]["temperature"] = 0.7  # a key no row names
+    assert paper_settings.uncovered(changed, mapping) == ["divergence.temperature"]
+
+
+def test_a_key_with_several_studies_is_checked_in_each():
+    row = {"paper": "x", "key": ["studies.{a,b}.train.steps", "toy.trials"], "value": [250, 200]}
+    assert paper_settings.keys_and_values(row) == [("studies.a.train.steps", 250), ("studies.b.train.steps", 250),
+                                                   ("toy.trials", 200)]  # fmt: skip
+
+
 def test_the_page_is_what_the_mapping_gives(mapping):
     committed = (ROOT / "docs/paper-settings.md").read_text()
     assert committed == paper_settings.page(mapping), (
@@ -80,7 +103,7 @@ def test_a_row_without_its_reading_is_refused(tmp_path):
 @pytest.mark.skipif(not PAPER_TEXT.exists(), reason=f"the paper's text is not at {PAPER_TEXT}")
 def test_the_mappings_list_of_sections_figures_and_tables_is_the_papers(mapping):
     text = PAPER_TEXT.read_text()
-    headings = re.findall(r"^([1-9]|[A-F])((?:\.\d+)?) ([A-Z][A-Z0-9 ,\-²]+)", text, re.M)
+    headings = re.findall(r"^([1-9]|[A-F])((?:\.\d+)*) \**([A-Z][A-Z0-9 ,\-²]+)", text, re.M)  # "F.4 **K3** ..."
     sections = [number + sub for number, sub, title in headings if not title.startswith("COMEDY")]  # not the title
     assert sections == mapping["paper"]["sections"]
     assert max(int(n) for n in re.findall(r"^Figure (\d+):", text, re.M)) == mapping["paper"]["figures"]

@@ -262,15 +262,15 @@ def test_no_slurm_here_skips_the_slurm_rows(monkeypatch):
 def test_disk_short_of_the_peak_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 10**12})())
     row = preflight.disk_check(paper(), tmp_path)
-    assert row.status == preflight.FAIL and "1,000 GB free, peak 7,226 GB" in row.detail
-    assert "GB free, peak 5,210 GB;" in preflight.disk_check(paper(training_slots=1), tmp_path).detail
+    assert row.status == preflight.FAIL and "1,000 GB free, peak 7,774 GB" in row.detail
+    assert "GB free, peak 5,758 GB;" in preflight.disk_check(paper(training_slots=1), tmp_path).detail
 
 
 def test_the_peak_disk_is_docs_cost_md_s_per_part():
-    """docs/cost.md's table: final models 2.2 TB, snapshots 152 GB, base models 39 GB, checkpoints 3 × 96 GB a cell
+    """docs/cost.md's table: final models 2.4 TB, snapshots 456 GB, base models 39 GB, checkpoints 3 × 96 GB a cell
     (two kept, and Trainer writes the next before it deletes the oldest), one kept by each cell of K3 in the reward."""
     parts = {what.split(" (")[0]: round(size / estimate.GB) for what, size in estimate.peak_disk(paper()).parts.items()}
-    assert parts == {"final models": 2163, "Fig. 12 snapshots": 152, "base models": 39, "checkpoints": 2304,
+    assert parts == {"final models": 2406, "Fig. 12 snapshots": 456, "base models": 39, "checkpoints": 2304,
                      "last checkpoints of 28 cells expected to collapse": 2568}  # fmt: skip
 
 

@@ -416,6 +416,33 @@ def check_claim(config: dict, claim: dict, where: str) -> None:
         _check_subset([claim["task"]] if "task" in claim else [], section["tasks"], f"{where}.task", "divergence.tasks")
 
 
+JUDGEABLE_SEEDS = 2  # claims_rule judges the spread between paired training seeds: one seed leaves it unknown
+
+
+def claim_seeds(config: dict, claim: dict) -> list:
+    """The training seeds a claim pairs (claims_rule's units): those both of its sides train, and for Fig. 12's
+    metrics those the divergence section measures. Fewer than JUDGEABLE_SEEDS and the claim reads "not testable"
+    whatever the runs show."""
+    seeds = set(config["studies"][claim["study"]]["seeds"])
+    if claim["baseline"] != "base":  # the base model is measured once, with no seed of its own
+        seeds &= set(config["studies"][claim.get("baseline_study", claim["study"])]["seeds"])
+    if claim["metric"] in ("forward_kl", "entropy"):
+        seeds &= set(config["divergence"]["seeds"])
+    return sorted(seeds)
+
+
+def unjudgeable_claims(config: dict) -> dict[str, str]:
+    """Each claim of a validated config that its design can never judge, with why (check_claim has already refused
+    a claim naming a study, configuration, β or model the grid lacks)."""
+    found = {}
+    for name, claim in config["claims"].items():
+        seeds = claim_seeds(config, claim)
+        if len(seeds) < JUDGEABLE_SEEDS:
+            plural = "s" * (len(seeds) != 1)
+            found[name] = f"pairs {len(seeds)} seed{plural} ({seeds}); the rule needs {JUDGEABLE_SEEDS}"
+    return found
+
+
 def _check_panel(config: dict, panel: dict, where: str) -> None:
     _check_cells_selection(config, panel, where)
     if panel["kind"] == "bars":
