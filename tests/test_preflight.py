@@ -65,8 +65,8 @@ def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path, monke
     row = rows["models.llama-3.1-8b-instruct (meta-llama/Llama-3.1-8B-Instruct)"]
     assert row.status == preflight.FAIL and detail in row.detail and remedy in row.remedy, row
     assert rows["models.qwen2.5-7b (Qwen/Qwen2.5-7B)"].status == preflight.OK
-    # Every hub repository of the paper is asked once, datasets as datasets; MATH² is not (no known public copy).
-    assert ("cais/mmlu", "dataset") in hub.asked and ("veds12/math-squared", "dataset") not in hub.asked
+    # Every hub repository of the paper is asked once, datasets as datasets, MATH²'s public copy among them.
+    assert ("cais/mmlu", "dataset") in hub.asked and ("veds12/math-squared", "dataset") in hub.asked
     passed, text = preflight.report(config, tmp_path, client=hub)
     assert not passed and remedy in text and "preflight: " in text
 
@@ -87,11 +87,10 @@ def test_staged_or_local_copies_are_not_asked_of_the_hub(tmp_path):
     assert "Qwen/Qwen3-4B-Instruct-2507" in repos
 
 
-def test_math_squared_without_a_copy_names_both_ways_out(tmp_path):
+def test_math_squared_is_staged_from_the_hub_or_a_named_copy(tmp_path):
     rows = {row.what: row for row in preflight.source_checks(paper(), tmp_path)}
     row = rows["evaluation task math_squared"]
-    assert row.status == preflight.FAIL
-    assert "data.math_squared.local_dir" in row.remedy and "drop math_squared from evaluation.tasks" in row.remedy
+    assert row.status == preflight.OK and row.detail == "veds12/math-squared"
     assert rows["evaluation task math500"].status == preflight.OK
     config = paper()
     config["data"]["math_squared"]["local_dir"] = str(tmp_path / "nowhere")
