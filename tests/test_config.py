@@ -325,7 +325,8 @@ def test_every_claim_of_the_paper_config_can_be_judged_by_its_design():
 
 
 def test_a_claim_its_design_can_never_judge_is_named():
-    from klstudy.config import claim_seeds, unjudgeable_claims
+    from klstudy.config import unjudgeable_claims
+    from klstudy.figure_plan import claim_seeds
 
     config = validate_config(load("config/paper.yaml"))
     config["studies"]["offpolicy_k1_reward"]["seeds"] = [0]
@@ -333,9 +334,9 @@ def test_a_claim_its_design_can_never_judge_is_named():
     found = unjudgeable_claims(config)
     assert set(found) == {"k1_loss_offpolicy_below_k1_reward", "k1_reward_offpolicy_stable",
                           "forward_kl_lower_with_k3_loss", "entropy_lower_with_k1_reward"}  # fmt: skip
-    assert "pairs 1 seed ([0])" in found["forward_kl_lower_with_k3_loss"]
+    assert "pairs 1 training seed ([0])" in found["forward_kl_lower_with_k3_loss"]
     config["studies"]["offpolicy_k1_loss"]["seeds"] = [1, 2]  # onpolicy trains 0, 1, 2: the two they share
     claim = config["claims"]["k1_loss_offpolicy_below_onpolicy"]
-    assert claim_seeds(config, claim) == [1, 2]
+    assert claim_seeds(config, claim) == {1, 2}
     config["studies"]["onpolicy"]["seeds"] = [0, 1]
-    assert claim_seeds(config, claim) == [1]
+    assert claim_seeds(config, claim) == {1}

@@ -16,7 +16,7 @@ import jsonschema
 import yaml
 
 from klstudy import kl
-from klstudy.figure_plan import claims_figures, training_figures
+from klstudy.figure_plan import claim_seeds, claims_figures, testable_by_design, training_figures
 from klstudy.frameworks import PRESETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -416,30 +416,15 @@ def check_claim(config: dict, claim: dict, where: str) -> None:
         _check_subset([claim["task"]] if "task" in claim else [], section["tasks"], f"{where}.task", "divergence.tasks")
 
 
-JUDGEABLE_SEEDS = 2  # claims_rule judges the spread between paired training seeds: one seed leaves it unknown
-
-
-def claim_seeds(config: dict, claim: dict) -> list:
-    """The training seeds a claim pairs (claims_rule's units): those both of its sides train, and for Fig. 12's
-    metrics those the divergence section measures. Fewer than JUDGEABLE_SEEDS and the claim reads "not testable"
-    whatever the runs show."""
-    seeds = set(config["studies"][claim["study"]]["seeds"])
-    if claim["baseline"] != "base":  # the base model is measured once, with no seed of its own
-        seeds &= set(config["studies"][claim.get("baseline_study", claim["study"])]["seeds"])
-    if claim["metric"] in ("forward_kl", "entropy"):
-        seeds &= set(config["divergence"]["seeds"])
-    return sorted(seeds)
-
-
 def unjudgeable_claims(config: dict) -> dict[str, str]:
-    """Each claim of a validated config that its design can never judge, with why (check_claim has already refused
-    a claim naming a study, configuration, β or model the grid lacks)."""
+    """Each claim of a validated config that its design can never judge, with why: it pairs fewer than two training
+    seeds (figure_plan.testable_by_design). check_claim has already refused a claim naming a study, configuration, β
+    or model the grid lacks."""
     found = {}
     for name, claim in config["claims"].items():
-        seeds = claim_seeds(config, claim)
-        if len(seeds) < JUDGEABLE_SEEDS:
-            plural = "s" * (len(seeds) != 1)
-            found[name] = f"pairs {len(seeds)} seed{plural} ({seeds}); the rule needs {JUDGEABLE_SEEDS}"
+        if not testable_by_design(config, claim):
+            seeds = sorted(claim_seeds(config, claim))
+            found[name] = f"pairs {len(seeds)} training seed{'s' * (len(seeds) != 1)} ({seeds}); the rule needs 2"
     return found
 
 
