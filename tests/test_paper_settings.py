@@ -110,6 +110,39 @@ def test_the_mappings_list_of_sections_figures_and_tables_is_the_papers(mapping)
     assert max(int(n) for n in re.findall(r"^Table (\d+):", text, re.M)) == mapping["paper"]["tables"]
 
 
+def _plain(text: str) -> str:
+    """The paper's markdown as a reader quotes it: inline maths unwrapped, emphasis and code marks dropped, β and ω
+    as letters, whitespace collapsed."""
+    text = re.sub(r"\$([^$]*)\$", r"\1", text).replace("`", "").replace("*", "")
+    for latex, letter in (("\\beta", "β"), ("\\omega", "ω"), ("\\neq", "≠"), ("^{-6}", "^-6"), ("_{t}", "_t")):
+        text = text.replace(latex, letter)
+    return " ".join(text.split())
+
+
+def _quotes(path) -> list[str]:
+    """Every quotation of the paper in a mapping's ``paper`` fields: a field written in double quotes whole, or each
+    "…" inside one; each split at its ellipses into the runs of words it quotes."""
+    root = yaml.compose((ROOT / path).read_text())
+    quoted = []
+    for section, rows in root.value:
+        if section.value not in ("settings", "claims_not_encoded"):
+            continue
+        for row in rows.value:
+            for key, value in row.value:
+                if key.value == "paper":
+                    quoted += [value.value] if value.style == '"' else re.findall(r'"([^"]+)"', value.value)
+    return [run.strip(" ,.;") for quote in quoted for run in quote.split("…") if run.strip(" ,.;")]
+
+
+@pytest.mark.skipif(not PAPER_TEXT.exists(), reason=f"the paper's text is not at {PAPER_TEXT}")
+def test_every_quotation_is_the_papers_words():
+    paper = _plain(PAPER_TEXT.read_text())
+    runs = _quotes("config/paper-settings.yaml")
+    assert len(runs) > 40 and [run for run in runs if _plain(run) not in paper] == []
+    assert _plain("sample 5 rollouts per prompt (i.e. group size G = 4)") in paper
+    assert _plain("sample 5 rollouts per prompt during training") not in paper  # an elision written as words
+
+
 def test_the_paper_cells_train_without_trls_vllm_correction_and_with_verls_k3_clamp(paper_config, tmp_path):
     """The key reaches TRL: GRPOConfig's vllm_importance_sampling_correction, off for the paper, TRL's default (on)
     where a config does not set it."""
