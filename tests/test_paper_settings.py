@@ -154,6 +154,7 @@ def test_the_paper_cells_train_without_trls_vllm_correction_and_with_verls_k3_cl
     assert args.vllm_importance_sampling_correction is False
     assert args.kl_spec().clamp == 10  # verl's low_var_kl clamp, as the paper's K3 runs had it
     assert args.policy_loss == "truncated_is"  # prime-rl's weighing of stale tokens
+    assert (args.weight_decay, args.max_grad_norm, args.lr_scheduler_type) == (0.01, 1.0, "constant")  # its optimiser
     onpolicy = cell_settings(paper_config, "onpolicy", "qwen2.5-7b", "k3-loss", 0.1, 0)
     assert trainer_config(onpolicy, tmp_path).policy_loss == "ppo_clip"  # verl's PPO clip
     default = copy.deepcopy(cell)
