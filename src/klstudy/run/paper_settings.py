@@ -176,10 +176,11 @@ def page(mapping: dict) -> str:
         "Written by `.venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md` from "
         "`config/paper-settings.yaml`, where the paper's words are typed by hand with their place; "
         "`tests/test_paper_settings.py` fails where `config/paper.yaml` holds another value than a row's, where a key "
-        "a run reads is neither a row's nor in the list of keys that are no setting of the paper's, or where a "
-        "reference names a section, figure or table the paper does not have. Sections (§4.1) and appendices (B, D.2) "
-        "are the paper's; ω_t = π_θ / π_old is the per-token importance ratio, π_old the policy that sampled the "
-        "token, its log-probabilities as the trainer computes them (1 on-policy).",
+        "a run reads is neither a row's nor in the list of keys that are no setting of the paper's, where a quotation "
+        "is not the paper's words, or where a reference names a section, figure or table the paper does not have. "
+        "Sections (§4.1) and appendices (B, D.2) are the paper's; ω_t = π_θ / π_old is the per-token importance "
+        "ratio, π_old the policy that sampled the token, its log-probabilities as the trainer computes them (1 "
+        "on-policy).",
         "",
         (
             f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. "
