@@ -176,6 +176,34 @@ def test_evaluation_differences_by_hand(config):
     assert "± 10" in sections[0][1]["difference (points)"].iloc[0]
 
 
+def test_relative_improvements_as_section_4_1_computes_them(config):
+    """§4.1's "average relative improvement": per task (K1 in the reward − K3 in the loss) / K3 in the loss of the
+    means over seeds, averaged over the domain's tasks (not the ratio of the domain's means); against the base model
+    its one evaluation with the chat template, never the one without (a separate experiment)."""
+    rows = [  # kl, task, seed, mean@k
+        ("k1-reward", "math500", 0, 0.6), ("k1-reward", "math500", 1, 0.4), ("k3-loss", "math500", 0, 0.4),
+        ("k3-loss", "math500", 1, 0.4), ("k1-reward", "math_squared", 0, 0.1), ("k1-reward", "math_squared", 1, 0.1),
+        ("k3-loss", "math_squared", 0, 0.05), ("k3-loss", "math_squared", 1, 0.05),
+    ]  # fmt: skip
+    evaluations = pd.DataFrame(
+        [dict(study="onpolicy", model="tiny", kl=k, beta=0.1, task=t, seed=s, mean_at_k=v, stderr=0.01,
+              chat_template="on") for k, t, s, v in rows]
+        + [dict(study="base", model="tiny", kl="base", beta=0.0, task=t, seed=0, mean_at_k=v, stderr=0.01,
+                chat_template=template)
+           for template, v in (("on", 0.2), ("off", 0.02)) for t in ("math500", "math_squared")]
+    )  # fmt: skip
+    tasks = ["math500", "math_squared"]
+    config = {**config, "evaluation": {**config["evaluation"], "tasks": tasks, "in_domain": tasks}}
+    table = tables.evaluation_differences(evaluations, config).set_index(["candidate", "baseline"])
+    paper = table.loc[("k1-reward", "k3-loss")]
+    assert paper.relative_pct == pytest.approx(100 * (0.25 + 1.0) / 2)  # math500 +25 %, MATH² +100 %: 62.5 %, not 40 %
+    base = table.loc[("k1-reward", "base")]
+    assert base.baseline_mean == pytest.approx(0.2)  # with the template: 0.2; averaged with the one without: 0.11
+    assert base.relative_pct == pytest.approx(100 * (1.5 - 0.5) / 2)  # math500 (0.5−0.2)/0.2, MATH² (0.1−0.2)/0.2
+    section = tables.differences_sections(table.reset_index())[0][1]
+    assert "+62.50 %" in list(section["relative (§4.1)"])
+
+
 def test_numbers_to_three_significant_figures():
     assert [tables.sig(v) for v in (8772.1, 0.04567, 3.6e-15, 2.0, 0.0, float("nan"))] == [
         "8770", "0.0457", "3.6e-15", "2.00", "0", "",

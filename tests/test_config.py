@@ -314,3 +314,29 @@ def test_a_local_copys_path_is_relative_to_the_repository_root_whatever_the_work
     assert config["models"]["hubbed"]["local_dir"] == str(REPO_ROOT / "models/Model")
     assert config["models"]["absolute"]["local_dir"] == "/data/Model"
     assert config["data"]["math500"]["local_dir"] == str(REPO_ROOT / "refdata/math500")
+
+
+def test_every_claim_of_the_paper_config_can_be_judged_by_its_design():
+    """Each claim of config/paper.yaml pairs at least two training seeds (both sides', and Fig. 12's); a claim naming a
+    study, configuration, β or model the grid lacks is refused by validate_config itself."""
+    from klstudy.config import unjudgeable_claims
+
+    assert unjudgeable_claims(validate_config(load("config/paper.yaml"))) == {}
+
+
+def test_a_claim_its_design_can_never_judge_is_named():
+    from klstudy.config import unjudgeable_claims
+    from klstudy.figure_plan import claim_seeds
+
+    config = validate_config(load("config/paper.yaml"))
+    config["studies"]["offpolicy_k1_reward"]["seeds"] = [0]
+    config["divergence"]["seeds"] = [0]
+    found = unjudgeable_claims(config)
+    assert set(found) == {"k1_loss_offpolicy_below_k1_reward", "k1_reward_offpolicy_stable",
+                          "forward_kl_lower_with_k3_loss", "entropy_lower_with_k1_reward"}  # fmt: skip
+    assert "pairs 1 training seed ([0])" in found["forward_kl_lower_with_k3_loss"]
+    config["studies"]["offpolicy_k1_loss"]["seeds"] = [1, 2]  # onpolicy trains 0, 1, 2: the two they share
+    claim = config["claims"]["k1_loss_offpolicy_below_onpolicy"]
+    assert claim_seeds(config, claim) == {1, 2}
+    config["studies"]["onpolicy"]["seeds"] = [0, 1]
+    assert claim_seeds(config, claim) == {1}

@@ -725,3 +725,22 @@ def test_a_crowded_held_out_panel_draws_each_seeds_last_evaluation_as_a_dot_not_
     points = [tuple(p) for c in dots for p in c.get_offsets()]
     assert len(set(points)) == len(points)
     plt.close(fig)
+
+
+def test_a_bars_panel_draws_the_base_model_without_its_template_where_it_asks():
+    """Figs. 5 and 10 draw the paper's Baseline (No-CT) beside Baseline (CT): a panel with base_without_template draws
+    the base model's evaluation without its chat template as its own bars (grey, starred), and its caption says so;
+    without the key the caption lists it, undrawn."""
+    config = study_config()
+    name = next(n for n, f in config["figures"].items() if any(p["kind"] == "bars" for p in f["panels"]))
+    tables = study_tables(config)
+    for asked in (False, True):
+        for panel in config["figures"][name]["panels"]:
+            panel["base_without_template"] = asked
+        fig, caption = paper.draw_paper_figure(name, config, tables)
+        ax = next(ax for ax in fig.axes if any(p.get_gid() for p in ax.patches))
+        starred = [p for p in ax.patches if (p.get_gid() or "").endswith(";bar_no_template")]
+        assert len(starred) == (len(config["evaluation"]["tasks"]) if asked else 0)
+        assert all(p.get_hatch() == encoding.NO_TEMPLATE_HATCH and p.get_height() == 0.0 for p in starred)
+        assert ("starred, without it" in caption) == asked and ("is not drawn" in caption) != asked
+        plt.close(fig)

@@ -38,6 +38,29 @@ def test_a_setting_changed_in_the_config_is_found(mapping, paper_config):
     assert "studies.unbiased.kl: not in the config" in found
 
 
+def test_every_setting_a_run_uses_is_stated_or_read(mapping, paper_config):
+    """Each key under the sections a run reads is a row's (the paper's words, and a reading where it is not stated) or
+    a not_settings entry's (why it is no setting of the paper's)."""
+    assert paper_settings.uncovered(paper_config, mapping) == []
+
+
+def test_a_setting_with_neither_a_row_nor_a_reason_is_found(mapping, paper_config):
+    trimmed = copy.deepcopy(mapping)
+    trimmed["settings"] = [row for row in mapping["settings"] if "weight_decay" not in str(row.get("key"))]
+    found = paper_settings.uncovered(paper_config, trimmed)
+    assert found == [f"studies.{study}.train.{key}" for study in paper_config["studies"]
+                     for key in ("weight_decay", "max_grad_norm")]  # the optimiser's row named both  # fmt: skip
+    changed = copy.deepcopy(paper_config)
+    changed["divergence"]["temperature"] = 0.7  # a key no row names
+    assert paper_settings.uncovered(changed, mapping) == ["divergence.temperature"]
+
+
+def test_a_key_with_several_studies_is_checked_in_each():
+    row = {"paper": "x", "key": ["studies.{a,b}.train.steps", "toy.trials"], "value": [250, 200]}
+    assert paper_settings.keys_and_values(row) == [("studies.a.train.steps", 250), ("studies.b.train.steps", 250),
+                                                   ("toy.trials", 200)]  # fmt: skip
+
+
 def test_the_page_is_what_the_mapping_gives(mapping):
     committed = (ROOT / "docs/paper-settings.md").read_text()
     assert committed == paper_settings.page(mapping), (
@@ -80,11 +103,44 @@ def test_a_row_without_its_reading_is_refused(tmp_path):
 @pytest.mark.skipif(not PAPER_TEXT.exists(), reason=f"the paper's text is not at {PAPER_TEXT}")
 def test_the_mappings_list_of_sections_figures_and_tables_is_the_papers(mapping):
     text = PAPER_TEXT.read_text()
-    headings = re.findall(r"^([1-9]|[A-F])((?:\.\d+)?) ([A-Z][A-Z0-9 ,\-²]+)", text, re.M)
+    headings = re.findall(r"^([1-9]|[A-F])((?:\.\d+)*) \**([A-Z][A-Z0-9 ,\-²]+)", text, re.M)  # "F.4 **K3** ..."
     sections = [number + sub for number, sub, title in headings if not title.startswith("COMEDY")]  # not the title
     assert sections == mapping["paper"]["sections"]
     assert max(int(n) for n in re.findall(r"^Figure (\d+):", text, re.M)) == mapping["paper"]["figures"]
     assert max(int(n) for n in re.findall(r"^Table (\d+):", text, re.M)) == mapping["paper"]["tables"]
+
+
+def _plain(text: str) -> str:
+    """The paper's markdown as a reader quotes it: inline maths unwrapped, emphasis and code marks dropped, β and ω
+    as letters, whitespace collapsed."""
+    text = re.sub(r"\$([^$]*)\$", r"\1", text).replace("`", "").replace("*", "")
+    for latex, letter in (("\\beta", "β"), ("\\omega", "ω"), ("\\neq", "≠"), ("^{-6}", "^-6"), ("_{t}", "_t")):
+        text = text.replace(latex, letter)
+    return " ".join(text.split())
+
+
+def _quotes(path) -> list[str]:
+    """Every quotation of the paper in a mapping's ``paper`` fields: a field written in double quotes whole, or each
+    "…" inside one; each split at its ellipses into the runs of words it quotes."""
+    root = yaml.compose((ROOT / path).read_text())
+    quoted = []
+    for section, rows in root.value:
+        if section.value not in ("settings", "claims_not_encoded"):
+            continue
+        for row in rows.value:
+            for key, value in row.value:
+                if key.value == "paper":
+                    quoted += [value.value] if value.style == '"' else re.findall(r'"([^"]+)"', value.value)
+    return [run.strip(" ,.;") for quote in quoted for run in quote.split("…") if run.strip(" ,.;")]
+
+
+@pytest.mark.skipif(not PAPER_TEXT.exists(), reason=f"the paper's text is not at {PAPER_TEXT}")
+def test_every_quotation_is_the_papers_words():
+    paper = _plain(PAPER_TEXT.read_text())
+    runs = _quotes("config/paper-settings.yaml")
+    assert len(runs) > 40 and [run for run in runs if _plain(run) not in paper] == []
+    assert _plain("sample 5 rollouts per prompt (i.e. group size G = 4)") in paper
+    assert _plain("sample 5 rollouts per prompt during training") not in paper  # an elision written as words
 
 
 def test_the_paper_cells_train_without_trls_vllm_correction_and_with_verls_k3_clamp(paper_config, tmp_path):
@@ -98,6 +154,7 @@ def test_the_paper_cells_train_without_trls_vllm_correction_and_with_verls_k3_cl
     assert args.vllm_importance_sampling_correction is False
     assert args.kl_spec().clamp == 10  # verl's low_var_kl clamp, as the paper's K3 runs had it
     assert args.policy_loss == "truncated_is"  # prime-rl's weighing of stale tokens
+    assert (args.weight_decay, args.max_grad_norm, args.lr_scheduler_type) == (0.01, 1.0, "constant")  # its optimiser
     onpolicy = cell_settings(paper_config, "onpolicy", "qwen2.5-7b", "k3-loss", 0.1, 0)
     assert trainer_config(onpolicy, tmp_path).policy_loss == "ppo_clip"  # verl's PPO clip
     default = copy.deepcopy(cell)

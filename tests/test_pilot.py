@@ -62,8 +62,8 @@ def test_calibrate_prices_each_study_at_the_rate_of_a_pilot_cell_of_its_model_an
     assert measured[0].rate(tried) == pytest.approx(256 * 5 * 756 * 7.6e9 / 800)
     lines = pilot.calibrate(paper, tried, tmp_path)
     offpolicy = next(line for line in lines if line.startswith("offpolicy_k1_reward:"))
-    study = paper["studies"]["offpolicy_k1_reward"]["train"]  # 4 cells of 250 steps of 1024 × 5 completions
-    at_max = 4 * 250 * 1024 * 5 * (256 + 1024) * 7.6e9 / measured[0].rate(tried) / 3600
+    study = paper["studies"]["offpolicy_k1_reward"]["train"]  # 4 β × 3 seeds: 12 cells of 250 steps of 1024 × 5
+    at_max = 12 * 250 * 1024 * 5 * (256 + 1024) * 7.6e9 / measured[0].rate(tried) / 3600
     assert study["steps"] == 250 and offpolicy.startswith(f"offpolicy_k1_reward: {at_max:,.0f} GPU-hours"), lines
     assert "onpolicy: no finished pilot cell of llama-3.1-8b-instruct: not calibrated" in lines
 

@@ -65,8 +65,8 @@ def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path, monke
     row = rows["models.llama-3.1-8b-instruct (meta-llama/Llama-3.1-8B-Instruct)"]
     assert row.status == preflight.FAIL and detail in row.detail and remedy in row.remedy, row
     assert rows["models.qwen2.5-7b (Qwen/Qwen2.5-7B)"].status == preflight.OK
-    # Every hub repository of the paper is asked once, datasets as datasets; MATH² is not (no known public copy).
-    assert ("cais/mmlu", "dataset") in hub.asked and ("veds12/math-squared", "dataset") not in hub.asked
+    # Every hub repository of the paper is asked once, datasets as datasets, MATH²'s public copy among them.
+    assert ("cais/mmlu", "dataset") in hub.asked and ("veds12/math-squared", "dataset") in hub.asked
     passed, text = preflight.report(config, tmp_path, client=hub)
     assert not passed and remedy in text and "preflight: " in text
 
@@ -87,11 +87,10 @@ def test_staged_or_local_copies_are_not_asked_of_the_hub(tmp_path):
     assert "Qwen/Qwen3-4B-Instruct-2507" in repos
 
 
-def test_math_squared_without_a_copy_names_both_ways_out(tmp_path):
+def test_math_squared_is_staged_from_the_hub_or_a_named_copy(tmp_path):
     rows = {row.what: row for row in preflight.source_checks(paper(), tmp_path)}
     row = rows["evaluation task math_squared"]
-    assert row.status == preflight.FAIL
-    assert "data.math_squared.local_dir" in row.remedy and "drop math_squared from evaluation.tasks" in row.remedy
+    assert row.status == preflight.OK and row.detail == "veds12/math-squared"
     assert rows["evaluation task math500"].status == preflight.OK
     config = paper()
     config["data"]["math_squared"]["local_dir"] = str(tmp_path / "nowhere")
@@ -262,15 +261,15 @@ def test_no_slurm_here_skips_the_slurm_rows(monkeypatch):
 def test_disk_short_of_the_peak_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 10**12})())
     row = preflight.disk_check(paper(), tmp_path)
-    assert row.status == preflight.FAIL and "1,000 GB free, peak 7,226 GB" in row.detail
-    assert "GB free, peak 5,210 GB;" in preflight.disk_check(paper(training_slots=1), tmp_path).detail
+    assert row.status == preflight.FAIL and "1,000 GB free, peak 7,774 GB" in row.detail
+    assert "GB free, peak 5,758 GB;" in preflight.disk_check(paper(training_slots=1), tmp_path).detail
 
 
 def test_the_peak_disk_is_docs_cost_md_s_per_part():
-    """docs/cost.md's table: final models 2.2 TB, snapshots 152 GB, base models 39 GB, checkpoints 3 × 96 GB a cell
+    """docs/cost.md's table: final models 2.4 TB, snapshots 456 GB, base models 39 GB, checkpoints 3 × 96 GB a cell
     (two kept, and Trainer writes the next before it deletes the oldest), one kept by each cell of K3 in the reward."""
     parts = {what.split(" (")[0]: round(size / estimate.GB) for what, size in estimate.peak_disk(paper()).parts.items()}
-    assert parts == {"final models": 2163, "Fig. 12 snapshots": 152, "base models": 39, "checkpoints": 2304,
+    assert parts == {"final models": 2406, "Fig. 12 snapshots": 456, "base models": 39, "checkpoints": 2304,
                      "last checkpoints of 28 cells expected to collapse": 2568}  # fmt: skip
 
 

@@ -147,7 +147,7 @@ def test_the_rule_beats_the_fields_extractors_on_the_same_labels(rows, records, 
 
 @needs_refdata
 def test_math_answers_are_read_as_the_protocol_reads_them(rows, records):
-    """MATH-500: the paper's protocol (math-verify, a box first, else the last expression anywhere) reads 6 of the 11
+    """MATH-500: the math reward (math-verify, a box first, else the last expression anywhere) reads 6 of the 11
     stated final answers as labelled (docs/data.md says which forms it misses); "read" (a box, or an answer that
     math-verify's anchors announce) is false for most completions that state none, and the fallback's credit to
     completions that state no answer is counted."""

@@ -4,7 +4,7 @@ lm-eval's and MATH-500's, letters against the copies, the self-check's figures.
 
 The copies are found through KLSTUDY_REFDATA (.ci/run sets it to ../shared/refdata where that exists; a user points
 it at their own copies, laid out as shared/refdata/SOURCES.md says). Without it every test here is skipped, saying
-why. MATH² has no public copy; Countdown is generated, not staged from the Hub (test_data.py covers both).
+why. MATH² is not among the copies; Countdown is generated, not staged from the Hub (test_data.py covers both).
 """
 
 from __future__ import annotations

@@ -113,10 +113,10 @@ def test_the_separation_overlay_merges_into_the_default(tmp_path):
 
 
 def test_paper_grid_sizes():
-    """The paper's grid, by hand: 2 models × (4 configs × 4 β + β = 0) × 3 seeds on-policy; 4 + 4 off-policy;
+    """The paper's grid, by hand: 2 models × (4 configs × 4 β + β = 0) × 3 seeds on-policy; (4 + 4) × 3 off-policy;
     (4 + 1) × 3 and (4 + 1) × 1 asynchronous; 4 × 3 unbiased."""
     counts = expected_jobs(yaml.safe_load((ROOT / "config/paper.yaml").read_text()))
-    assert counts["train_rl"] == 102 + 4 + 4 + 15 + 5 + 12
+    assert counts["train_rl"] == 102 + 12 + 12 + 15 + 5 + 12
     assert counts["evaluate_cell"] == (48 + 6 + 12) * 5 and counts["evaluate_base"] == 2 * 2 * 5
     assert counts["figure"] == 12  # figures 2-12 and the regularisation figure
 

@@ -16,7 +16,7 @@ import jsonschema
 import yaml
 
 from klstudy import kl
-from klstudy.figure_plan import claims_figures, training_figures
+from klstudy.figure_plan import claim_seeds, claims_figures, testable_by_design, training_figures
 from klstudy.frameworks import PRESETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -414,6 +414,18 @@ def check_claim(config: dict, claim: dict, where: str) -> None:
             if study != section["study"] or kl_config not in section["kl"]:
                 refuse("metric", f"{metric}: {kl_config} of study {study} saves no snapshots (see divergence)")
         _check_subset([claim["task"]] if "task" in claim else [], section["tasks"], f"{where}.task", "divergence.tasks")
+
+
+def unjudgeable_claims(config: dict) -> dict[str, str]:
+    """Each claim of a validated config that its design can never judge, with why: it pairs fewer than two training
+    seeds (figure_plan.testable_by_design). check_claim has already refused a claim naming a study, configuration, β
+    or model the grid lacks."""
+    found = {}
+    for name, claim in config["claims"].items():
+        if not testable_by_design(config, claim):
+            seeds = sorted(claim_seeds(config, claim))
+            found[name] = f"pairs {len(seeds)} training seed{'s' * (len(seeds) != 1)} ({seeds}); the rule needs 2"
+    return found
 
 
 def _check_panel(config: dict, panel: dict, where: str) -> None:

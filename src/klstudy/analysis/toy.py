@@ -12,7 +12,7 @@ KL(A‖B), its gradient (autograd through the recursion), and the token-level fo
 eq. (41). Expectations of whole-sequence quantities (the gradient estimators themselves) are exact by
 enumerating the 2^T sequences for small T.
 
-Monte Carlo follows the paper's protocol: ``trials`` independent batches of ``sequences`` samples
+Monte Carlo follows the paper's §3.3: ``trials`` independent batches of ``sequences`` samples
 from A. Each configuration's estimate is the autograd gradient of ``kl.reinforce_loss`` with zero task
 reward and β = 1, so it estimates ∇_θ KL(A‖B) in whatever way that configuration does. Per-trial
 gradients come from one backward pass: (a, b) are replicated once per trial, so trial i's loss

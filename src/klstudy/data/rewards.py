@@ -39,7 +39,7 @@ def _math_verify_once(gold: str, completion: str) -> tuple[bool, bool]:
     """(whether the completion states an answer, math-verify's verdict), gold first, \\boxed{} first; its own (signal)
     timeouts off.
 
-    The verdict is the paper's protocol: a box first, else the last expression math-verify finds anywhere, which it
+    The verdict: a box first (the paper's §2), else the last expression math-verify finds anywhere, which it
     finds in almost any text. So "states an answer" asks less of luck: a box, or an expression that math-verify's
     anchors announce ("the final answer is", "answer:"), as tests/fixtures/real_answers measures."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify

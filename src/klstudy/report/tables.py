@@ -198,7 +198,7 @@ PAPER_RELATIVE_IMPROVEMENTS = [
 ]
 DIFFERENCE_COLUMNS = [
     "study", "model", "beta", "domain", "candidate", "baseline", "candidate_mean", "baseline_mean", "difference_pts",
-    "se_pts", "seeds", "critical", "low_pts", "high_pts", "tasks",
+    "se_pts", "seeds", "critical", "low_pts", "high_pts", "relative_pct", "tasks",
 ]  # fmt: skip
 
 
@@ -236,12 +236,30 @@ def _difference(candidate: pd.DataFrame, baseline: pd.DataFrame, shared_baseline
     return float(paired.value_c.mean()), float(paired.value_b.mean()), difference, se, n
 
 
+def relative_improvement(candidate: pd.DataFrame, baseline: pd.DataFrame, tasks: list[str], shared: bool) -> float:
+    """§4.1's "average relative improvement", in %, as the paper computes it from its figures' bars: per task, the
+    candidate's mean@k over seeds against the baseline's, (c − b) / b, averaged over the domain's tasks (a ratio of
+    each task's means, not of the domain's). Seeds as the points' difference pairs them: those both sides have, or
+    (``shared``: the base model's one evaluation) every candidate seed. NaN where a task lacks a side or b is 0."""
+    if not shared:
+        seeds = set(candidate.seed) & set(baseline.seed)
+        candidate, baseline = candidate[candidate.seed.isin(seeds)], baseline[baseline.seed.isin(seeds)]
+    c = candidate.dropna(subset=["mean_at_k"]).groupby("task").mean_at_k.mean().reindex(tasks)
+    b = baseline.dropna(subset=["mean_at_k"]).groupby("task").mean_at_k.mean().reindex(tasks)
+    if c.isna().any() or b.isna().any() or (b == 0).any():
+        return math.nan
+    return float(100 * ((c - b) / b).mean())
+
+
 def evaluation_differences(evaluations: pd.DataFrame, config: dict) -> pd.DataFrame:
     """Differences in mean@k, in points (100 × accuracy), per study, model, β and domain (the mean over its tasks):
     K1 in the reward − K3 in the loss (the paper's §4.1 comparison), each evaluated configuration − no KL where the
-    study evaluates no KL, and each − the base model (chat template on). Paired by training seed; se by
-    aggregate.UNCERTAINTY on the paired differences; the interval ± critical·se with the claims rule's critical value
-    (critical_value: none with one seed)."""
+    study evaluates no KL, and each − the base model (chat template on; without it is another experiment, not a
+    baseline). Paired by training seed; se by aggregate.UNCERTAINTY on the paired differences; the interval
+    ± critical·se with the claims rule's critical value (critical_value: none with one seed); beside it §4.1's relative
+    improvement (relative_improvement), which the paper quotes without an error."""
+    if "chat_template" in evaluations:
+        evaluations = evaluations[evaluations.chat_template.astype(str) != "off"]
     tasks, in_domain = config["evaluation"]["tasks"], config["evaluation"]["in_domain"]
     domains = {
         "in-domain": [t for t in tasks if t in in_domain],
@@ -258,19 +276,24 @@ def evaluation_differences(evaluations: pd.DataFrame, config: dict) -> pd.DataFr
             none = scores[(scores.study == study) & (scores.model == model) & (scores.kl == NO_KL)]
             pairs = [("k1-reward", "k3-loss")] if {"k1-reward", "k3-loss"} <= set(kls) else []
             pairs += [(kl, NO_KL) for kl in kls if kl != NO_KL and len(none)] + [(kl, "base") for kl in kls]
+            raw = evaluations[(evaluations.model == model) & evaluations.task.isin(domain_tasks)]
             for candidate, baseline in pairs:
                 against = base[base.model == model] if baseline == "base" else (
                     none if baseline == NO_KL else cells[cells.kl == baseline])  # fmt: skip
                 c_mean, b_mean, difference, se, n = _difference(
                     cells[cells.kl == candidate], against, baseline == "base"
                 )
+                raw_baseline = raw[raw.study == "base"] if baseline == "base" else raw[(raw.study == study) & (
+                    raw.kl == baseline) & ((raw.beta == beta) | (baseline == NO_KL))]  # fmt: skip
+                raw_candidate = raw[(raw.study == study) & (raw.kl == candidate) & (raw.beta == beta)]
+                relative = relative_improvement(raw_candidate, raw_baseline, domain_tasks, baseline == "base")
                 critical = critical_value(config["claims_rule"], n)
                 half = critical * se
                 rows.append(dict(study=study, model=model, beta=beta, domain=domain, candidate=candidate,
                                  baseline=baseline, candidate_mean=c_mean, baseline_mean=b_mean,
                                  difference_pts=100 * difference, se_pts=100 * se, seeds=n, critical=critical,
                                  low_pts=100 * (difference - half), high_pts=100 * (difference + half),
-                                 tasks=" ".join(domain_tasks)))  # fmt: skip
+                                 relative_pct=relative, tasks=" ".join(domain_tasks)))  # fmt: skip
     return pd.DataFrame(rows, columns=DIFFERENCE_COLUMNS)
 
 
@@ -287,6 +310,7 @@ def differences_sections(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
                 "n/a (one seed)" if pd.isna(c) else f"[{lo:.1f}, {hi:.1f}] ({c:.3g} se)"
                 for c, lo, hi in zip(table.critical, table.low_pts, table.high_pts, strict=True)
             ],
+            "relative (§4.1)": ["n/a" if pd.isna(r) else f"{r:+.2f} %" for r in table.relative_pct],
         }
     )
     return [("", compact)]
@@ -519,7 +543,9 @@ def study_tables(config: dict, tables: dict, tests: pd.DataFrame) -> dict[str, t
             f"seed (the base model: its one evaluation, its error added once); difference ± se, the {UNCERTAINTY}, "
             "applied to the paired differences; the interval ± critical·se with the claims rule's critical value "
             "(max(min_z, Student's t at 1 − alpha, n − 1 degrees of freedom); none from one seed). A difference whose "
-            "interval holds 0 is not a finding; the claims table says which are claims. The paper's own §4.1 "
+            "interval holds 0 is not a finding; the claims table says which are claims. relative (§4.1): the "
+            "relative improvement as §4.1 computes it, per task (candidate − baseline) / baseline of the means over "
+            "seeds, averaged over the domain's tasks, with no error, as the paper quotes it. The paper's own "
             f"figures are relative improvements of K1 in the reward over K3 in the loss at β = 0.05 ({paper}; mean@32, "
             "3 seeds, no uncertainty quoted), for its models, not results of this run.",
             differences_sections(differences),

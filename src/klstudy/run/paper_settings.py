@@ -25,8 +25,18 @@ KINDS = {
 MISSING = object()
 
 
+# The config's sections whose every key a run of config/paper.yaml uses: each key under them is a row's (stated or
+# read) or a not_settings entry's (what it is instead, and why it is no setting of the paper's study).
+RUN_SECTIONS = ("studies", "evaluation", "divergence", "toy", "data")
+
+
 def load(path: Path = MAPPING) -> dict:
     mapping = yaml.safe_load(Path(path).read_text())
+    for section, fields in (("not_settings", ("key", "why")), ("claims_not_encoded", ("paper", "where", "why")),
+                            ("claims_removed", ("claim", "why"))):  # fmt: skip
+        for index, entry in enumerate(mapping.get(section, [])):
+            if not all(entry.get(field) for field in fields):
+                raise ValueError(f"{path}: {section}[{index}] needs {', '.join(fields)}")
     for index, row in enumerate(mapping["settings"]):
         if row.get("kind") not in KINDS:
             raise ValueError(f"{path}: settings[{index}].kind must be one of {sorted(KINDS)}, not {row.get('kind')!r}")
@@ -37,16 +47,49 @@ def load(path: Path = MAPPING) -> dict:
     return mapping
 
 
+def expand(path: str) -> list[str]:
+    """A path with one ``{a,b,c}`` part (the same setting in several studies) as its paths; others as themselves."""
+    found = re.fullmatch(r"(.*)\{([^}]*)\}(.*)", path)
+    if not found:
+        return [path]
+    head, names, tail = found.groups()
+    return [path for name in names.split(",") for path in expand(f"{head}{name.strip()}{tail}")]
+
+
 def keys_and_values(row: dict) -> list[tuple[str, object]]:
-    """(config path, value) pairs of a row: ``key`` a path and ``value`` its value, or both lists of the same length."""
+    """(config path, value) pairs of a row: ``key`` a path and ``value`` its value, or both lists of the same length;
+    a path with ``{a,b}`` holds its value at each of its paths."""
     if "key" not in row:
         return []
     if isinstance(row["key"], str):
-        return [(row["key"], row.get("value", MISSING))]
+        return [(path, row.get("value", MISSING)) for path in expand(row["key"])]
     values = row.get("value", [MISSING] * len(row["key"]))
     if len(values) != len(row["key"]):
         raise ValueError(f"paper-settings row {row['paper'][:40]!r}: {len(row['key'])} keys but {len(values)} values")
-    return list(zip(row["key"], values, strict=True))
+    return [(path, value) for key, value in zip(row["key"], values, strict=True) for path in expand(key)]
+
+
+def leaf_paths(node, prefix: str) -> list[str]:
+    """The dotted paths of a config section's values (a list is one value)."""
+    if not isinstance(node, dict) or not node:
+        return [prefix]
+    return [path for key, value in node.items() for path in leaf_paths(value, f"{prefix}.{key}")]
+
+
+def _covers(pattern: str, path: str) -> bool:
+    """Whether ``pattern`` (a path, ``*`` matching any one part) is ``path`` or one of its ancestors."""
+    parts, wanted = path.split("."), pattern.split(".")
+    return len(wanted) <= len(parts) and all(w in ("*", p) for w, p in zip(wanted, parts, strict=False))
+
+
+def uncovered(config: dict, mapping: dict) -> list[str]:
+    """Each path under RUN_SECTIONS of a validated config that no row (stated, read, open) nor not_settings entry
+    names: a setting a run uses with neither the paper's words nor a reading."""
+    rows = [row for row in mapping["settings"] if row["kind"] != "pending"]
+    named = [path for row in rows for path, _ in keys_and_values(row)]
+    named += [path for entry in mapping.get("not_settings", []) for path in expand(entry["key"])]
+    paths = [path for section in RUN_SECTIONS for path in leaf_paths(config.get(section, {}), section)]
+    return [path for path in paths if not any(_covers(pattern, path) for pattern in named)]
 
 
 def lookup(config: dict, path: str):
@@ -132,10 +175,12 @@ def page(mapping: dict) -> str:
         "",
         "Written by `.venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md` from "
         "`config/paper-settings.yaml`, where the paper's words are typed by hand with their place; "
-        "`tests/test_paper_settings.py` fails where `config/paper.yaml` holds another value than a row's, or a "
-        "reference names a section, figure or table the paper does not have. Sections (§4.1) and appendices (B, D.2) "
-        "are the paper's; ω_t = π_θ / π_old is the per-token importance ratio, π_old the policy that sampled the "
-        "token, its log-probabilities as the trainer computes them (1 on-policy).",
+        "`tests/test_paper_settings.py` fails where `config/paper.yaml` holds another value than a row's, where a key "
+        "a run reads is neither a row's nor in the list of keys that are no setting of the paper's, where a quotation "
+        "is not the paper's words, or where a reference names a section, figure or table the paper does not have. "
+        "Sections (§4.1) and appendices (B, D.2) are the paper's; ω_t = π_θ / π_old is the per-token importance "
+        "ratio, π_old the policy that sampled the token, its log-probabilities as the trainer computes them (1 "
+        "on-policy).",
         "",
         (
             f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. "
@@ -152,4 +197,36 @@ def page(mapping: dict) -> str:
         columns = ["where", "the paper", "config", *(["reading"] if kind != "stated" else [])]
         lines += [f"## {heading[0].upper()}{heading[1:]}", "", "| " + " | ".join(columns) + " |",
                   "|" + "---|" * len(columns), *map(_row, rows), ""]  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join(lines + _other_sections(mapping))
+
+
+def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(" ".join(str(cell).split()) for cell in row) + " |" for row in rows), ""]  # fmt: skip
+
+
+def _other_sections(mapping: dict) -> list[str]:
+    """The page's tables of keys that are no setting of the paper's, and of the paper's claims not in the claims
+    table (with the claims removed from it)."""
+    lines = [
+        "## Keys that are no setting of the paper's",
+        "",
+        "Every other key under the sections a run reads (`" + "`, `".join(RUN_SECTIONS) + "`) is a row above; "
+        "`tests/test_paper_settings.py` fails on a key that is in neither (`*`: any study or dataset).",
+        "",
+        *_table(["key", "why"], [[f"`{e['key']}`", e["why"]] for e in mapping.get("not_settings", [])]),
+        "## Claims",
+        "",
+        "`config/paper.yaml`'s `claims` are the paper's claims the claims table judges "
+        "([the claims table](claims.md)); each cites where the paper makes it. These are the paper's claims it cannot "
+        "express, and why:",
+        "",
+        *_table(
+            ["where", "the paper", "why"],
+            [[e["where"], e["paper"], e["why"]] for e in mapping.get("claims_not_encoded", [])],
+        ),
+        "Claims removed from `config/paper.yaml`, and why:",
+        "",
+        *_table(["claim", "why"], [[f"`{e['claim']}`", e["why"]] for e in mapping.get("claims_removed", [])]),
+    ]
+    return lines[:-1]  # the page ends with its last row

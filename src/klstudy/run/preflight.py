@@ -3,7 +3,7 @@ job is submitted, in one table with a remedy per failing row.
 
 - hub: every hub model and dataset of the config can be downloaded with this machine's token (huggingface_hub's
   ``auth_check``; a revision other than main with ``repo_info``); each of the hub's errors becomes one sentence.
-- sources: every dataset and model with ``local_dir`` has it; a dataset with no known public copy (MATH²) has one.
+- sources: every dataset and model with ``local_dir`` has it.
 - SLURM (skipped where there is no ``sinfo``: a local run): the account, the QOS, the profile's jobs against the
   per-user submit limit, each kind of job's partition(s), its runtime against the partition's MaxTime and the QOS's
   MaxWall, GPUs of the asked kind in the GPU partition, and a node with them that has the job's memory and CPUs.
@@ -28,10 +28,6 @@ from klstudy.config import REPO_ROOT, train_gpus
 from klstudy.run import estimate, memory_plans, quota
 from klstudy.run.check import FAIL, OK, SKIP, WARN, Check
 
-# Datasets whose hub source is not a known public copy: staged only from a local copy.
-NO_PUBLIC_COPY = {"math_squared"}
-
-
 # ------------------------------------------------------------------------------------------------------------ the hub
 
 
@@ -47,10 +43,7 @@ def hub_repos(config: dict, root: Path) -> list[tuple[str, str, str, str]]:
     repos += [
         (f"data.{name}", spec["hub_id"], "dataset", "main")
         for name, spec in config["data"].items()
-        if spec.get("hub_id")
-        and not spec.get("local_dir")
-        and spec["kind"] not in NO_PUBLIC_COPY
-        and not (staged / "data" / f"{name}.jsonl").exists()
+        if spec.get("hub_id") and not spec.get("local_dir") and not (staged / "data" / f"{name}.jsonl").exists()
     ]
     return repos
 
@@ -155,17 +148,8 @@ def source_checks(config: dict, root: Path) -> list[Check]:
     for task in config["evaluation"]["tasks"]:
         spec = config["data"][task]
         staged = (root / "results" / "data" / f"{task}.jsonl").exists()
-        if spec["kind"] in NO_PUBLIC_COPY and not spec.get("local_dir") and not staged:
-            checks.append(
-                Check(
-                    f"evaluation task {task}",
-                    FAIL,
-                    f"no local copy, and {spec.get('hub_id')} is not a known public copy",
-                    f"set data.{task}.local_dir to a copy of it, or drop {task} from evaluation.tasks",
-                )
-            )
-        else:
-            checks.append(Check(f"evaluation task {task}", OK, "staged" if staged else "has a source"))
+        source = "staged" if staged else spec.get("local_dir") or spec.get("hub_id") or f"generated ({spec['kind']})"
+        checks.append(Check(f"evaluation task {task}", OK, source))
     return checks
 
 

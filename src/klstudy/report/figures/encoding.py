@@ -92,6 +92,7 @@ BETA_STYLE_WORDS = {0.005: "sparse dots", 0.01: "sparse dashes", 0.05: "dash-dot
                     1.0: "dotted", 3.0: "paired dashes", 10.0: "long dashes"}  # fmt: skip
 MEAN_LINEWIDTH = 1.6  # the widest line a β's style is drawn with (a mean over seeds); legend samples show it twice
 NO_KL_STYLE = ("-", "")  # β = 0: solid, unhatched; no β of BETA_STYLES is
+NO_TEMPLATE_HATCH = "**"  # the base model's bar without its chat template (Figs. 5, 10): a hatch no β uses
 VERDICT_COLOURS = {"shown": "#009E73", "contradicted": "#CC3311", "not shown": "0.45"}
 UNTESTED_COLOUR = "0.7"  # "not testable: …", "no prediction": no interval to read
 
@@ -178,6 +179,8 @@ def expected_style(gid: str) -> dict | None:
         expected["linestyle"] = beta_linestyle(0 if kl_config == NO_KL else beta)
     if part == "bar":
         expected["hatch"] = beta_hatch(0 if kl_config == NO_KL else beta)
+    if part == "bar_no_template":
+        expected["hatch"] = NO_TEMPLATE_HATCH
     return expected
 
 

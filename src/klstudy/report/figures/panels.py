@@ -16,6 +16,7 @@ from klstudy.kl import NO_KL
 from klstudy.report.aggregate import final_values, mean_and_se, step_values, trailing_mean
 from klstudy.report.figures.encoding import (
     BASE_COLOUR,
+    NO_TEMPLATE_HATCH,
     VERDICT_COLOURS,
     beta_hatch,
     config_colour,
@@ -174,6 +175,9 @@ def _questions(config: dict, data: str) -> str:
 MULTIPLE_CHOICE_PREFIX, MULTIPLE_CHOICE_CHANCE = "mmlu", 0.25
 
 
+NO_TEMPLATE_LABEL = "base model, no chat template"
+
+
 def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     """lm-eval mean@k per task: the base model with its chat template (one evaluation, ±1 se over questions), then
     each KL configuration × β: one seed with lm-eval's ±1 se; two to SEEDS_WITHOUT_BAND seeds, the mean with each
@@ -184,7 +188,11 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     base = evaluations[(evaluations.study == "base") & (evaluations.model == panel["model"])]
     groups = [("base model", "base", 0.0, base[base.chat_template.astype(str) == "on"])]
     drawn = Drawn("accuracy", unit="bar")
-    drawn.notes += _without_template(base[base.chat_template.astype(str) == "off"], tasks, config)
+    without = base[base.chat_template.astype(str) == "off"]
+    if panel.get("base_without_template") and len(without):  # the paper's Baseline (No-CT), Figs. 5 and 10
+        groups.append((NO_TEMPLATE_LABEL, "base", 0.0, without))
+    else:
+        drawn.notes += _without_template(without, tasks, config)
     cells = select(evaluations[evaluations.study != "base"], panel, config)
     cell_status = select(tables["cells"], panel, config)
     for (kl_config, beta), rows in cells.groupby(["kl", "beta"], sort=False):
@@ -200,11 +208,13 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         x = np.arange(len(tasks)) + dodge(g, len(groups), 0.8)
         errors = [s[1] if (seeds == 1 or seeds > SEEDS_WITHOUT_BAND) and np.isfinite(s[1]) else 0.0 for s in stats]
         colour = BASE_COLOUR if kl_config == "base" else config_colour(kl_config)
+        part = "bar_no_template" if label == NO_TEMPLATE_LABEL else "bar"
+        hatch = NO_TEMPLATE_HATCH if part == "bar_no_template" else (
+            "" if kl_config == "base" else beta_hatch(0 if kl_config == NO_KL else beta))  # fmt: skip
         bars = ax.bar(x, [s[0] for s in stats], width, yerr=errors, color=colour, edgecolor="0.2", linewidth=0.5,
-                      hatch="" if kl_config == "base" else beta_hatch(0 if kl_config == NO_KL else beta), capsize=1.5,
-                      label=label, error_kw={"elinewidth": 0.8})  # fmt: skip
+                      hatch=hatch, capsize=1.5, label=label, error_kw={"elinewidth": 0.8})  # fmt: skip
         for bar in bars:
-            tag(bar, kl_config, None if kl_config in (NO_KL, "base") else beta, "bar")
+            tag(bar, kl_config, None if kl_config in (NO_KL, "base") else beta, part)
         if bars.errorbar is not None:  # a white rim: a black error bar shows on a black (no KL) or dark bar too
             _, caps, stems = bars.errorbar.lines
             rim = [patheffects.withStroke(linewidth=2.0, foreground="white"), patheffects.Normal()]

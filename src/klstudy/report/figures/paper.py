@@ -112,9 +112,11 @@ def panel_description(panel: dict, config: dict) -> str:
         return (f"held-out pass@1 on {task_name(config, study['heldout_data'])} every {every} training steps, from "
                 "the base model at step 0")  # fmt: skip
     if kind == "bars":
+        base = "the base model with its chat template"
+        if panel.get("base_without_template"):
+            base += " and, starred, without it (the paper's Baseline (CT) and (No-CT))"
         return (f"lm-eval mean@{config['evaluation']['k']} accuracy of the final policy on each task (temperature 1), "
-                "beside the base model with its chat template; above each bar, the share of answers from which no "
-                "answer could be read")  # fmt: skip
+                f"beside {base}; above each bar, the share of answers from which no answer could be read")  # fmt: skip
     if kind == "kl_vs_beta":
         last = study.get("final_steps", 5)
         return (f"KL(π_sampling‖π_ref) at the end of training, the K3 estimate on the sampled batch averaged over the "
