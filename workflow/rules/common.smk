@@ -158,7 +158,7 @@ def job_partition(stage):
 def retry_runtime(stage):
     """runtime × attempt, capped: a retry asks for at most cluster.max_runtime, or else the smaller of the partition's
     MaxTime and the QOS's MaxWall (read with sinfo and sacctmgr only when a retry is submitted), since a longer ask
-    is refused or pends for ever. With neither limit, twice the runtime. A training job asks its runtime every time:
+    is refused or pends for ever. With neither limit, runtime × attempt. A training job asks its runtime every time:
     it runs in slices of that length (slices.py) and resumes from its checkpoint."""
     first = config["resources"][stage]["runtime"]
 

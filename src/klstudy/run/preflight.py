@@ -252,7 +252,7 @@ def qos_limits(run=subprocess.run) -> dict[str, int | None]:
 
 def runtime_cap(partition: str | None, qos: str | None, run=subprocess.run) -> int | None:
     """What a job may ask for at most: the smallest of the partitions' MaxTime (the default partition for None) and
-    the QOS's MaxWall; None when neither is known or limited, and then a retry asks twice the runtime
+    the QOS's MaxWall; None when neither is known or limited, and then a retry asks the runtime times its attempt
     (workflow/rules/common.smk)."""
     limits = []
     try:
