@@ -14,11 +14,8 @@ CELL = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/summary.json"
 
 
 def one_cell_config() -> dict:
-    """config.yaml with its onpolicy study cut to one cell of two short steps, on a tiny model built by the run (as
-    reduced_config builds it)."""
+    """config.yaml with its onpolicy study cut to one cell of two short steps, on the pinned tiny model."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    config["models"]["tiny"]["spec"] = dict(hidden_size=64, num_heads=2, num_layers=1, sft_steps=10, sft_batch=8)
-    del config["models"]["tiny"]["pinned"]
     study = config["studies"]["onpolicy"]
     study.update(kl=["k1-reward"], betas=[0.1], seeds=[0], health={"collapse_window": 0})
     study["train"].update(steps=2, batch_prompts=2, minibatch_prompts=2, rollouts=2, max_response_tokens=8,
@@ -35,14 +32,14 @@ def finished(tmp_path_factory):
     """A run directory in which the one cell has finished."""
     workdir = tmp_path_factory.mktemp("finished")
     config = one_cell_config()
-    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     snakemake(CELL, "--cores", "2", "--configfile", str(workdir / "config.yaml"), cwd=workdir)
     return workdir, config
 
 
 def scheduled(workdir, config, *args) -> dict:
     """The jobs a dry run of the cell schedules with ``config`` in ``workdir`` (rule -> count; {} for none)."""
-    (workdir / "edited.yaml").write_text(yaml.safe_dump(config))
+    (workdir / "edited.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     output = snakemake(CELL, "-n", "--cores", "1", "--configfile", str(workdir / "edited.yaml"), *args, cwd=workdir)
     return job_counts(output) if "Job stats:" in output else {}
 
@@ -75,7 +72,7 @@ def test_an_operational_edit_retrains_no_finished_cell(finished, edit):
 
 TRAINING = {
     "the learning rate": lambda c: c["studies"]["onpolicy"]["train"].update(learning_rate=2e-4),
-    "the base model": lambda c: c["models"]["tiny"]["spec"].update(sft_steps=11),
+    "the base model": lambda c: c["models"]["tiny"]["pinned"].update(sha256="0" * 64),
     "the data": lambda c: c["data"]["math_train"].update(size=c["data"]["math_train"]["size"] - 1),
 }
 
@@ -93,17 +90,20 @@ def test_a_copied_run_directory_retrains_nothing(finished, tmp_path):
     assert scheduled(copied, config) == {}
 
 
-def test_an_edited_workflow_file_retrains_no_finished_cell(finished, tmp_path):
-    """The workflow in another clone, with train_rl's shell line edited: the cell is not retrained."""
+def test_a_moved_clone_with_an_edited_workflow_file_retrains_no_finished_cell(finished, tmp_path):
+    """The finished run driven by a copy of the repository elsewhere (its own pinned model files, its own launcher
+    paths), with train_rl's shell line edited: the cell is not retrained."""
     workdir, config = finished
     clone = tmp_path / "clone"
     clone.mkdir()
-    for name in ("Snakefile", "workflow", "profiles", "config"):
-        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, clone / name)
-    (clone / "src").symlink_to(ROOT / "src")
+    for name in ("Snakefile", "workflow", "profiles", "config", "src", "resources"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, clone / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, clone / name)
     rule = clone / "workflow/rules/train.smk"
     rule.write_text(rule.read_text().replace("2>&1 | tee -a", "2>&1 | tee --append"))
-    (workdir / "edited.yaml").write_text(yaml.safe_dump(config))
+    (workdir / "edited.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     output = snakemake(CELL, "-n", "--cores", "1", "--configfile", str(workdir / "edited.yaml"), "--snakefile",
                        str(clone / "Snakefile"), cwd=workdir)  # fmt: skip
     assert "Job stats:" not in output, output[-2000:]
