@@ -178,12 +178,12 @@ def gpu_hours(config: dict) -> Estimate:
     per_token = seconds_per_token(TRAIN_FLOPS)
     estimate.parts["training"] = _sum(config, cells, lambda t: per_token * _train_tokens(t), estimate) / 3600
     per_token = seconds_per_token({"generation": INFER_FLOPS})
-    heldout = [(c["model"], c["study"]) for c in all_cells(config)]
+    studies = [(c["model"], c["study"]) for c in all_cells(config)]
     estimate.parts["held-out evaluations in training"] = (
-        _sum(config, heldout, lambda study: per_token * _heldout_tokens(config, study), estimate) / 3600
+        _sum(config, studies, lambda study: per_token * _heldout_tokens(config, study), estimate) / 3600
     )
     what = f"checkpoint writes (at {WRITE_BANDWIDTH / GB:g} GB/s, the cell's GPUs idle)"
-    estimate.parts[what] = _sum(config, heldout, lambda study: _write_seconds(config, study), estimate) / 3600
+    estimate.parts[what] = _sum(config, studies, lambda study: _write_seconds(config, study), estimate) / 3600
     evaluated = [(c["model"], c["study"]) for c in evaluated_cells(config)]
     evaluated += [(m, None) for m in evaluated_base_models(config) for _ in base_templates(config)]
     per_token = seconds_per_token({"generation": INFER_FLOPS})
