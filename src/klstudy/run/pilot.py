@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klstudy.config import all_cells, validate_config
-from klstudy.run.estimate import PROMPT_TOKENS, cell_times, parameters
+from klstudy.run.estimate import PROMPT_TOKENS, CellTimes, cell_times, parameters
 
 # The paper's studies the pilot runs a cell of: its models, KL configuration and β (seed 0). The off-policy and the
 # Countdown cells are the plans closest to the GPU's memory (docs/paper-scale.md).
@@ -39,25 +39,27 @@ PILOT_CHECKPOINT_EVERY = 2  # steps: two checkpoints early in the first job
 STARTUP_MINUTES = 10
 
 
-def usable_minutes(config: dict) -> float:
-    """Minutes of a training job that train: its runtime less the startup and the save before its limit."""
-    return config["resources"]["train"]["runtime"] - STARTUP_MINUTES - config["cluster"]["save_before_limit_minutes"]
+def first_slice(config: dict, times: CellTimes) -> float:
+    """Seconds a cell trains in its first job: the runtime less STARTUP_MINUTES and what slices.py keeps back before
+    the job's limit (the reserve, cluster.save_before_limit_minutes, and twice a step)."""
+    minutes = config["resources"]["train"]["runtime"] - STARTUP_MINUTES - config["cluster"]["save_before_limit_minutes"]
+    return 60 * minutes - 2 * times.step
 
 
 def slicing_problems(config: dict) -> list[str]:
     """Each cell of a (validated) pilot config that, at the estimate's throughputs, does not reach two checkpoints
     within its first job, or ends within it (crossing no slice boundary: it never saves, requeues and resumes)."""
-    problems, usable = [], 60 * usable_minutes(config)
+    problems = []
     for cell in all_cells(config):
         train = config["studies"][cell["study"]]["train"]
         times, name = cell_times(config, cell["study"], cell["model"]), f"{cell['study']} {cell['model']}"
-        second = 2 * train["checkpoint_every"]
+        second, usable = 2 * train["checkpoint_every"], first_slice(config, times)
         if second > train["steps"] or times.until(second, train) > usable:
             problems.append(f"{name}: its second checkpoint (step {second}) takes {times.until(second, train) / 60:.0f}"
-                            f" of the first job's {usable / 60:.0f} minutes")  # fmt: skip
+                            f" of the {usable / 60:.0f} minutes it trains in its first job")  # fmt: skip
         if times.until(train["steps"], train) <= usable:
-            problems.append(f"{name}: ends in {times.until(train['steps'], train) / 60:.0f} of the first job's "
-                            f"{usable / 60:.0f} minutes, crossing no slice boundary")  # fmt: skip
+            problems.append(f"{name}: ends in {times.until(train['steps'], train) / 60:.0f} of the {usable / 60:.0f}"
+                            " minutes it trains in its first job, crossing no slice boundary")  # fmt: skip
     return problems
 
 
@@ -67,16 +69,16 @@ def _size_slices(config: dict) -> None:
     validated = validate_config(copy.deepcopy(config))
     cells = [(c["study"], cell_times(validated, c["study"], c["model"])) for c in all_cells(validated)]
     train = {study: validated["studies"][study]["train"] for study, _ in cells}
-    second = max(times.until(2 * PILOT_CHECKPOINT_EVERY, train[study]) for study, times in cells) / 60
-    config["resources"]["train"]["runtime"] = runtime = 10 * math.ceil(
-        (second + STARTUP_MINUTES + config["cluster"]["save_before_limit_minutes"]) / 10
-    )
-    validated["resources"]["train"]["runtime"] = runtime
-    for study, times in cells:
-        steps = 2 * PILOT_CHECKPOINT_EVERY
-        while times.until(steps, train[study]) <= 60 * usable_minutes(validated):
-            steps += PILOT_CHECKPOINT_EVERY
-        config["studies"][study]["train"]["steps"] = train[study]["steps"] = steps
+    held_back = STARTUP_MINUTES + config["cluster"]["save_before_limit_minutes"]
+    needed = max(times.until(2 * PILOT_CHECKPOINT_EVERY, train[study]) + 2 * times.step for study, times in cells)
+    runtime = 10 * math.ceil((needed / 60 + held_back) / 10)
+    config["resources"]["train"]["runtime"] = validated["resources"]["train"]["runtime"] = runtime
+    steps = {study: 2 * PILOT_CHECKPOINT_EVERY for study in train}
+    for study, times in cells:  # the study's steps: enough for the slowest of its cells to outlast its first job
+        while times.until(steps[study], train[study]) <= first_slice(validated, times):
+            steps[study] += PILOT_CHECKPOINT_EVERY
+    for study, count in steps.items():
+        config["studies"][study]["train"]["steps"] = count
 
 
 def pilot_7b(paper: dict) -> dict:
@@ -124,11 +126,11 @@ HEADER = """# klstudy: from the pilot to the grid, a cell of each of the paper's
 # asynchronous math cell turns vllm_importance_sampling on, the one change to the paper's settings, so that TRL logs
 # vLLM's log-probs against the trainer's (sampling_logp_difference in metrics.jsonl). A checkpoint every 2 steps.
 # The training job's runtime and each study's steps are computed (src/klstudy/run/pilot.py) so that, at the
-# estimate's throughputs with 10 minutes to start and the save before the limit, every cell reaches its second
-# checkpoint in its first job and is still training when that job ends: it saves, requeues its job and resumes
-# (docs/running.md, "After a pilot"). No evaluation beyond held-out pass@1 (evaluation.tasks only because
-# the schema asks for them: no study is evaluated); Fig. 12 for one cell at its first and last steps. Its studies are
-# named pilot_*, apart from the grid's cells.
+# estimate's throughputs with 10 minutes to start and what a slice keeps back (the reserve, twice a step), every cell
+# reaches its second checkpoint in its first job and is still training when that job ends: it saves, requeues its
+# job and resumes (docs/running.md, "After a pilot"). No evaluation beyond held-out pass@1 (evaluation.tasks only
+# because the schema asks for them: no study is evaluated); Fig. 12 for one cell at its first and last steps. Its
+# studies are named pilot_*, apart from the grid's cells.
 # `klstudy calibrate` then turns the measured step times into the grid's GPU-hours per study.
 #
 # Written from config/paper.yaml (src/klstudy/run/pilot.py) by
