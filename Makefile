@@ -66,7 +66,7 @@ status: $(INSTALLED)
 	$(BIN)/python -m klstudy status --config $(CONFIG) $(if $(RUN_DIR),--root $(RUN_DIR))
 
 ## Before a cluster run, on the login node: hub access to every model and dataset, data sources, the SLURM account,
-## partitions, time limits and GPUs, free disk against the run's peak; then the peak disk and GPU-hours
+## partitions, time limits and GPUs, free disk against what the run still writes; then the peak disk and GPU-hours
 ## (src/klstudy/run/preflight.py). `snakemake --profile slurm` runs it too before submitting anything.
 preflight: $(INSTALLED)
 	$(BIN)/python -m klstudy preflight --config $(CONFIG)

@@ -291,8 +291,8 @@ def test_the_papers_dry_run_is_the_documented_one(tmp_path):
     assert all(c.startswith(vllm) for c in train + evaluate), [c[:120] for c in train + evaluate if vllm not in c][:3]
     assert others and not any(vllm in c for c in others), "jobs without vLLM run with the interpreter of Snakemake"
     # The run's cost, computed from the config (klstudy/run/estimate.py), as README.md quotes it.
-    assert "peak disk under results/: 7,774 GB" in out and "GPU-hours (estimate: every response" in out, out[:2000]
-    assert "7.8 TB with 8 training at once" in README.read_text()
+    assert "peak disk under results/: 5,206 GB" in out and "GPU-hours (estimate: every response" in out, out[:2000]
+    assert "5.2 TB with 8 training at once" in README.read_text()
 
 
 # -------------------------------------------------------------------------------------- licence and citation

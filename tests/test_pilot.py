@@ -8,7 +8,7 @@ import yaml
 from workflow_helpers import ROOT
 
 from klstudy.config import all_cells, validate_config
-from klstudy.run import estimate, pilot
+from klstudy.run import pilot
 
 
 def load(name):
@@ -22,20 +22,37 @@ def test_the_pilot_config_is_written_from_the_papers():
     )
 
 
-def test_the_pilot_is_three_cells_of_the_papers_settings_that_cross_a_slice_boundary():
+def test_the_pilot_holds_a_cell_of_each_kind_of_training_at_the_papers_settings():
+    """On-policy (both 7-8B models), off-policy, asynchronous on math and on Countdown: the paper's trainer settings."""
     tried, paper = validate_config(load("config/pilot-7b.yaml")), validate_config(load("config/paper.yaml"))
-    cells = all_cells(tried)
-    assert sorted((c["study"], c["model"]) for c in cells) == [("pilot_async_math", "qwen2.5-7b"),
-        ("pilot_onpolicy", "llama-3.1-8b-instruct"), ("pilot_onpolicy", "qwen2.5-7b")]  # fmt: skip
+    assert sorted((c["study"], c["model"]) for c in all_cells(tried)) == [
+        ("pilot_async_countdown", "qwen3-4b-instruct-2507"), ("pilot_async_math", "qwen2.5-7b"),
+        ("pilot_offpolicy_k1_loss", "qwen2.5-7b"), ("pilot_onpolicy", "llama-3.1-8b-instruct"),
+        ("pilot_onpolicy", "qwen2.5-7b")]  # fmt: skip
     assert not set(tried["studies"]) & set(paper["studies"]), "no pilot cell is one of the grid's"
     for name, study in tried["studies"].items():
-        same = {k: v for k, v in study["train"].items() if k not in ("steps", "eval_every", "checkpoint_every")}
+        changed = ("steps", "eval_every", "checkpoint_every", "vllm_importance_sampling")
+        same = {k: v for k, v in study["train"].items() if k not in changed}
         paper_train = paper["studies"][name.removeprefix("pilot_")]["train"]
         assert same == {k: paper_train[k] for k in same}, name  # the paper's settings
-        assert study["train"]["steps"] == 20 and study["train"]["checkpoint_every"] == 5
-    # A cell takes longer than its job's runtime at the estimate's throughputs: each crosses a slice boundary.
-    hours = estimate.gpu_hours(tried).parts["training"] / len(cells) / tried["resources"]["train"]["gpus"]
-    assert hours * 60 > tried["resources"]["train"]["runtime"], hours
+    logged = [name for name, study in tried["studies"].items() if study["train"]["vllm_importance_sampling"]]
+    assert logged == ["pilot_async_math"]  # one cell logs vLLM's log-probs against the trainer's
+
+
+@pytest.mark.parametrize("name", ["config/pilot.yaml", "config/pilot-7b.yaml"])
+def test_every_pilot_cell_reaches_two_checkpoints_and_crosses_a_slice_boundary(name):
+    """At the estimate's throughputs (estimate.cell_times), with the startup allowance and the save before the limit,
+    each cell reaches its second checkpoint in its first job and is still training when that job ends."""
+    config = validate_config(load(name))
+    assert pilot.slicing_problems(config) == []
+
+
+def test_a_pilot_job_too_short_or_too_long_is_named():
+    config = validate_config(load("config/pilot-7b.yaml"))
+    config["resources"]["train"]["runtime"] = 30  # the old pilot's: no 7B cell saves twice in it
+    assert any("pilot_offpolicy_k1_loss qwen2.5-7b: its second checkpoint" in p for p in pilot.slicing_problems(config))
+    config["resources"]["train"]["runtime"] = 480  # the 0.5B pilot's old runtime: nothing slices
+    assert all("crossing no slice boundary" in p for p in pilot.slicing_problems(config))
 
 
 def write_cell(results, run, model, async_level, gpus, seconds, lengths, status="ok"):

@@ -11,7 +11,7 @@ import yaml
 from huggingface_hub import errors
 from workflow_helpers import ROOT
 
-from klstudy.config import ConfigError, validate_config
+from klstudy.config import RUN_DIR, ConfigError, all_cells, train_gpus, validate_config
 from klstudy.run import estimate, memory_plans, preflight
 
 
@@ -261,21 +261,99 @@ def test_no_slurm_here_skips_the_slurm_rows(monkeypatch):
 def test_disk_short_of_the_peak_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 10**12})())
     row = preflight.disk_check(paper(), tmp_path)
-    assert row.status == preflight.FAIL and "1,000 GB free, peak 7,774 GB" in row.detail
-    assert "GB free, peak 5,758 GB;" in preflight.disk_check(paper(training_slots=1), tmp_path).detail
+    assert row.status == preflight.FAIL and "1,000 GB free, 5,206 GB still to write" in row.detail, row.detail
+    assert "(0 of 158 cells finished)" in row.detail
+    assert "GB free, 3,190 GB still to write" in preflight.disk_check(paper(training_slots=1), tmp_path).detail
+
+
+def finish(root: Path, cells: list[dict]) -> None:
+    for cell in cells:
+        (root / RUN_DIR.format(**cell)).mkdir(parents=True)
+        (root / RUN_DIR.format(**cell) / "summary.json").write_text("{}")
+
+
+def test_a_grid_in_progress_counts_only_what_it_still_writes(tmp_path):
+    """Finished cells' final models and snapshots, staged base models and the checkpoints unfinished cells already
+    hold are on disk already: the row compares free space with the rest."""
+    config = paper()
+    whole = estimate.peak_disk(config).total
+    cells = all_cells(config)
+    finish(tmp_path, cells[:100])
+    for name in config["models"]:
+        (tmp_path / "results/models" / name).mkdir(parents=True)
+    left, finished = preflight.still_to_write(config, tmp_path)
+    assert finished == 100
+    assert left.parts["final models"] == pytest.approx(
+        sum(2 * estimate.parameters(config, c["model"]) for c in cells[100:]))  # fmt: skip
+    assert left.parts["base models"] == 0 and left.total < whole
+    training = next(what for what in left.parts if what.startswith(estimate.CHECKPOINTS_TRAINING))
+    held = tmp_path / "results/checkpoints" / RUN_DIR.format(**cells[-1]).removeprefix("results/runs/") / "checkpoint-9"
+    held.mkdir(parents=True)
+    (held / "model.safetensors").write_bytes(b"0" * 10**6)
+    assert preflight.still_to_write(config, tmp_path)[0].parts[training] == left.parts[training] - 10**6
+    finish(tmp_path, cells[100:])
+    assert preflight.still_to_write(config, tmp_path)[0].total == 0
+
+
+def test_the_peak_counts_kept_checkpoints_only_where_the_config_makes_them():
+    """The collapse rule off (the paper's collapse_window: 0): no collapsed cell, no checkpoint kept for it. On: one
+    for each cell of K3 in the reward. delete_checkpoints false: every cell keeps two."""
+    config = paper()
+    assert not [what for what in estimate.peak_disk(config).parts if "collapse" in what or "kept" in what]
+    for study in config["studies"].values():
+        study["health"]["collapse_window"] = 10
+    assert "last checkpoints of 28 cells expected to collapse" in estimate.peak_disk(config).parts
+    config["studies"]["unbiased"]["train"]["delete_checkpoints"] = False
+    parts = estimate.peak_disk(config).parts
+    assert parts["checkpoints kept by 12 cells (delete_checkpoints: false)"] == pytest.approx(12 * 24 * 7.6e9)
 
 
 def test_the_peak_disk_is_docs_cost_md_s_per_part():
-    """docs/cost.md's table: final models 2.4 TB, snapshots 456 GB, base models 39 GB, checkpoints 3 × 96 GB a cell
-    (two kept, and Trainer writes the next before it deletes the oldest), one kept by each cell of K3 in the reward."""
+    """docs/cost.md's table: final models 2.2 TB, snapshots 152 GB, base models 39 GB, checkpoints 3 × 96 GB a cell
+    (two kept, and Trainer writes the next before it deletes the oldest); none kept: the paper's runs are whole."""
     parts = {what.split(" (")[0]: round(size / estimate.GB) for what, size in estimate.peak_disk(paper()).parts.items()}
-    assert parts == {"final models": 2406, "Fig. 12 snapshots": 456, "base models": 39, "checkpoints": 2304,
-                     "last checkpoints of 28 cells expected to collapse": 2568}  # fmt: skip
+    assert parts == {"final models": 2163, "Fig. 12 snapshots": 152, "base models": 39,
+                     "checkpoints of the cells training": 2304}  # fmt: skip
+
+
+def test_the_estimate_prints_held_out_evaluations_and_checkpoint_writes_on_lines_of_their_own():
+    """The whole held-out set before the first step and every eval_every steps; heldout_prompts makes it cheaper in
+    proportion. A checkpoint of 12 bytes a parameter every checkpoint_every steps at WRITE_BANDWIDTH, on every GPU of
+    the cell."""
+    config = paper()
+    hours = estimate.gpu_hours(config).parts
+    writes = next(what for what in hours if what.startswith("checkpoint writes"))
+    assert any(line.startswith("  held-out evaluations in training:") for line in estimate.summary(config))
+    seconds = 0.0
+    for cell in all_cells(config):
+        train = config["studies"][cell["study"]]["train"]
+        write = 12 * estimate.parameters(config, cell["model"]) / estimate.WRITE_BANDWIDTH
+        seconds += write * (train["steps"] // train["checkpoint_every"]) * train_gpus(config, cell["study"])
+    assert hours[writes] == pytest.approx(seconds / 3600)
+    whole = estimate._heldout_tokens(config, "onpolicy")
+    config["studies"]["onpolicy"]["train"]["heldout_prompts"] = 500  # of MATH test's 5,000
+    assert estimate._heldout_tokens(config, "onpolicy") == pytest.approx(whole / 10)
+    cheaper = estimate.gpu_hours(config).parts["held-out evaluations in training"]
+    assert cheaper < hours["held-out evaluations in training"]
+
+
+def test_heldout_prompts_scores_the_same_subset_in_every_cell():
+    """train.heldout_prompts: N of the held-out prompts, drawn once with seed 0 and kept in order; null: all."""
+    from klstudy.train.cell import heldout_subset
+
+    records = [{"prompt": str(i)} for i in range(100)]
+    subset = heldout_subset(records, 10)
+    assert len(subset) == 10 and subset == heldout_subset(records, 10) and subset != records[:10]
+    assert subset == sorted(subset, key=lambda r: int(r["prompt"]))
+    assert heldout_subset(records, None) is records and heldout_subset(records, 500) is records
 
 
 def test_gpu_hours_scale_with_the_assumed_throughput_and_name_unknown_sizes():
-    hours, rates = estimate.gpu_hours(paper()).total, paper()["cluster"]["gpu_tflops"]
-    assert estimate.gpu_hours(paper(gpu_tflops={p: r / 2 for p, r in rates.items()})).total == pytest.approx(2 * hours)
+    def computed(config):  # the parts that FLOPs and throughputs make: not the checkpoint writes
+        return sum(h for what, h in estimate.gpu_hours(config).parts.items() if not what.startswith("checkpoint"))
+
+    hours, rates = computed(paper()), paper()["cluster"]["gpu_tflops"]
+    assert computed(paper(gpu_tflops={p: r / 2 for p, r in rates.items()})) == pytest.approx(2 * hours)
     config = paper()
     del config["models"]["qwen3-4b-instruct-2507"]["parameters_b"]
     assert estimate.gpu_hours(config).unknown == {"qwen3-4b-instruct-2507"}

@@ -535,6 +535,21 @@ def cell_settings(config: dict, study: str, model: str, kl: str, beta, seed) -> 
                 snapshot_dtype=snapshot_dtype)  # fmt: skip
 
 
+# Keys of a study's `train` block that change how a cell is launched, watched, evaluated on held-out data or saved, not
+# what it trains: a finished cell is not retrained when they change (docs/running.md, "What reruns a finished cell").
+# eval_every and the held-out decoding change what heldout.jsonl holds, not the policy: a finished cell keeps the
+# held-out curve it was trained with.
+OPERATIONAL_TRAIN_KEYS = ("eval_every", "heldout_samples", "heldout_prompts", "heldout_decoding",
+                          "checkpoint_every", "delete_checkpoints", "accelerate_config", "report_to", "wandb",
+                          "trackio")  # fmt: skip
+
+
+def training_settings(cell: dict) -> dict:
+    """A cell's settings (cell_settings) without the operational ones: what its training depends on beside its base
+    model and data, and so what Snakemake records for train_rl (workflow/rules/train.smk)."""
+    return dict(cell, train={k: v for k, v in cell["train"].items() if k not in OPERATIONAL_TRAIN_KEYS})
+
+
 def snapshot_steps(config: dict, cell: dict) -> list[int]:
     """Training steps at which ``cell`` saves its policy (none unless the divergence section selects it)."""
     selected = [dict(c, beta=float(c["beta"]), seed=int(c["seed"])) for c in divergence_cells(config)]

@@ -16,11 +16,11 @@ from klstudy.config import (
     STUDY_TABLES,
     all_cells,
     cell_settings,
+    training_settings,
     divergence_targets,
     evaluation_settings,
     evaluation_targets,
     figure_targets,
-    pinned_directory,
     train_gpus,
     training_processes,
 )
@@ -112,18 +112,36 @@ def data_file(name):
     return f"results/data/{name}.jsonl"
 
 
-def pinned_files(wildcards):
-    """The files of a model's pinned copy (none for a model built or staged by its job): inputs of base_model, so
-    that a new pinned copy stages again."""
-    pinned = config["models"][wildcards.model].get("pinned")
-    if pinned is None:
-        return []
-    return sorted(str(path) for path in pinned_directory(pinned).iterdir() if path.is_file())
+class Unrecorded:
+    """A param that Snakemake passes to the job but does not record, so that changing it reruns nothing: its params
+    trigger compares only params of Python's builtin types (persistence's _params drops the others as
+    unrepresentable). For what a job needs but its outputs do not depend on: paths, the launcher line, operational
+    settings. The training cells' params trigger is tested by dry runs (tests/test_reruns.py)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
+def unrecorded_path(pattern: str):
+    """A param of a cell's path (``pattern`` with its wildcards filled in), not recorded (Unrecorded)."""
+    return lambda wildcards: Unrecorded(pattern.format(**{key: wildcards[key] for key in CELL_WILDCARDS}))
+
+
+def recorded_settings(settings: dict) -> str:
+    """A staging job's settings as Snakemake records them: without ``local_dir``, a path on this machine (a copy
+    moved elsewhere is the same data; a pinned model's sha256 says which build it is)."""
+    return json.dumps({key: value for key, value in settings.items() if key != "local_dir"})
+
+
+CELL_WILDCARDS = ("study", "model", "kl", "beta", "seed")
 
 
 def cell_config(wildcards):
     """What `klstudy train --settings` gets (config.cell_settings)."""
-    return cell_settings(config, **{key: wildcards[key] for key in ("study", "model", "kl", "beta", "seed")})
+    return cell_settings(config, **{key: wildcards[key] for key in CELL_WILDCARDS})
 
 
 def run_outputs():
@@ -140,7 +158,7 @@ def job_partition(stage):
 def retry_runtime(stage):
     """runtime × attempt, capped: a retry asks for at most cluster.max_runtime, or else the smaller of the partition's
     MaxTime and the QOS's MaxWall (read with sinfo and sacctmgr only when a retry is submitted), since a longer ask
-    is refused or pends for ever. With neither limit, twice the runtime. A training job asks its runtime every time:
+    is refused or pends for ever. With neither limit, runtime × attempt. A training job asks its runtime every time:
     it runs in slices of that length (slices.py) and resumes from its checkpoint."""
     first = config["resources"][stage]["runtime"]
 
@@ -170,7 +188,7 @@ def _train_gpu_resource(key):
 
 
 def _history(wildcards):
-    return HISTORY.format(**{key: wildcards[key] for key in ("study", "model", "kl", "beta", "seed")})
+    return HISTORY.format(**{key: wildcards[key] for key in CELL_WILDCARDS})
 
 
 def _refused(wildcards, attempt):

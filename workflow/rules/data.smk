@@ -10,7 +10,8 @@ rule prepare_data:
         data="results/data/{dataset}.jsonl",
         check="results/data/{dataset}.check.json",
     params:
-        settings=lambda wildcards: json.dumps(config["data"][wildcards.dataset]),
+        settings=lambda wildcards: Unrecorded(json.dumps(config["data"][wildcards.dataset])),
+        recorded=lambda wildcards: recorded_settings(config["data"][wildcards.dataset]),
     log:
         "logs/data/{dataset}.log",
     # Data and base models first: every training cell waits for them, the toy analysis waits for nothing.
@@ -23,16 +24,17 @@ rule prepare_data:
 
 rule base_model:
     """The base model in Hugging Face format: the tiny model built and warm-started here (or its pinned copy staged,
-    checked against its spec and warm-start data), or a hub or GGUF model staged."""
+    checked against its spec, warm-start data and the sha256 its config names, which is what reruns it), or a hub or
+    GGUF model staged."""
     input:
         warm_start=lambda wildcards: expand(
             "results/data/{dataset}.jsonl", dataset=config["models"][wildcards.model].get("warm_start_data", {})
         ),
-        pinned=pinned_files,
     output:
         directory("results/models/{model}"),
     params:
-        settings=lambda wildcards: json.dumps(config["models"][wildcards.model]),
+        settings=lambda wildcards: Unrecorded(json.dumps(config["models"][wildcards.model])),
+        recorded=lambda wildcards: recorded_settings(config["models"][wildcards.model]),
     log:
         "logs/models/{model}.log",
     benchmark:

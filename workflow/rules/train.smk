@@ -13,13 +13,17 @@ rule train_rl:
         summary=f"{RUN_DIR}/summary.json",
         final=directory(f"{RUN_DIR}/final"),
         snapshots=directory(f"{RUN_DIR}/snapshots"),
+    # Snakemake records only `training` (what the cell trains: config.training_settings); the operational settings,
+    # the launcher line (absolute paths) and the paths are Unrecorded (common.smk), so changing them reruns no
+    # finished cell (docs/running.md, "What reruns a finished cell").
     params:
-        settings=lambda wildcards: json.dumps(cell_config(wildcards)),
-        launcher=train_launcher,
-        out=RUN_DIR,
+        training=lambda wildcards: json.dumps(training_settings(cell_config(wildcards)), sort_keys=True),
+        settings=lambda wildcards: Unrecorded(json.dumps(cell_config(wildcards))),
+        launcher=lambda wildcards: Unrecorded(train_launcher(wildcards)),
+        out=unrecorded_path(RUN_DIR),
         # Outside the declared outputs: Snakemake deletes those when a job fails, checkpoints must survive.
-        checkpoints=f"results/checkpoints/{RUN_PATH}",
-        history=HISTORY,  # every attempt's output, kept across retries (common.smk)
+        checkpoints=unrecorded_path(f"results/checkpoints/{RUN_PATH}"),
+        history=unrecorded_path(HISTORY),  # every attempt's output, kept across retries (common.smk)
     log:
         f"logs/train/{RUN_PATH}.log",
     benchmark:

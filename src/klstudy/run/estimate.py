@@ -7,16 +7,22 @@ Disk (bytes per parameter, as Trainer and FSDP write them): a final model and ea
 snapshots 4), a base model (2), a training checkpoint in float32 with Adam's two moments (12), three checkpoints per
 training cell (`save_total_limit` 2, and Trainer writes the next one before it deletes the oldest). Every final model
 and snapshot stays; checkpoints exist only while a cell trains, so at most ``cluster.training_slots`` cells hold them at
-once (the largest models' cells, at worst). A cell that stops early (collapsed, diverged) keeps its last checkpoint: the
-peak counts one for each cell of the configurations the paper reports collapsing (STOPS_EARLY); any other such cell adds
-one.
+once (the largest models' cells, at worst), unless ``delete_checkpoints`` is false, and then every cell keeps two. A
+cell that stops early (collapsed, diverged) keeps its last checkpoint: where its study's collapse rule is on
+(``health.collapse_window`` > 0), the peak counts one for each cell of the configurations the paper reports collapsing
+(STOPS_EARLY); any other such cell adds one. Given the cells already finished and the models already staged, the same
+sum is what a run still has to write (the preflight's disk row).
 
 GPU-hours: an estimate, not a bound: the FLOPs with every response at ``max_response_tokens``, each divided by the
 sustained throughput of its phase (``cluster.gpu_tflops``: TFLOP/s per GPU for generation, scoring and the update).
 A training step's (prompt + response) token costs 2·N FLOPs to generate (N parameters), 2·N per scoring pass (two: the
 reference's and the sampling policy's log-probabilities) and 6·N to train on (forward and backward). An evaluation
 token costs 2·N of generation; a Fig. 12 token 2·N of generation and two scoring passes. The default scoring and update
-throughputs were measured (docs/paper-scale.md); generation's, vLLM's, was not.
+throughputs were measured (docs/paper-scale.md); generation's, vLLM's, was not. Inside training, each cell also
+evaluates held-out pass@1 before its first step and every ``eval_every`` steps (``heldout_prompts`` of the held-out
+set, or all of it; ``heldout_samples`` responses each when sampled, one when greedy; every response at its maximum
+length, at generation's throughput), and writes a checkpoint (policy and Adam's state, 12 bytes a parameter) every
+``checkpoint_every`` steps at WRITE_BANDWIDTH, all its GPUs idle meanwhile. Each is its own line.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from klstudy.config import (
+    RUN_DIR,
     SAVE_TOTAL_LIMIT,
     all_cells,
     base_templates,
@@ -31,6 +38,7 @@ from klstudy.config import (
     evaluated_base_models,
     evaluated_cells,
     evaluation_settings,
+    training_processes,
 )
 
 BF16, FLOAT32, CHECKPOINT = 2, 4, 12  # bytes per parameter
@@ -44,6 +52,9 @@ TRAIN_FLOPS = {"generation": 2, "scoring": 2 * 2, "update": 6}
 INFER_FLOPS = 2  # one forward pass
 PHASES = tuple(TRAIN_FLOPS)
 GB = 1e9
+# Bytes a second a training job writes its checkpoint at (an assumption: a parallel file system's share for one job);
+# every GPU of the job waits meanwhile.
+WRITE_BANDWIDTH = 1 * GB
 
 
 def gpu_gres(gpus: int, model: str | None) -> str:
@@ -92,23 +103,34 @@ def _sum(config: dict, items, per_parameter, estimate: Estimate) -> float:
     return total
 
 
-def peak_disk(config: dict) -> Estimate:
-    """Bytes under results/ at the run's peak (module docstring)."""
+CHECKPOINTS_TRAINING = "checkpoints of the cells training"  # the part the preflight lessens by what is on disk
+
+
+def peak_disk(config: dict, finished: frozenset = frozenset(), staged: frozenset = frozenset()) -> Estimate:
+    """Bytes under results/ at the run's peak (module docstring), without what the ``finished`` cells (their run
+    directories, RUN_DIR) and the ``staged`` base models (their names) have written already."""
     estimate = Estimate()
-    cells = all_cells(config)
+    cells = [c for c in all_cells(config) if RUN_DIR.format(**c) not in finished]
     snapshots = len([s for s in config["divergence"]["steps"] if s > 0])
     snapshot_bytes = FLOAT32 if config["divergence"]["snapshot_dtype"] == "float32" else BF16
     estimate.parts["final models"] = _sum(config, [(c["model"], c) for c in cells], lambda _: BF16, estimate)
-    estimate.parts["Fig. 12 snapshots"] = _sum(
-        config, [(c["model"], c) for c in divergence_cells(config)], lambda _: snapshot_bytes * snapshots, estimate
-    )
-    estimate.parts["base models"] = _sum(config, [(m, m) for m in config["models"]], lambda _: BF16, estimate)
+    divergence = [(c["model"], c) for c in divergence_cells(config) if RUN_DIR.format(**c) not in finished]
+    estimate.parts["Fig. 12 snapshots"] = _sum(config, divergence, lambda _: snapshot_bytes * snapshots, estimate)
+    models = [(m, m) for m in config["models"] if m not in staged]
+    estimate.parts["base models"] = _sum(config, models, lambda _: BF16, estimate)
     sizes = sorted((parameters(config, c["model"]) or 0 for c in cells), reverse=True)
     slots = config["cluster"]["training_slots"]
-    estimate.parts[f"checkpoints ({min(slots, len(cells))} cells training at once)"] = (
+    estimate.parts[f"{CHECKPOINTS_TRAINING} ({min(slots, len(cells))} at once)"] = (
         sum(sizes[:slots]) * CHECKPOINT * CHECKPOINTS_AT_PEAK
     )
-    early = [(c["model"], c) for c in cells if c["kl"] in STOPS_EARLY]
+    studies = config["studies"]
+    kept = [(c["model"], c) for c in cells if not studies[c["study"]]["train"]["delete_checkpoints"]]
+    if kept:
+        what = f"checkpoints kept by {len(kept)} cells (delete_checkpoints: false)"
+        estimate.parts[what] = _sum(config, kept, lambda _: CHECKPOINT * SAVE_TOTAL_LIMIT, estimate)
+    collapses = {name for name, spec in studies.items()
+                 if spec["health"]["collapse_window"] and spec["train"]["delete_checkpoints"]}  # fmt: skip
+    early = [(c["model"], c) for c in cells if c["kl"] in STOPS_EARLY and c["study"] in collapses]
     if early:
         what = f"last checkpoints of {len(early)} cells expected to collapse"
         estimate.parts[what] = _sum(config, early, lambda _: CHECKPOINT, estimate)
@@ -117,6 +139,23 @@ def peak_disk(config: dict) -> Estimate:
 
 def _train_tokens(train: dict) -> float:
     return train["steps"] * train["batch_prompts"] * train["rollouts"] * (PROMPT_TOKENS + train["max_response_tokens"])
+
+
+def _heldout_tokens(config: dict, study: str) -> float:
+    """Tokens one cell of ``study`` generates for held-out pass@1: before its first step and every eval_every steps."""
+    spec = config["studies"][study]
+    train = spec["train"]
+    prompts = train.get("heldout_prompts") or config["data"][spec["heldout_data"]].get("size", 0)
+    samples = 1 if train["heldout_decoding"] == "greedy" else train["heldout_samples"]
+    passes = 1 + train["steps"] // train["eval_every"]
+    return passes * prompts * samples * (PROMPT_TOKENS + train["max_response_tokens"])
+
+
+def _write_seconds(config: dict, study: str) -> float:
+    """GPU-seconds per parameter of one cell's checkpoint writes: every GPU of the cell idle while each is written."""
+    train = config["studies"][study]["train"]
+    writes = train["steps"] // train["checkpoint_every"]
+    return writes * CHECKPOINT / WRITE_BANDWIDTH * training_processes(config, study)
 
 
 def _eval_tokens(config: dict, study: str | None) -> float:
@@ -138,6 +177,13 @@ def gpu_hours(config: dict) -> Estimate:
     cells = [(c["model"], config["studies"][c["study"]]["train"]) for c in all_cells(config)]
     per_token = seconds_per_token(TRAIN_FLOPS)
     estimate.parts["training"] = _sum(config, cells, lambda t: per_token * _train_tokens(t), estimate) / 3600
+    per_token = seconds_per_token({"generation": INFER_FLOPS})
+    studies = [(c["model"], c["study"]) for c in all_cells(config)]
+    estimate.parts["held-out evaluations in training"] = (
+        _sum(config, studies, lambda study: per_token * _heldout_tokens(config, study), estimate) / 3600
+    )
+    what = f"checkpoint writes (at {WRITE_BANDWIDTH / GB:g} GB/s, the cell's GPUs idle)"
+    estimate.parts[what] = _sum(config, studies, lambda study: _write_seconds(config, study), estimate) / 3600
     evaluated = [(c["model"], c["study"]) for c in evaluated_cells(config)]
     evaluated += [(m, None) for m in evaluated_base_models(config) for _ in base_templates(config)]
     per_token = seconds_per_token({"generation": INFER_FLOPS})
@@ -153,6 +199,32 @@ def gpu_hours(config: dict) -> Estimate:
     return estimate
 
 
+@dataclass(frozen=True)
+class CellTimes:
+    """Wall-clock seconds of one cell's parts at the estimate's throughputs, every response at its maximum length."""
+
+    step: float  # one training step (generation, scoring, update)
+    heldout: float  # one held-out pass@1 evaluation
+    checkpoint: float  # one checkpoint write
+
+    def until(self, step: int, train: dict) -> float:
+        """From the start of training to the end of ``step``: the held-out passes (step 0's and every eval_every),
+        the steps and the checkpoint writes (every checkpoint_every) on the way."""
+        passes = 1 + step // train["eval_every"]
+        return passes * self.heldout + step * self.step + (step // train["checkpoint_every"]) * self.checkpoint
+
+
+def cell_times(config: dict, study: str, model: str) -> CellTimes:
+    """A cell's CellTimes: its GPU-seconds (as gpu_hours counts them) over the GPUs that share them."""
+    rate = {phase: 1e12 * config["cluster"]["gpu_tflops"][phase] for phase in PHASES}
+    size, train, gpus = parameters(config, model), config["studies"][study]["train"], training_processes(config, study)
+    per_step = _train_tokens(train) / train["steps"]
+    step = sum(flops / rate[phase] for phase, flops in TRAIN_FLOPS.items()) * size * per_step / gpus
+    passes = 1 + train["steps"] // train["eval_every"]
+    heldout = INFER_FLOPS / rate["generation"] * size * _heldout_tokens(config, study) / passes / gpus
+    return CellTimes(step, heldout, CHECKPOINT * size / WRITE_BANDWIDTH)
+
+
 def _hours(hours: float) -> str:
     return f"{hours:,.0f}" if hours >= 10 else f"{hours:.1f}"
 
@@ -166,7 +238,6 @@ def summary(config: dict) -> list[str]:
         + f"){disk.note()}",
         "GPU-hours (estimate: every response at its maximum length; TFLOP/s sustained per GPU, cluster.gpu_tflops: "
         + ", ".join(f"{phase} {config['cluster']['gpu_tflops'][phase]:g}" for phase in PHASES)
-        + f"): {_hours(hours.total)} ("
-        + ", ".join(f"{what} {_hours(h)}" for what, h in hours.parts.items())
-        + f"){hours.note()}",
+        + f"): {_hours(hours.total)}{hours.note()}",
+        *(f"  {what}: {_hours(h)} GPU-hours" for what, h in hours.parts.items()),
     ]

@@ -106,3 +106,25 @@ def checks(config: dict, root: Path) -> list[Check]:
             else:
                 checks.append(Check(what, OK, f"{plan.describe()}; {source}"))
     return checks
+
+
+def plan_table(config: dict, shapes: dict, prompt_tokens: int, gib: float) -> list[str]:
+    """docs/paper-scale.md's table: the plan of every study that generates with vLLM, per model, on a GPU of ``gib``
+    GiB, from each model's Shape (``shapes``) and a prompt of ``prompt_tokens``."""
+    from klstudy.train import gpu_memory
+
+    gpu = int(gib * gpu_memory.GIB)
+    lines = ["| study | model | `max_model_len` | vLLM share | weights (GiB) | KV cache (GiB) | sequences at once | "
+             "training (GiB) | per GPU (GiB) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for study, spec in config["studies"].items():
+        if spec["train"]["generation"] != "vllm":
+            continue
+        for model in spec["models"]:
+            plan = gpu_memory.training_plan(model, shapes[model], spec["train"], train_gpus(config, study),
+                                            prompt_tokens, gpu)  # fmt: skip
+            lines.append(
+                f"| `{study}` | {model} | {plan.max_model_len} | {plan.share:.2f} | {gpu_memory.gib(plan.weights)} | "
+                f"{gpu_memory.gib(plan.kv)} | {min(plan.concurrent, plan.sequences)} of {plan.sequences} | "
+                f"{gpu_memory.gib(plan.training)} | {gpu_memory.gib(plan.total)} ({plan.total / gpu:.0%}) |"
+            )
+    return lines

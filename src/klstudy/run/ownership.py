@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from klstudy.config import RUN_DIR, all_cells, cell_settings
+from klstudy.config import RUN_DIR, all_cells, cell_settings, training_settings
 
 RECORD = Path("results") / "run-configs.json"
 
@@ -41,7 +41,7 @@ def cell_digests(config: dict) -> dict[str, str]:
     digests = {}
     for cell in all_cells(config):
         study = config["studies"][cell["study"]]
-        what = dict(cell_settings(config, **cell), model_spec=config["models"][cell["model"]],
+        what = dict(training_settings(cell_settings(config, **cell)), model_spec=config["models"][cell["model"]],
                     data=[config["data"][study[key]] for key in ("train_data", "heldout_data")])  # fmt: skip
         text = json.dumps(what, sort_keys=True, default=str)
         digests[RUN_DIR.format(**cell)] = hashlib.sha256(text.encode()).hexdigest()[:16]

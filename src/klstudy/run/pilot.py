@@ -14,56 +14,123 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from klstudy.config import all_cells
-from klstudy.run.estimate import PROMPT_TOKENS, parameters
+from klstudy.config import all_cells, validate_config
+from klstudy.run.estimate import PROMPT_TOKENS, CellTimes, cell_times, parameters
 
-PILOT_STEPS, PILOT_CHECKPOINT_EVERY, PILOT_RUNTIME = 20, 5, 30  # minutes: less than a cell takes, so it slices
-# The paper's studies the pilot runs a cell of: its models and β (K1 in the reward, seed 0).
-PILOT_STUDIES = {"onpolicy": (["qwen2.5-7b", "llama-3.1-8b-instruct"], 0.1), "async_math": (["qwen2.5-7b"], 0.005)}
+# The paper's studies the pilot runs a cell of: its models, KL configuration and β (seed 0). The off-policy and the
+# Countdown cells are the plans closest to the GPU's memory (docs/paper-scale.md).
+PILOT_STUDIES = {
+    "onpolicy": (["qwen2.5-7b", "llama-3.1-8b-instruct"], "k1-reward", 0.1),
+    "offpolicy_k1_loss": (["qwen2.5-7b"], "k1-loss", 0.1),
+    "async_math": (["qwen2.5-7b"], "k1-reward", 0.005),
+    "async_countdown": (["qwen3-4b-instruct-2507"], "k1-reward", 0.005),
+}
+# The study whose cell logs vLLM's log-probs against the trainer's (sampling_logp_difference in metrics.jsonl): TRL
+# computes them only with vllm_importance_sampling on, which also corrects that cell's loss by their ratio.
+LOGP_DIFFERENCE_STUDY = "async_math"
+PILOT_CHECKPOINT_EVERY = 2  # steps: two checkpoints early in the first job
+# Minutes of every job before its first step, an allowance (not a throughput the estimate has): loading the model on
+# its GPUs, starting vLLM's engines, resuming a checkpoint.
+STARTUP_MINUTES = 10
+
+
+def first_slice(config: dict, times: CellTimes) -> float:
+    """Seconds a cell trains in its first job: the runtime less STARTUP_MINUTES and what slices.py keeps back before
+    the job's limit (the reserve, cluster.save_before_limit_minutes, and twice a step)."""
+    minutes = config["resources"]["train"]["runtime"] - STARTUP_MINUTES - config["cluster"]["save_before_limit_minutes"]
+    return 60 * minutes - 2 * times.step
+
+
+def slicing_problems(config: dict) -> list[str]:
+    """Each cell of a (validated) pilot config that, at the estimate's throughputs, does not reach two checkpoints
+    within its first job, or ends within it (crossing no slice boundary: it never saves, requeues and resumes)."""
+    problems = []
+    for cell in all_cells(config):
+        train = config["studies"][cell["study"]]["train"]
+        times, name = cell_times(config, cell["study"], cell["model"]), f"{cell['study']} {cell['model']}"
+        second, usable = 2 * train["checkpoint_every"], first_slice(config, times)
+        if second > train["steps"] or times.until(second, train) > usable:
+            problems.append(f"{name}: its second checkpoint (step {second}) takes {times.until(second, train) / 60:.0f}"
+                            f" of the {usable / 60:.0f} minutes it trains in its first job")  # fmt: skip
+        if times.until(train["steps"], train) <= usable:
+            problems.append(f"{name}: ends in {times.until(train['steps'], train) / 60:.0f} of the {usable / 60:.0f}"
+                            " minutes it trains in its first job, crossing no slice boundary")  # fmt: skip
+    return problems
+
+
+def _size_slices(config: dict) -> None:
+    """Set the training job's runtime (10-minute units) so that every cell reaches its second checkpoint in its first
+    job, and each study's steps so that its cells outlast that job (slicing_problems)."""
+    validated = validate_config(copy.deepcopy(config))
+    cells = [(c["study"], cell_times(validated, c["study"], c["model"])) for c in all_cells(validated)]
+    train = {study: validated["studies"][study]["train"] for study, _ in cells}
+    held_back = STARTUP_MINUTES + config["cluster"]["save_before_limit_minutes"]
+    needed = max(times.until(2 * PILOT_CHECKPOINT_EVERY, train[study]) + 2 * times.step for study, times in cells)
+    runtime = 10 * math.ceil((needed / 60 + held_back) / 10)
+    config["resources"]["train"]["runtime"] = validated["resources"]["train"]["runtime"] = runtime
+    steps = {study: 2 * PILOT_CHECKPOINT_EVERY for study in train}
+    for study, times in cells:  # the study's steps: enough for the slowest of its cells to outlast its first job
+        while times.until(steps[study], train[study]) <= first_slice(validated, times):
+            steps[study] += PILOT_CHECKPOINT_EVERY
+    for study, count in steps.items():
+        config["studies"][study]["train"]["steps"] = count
 
 
 def pilot_7b(paper: dict) -> dict:
-    """config/pilot-7b.yaml: three cells of the paper's settings (the two on-policy 7-8B models and the asynchronous
-    one, K1 in the reward, one seed) for PILOT_STEPS steps; no evaluation beyond held-out pass@1; Fig. 12 for one."""
+    """config/pilot-7b.yaml: one cell of each of the paper's kinds of training (PILOT_STUDIES: on-policy with both 7-8B
+    models, off-policy, asynchronous on math and on Countdown; one seed), sized so that each reaches two checkpoints
+    and crosses a slice boundary (_size_slices); no evaluation beyond held-out pass@1; Fig. 12 for one."""
     config = {key: copy.deepcopy(paper[key]) for key in ("scale", "toy", "claims_rule", "resources", "cluster")}
-    config["data"] = {k: paper["data"][k] for k in ("math_train", "math_test", "math500", "mmlu_college_biology")}
-    config["models"] = {k: paper["models"][k] for k in ("qwen2.5-7b", "llama-3.1-8b-instruct")}
+    data = ("math_train", "math_test", "math500", "countdown_train", "countdown_test", "mmlu_college_biology")
+    config["data"] = {k: paper["data"][k] for k in data}
+    models = ("qwen2.5-7b", "llama-3.1-8b-instruct", "qwen3-4b-instruct-2507")
+    config["models"] = {k: paper["models"][k] for k in models}
     config["studies"] = {}
-    for name, (models, beta) in PILOT_STUDIES.items():  # named apart, so that no pilot cell is one of the grid's
+    for name, (models, kl, beta) in PILOT_STUDIES.items():  # named apart, so that no pilot cell is one of the grid's
         study = copy.deepcopy(paper["studies"][name])
-        study.update(description=f"{name} of config/paper.yaml: K1 in the reward, {PILOT_STEPS} steps", models=models,
-                     kl=["k1-reward"], betas=[beta], seeds=[0])  # fmt: skip
-        study["train"].update(steps=PILOT_STEPS, eval_every=PILOT_STEPS // 2, checkpoint_every=PILOT_CHECKPOINT_EVERY)
+        study.update(description=f"{name} of config/paper.yaml: {kl}, β = {beta:g}", models=models, kl=[kl],
+                     betas=[beta], seeds=[0])  # fmt: skip
+        study["train"].update(steps=2 * PILOT_CHECKPOINT_EVERY, eval_every=10, checkpoint_every=PILOT_CHECKPOINT_EVERY)
+        if name == LOGP_DIFFERENCE_STUDY:  # TRL logs vLLM's log-probs against the trainer's only with its correction
+            study["train"]["vllm_importance_sampling"] = True
         config["studies"][f"pilot_{name}"] = study
     evaluation = copy.deepcopy(paper["evaluation"])
     evaluation.update(tasks=["math500", "mmlu_college_biology"], studies={}, k=4)
     evaluation.pop("study_max_tokens", None)
     config["evaluation"] = evaluation
     config["divergence"] = {**copy.deepcopy(paper["divergence"]), "study": "pilot_onpolicy", "models": ["qwen2.5-7b"],
-                            "kl": ["k1-reward"], "betas": [0.1], "seeds": [0], "steps": [0, PILOT_STEPS],
-                            "tasks": ["math_test"], "prompts": 50}  # fmt: skip
+                            "kl": ["k1-reward"], "betas": [0.1], "seeds": [0], "tasks": ["math_test"],
+                            "prompts": 50}  # fmt: skip
     config.update(claims={}, figures={})
-    config["resources"]["train"]["runtime"] = PILOT_RUNTIME
+    config["divergence"]["steps"] = [0, 2 * PILOT_CHECKPOINT_EVERY]
+    _size_slices(config)
+    config["divergence"]["steps"] = [0, config["studies"]["pilot_onpolicy"]["train"]["steps"]]
     return config
 
 
-HEADER = """# klstudy: from the pilot to the grid, the paper's 7-8B models on its path for 20 steps, to measure them.
+HEADER = """# klstudy: from the pilot to the grid, a cell of each of the paper's kinds of training at 7-8B, measured.
 #
 #   make preflight CONFIG=config/pilot-7b.yaml
 #   .venv/bin/snakemake --profile slurm --configfile config/pilot-7b.yaml
 #   .venv/bin/python -m klstudy calibrate
 #
-# Three training cells at the paper's settings (batch, rollouts, response lengths, FSDP on 8 GPUs, vLLM inside
-# training): Qwen2.5-7B and Llama-3.1-8B-Instruct on-policy, and Qwen2.5-7B asynchronous (level 10, 4096-token
-# responses); K1 in the reward, one seed, 20 steps, a checkpoint every 5. A training job asks 30 minutes, less than
-# a cell takes at the estimate's throughputs, so each cell crosses a slice boundary (docs/running.md): it saves,
-# requeues its job and resumes. No evaluation beyond held-out pass@1 (evaluation.tasks only because the schema asks
-# for them: no study is evaluated); Fig. 12 for one cell at steps 0 and 20. Its studies are named pilot_*, apart from
-# the grid's cells.
+# Five training cells at the paper's settings (batch, rollouts, response lengths, FSDP, vLLM inside training), one
+# seed: Qwen2.5-7B and Llama-3.1-8B-Instruct on-policy (K1 in the reward), Qwen2.5-7B off-policy (K1 in the loss, 4
+# updates a batch), Qwen2.5-7B asynchronous on math and Qwen3-4B-Instruct-2507 asynchronous on Countdown (level 10,
+# 4096-token responses): the off-policy and Countdown cells are the memory plans closest to the GPU's limit. The
+# asynchronous math cell turns vllm_importance_sampling on, the one change to the paper's settings, so that TRL logs
+# vLLM's log-probs against the trainer's (sampling_logp_difference in metrics.jsonl). A checkpoint every 2 steps.
+# The training job's runtime and each study's steps are computed (src/klstudy/run/pilot.py) so that, at the
+# estimate's throughputs with 10 minutes to start and what a slice keeps back (the reserve, twice a step), every cell
+# reaches its second checkpoint in its first job and is still training when that job ends: it saves, requeues its
+# job and resumes (docs/running.md, "After a pilot"). No evaluation beyond held-out pass@1 (evaluation.tasks only
+# because the schema asks for them: no study is evaluated); Fig. 12 for one cell at its first and last steps. Its
+# studies are named pilot_*, apart from the grid's cells.
 # `klstudy calibrate` then turns the measured step times into the grid's GPU-hours per study.
 #
 # Written from config/paper.yaml (src/klstudy/run/pilot.py) by

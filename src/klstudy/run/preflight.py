@@ -9,7 +9,8 @@ job is submitted, in one table with a remedy per failing row.
   MaxWall, GPUs of the asked kind in the GPU partition, and a node with them that has the job's memory and CPUs.
 - GPU memory (memory_plans.py): each study's colocated vLLM engine beside training, per model, on one GPU of
   cluster.gpu_model; a plan in which not one sequence fits fails.
-- disk: free space under results/ against the run's peak (estimate.py), which is printed with the GPU-hours.
+- disk: free space under results/ against what the run still writes at its peak (estimate.py; the whole peak is
+  printed with the GPU-hours).
 
 `snakemake --profile slurm` runs it (the Snakefile's ``onstart``) unless ``--config preflight=False``.
 """
@@ -24,7 +25,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klstudy.config import REPO_ROOT, train_gpus
+from klstudy.config import REPO_ROOT, RUN_DIR, all_cells, train_gpus
 from klstudy.run import estimate, memory_plans, quota
 from klstudy.run.check import FAIL, OK, SKIP, WARN, Check
 
@@ -235,7 +236,7 @@ def qos_limits(run=subprocess.run) -> dict[str, int | None]:
 
 def runtime_cap(partition: str | None, qos: str | None, run=subprocess.run) -> int | None:
     """What a job may ask for at most: the smallest of the partitions' MaxTime (the default partition for None) and
-    the QOS's MaxWall; None when neither is known or limited, and then a retry asks twice the runtime
+    the QOS's MaxWall; None when neither is known or limited, and then a retry asks the runtime times its attempt
     (workflow/rules/common.smk)."""
     limits = []
     try:
@@ -485,18 +486,39 @@ def slurm_checks(config: dict, run=subprocess.run, jobs: int | None = None) -> l
 # ---------------------------------------------------------------------------------------------------------------- disk
 
 
+def _bytes_under(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file()) if directory.is_dir() else 0
+
+
+def still_to_write(config: dict, root: Path) -> tuple[estimate.Estimate, int]:
+    """What the run in ``root`` still writes under results/ at its peak (estimate.peak_disk without the cells
+    finished and the models staged, its training checkpoints less those of unfinished cells already on disk), and
+    the number of cells finished. The driver checks this at every start: a grid in progress holds its own outputs."""
+    cells = [RUN_DIR.format(**cell) for cell in all_cells(config)]
+    finished = frozenset(run for run in cells if (root / run / "summary.json").is_file())
+    staged = frozenset(name for name in config["models"] if (root / "results/models" / name).exists())
+    left = estimate.peak_disk(config, finished, staged)
+    held = sum(_bytes_under(root / "results/checkpoints" / run.removeprefix("results/runs/"))
+               for run in cells if run not in finished)  # fmt: skip
+    part = next(what for what in left.parts if what.startswith(estimate.CHECKPOINTS_TRAINING))
+    left.parts[part] = max(0.0, left.parts[part] - held)
+    return left, len(finished)
+
+
 def disk_check(config: dict, root: Path, quota_of=quota.user_quota) -> Check:
-    """The run's peak under results/ against the file system's free space and, where a tool says it, the user's
-    quota there (quota.py)."""
-    peak = estimate.peak_disk(config)
+    """What the run still writes under results/ (still_to_write) against the file system's free space and, where a
+    tool says it, the user's quota there (quota.py)."""
+    left, finished = still_to_write(config, root)
     where = root / "results"
     existing = next(p for p in [where, *where.parents] if p.exists())
     free, found = shutil.disk_usage(existing).free, quota_of(existing)
-    detail = f"{free / estimate.GB:,.0f} GB free, peak {peak.total / estimate.GB:,.0f} GB{peak.note()}; " + (
+    cells = len(all_cells(config))
+    detail = (f"{free / estimate.GB:,.0f} GB free, {left.total / estimate.GB:,.0f} GB still to write at the peak"
+              f" ({finished} of {cells} cells finished){left.note()}; ") + (
         f"{found.left / estimate.GB:,.0f} GB left of your quota ({found.tool})" if found
         else "no quota tool answered (lfs quota, quota): check your site's by hand"
     )  # fmt: skip
-    if min(free, found.left if found else free) >= peak.total:
+    if min(free, found.left if found else free) >= left.total:
         return Check("disk under results/", OK, detail)
     return Check(
         "disk under results/", FAIL, detail,

@@ -21,6 +21,7 @@ import copy
 import json
 import math
 import os
+import random
 import shutil
 import statistics
 import time
@@ -56,6 +57,9 @@ METRIC_KEYS = {
     "step_time": "step_time",  # TRL's: the whole optimiser step, generating its batch included where it does
     "generation_time": "generation_time",  # generating and scoring a batch (logged by the step that trains on it)
     "reference_logp_gap": "reference_logp_gap",  # step 1 only: the reference checked against the policy (reference.py)
+    # |vLLM's log-prob − the trainer's| of the sampled tokens, mean over tokens: TRL logs it only with
+    # vllm_importance_sampling on (config/pilot-7b.yaml's asynchronous math cell)
+    "sampling_logp_difference": "sampling/sampling_logp_difference/mean",
 }
 # Columns that differ between two runs of the same cell (wall-clock time, memory): every other column of metrics.jsonl
 # is a function of the cell's settings and seed (on a CPU; GPU kernels add their own noise).
@@ -290,6 +294,14 @@ class RunRecorder(TrainerCallback):
             self.progress.update(row["step"], **shown)
 
 
+def heldout_subset(records: list[dict], prompts: int | None) -> list[dict]:
+    """The held-out prompts scored during training: all of them, or ``prompts`` of them drawn with seed 0, in order
+    (train.heldout_prompts)."""
+    if prompts is None or prompts >= len(records):
+        return records
+    return [records[i] for i in sorted(random.Random(0).sample(range(len(records)), prompts))]
+
+
 def heldout_pass_at_1(
     trainer: KLTrainer, records: list[dict], seed: int, samples: int = 1, chunk: int = 64, greedy: bool = False
 ) -> dict:
@@ -405,7 +417,7 @@ def run(
         out_dir.mkdir(parents=True, exist_ok=True)
     recorder = RunRecorder(
         out_dir,
-        heldout_records,
+        heldout_subset(heldout_records, cell["train"]["heldout_prompts"]),
         cell["train"]["eval_every"],
         cell["train"]["heldout_samples"],
         args.updates_per_batch,

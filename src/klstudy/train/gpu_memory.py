@@ -12,8 +12,12 @@ such sequence does not fit beside the weights: vLLM refuses to start. Here both 
   training leaves free; the plan fails where not even one sequence fits.
 
 Training's part, per process: 16 bytes per parameter (float32 weights, gradients, Adam's two moments) + 2 for the
-bf16 reference, all divided by the processes FSDP shards them over; FSDP's gathered layers; activations at
-``ACTIVATION_BYTES`` × layers × width per token of a micro-batch; and ``TRAINING_RESERVE``. The per-parameter bytes
+reference, all divided by the processes FSDP shards them over; FSDP's gathered layers; activations at
+``ACTIVATION_BYTES`` × layers × width per token of a micro-batch; and ``TRAINING_RESERVE``. The reference (β > 0) is
+built in bf16 (2 bytes a parameter, while the policy's weights stay float32 under bf16 autocast) and sharded per layer
+as the policy is: its forward gathers one bf16 layer at a time, in the scoring pass, while the policy's layers are
+resharded, so it adds nothing to the two float32 layers counted for the policy. A plan leaves ``HEADROOM`` of the GPU
+unused: training and the engine's share together never exceed the rest. The per-parameter bytes
 reproduce the update peaks measured on an H200 (docs/record/gpu/step-phases-*-h200.json, tested); the activation
 bytes are that step's remainder at 4B, and the reserves are allowances, not measurements.
 """
@@ -29,14 +33,15 @@ GIB = 2**30
 KV_BYTES = 2  # bf16 K and V (vLLM's "auto" cache dtype for a bf16 model)
 WEIGHT_BYTES = 2  # the engine's bf16 copy of the weights
 STATE_BYTES = 16  # float32 weights, gradients and Adam's two moments, per parameter
-REFERENCE_BYTES = 2  # the bf16 reference model, per parameter
+REFERENCE_BYTES = 2  # the reference model, built in bf16 and sharded per layer (module docstring), per parameter
 # per token, layer and unit of width: the 4B step's 7.8 GiB for 10 × ~1,130 tokens, rounded up. The loss pass alone
 # measured 4.9 (Qwen2.5-7B, 1088 tokens) and 4.6 (Qwen3-4B, 4160) on an H200 (docs/record/gpu.md): 8 keeps the
 # whole step's other temporaries.
 ACTIVATION_BYTES = 8
 VLLM_RESERVE = 3 * GIB  # vLLM's profiled activations, CUDA graphs and non-torch memory: an allowance
 TRAINING_RESERVE = 2 * GIB  # the CUDA context, NCCL buffers: an allowance
-HEADROOM = 0.05  # of the GPU left to the allocator's fragmentation
+# Of the GPU, what no plan takes: the allocator's fragmentation and the error of the allowances (activations, reserves).
+HEADROOM = 0.10
 SLACK = 8  # tokens beyond the longest prompt and answer: special tokens a library adds (lm-eval's BOS, say)
 
 
@@ -120,6 +125,11 @@ class Plan:
             f"{gib(self.training)} GiB, of which its weights take {gib(self.weights)} and its reserve "
             f"{gib(VLLM_RESERVE)}"
         )
+
+    @property
+    def total(self) -> int:
+        """What the process takes of the GPU: training and the engine's share."""
+        return int(self.share * self.gpu) + self.training
 
     def describe(self) -> str:
         return (
