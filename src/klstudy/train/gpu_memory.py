@@ -13,9 +13,10 @@ such sequence does not fit beside the weights: vLLM refuses to start. Here both 
 
 Training's part, per process: 16 bytes per parameter (float32 weights, gradients, Adam's two moments) + 2 for the
 reference, all divided by the processes FSDP shards them over; FSDP's gathered layers; activations at
-``ACTIVATION_BYTES`` × layers × width per token of a micro-batch; and ``TRAINING_RESERVE``. The reference (β > 0) is
-built in bf16 (2 bytes a parameter, while the policy's weights stay float32 under bf16 autocast) and sharded per layer
-as the policy is: its forward gathers one bf16 layer at a time, in the scoring pass, while the policy's layers are
+``ACTIVATION_BYTES`` × layers × width per token of a micro-batch; and ``TRAINING_RESERVE``. The reference (every β:
+it measures the KL at β = 0 too) is built by train/reference.py: under the paper's launcher (FSDP2, bf16 mixed
+precision) in bf16, 2 bytes a parameter, and sharded per layer as the policy is: its forward gathers one bf16 layer
+at a time, in the scoring pass, while the policy's layers are
 resharded, so it adds nothing to the two float32 layers counted for the policy. A plan leaves ``HEADROOM`` of the GPU
 unused: training and the engine's share together never exceed the rest. The per-parameter bytes
 reproduce the update peaks measured on an H200 (docs/record/gpu/step-phases-*-h200.json, tested); the activation
@@ -33,7 +34,7 @@ GIB = 2**30
 KV_BYTES = 2  # bf16 K and V (vLLM's "auto" cache dtype for a bf16 model)
 WEIGHT_BYTES = 2  # the engine's bf16 copy of the weights
 STATE_BYTES = 16  # float32 weights, gradients and Adam's two moments, per parameter
-REFERENCE_BYTES = 2  # the reference model, built in bf16 and sharded per layer (module docstring), per parameter
+REFERENCE_BYTES = 2  # the reference, bf16 under FSDP2 mixed precision and sharded per layer (reference.py), a parameter
 # per token, layer and unit of width: the 4B step's 7.8 GiB for 10 × ~1,130 tokens, rounded up. The loss pass alone
 # measured 4.9 (Qwen2.5-7B, 1088 tokens) and 4.6 (Qwen3-4B, 4160) on an H200 (docs/record/gpu.md): 8 keeps the
 # whole step's other temporaries.
