@@ -6,7 +6,7 @@
 # install, pinned exactly, under a header naming the flavour, Python, platform and pip that resolved it.
 # envs/make-vllm-env.sh installs the flavour's .txt constrained by its lock, and refuses another Python than the
 # lock's. The GPU flavour resolves on any Linux x86-64 machine, a CPU one included: pip reads the metadata of PyPI's
-# CUDA wheels without installing them (it downloads each, about 5 GB in all, to a temporary folder). The CPU flavour
+# CUDA wheels without installing them (it downloads each, several GB in all, to a temporary folder). The CPU flavour
 # needs torch 2.13.0+cpu where pip finds it (PIP_FIND_LINKS or PyTorch's CPU index), as make-vllm-env does.
 # Run it again after changing a pin of envs/vllm-common.txt or envs/vllm-<flavour>.txt; tests/test_packaging.py
 # fails while a lock and its pins disagree.
@@ -33,7 +33,7 @@ if [ "$flavour" = gpu ]; then
 else
     "${resolve[@]}"
 fi
-"$scratch/venv/bin/python" - "$flavour" "$scratch/report.json" >"envs/vllm-$flavour.lock" <<'EOF'
+"$scratch/venv/bin/python" - "$flavour" "$scratch/report.json" >"$scratch/lock" <<'EOF'
 import json, platform, sys, sysconfig
 
 flavour, report = sys.argv[1], json.load(open(sys.argv[2]))
@@ -49,4 +49,5 @@ print("# Constraints for envs/make-vllm-env.sh, which refuses another Python; do
 print(f"# python: {python}")
 print("\n".join(f"{name}=={version}" for name, version in sorted(pins, key=lambda p: p[0].lower())))
 EOF
+mv "$scratch/lock" "envs/vllm-$flavour.lock"  # a lock is replaced whole or not at all
 echo "lock-vllm.sh: $(grep -c '==' "envs/vllm-$flavour.lock") packages in envs/vllm-$flavour.lock"
