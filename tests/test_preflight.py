@@ -309,10 +309,10 @@ def test_the_peak_counts_kept_checkpoints_only_where_the_config_makes_them():
 
 
 def test_the_peak_disk_is_docs_cost_md_s_per_part():
-    """docs/cost.md's table: final models 2.2 TB, snapshots 152 GB, base models 39 GB, checkpoints 3 × 96 GB a cell
+    """docs/cost.md's table: final models 2.4 TB, snapshots 456 GB, base models 39 GB, checkpoints 3 × 96 GB a cell
     (two kept, and Trainer writes the next before it deletes the oldest); none kept: the paper's runs are whole."""
     parts = {what.split(" (")[0]: round(size / estimate.GB) for what, size in estimate.peak_disk(paper()).parts.items()}
-    assert parts == {"final models": 2163, "Fig. 12 snapshots": 152, "base models": 39,
+    assert parts == {"final models": 2406, "Fig. 12 snapshots": 456, "base models": 39,
                      "checkpoints of the cells training": 2304}  # fmt: skip
 
 

@@ -5,14 +5,15 @@ Why not TRL's own (1.16): for β > 0 GRPOTrainer builds the reference in the pol
 shards it with one ``fully_shard`` on the root module (``trl.models.utils.prepare_fsdp``): a forward then gathers
 every parameter at once (the whole 7B reference, about 30 GB in float32, on every GPU), and nothing broadcasts rank
 0's weights, so the reference is right on the other ranks only while transformers still reads the whole checkpoint on
-every rank (DESIGN §10). For β = 0, ``accelerator.prepare_model(evaluation_mode=True)`` does not shard at all under
-FSDP2. Here the reference is always built by ``build``: in the policy's dtype (so that, under autocast too, both
-forwards compute the same numbers), except under FSDP2 mixed precision, whose policy casts every parameter to bf16
-for the forward: there it is stored in bf16 (the same numbers, half the memory); and under FSDP2 through
-accelerate's ``fsdp2_prepare_model``,
-the function that shards the policy: a unit per decoder layer and, with ``fsdp_cpu_ram_efficient_loading``, rank 0's
-weights broadcast to every rank. Tests: tests/test_multiprocess.py (two processes of FSDP2 on the CPU),
-tests/test_trainer.py (the first-step check).
+every rank (checked on two CPU processes: tests/test_multiprocess.py). For β = 0,
+``accelerator.prepare_model(evaluation_mode=True)`` does not shard at all under FSDP2.
+
+Here ``build`` makes it for every β: in the policy's dtype (so that, under autocast too, both forwards compute the
+same numbers), except under FSDP2 mixed precision, whose policy casts every parameter to bf16 for the forward, where
+it is stored in bf16 (the same numbers, half the memory); and under FSDP2 through accelerate's
+``fsdp2_prepare_model``, the function that shards the policy: a unit per decoder layer and, with
+``fsdp_cpu_ram_efficient_loading``, rank 0's weights broadcast to every rank. Tests: tests/test_multiprocess.py (two
+processes of FSDP2 on the CPU), tests/test_trainer.py (the reference built once, the first-step check).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from trl.trainer.utils import add_fused_lm_head, create_model_from_path
 # The largest mean |log π_θ − log π_ref| per token, at the first step (before any update), for a reference that is
 # the policy's own starting point, by the precision the forward passes run in. Float32 forwards of the same weights
 # agree to about 1e-6; bf16 autocast rounds each matmul to 8 bits of mantissa, seen as 0.003 nats of *sequence* KL
-# between an fp32 and a bf16 copy of one 0.5B model (DESIGN §4). A wrong reference (another model, empty or random
+# between an fp32 and a bf16 copy of one 0.5B model on an H100. A wrong reference (another model, empty or random
 # weights) is off by nats per token.
 AGREEMENT = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
 
