@@ -1,8 +1,5 @@
-"""The atlas's figures: how strongly each setup practitioners run regularises, β_eff/β (analysis/atlas.py's tables,
-figures/atlas.csv and figures/atlas_length.csv). ``figure``: per policy family the frameworks' presets (a row each)
-and the grid of KL configurations × advantage normalisations × G, a column per β; ``length_figure``: β_eff/β against
-the answer's length T. β_eff/β on log axes, 1 (dashed) where a setup regularises as strongly as asked; a setup
-without a β_eff whose end point lies beyond the optima's is drawn as an arrow at the bound its ratio lies below."""
+"""The atlas's figures (analysis/atlas.py's tables): how strongly each setup regularises, β_eff/β on log axes, 1
+(dashed) where as strongly as asked; a setup without a β_eff beyond the optima's KL is an arrow at its bound."""
 
 from __future__ import annotations
 
@@ -41,8 +38,7 @@ BOUND_MARKERS = {"x": r"$\leftarrow$", "y": r"$\downarrow$"}  # no β_eff: below
 
 
 def preset_name(name: str, preset: dict | None = None) -> str:
-    """A preset by its framework, version and variant: 'TRL 1.10–1.16', 'verl 0.7 KL loss' (no pull-request or
-    other identifier: the table has them)."""
+    """A preset by its framework, version and variant: 'TRL 1.10–1.16', 'verl 0.7 KL loss' (no identifiers)."""
     if not preset:
         return name
     framework = preset["framework"].lower()
@@ -105,9 +101,8 @@ def _log_axis(axes: list, axis: str) -> None:
 
 
 def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float):
-    """Per policy family two rows, a column per β asked for: the presets (a row per group of presets that end alike
-    at every β), then the grid (normalisation × G on x, a line per KL configuration); β_eff/β on log axes. Returns
-    (figure, caption)."""
+    """Per policy family, a column per β: the presets (a row per group that ends alike at every β), then the grid
+    (normalisation × G on x, a line per KL configuration). Returns (figure, caption)."""
     presets = presets_of(section or {})
     betas = (section or {}).get("betas") or sorted(points.beta.unique())
     points = points[points.beta.isin(betas)]
@@ -192,8 +187,7 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
 
 
 def length_figure(length: pd.DataFrame, section: dict | None = None):
-    """β_eff/β against the answer's length T for the length sweep's settings, a panel per family and advantage
-    normalisation, a line per setting (colour: its KL configuration) and β (line style). Returns (figure, caption)."""
+    """β_eff/β against the answer's length T, a panel per family and normalisation, a line per setting and β."""
     presets = presets_of(section or {})
     options = (section or {}).get("length") or {}
     rows = length[length.beta.isin(options["betas"])] if options.get("betas") else length

@@ -38,8 +38,7 @@ def formatted(value: float, style: str) -> str:
 
 
 class CaptionText(str):
-    """A caption, with the numbers it read from artists (``read``: (artist, index, axis, style, text)) and the
-    design's numbers it names (``declared``)."""
+    """A caption, with what it read from artists (``read``: artist, index, axis, style, text) and ``declared``."""
 
     read: list
     declared: list
@@ -170,8 +169,9 @@ Noise
 - The base model is one evaluation: a grey diamond at step 0, where every curve starts.
 - A difference is a finding only where the claims table says shown. Its rule reads effect ± critical·se, critical
   the larger of {min_z} and Student's t at 1 − {alpha} with seeds − 1 degrees of freedom (31.8 at two seeds, 4.5 at
-  four), corrected for the claims tested (Benjamini–Hochberg at {q}). A figure whose comparisons pair too few seeds
-  to be told from noise is drawn as a check of the pipeline, and its caption says so first.
+  four), corrected for the claims tested (Benjamini–Hochberg at {q}); a ring in the verdict's colour marks a point
+  whose claim is shown or contradicted. A figure whose claims pair too few seeds to be told from noise is drawn as a
+  check of the pipeline, and its caption says so first.
 
 Words
 -----

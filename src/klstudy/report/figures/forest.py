@@ -67,9 +67,8 @@ def forest_rows(claims: pd.DataFrame, config: dict, metric: str) -> tuple[pd.Dat
 
 
 def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = None):
-    """One metric's claims: per claim its words and prediction, then per β effect ± critical·se clipped to what the
-    metric allows (| where clipped, an arrow past the panel), coloured by the verdict; a claim of no difference's
-    margin a grey band; no prediction: grey; trends over β in a panel of their own. Returns (figure, caption)."""
+    """One metric's claims, per β effect ± critical·se clipped to what the metric allows (|; an arrow past the
+    panel), coloured by the verdict; a margin a grey band; trends in a panel of their own. Returns (figure, caption)."""
     metric = metric or next(iter(dict.fromkeys(claims.metric)), "final_kl")
     rows, left_out = forest_rows(claims, config, metric)
     groups = [part for part in (rows[~rows.trend], rows[rows.trend]) if len(part)] or [rows]

@@ -224,10 +224,8 @@ SEED_BESIDE = 0.075  # fig13: a seed's dot this far right of its mean's marker (
 
 
 def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
-    """KL(π_sampling‖π_ref) at the end of training (the mean of a run's last final_steps steps) against β as
-    categories: per configuration the mean over seeds (its marker), each seed a small dot beside it (one seed: ±
-    its error); no KL its own category, its mean a black line across; a ring in the verdict's colour where a claim
-    against no KL is shown or contradicted."""
+    """The KL at the end of training against β as categories: the mean over seeds a marker, each seed a dot beside it;
+    no KL a line across; a ring where a claim against no KL is shown or contradicted."""
     final = select(final_values(tables["training"], config), panel, config)
     drawn = Drawn("kl", quote_style=".2g")
     if final.empty:

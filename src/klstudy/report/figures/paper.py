@@ -131,7 +131,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
         "" if is_result(config, name) else PIPELINE_CHECK,
         f"**{title}.** {caption.design(scale_text(config, [p['model'] for p in panels]))} " + "; ".join(lines)
         + ". " + (" ".join(f"({LETTERS[i]}) {d}." for i, d in enumerate(designs)) if 1 < len(designs) == len(kept)
-                  else "; ".join(designs) + ".")
+                  else "; ".join(designs)[:1].upper() + "; ".join(designs)[1:] + ".")
         + (" Not drawn: " + caption.design("; ".join(dropped)) + "." if dropped else "")
         + (caption.design(f" The claims table: {summary[0].removeprefix('claims: ')} (the claims forests).")
            if summary else ""),

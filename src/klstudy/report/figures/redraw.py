@@ -37,7 +37,7 @@ def readme(config: dict, drawn: list[str] | None = None, link: str | None = None
         parts.append("Pipeline checks (drawn by every run; nothing in them is testable at this scale, their claims "
                      "pair too few seeds):\n\n" + "\n".join(f"- [{n}]({n}.png)" for n in checks) + "\n")  # fmt: skip
     lagged = [spec.get("description", s) for s, spec in config.get("studies", {}).items() if lag_only(spec["train"])]
-    if lagged:
+    if lagged and any(n not in EXACT for n in drawn):
         parts.append("No training figure for " + "; ".join(lagged) + ": every batch it trained on was sampled by "
                      "the initial policy, so its KL is 0 throughout.\n")  # fmt: skip
     return "\n".join(parts)

@@ -55,9 +55,8 @@ def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Pat
 
 
 def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | None = None):
-    """Figure 1: per setting (a column), the exact squared bias of ∂/∂a and ∂/∂b over the Monte Carlo noise floor,
-    and their Monte Carlo variance with a ±1 se band, against T on log axes; configurations equal at every T drawn
-    once, those exactly unbiased (no place on a log axis) named in the caption. Returns (figure, caption)."""
+    """Figure 1, a column per setting: the exact squared bias over the Monte Carlo noise floor and the variance ±1 se
+    against T on log axes; the exactly unbiased named in the caption. Returns (figure, caption)."""
     results = results[(results.placement != "none") & (results.get("loss_gradient", PATHWISE) == PATHWISE)]
     unbiased = set(tests.config[tests.get("exact_unbiased", pd.Series(False, index=tests.index)) == True])  # noqa: E712
     settings = list(dict.fromkeys(results.setting))
@@ -153,10 +152,8 @@ def toy_fixed_points_figure(points, fronts, agreed, section: dict, png: Path) ->
 
 
 def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, section: dict):
-    """A panel per policy family, exact: the reward–KL plane, the family's optimum over β (grey, its β grid marked)
-    and each configuration's end points over β (its marker, joined; ▶ drifts, ◆ still moving, where the flow
-    stopped); configurations whose end points coincide at every β drawn once. Then the Monte Carlo check: the seeds'
-    KL at the end against the exact end point's, the diagonal where they agree. Returns (figure, caption)."""
+    """A reward–KL panel per policy family (the optimum over β, each configuration's end points), then the Monte Carlo
+    seeds' KL against the exact end points'. Returns (figure, caption)."""
     families = list(dict.fromkeys(points.family))
     mc = agreed[agreed["mode"] == "on-policy"]
     fig, axes = plt.subplots(1, len(families) + bool(len(mc)), figsize=(FULL_WIDTH, 5.6), squeeze=False,
