@@ -119,10 +119,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         _log_axis(list(axes[2 * f + 1]), "y")
     tagged = [encoding.GID.match(line.get_gid() or "") for ax in axes.ravel() for line in ax.get_lines()]
     drawn = list(dict.fromkeys(match["kl"] for match in tagged if match))
-    handles = key_handles(drawn, [])  # β heads each column
-    handles.append(plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKERS["y"], markersize=8,
-                              label="no β_eff: below this bound"))  # fmt: skip
-    fig.legend(handles=handles, loc="outside lower center", ncols=3)
+    bound = plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKERS["y"], label="no β_eff: below the bound")
+    fig.legend(handles=key_handles(drawn, []) + [bound], loc="outside lower center", ncols=3)  # β heads each column
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     caption.add(
         "**How strongly each setup practitioners run regularises (toy model of §3.3, exact).** β_eff is the β whose "
@@ -154,36 +152,38 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
             if line is not None and beta == betas[-1] and np.isfinite(float(at[0])):
                 quoted.append([f"{family}, {caption.design(names[y])}", caption.value(line, -1, ".2f", axis="x")])
         ax.set_gid("dots against a reference")  # each point read against 1 (the tests' rule)
-        ax.set_title(f"{family} presets, β = {beta:g}")
+        ax.set_title(f"β = {beta:g}")
         ax.set_ylim(len(groups) - 0.5, -0.5)
         ax.grid(alpha=0.3)
         ax.set_xlabel("β_eff / β")
     axes[0].set_yticks(range(len(groups)), names, fontsize=7)
+    axes[0].set_ylabel(f"{family} presets")
     for tick, group in zip(axes[0].get_yticklabels(), groups, strict=True):
         tick.set_color(config_colour(rows[rows.setting == group[0]].config.iloc[0]))
     return quoted
 
 
 def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
-    """A panel per β: x each normalisation and G, a line per group of KL configurations that end alike everywhere."""
-    rows = rows.assign(bound=_bounds(rows))
+    """A panel per β: x each normalisation (named on top) and G, a line per normalisation and configuration (lines
+    that coincide overlap; their markers differ)."""
+    rows = rows.assign(bound=_bounds(rows)).sort_values(["normalisation", "group"], kind="stable")
     categories = list(dict.fromkeys(zip(rows.normalisation, rows.group, strict=True)))
-    x_of = {c: i for i, c in enumerate(categories)}
-    ends = {c: g.sort_values(["normalisation", "group", "beta"])[["beta_eff_ratio", "bound"]].to_numpy(dtype=float)
-            .ravel() for c, g in rows.groupby("config", sort=False)}  # fmt: skip
     for ax, beta in zip(axes, betas, strict=True):
-        for group in coinciding(ends):
-            at = rows[(rows.config == group[0]) & (rows.beta == beta)]
-            xs = [x_of[c] for c in zip(at.normalisation, at.group, strict=True)]
-            label = " = ".join(kl_label(c) for c in group)
-            tag(ax.plot(xs, at.beta_eff_ratio, color=config_colour(group[0]), linewidth=0.9, markersize=4,
-                        label=label, **marker_of(group[0]))[0], group[0], None, "marker")  # fmt: skip
+        for (config, _), at in rows[rows.beta == beta].groupby(["config", "normalisation"], sort=False):
+            xs = [categories.index(c) for c in zip(at.normalisation, at.group, strict=True)]
+            tag(ax.plot(xs, at.beta_eff_ratio, color=config_colour(config), linewidth=0.9, markersize=4,
+                        label=kl_label(config), **marker_of(config))[0], config, None, "marker")  # fmt: skip
             for x, bound in zip(xs, at.bound, strict=True):
-                _draw_point(ax, x, np.nan, bound, group[0], "y")
-        ax.set_xticks(range(len(categories)), [f"{AXIS_NAMES.get(n, n)}, G {g}" for n, g in categories], rotation=90)
-        ax.set_title(f"{family} grid, β = {beta:g}")
+                _draw_point(ax, x, np.nan, bound, config, "y")
+        names = list(dict.fromkeys(n for n, _ in categories))
+        ax.set_xticks(range(len(categories)), [f"{g}" for _, g in categories])
+        top = ax.secondary_xaxis("top")
+        top.set_xticks([np.mean([i for i, c in enumerate(categories) if c[0] == n]) for n in names],
+                       [AXIS_NAMES.get(n, n) for n in names], rotation=90, fontsize=7)  # fmt: skip
+        top.tick_params(length=0)
+        ax.set(title=f"β = {beta:g}", xlabel="G")
         ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel("β_eff / β")
+    axes[0].set_ylabel(f"{family} grid: β_eff / β")
 
 
 def length_figure(length: pd.DataFrame, section: dict | None = None):

@@ -11,7 +11,6 @@ import matplotlib.colors as mcolors
 import numpy as np
 import pandas as pd
 
-from klstudy.figure_plan import lag_only
 from klstudy.kl import NO_KL
 from klstudy.report.aggregate import final_values, mean_and_se, step_values, trailing_mean
 from klstudy.report.figures.encoding import (
@@ -333,11 +332,8 @@ def share_y(axes, drawn: list[Drawn]) -> None:
 
 
 def async_text(train: dict) -> str:
-    """Why the first steps of an asynchronous run show nothing: the batch trained at step t was sampled at step
-    max(0, t − k) (trainer.py), so the first k + 1 train on the reference's samples."""
-    level = train.get("async_level", 0)
-    if not level:
-        return ""
-    text = (f"With a lag of {level} steps the first {level + 1} steps train on the reference's own samples, so "
-            "KL(π_sampling‖π_ref) is 0 there.")  # fmt: skip
-    return text + (" This study trains on nothing else." if lag_only(train) else "")
+    """With a lag k the batch trained at step t was sampled at max(0, t − k) (trainer.py): the first k + 1 steps
+    train on the reference's own samples."""
+    k = train.get("async_level", 0)
+    return (f"With a lag of {k} steps the first {k + 1} steps train on the reference's own samples, so "
+            "KL(π_sampling‖π_ref) is 0 there." if k else "")  # fmt: skip
