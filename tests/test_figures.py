@@ -3,6 +3,7 @@ for every artist, labels that name the data the run used, short captions, a figu
 first. Every figure of a synthetic run (tests/figure_study.py), of the toy model and of the atlas is drawn once, in
 memory; each check runs on all of them, and each check is shown to fail once on a figure broken on purpose."""
 
+import io
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from docutils.core import publish_parts
 from figure_checks import (
     every_problem,
     identifier_problems,
@@ -126,11 +128,14 @@ def test_every_figure_passes_every_check(run, figures):
 
 
 def test_every_caption_is_a_few_sentences_and_a_table(figures):
-    """At most about 600 characters of prose; many numbers go in a table."""
+    """At most about 600 characters of prose; many numbers go in a table; reStructuredText too (the report's)."""
     for name, _, caption in figures:
         prose = "\n\n".join(p for p in str(caption).split("\n\n") if not p.startswith("|"))
         assert len(prose) <= 700, (name, len(prose))
         assert len(captions.numbers_in(prose)) <= 12, (name, captions.numbers_in(prose))
+        errors = io.StringIO()
+        publish_parts(str(caption), writer="html", settings_overrides={"warning_stream": errors})
+        assert errors.getvalue() == "", (name, errors.getvalue())
 
 
 def texts_naming(figures, names: set[str]) -> list[str]:
