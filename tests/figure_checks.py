@@ -213,7 +213,7 @@ def panel_problems(fig, caption) -> list[str]:
             found.append(f"{ax.get_title()[:50]!r}: {len(ys)} point")
         elif np.ptp(ys) == 0:
             found.append(f"{ax.get_title()[:50]!r}: constant data ({ys[0]:g})")
-    if "Claims about these panels" not in str(caption) and "Claims on" not in str(caption) and not has_reference(fig):
+    if "The claims table:" not in str(caption) and "Claims on" not in str(caption) and not has_reference(fig):
         found.append("no claim about the figure and no reference drawn")
     return found
 

@@ -15,7 +15,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "klstudy"
-MAX_LINES = 600  # a module a newcomer reads in one sitting
 ENTRY = "entry"  # klstudy/__init__.py and __main__.py: the front door, above every layer
 CORE = "core"  # the modules at the package's root
 FILE_SUFFIXES = {"yaml", "yml", "md", "py", "json", "toml", "txt", "csv", "log"}  # klstudy.yaml is a file, not a module
@@ -165,13 +164,6 @@ def test_the_core_is_the_modules_at_the_root():
     core = sorted(p.name for p in PACKAGE.glob("*.py") if not p.name.startswith("__"))
     line = re.search(r"^    core  .*?(?=^    \w+  )", doc, re.M | re.S).group()
     assert sorted(re.findall(r"\b\w+\.py\b", line)) == core
-
-
-def test_no_module_is_longer_than_one_sitting():
-    lengths = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    longest = sorted(lengths.items(), key=lambda item: -item[1])
-    print("\n".join(f"{n:5d}  {name}" for name, n in longest))  # pytest -s shows every module's length
-    assert [name for name, n in longest if n > MAX_LINES] == [], f"modules over {MAX_LINES} lines: split them"
 
 
 def test_a_user_script_imports_from_the_front_door_without_paying_for_the_trainer():

@@ -56,3 +56,43 @@ def training_figures(config: dict) -> list[str]:
     that has nothing to be read against (training_reference); figures/README.md names them."""
     return [f"figures/training_{study}" for study, spec in config["studies"].items()
             if not lag_only(spec["train"]) and training_reference(config, study)]  # fmt: skip
+
+
+# A comparison shows something only where the rule's interval can be narrower than the metric: with two paired seeds
+# the critical value is Student's t at 1 − 0.01 with one degree of freedom, 31.8, and effect ± 31.8·se spans any
+# metric's range; three seeds give 7.0, four 4.5.
+SEEDS_TO_SHOW = 3
+# A panel kind's metric in the claims table (divergence panels: the panel's own metric).
+PANEL_METRICS = {"curves": "heldout", "bars": "evaluation", "kl_vs_beta": "final_kl", "kl_curves": "final_kl"}
+
+
+def shows_something(config: dict, claim: dict) -> bool:
+    """Whether a claim's comparison can be told from noise at the run's scale (SEEDS_TO_SHOW paired seeds)."""
+    return len(claim_seeds(config, claim)) >= SEEDS_TO_SHOW
+
+
+def panel_claims(config: dict, panel: dict) -> list[str]:
+    """The config's claims about what a panel draws: its study and metric, a candidate it draws."""
+    metric = panel.get("metric") if panel["kind"] == "divergence" else PANEL_METRICS.get(panel["kind"])
+    kls = panel.get("kl", config["studies"][panel["study"]]["kl"])
+    return [name for name, c in config.get("claims", {}).items()
+            if c["study"] == panel["study"] and c["metric"] == metric and c["candidate"] in kls]  # fmt: skip
+
+
+def figure_claims(config: dict, name: str) -> list[str]:
+    """The claims a figure of the run draws: its panels' (a paper figure), its study's (training_<study>), its
+    metric's (claims_forest_<metric>)."""
+    claims = config.get("claims", {})
+    if name in config.get("figures", {}):
+        return list(dict.fromkeys(c for p in config["figures"][name]["panels"] for c in panel_claims(config, p)))
+    if name.startswith("training_"):
+        return [c for c, spec in claims.items() if spec["study"] == name.removeprefix("training_")]
+    if name.startswith(f"{CLAIMS_FIGURE}_"):
+        return [c for c, spec in claims.items() if spec["metric"] == name.removeprefix(f"{CLAIMS_FIGURE}_")]
+    return []
+
+
+def is_result(config: dict, name: str) -> bool:
+    """Whether a figure of a run's results has a comparison that can show something at its scale; the others check
+    the pipeline, and their captions say so first."""
+    return any(shows_something(config, config["claims"][c]) for c in figure_claims(config, name))

@@ -122,7 +122,7 @@ def _toy_atlas_report(args):
     import pandas as pd
 
     from klstudy.analysis import atlas, effective_beta, fixed_points
-    from klstudy.report.figures import atlas_length
+    from klstudy.report.figures import atlas as atlas_figures
 
     _threads(args.threads)
     config = json.loads(args.settings)
@@ -139,7 +139,7 @@ def _toy_atlas_report(args):
     )
     judged = atlas.claims(runs, points, section, config["claims_rule"], fixed["tolerance"])
     out = Path(args.png)
-    text = atlas_length.draw(points, length, out, section, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    text = atlas_figures.draw(points, length, out, section, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
     atlas.write_tables(points, length, runs, judged, section, out.parent)
     _caption_before_table(out, text)
     print(judged.to_string(index=False))

@@ -1,6 +1,7 @@
 """Training: the RL trainer beside its config, and one grid cell run end to end with it.
 
     trainer     KLTrainer (TRL's GRPOTrainer with every KL configuration of the paper) and KLTrainerConfig
+    reference   the reference model, sharded like the policy and checked against it at the first step
     cell        one cell of a study grid: metrics, held-out pass@1, health rules, snapshots, resume
     slices      a cell longer than its job's time limit: stop and save before it, requeue the job, go on
     faults      fault injection for the resume tests (a process that kills or stops itself at a step)
