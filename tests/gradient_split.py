@@ -86,6 +86,7 @@ def one_step_gradient(model_dir: Path, out: Path, loss_type: str, kl_config: str
         processing_class=AutoTokenizer.from_pretrained(model_dir), rollout_func=fixed_rollouts, callbacks=[keep],
     )  # fmt: skip
     drift(trainer.model)
+    trainer._reference_checked = True  # the first-step check would stop a policy moved on purpose
     trainer.train()
     return keep.gradient
 

@@ -37,6 +37,7 @@ def main(model_dir: str, out_dir: str) -> None:
         generator = torch.Generator().manual_seed(1)
         for parameter in trainer.model.parameters():
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    trainer._reference_checked = True  # the first-step check would stop a policy moved on purpose
     trainer.model.train()
     torch.manual_seed(rank)  # the two processes sample differently
     batch = trainer._generate_and_score_completions([PROMPTS[rank]] * GROUP)

@@ -81,11 +81,11 @@ def check_agreement(gaps: torch.Tensor, precision: torch.dtype) -> float:
     stops together); raises when it exceeds what forwards in ``precision`` allow, naming the process."""
     worst = float(gaps.max())
     if worst > AGREEMENT[precision]:
-        rank = int(gaps.argmax())
+        rank, dtype = int(gaps.argmax()), str(precision).removeprefix("torch.")
         raise RuntimeError(
             f"the reference model is not the policy's base model on process {rank}: before any update their log-probs "
             f"of the sampled tokens differ by {worst:.4g} nats a token on average (at most {AGREEMENT[precision]} in "
-            f"{precision}; every process: {[round(float(g), 6) for g in gaps]}). Check how the reference was loaded "
-            "and sharded on that process (klstudy/train/reference.py)."
+            f"{dtype}; every process: {[round(float(g), 6) for g in gaps]}). Check how the reference was loaded and "
+            "sharded on that process (klstudy/train/reference.py)."
         )
     return worst
