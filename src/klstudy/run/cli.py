@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explaining.add_argument("--config", default="config.yaml", help="the config whose toy section it computes in")
     explaining.add_argument(
-        "settings", nargs="*", metavar="SETTING",
+        "settings", nargs="*", default=[], metavar="SETTING",
         help="with --framework, after --: your setting in its own words (verl's key=value, TRL's GRPOConfig "
         "field=value, OpenRLHF's and slime's flags; framework_settings.py)",
     )  # fmt: skip
