@@ -195,7 +195,7 @@ def read_trl(keys: Keys, preset: Preset, group: int | None) -> Read:
     if keys.given("loss_type"):
         keys.choice("loss_type", "dapo", {t: t for t in TRL_AGGREGATIONS})
         notes.append("loss_type: an aggregation over tokens, the same for every answer of the toy")
-    size = _group(keys, "num_generations", preset, group, notes)
+    size = group if group is not None else int(keys.number("num_generations", preset.group))  # TRL's default: 8
     config = ("k3-loss-ratio" if ratio else "k3-loss") if beta > 0 else kl.NO_KL
     return Read(config, normalisation, size, beta, None, notes)
 
