@@ -6,8 +6,8 @@ import sys
 import pytest
 import yaml
 
+from klstudy import framework_settings, kl
 from klstudy import frameworks as presets
-from klstudy import kl
 from klstudy.analysis import explain
 from klstudy.config import validate_config
 
@@ -50,10 +50,40 @@ def test_the_trl_preset_is_what_the_installed_trl_defaults_to():
 @pytest.mark.parametrize(
     "framework, version, expected",
     [("TRL", "0.26.0", "trl-1.9"), ("TRL", "1.9.2", "trl-1.9"), ("trl", "1.12.1", "trl-1.16"),
-     ("NeMo-RL", "0.6.0", "nemo-rl-0.6"), ("NeMo-RL", "0.7.0", "nemo-rl-0.7"), ("SkyRL", "0.3.0", "skyrl-0.3")],
+     ("NeMo-RL", "0.6.0", "nemo-rl-0.6"), ("NeMo-RL", "0.7.0", "nemo-rl-0.7"), ("SkyRL", "0.3.0", "skyrl-0.3"),
+     ("OpenRLHF", "0.11.0", "openrlhf-0.11-kl-in-reward"), ("slime", "0.3.1", "slime-0.3-default"),
+     ("verl", "0.7.0", "verl-0.7-kl-loss")],
 )  # fmt: skip
-def test_a_framework_and_version_find_their_preset(framework, version, expected):
+def test_a_framework_and_version_find_their_default_preset(framework, version, expected):
+    """The framework's default KL setup, not the first preset listed (OpenRLHF's default is the KL per token after
+    the normalisation, not its GRPO script's K3 loss)."""
     assert explain.preset_for(framework, version) == expected
+
+
+def test_every_release_has_one_default_and_lists_the_others():
+    releases = {(p.framework, p.version) for p in presets.PRESETS.values() if p.status == "release"}
+    for framework, version in releases:
+        names = explain.release_presets(framework, version.split("–")[-1])
+        assert sum(presets.PRESETS[n].is_default for n in names) == 1 and presets.PRESETS[names[0]].is_default
+    others = explain.release_presets("OpenRLHF", "0.11.0")[1:]
+    assert others == ["openrlhf-0.11-grpo", "openrlhf-0.11-reinforce-baseline"]
+
+
+@pytest.mark.parametrize(
+    "framework, version, off, beta",
+    [("TRL", "1.16.0", True, None), ("slime", "0.3.1", True, None), ("ROLL", "0.3.0", True, None),
+     ("verl", "0.7.0", True, 0.001), ("OpenRLHF", "0.11.0", False, 0.01), ("AReaL", "1.0.4", False, 0.1),
+     ("SkyRL", "0.3.0", False, 0.001)],
+)  # fmt: skip
+def test_a_release_is_explained_at_its_own_beta_and_off_by_default_said(framework, version, off, beta):
+    """β = 0 by default is said as "off by default"; the setting is computed at the preset's own β (its recipe's
+    where the default is off), or not at all where it has none, with the command that computes it at a β."""
+    release = explain.resolve_release(framework, version)
+    assert any("off by default" in line for line in release.head) == off
+    assert (release.setting.beta if release.setting else None) == beta
+    if beta is None:
+        assert release.head[-1].split(": ", 1)[1].startswith(explain.COMMAND)
+    assert explain.resolve_release(framework, version, beta=0.3).setting.beta == 0.3
 
 
 def test_a_version_no_preset_covers_is_refused_naming_what_was_read():
@@ -71,13 +101,13 @@ def test_every_preset_is_described_and_judged_for_bias(name):
     bias = explain.kl_gradient_bias(setting.config, TOY)
     expected_unbiased = setting.config in ("k1-reward", "k1-advantage", "k1-both", "k3-both")
     assert explain.unbiased(bias) == expected_unbiased, bias
-    nearest = explain.nearest_unbiased(setting, TOY)
+    found = explain.suggestion(setting, TOY)
     if expected_unbiased:
-        assert nearest.endswith("this one")
+        assert found == (setting.config, "this setting")
     elif presets.PRESETS[name].framework in ("verl", "OpenRLHF", "SkyRL", "AReaL"):
-        assert "offers: k1-" in nearest  # K1 in the reward or the advantage
+        assert found[0].startswith("k1-")  # K1 in the reward or the advantage
     else:
-        assert nearest.startswith("nearest unbiased setting: none among")
+        assert found is None
 
 
 def test_per_token_corrections_are_unbiased_at_one_token_only():
@@ -97,19 +127,120 @@ def test_a_bad_setting_is_refused_with_its_field():
         explain.Setting("k3-loss", "rloo", 8, 0.1, framework="Axolotl").check()
 
 
-def test_explain_prints_a_preset_and_a_setting_no_preset_covers(tmp_path):
-    """The command as a user types it: a framework by version, and a setting of kl.py's grammar that no preset is
-    (K2 in the advantage with NeMo-RL's normalisation at G = 3), each in a few lines with β_eff/β in both families.
-    In a config whose toy answers have T = 2 tokens (its own --config): config.yaml's T = 4 takes minutes on 2 cores."""
+def small_config(tmp_path):
+    """A config whose toy answers have T = 2 tokens: config.yaml's T = 4 takes minutes on 2 cores."""
     config = yaml.safe_load(open("config.yaml"))
     config["toy"].setdefault("fixed_points", {}).update(length=2, reward={"kind": "ones_at_least", "threshold": 1})
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "klstudy", "explain", "--beta", "1", "--range", "3",
-               "--config", str(tmp_path / "config.yaml")]  # fmt: skip
-    outside = ["--kl", "k2-advantage", "--normalisation", "loo_std", "--group", "3"]
-    for arguments, named in ((["--framework", "TRL", "--version", "1.12.0"], "trl-1.16"), (outside, "k2-advantage")):
-        out = subprocess.run(command + arguments, capture_output=True, text=True, check=True).stdout
-        lines = out.strip().splitlines()
-        assert len(lines) <= 8 and named in lines[0], out
-        assert sum(line.startswith("β_eff/β, ") for line in lines) == 2, out
-        assert "limits:" in lines[-1] and "T = 2" in lines[-1]
+    return str(tmp_path / "config.yaml")
+
+
+def printed_commands(out: str) -> list[str]:
+    return [explain.COMMAND + line.split(explain.COMMAND, 1)[1] for line in out.splitlines() if explain.COMMAND in line]
+
+
+CASES = [
+    (["--framework", "verl", "--version", "0.7.0"], "verl-0.7-kl-loss", "off by default"),
+    (["--framework", "verl", "--version", "0.7.0", "--beta", "0.3", "--", "algorithm.use_kl_in_reward=True",
+      "actor_rollout_ref.rollout.n=5"], "k1-reward, advantages group_std, G = 5, β = 0.3", "your verl 0.7.0"),
+    (["--kl", "k2-advantage", "--normalisation", "loo_std", "--group", "3", "--beta", "1"], "k2-advantage",
+     "recommended setting: name the framework (--on"),
+]  # fmt: skip
+
+
+def explained(config: str) -> list[str]:
+    command = [sys.executable, "-m", "klstudy", "explain", "--range", "3", "--config", config]
+    return [subprocess.run(command + arguments, capture_output=True, text=True, check=True).stdout
+            for arguments, _, _ in CASES]  # fmt: skip
+
+
+def test_explain_prints_a_release_and_a_setting_no_preset_covers(tmp_path):
+    """The command as a user types it: a framework by version (verl: off by default, computed at its recipe's β, the
+    recommended K1 in the reward with the β to set, the same with the std off, its other preset), a user's setting in
+    verl's words, and a setting of kl.py's grammar no preset is (K2 in the advantage, loo_std, G = 3)."""
+    config = small_config(tmp_path)
+    outputs = explained(config)
+    for out, (_, named, said) in zip(outputs, CASES, strict=True):
+        assert named in out and said in out, out
+        assert sum(line.startswith("β_eff/β, ") for line in out.splitlines()) == 2, out
+        assert sum(line.startswith("limits:") and "T = 2" in line for line in out.splitlines()) == 1, out
+    assert "  with the std off (algorithm.norm_adv_by_std_in_grpo=False)" in outputs[0]
+    assert "other preset of verl 0.7.0: verl-0.7-kl-in-reward" in outputs[0]
+    printed = [line for out in outputs for line in printed_commands(out)]
+    assert len(printed) >= 4 and all(line.endswith(f"--config {config}") for line in printed), printed
+
+
+@pytest.mark.slow
+def test_every_command_explain_prints_runs_as_printed(tmp_path):
+    """Each command the cases above print, run as printed (.venv/bin/python: from the repository's root)."""
+    config = small_config(tmp_path)
+    for line in sorted({line for out in explained(config) for line in printed_commands(out)}):
+        assert subprocess.run(line, shell=True, capture_output=True, text=True).returncode == 0, line
+
+
+def test_flags_that_cannot_be_combined_are_refused_before_computing():
+    for arguments, said in ((["--kl", "k1-reward", "--", "beta=0.1"], "need --framework"),
+                            (["--framework", "TRL"], "needs --version"),
+                            (["--framework", "verl", "--version", "0.7.0", "--", "algorithm.bogus=1"],
+                             "algorithm.bogus")):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "klstudy", "explain", *arguments], capture_output=True, text=True)
+        assert done.returncode != 0 and said in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "framework, version, words, expected",
+    [("verl", "0.7.0", ["algorithm.use_kl_in_reward=True", "actor_rollout_ref.rollout.n=5"],
+      ("k1-reward", "group_std", 5, 0.001, None)),
+     ("verl", "0.7.0", ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=mse",
+                        "actor_rollout_ref.actor.kl_loss_coef=0.01", "algorithm.norm_adv_by_std_in_grpo=False",
+                        "actor_rollout_ref.rollout.n=8"], ("k2-loss", "grpo", 8, 0.01, None)),
+     ("verl", "0.7.0", ["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl",
+                        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.rollout.n=4"],
+      ("k3-both", "group_std", 4, 0.001, 10.0)),
+     ("verl", "0.7.0", ["actor_rollout_ref.rollout.n=5"], (kl.NO_KL, "group_std", 5, 0.0, None)),
+     ("TRL", "1.16.0", ["beta=0.04", "scale_rewards=none", "num_generations=4", "loss_type=dr_grpo"],
+      ("k3-loss-ratio", "grpo", 4, 0.04, None)),
+     ("TRL", "1.16.0", ["beta=0.04", "use_bias_correction_kl=False", "scale_rewards=batch"],
+      ("k3-loss", "batch_std", 8, 0.04, None)),
+     ("TRL", "1.9.2", ["beta=0.1"], ("k3-loss", "group_std", 8, 0.1, None)),
+     ("TRL", "1.16.0", [], (kl.NO_KL, "group_std", 8, 0.0, None)),
+     ("OpenRLHF", "0.11.0", [], ("k1-advantage", "group_std", 8, 0.01, 10.0)),
+     ("OpenRLHF", "0.11.0", ["--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--algo.kl.init_coef=1e-3"],
+      ("k3-loss", "group_std", 8, 0.001, 10.0)),
+     ("OpenRLHF", "0.11.0", ["--algo.advantage.estimator", "reinforce_baseline", "--algo.kl.estimator", "k2"],
+      ("k2-advantage", "group_whiten", 8, 0.01, 10.0)),
+     ("slime", "0.3.1", ["--use-kl-loss", "--kl-loss-type", "low_var_kl", "--kl-loss-coef", "0.001",
+                         "--n-samples-per-prompt", "8", "--use-unbiased-kl"],
+      ("k3-loss-ratio", "group_std", 8, 0.001, 10.0)),
+     ("slime", "0.3.1", ["--use-kl-loss", "--kl-loss-type", "low_var_kl", "--kl-loss-coef", "0"],
+      (kl.NO_KL, "group_std", 8, 0.0, 10.0))],
+)  # fmt: skip
+def test_a_setting_in_the_frameworks_own_words_is_read_into_kl_py(framework, version, words, expected):
+    """verl's config keys, TRL's GRPOConfig fields, OpenRLHF's and slime's flags, as the record read them."""
+    read = framework_settings.read(presets.PRESETS[explain.preset_for(framework, version)], words)
+    assert (read.config, read.normalisation, read.group, read.beta, read.clamp) == expected
+
+
+@pytest.mark.parametrize(
+    "framework, version, words, named",
+    [("verl", "0.7.0", ["algorithm.kl_ctrl.type=adaptive"], "algorithm.kl_ctrl.type"),
+     ("verl", "0.7.0", ["algorithm.kl_penalty=abs"], "algorithm.kl_penalty"),
+     ("verl", "0.7.0", ["actor_rollout_ref.actor.kl_loss_type=k3+"], "kl_loss_type"),
+     ("verl", "0.7.0", ["algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=True"], "'both'"),
+     ("verl", "0.7.0", ["algorithm.use_kl_in_reward"], "key=value"),
+     ("TRL", "1.16.0", ["beta=0.04", "loss_type=sapo"], "loss_type"),
+     ("TRL", "1.16.0", ["beta=0.04", "importance_sampling_level=sequence"], "importance_sampling_level"),
+     ("OpenRLHF", "0.11.0", ["--algo.advantage.estimator", "gae"], "critic"),
+     ("OpenRLHF", "0.11.0", ["--rollout.n_samples_per_prompt", "16"], "--rollout.n_samples_per_prompt"),
+     ("slime", "0.3.1", ["--use-kl-loss", "--kl-loss-type", "k2"], "--kl-loss-type"),
+     ("SkyRL", "0.3.0", ["trainer.algorithm.use_kl_loss=true"], "--kl")],
+)  # fmt: skip
+def test_an_option_not_read_is_named_in_the_error(framework, version, words, named):
+    with pytest.raises(ValueError, match=named.replace("+", "[+]")):
+        framework_settings.read(presets.PRESETS[explain.preset_for(framework, version)], words)
+
+
+def test_a_group_of_one_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="G must"):
+        explain.resolve_release("slime", "0.3.1", tokens=["--use-kl-loss", "--kl-loss-coef", "0.01",
+                                                          "--n-samples-per-prompt", "1"])  # fmt: skip

@@ -34,6 +34,9 @@ class Preset:
     recipe_beta: float | None = None  # the β of the recipe it follows, where that differs from the default
     status: str = "release"  # or "proposal": not in any release
     note: str = ""
+    # The framework's default KL setup at that release: the one its defaults turn on or, where its default β is 0,
+    # the one its default KL switch (or recipe) turns on. `klstudy explain --framework` explains it first.
+    is_default: bool = False
 
     def __post_init__(self):
         kl.KLSpec.from_name(self.kl, 1.0, clamp=self.clamp)  # the one check of a configuration
@@ -61,6 +64,7 @@ PRESETS = {
         "+ 1e-4), :3121 (+ beta × K3 in the loss)",
         "k3-loss", "group_std", 8, 0.0,
         note="use_bias_correction_kl arrived in 0.26.0 (PR 4638) with default False",
+        is_default=True,
     ),
     "trl-1.16": Preset(
         "TRL", "1.10.0–1.16.0",
@@ -69,6 +73,7 @@ PRESETS = {
         "coef_1 = π_θ/π_old), :2787 (÷ std + 1e-4)",
         "k3-loss-ratio", "group_std", 8, 0.0,
         note="on-policy π_old = sg[π_θ], so the ratio form is the score form (kl.py)",
+        is_default=True,
     ),
     "verl-0.7-kl-loss": Preset(
         "verl", "0.7.0",
@@ -79,6 +84,7 @@ PRESETS = {
         "k3-loss", "group_std", 5, 0.0, clamp=10.0, recipe_beta=0.001,
         note="the recipe trains 1024 prompts a batch in minibatches of 256 (:10, :18): 3 of 4 updates off-policy, "
         "which the toy's on-policy update leaves out",
+        is_default=True,
     ),
     "verl-0.7-kl-in-reward": Preset(
         "verl", "0.7.0",
@@ -106,6 +112,7 @@ PRESETS = {
         "k1-advantage", "group_std", 8, 0.01, clamp=10.0,
         note="--algo.advantage.estimator group_norm with the default KL; its default estimator (gae) needs a critic, "
         "which the toy has not",
+        is_default=True,
     ),
     "openrlhf-0.11-reinforce-baseline": Preset(
         "OpenRLHF", "0.11.0",
@@ -126,6 +133,7 @@ PRESETS = {
         "over the batch, which rescales the update by a positive number and shifts it by one without expected "
         "gradient, so the end point is group_std's; without config.ref the 'KL' is −kl_ctl·log π_old (an entropy "
         "bonus: the record)",
+        is_default=True,
     ),
     "nemo-rl-0.6": Preset(
         "NeMo-RL", "0.6.0",
@@ -133,6 +141,7 @@ PRESETS = {
         "use_leave_one_out_baseline true, :50 reference_policy_kl_penalty 0.01, :53 k3, :54-55 clamps 20 / 10; "
         "nemo_rl/algorithms/loss/loss_functions.py:343-358 (weights ones: path-wise)",
         "k3-loss", "loo_std", 16, 0.01, clamp=10.0,
+        is_default=True,
     ),
     "nemo-rl-0.7": Preset(
         "NeMo-RL", "0.7.0",
@@ -140,6 +149,7 @@ PRESETS = {
         "nemo_rl/algorithms/loss/loss_functions.py:418-438 (weights exp(log π − sg[log π]): the score form, PR 2506), "
         "nemo_rl/algorithms/utils.py:71-100 (the weight multiplied in before the output clamp)",
         "k3-loss-score", "loo_std", 16, 0.01, clamp=10.0,
+        is_default=True,
     ),
     "skyrl-0.3": Preset(
         "SkyRL", "0.3.0",
@@ -150,6 +160,7 @@ PRESETS = {
         "k3-loss", "group_std", 5, 0.001, clamp=10.0,
         note="the only framework read whose default turns the KL on; skyrl_train to 0.4.0 computed it without "
         "gradient (docs/pitfalls.md)",
+        is_default=True,
     ),
     "skyrl-k2-proposal": Preset(
         "SkyRL", "0.3.0 + PR 1445",
@@ -167,6 +178,7 @@ PRESETS = {
         "k1-loss", "group_std", 8, 0.0,
         note="with --use-kl-loss and a coefficient; G = 8 as 35 of its 42 shipped scripts (the default, 1, has no "
         "group)",
+        is_default=True,
     ),
     "slime-0.3-scripts": Preset(
         "slime", "0.3.1",
@@ -183,6 +195,7 @@ PRESETS = {
         "whiten_advantages",
         "k3-loss", "whiten", 8, 0.0, clamp=10.0,
         note="its RLVR example's advantage clip at ±2 and difficulty mask are left out",
+        is_default=True,
     ),
 }  # fmt: skip
 
@@ -208,6 +221,19 @@ OFFERS = {
     "NeMo-RL": [("k3-loss-score", "loss_fn.reference_policy_kl_type k3 (the default from 0.7.0)")],
     "ROLL": [("k3-loss", "use_kl_loss: true")],
 }
+
+
+# Which estimators each framework clamps at ±10 (the presets' sources): every one (OpenRLHF's and AReaL's
+# compute_approx_kl), or K3 only (verl's and SkyRL's low_var_kl/k3, slime's low_var_kl, NeMo-RL's and ROLL's K3).
+CLAMPED = {"OpenRLHF": kl.ESTIMATORS, "AReaL": kl.ESTIMATORS, "verl": ("k3",), "SkyRL": ("k3",), "slime": ("k3",),
+           "NeMo-RL": ("k3",), "ROLL": ("k3",), "TRL": ()}  # fmt: skip
+# The switch that turns the advantage's ÷ std off (kl.ADVANTAGES "grpo": the group mean only), where it was read.
+STD_OFF = {"verl": "algorithm.norm_adv_by_std_in_grpo=False", "TRL": "scale_rewards='none'"}
+
+
+def clamp_of(framework: str, config: str) -> float | None:
+    """The clamp ``framework`` puts on the estimator of ``config`` (kl.py's grammar)."""
+    return 10.0 if kl.KLSpec.from_name(config, 1.0).estimator in CLAMPED.get(framework, ()) else None
 
 
 def presets_of(section: dict) -> dict:

@@ -261,12 +261,12 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     table.to_csv(out_dir / "atlas.csv", index=False)
     length.to_csv(out_dir / "atlas_length.csv", index=False)
     judged.to_csv(out_dir / "atlas_claims.csv", index=False)
-    readable = _readable(table)
-    columns = ["family", "setting", "beta", "status", "exact", "reward", "kl", "gap", "below", "beta_eff", "ratio",
-               "mc"]  # fmt: skip
-    lengths = length.assign(
-        gap=length.objective_gap.map(lambda v: _fmt(v, "{:.2g}")), ratio=length.beta_eff_ratio.map(_fmt)
-    )
+    (out_dir / "atlas.md").write_text(page(points, judged, section))
+
+
+def page(points: pd.DataFrame, judged: pd.DataFrame, section: dict) -> str:
+    """figures/atlas.md: the summary by preset, the versions, the claims and where each preset was read. Every
+    setting × β × family, and the length sweep, are in atlas.csv and atlas_length.csv, not repeated here."""
     claims_text = judged.assign(
         effect=[f"{e:+.3g} ± {s:.1g}" for e, s in zip(judged.effect, judged.se, strict=True)],
         exact=judged.exact_effect.map(lambda v: _fmt(v, "{:+.3g}")),
@@ -274,33 +274,17 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     )
     claim_columns = ["claim", "family", "beta", "candidate", "baseline", "predicted", "exact_status", "effect", "exact",
                      "tolerance", "seeds", "verdict"]  # fmt: skip
-    presets = readable[readable.preset.fillna("") != ""]
-    (out_dir / "atlas.md").write_text(
-        "The atlas (toy model, exact, float64): each setting's end point against the optimum of J_β = E[R] − β·KL in "
-        "the same family: task reward, KL(π‖π_ref), the gap J_β(optimum) − J_β(end), below: the reward below the "
-        "reward–KL frontier at the end point's KL (the reward of the optimum at β_eff, which has that KL, minus the "
-        "end point's; – without β_eff), β_eff (the β whose "
-        "optimum has the end point's KL; – where the setting has no stable fixed point; < β_min where its KL is "
-        "above that of every optimum, β_min being where the optimum's KL stops growing) and β_eff/β (< 1: weaker "
-        "regularisation than asked for). exact: how the expected update is known. mc: whether the on-policy Monte "
-        "Carlo runs end there (monte_carlo.agreement). docs/atlas.md explains it.\n\n"
+    return (
+        "The atlas (toy model, exact, float64): where each framework's KL setup ends, as β_eff/β (the β whose optimum "
+        "of J_β = E[R] − β·KL has the end point's KL, over the β set; < 1: weaker than asked). Every setting × β × "
+        "family, with its reward, KL, gap and Monte Carlo agreement: atlas.csv; the length sweep: atlas_length.csv. "
+        "docs/atlas.md explains it.\n\n"
         "## Your framework, your version, your β\n\n"
         + summary_markdown(points, section)
         + "\n\n"
         + version_table(section).to_markdown(index=False)
-        + "\n\n"
-        "## What each preset optimises, by β\n\n"
-        + presets[
-            ["preset", "family", "beta", "reward", "kl", "below", "beta_eff", "ratio", "clamp", "resolution"]
-        ].to_markdown(index=False)
         + "\n\n## Claims\n\n"
         + claims_text[claim_columns].to_markdown(index=False)
-        + "\n\n## Length (T = 1..max, threshold ceil("
-        + f"{section['length']['threshold_fraction']:g}"
-        + " × T))\n\n"
-        + lengths[["family", "setting", "beta", "T", "threshold", "status", "gap", "ratio"]].to_markdown(index=False)
-        + "\n\n## Every setting\n\n"
-        + readable[columns].to_markdown(index=False)
         + "\n\n## Where each preset was read\n\n"
         + "\n".join(
             f"- **{name}** ({p['framework']} {p['version']}): {p['source']}." + (f" {p['note']}." if p["note"] else "")
@@ -308,22 +292,6 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
         )
         + "\n"
     )
-
-
-def _readable(table: pd.DataFrame) -> pd.DataFrame:
-    """The table's numbers as the Markdown shows them: 3 significant digits, – for none, < β_min beyond the curve."""
-    return table.assign(
-        reward=table.reward.map(_fmt), kl=table.kl.map(_fmt), gap=table.objective_gap.map(lambda v: _fmt(v, "{:.2g}")),
-        below=table.below_frontier.map(lambda v: _fmt(v, "{:.2g}")),
-        beta_eff=[f"< {m:.2g}" if beyond else _fmt(b) for b, beyond, m in
-                  zip(table.beta_eff, table.beyond_curve, table.curve_beta_min, strict=True)],
-        ratio=[f"< {m / beta:.2g}" if beyond else _fmt(r, "{:.2f}") for r, beyond, m, beta in
-               zip(table.beta_eff_ratio, table.beyond_curve, table.curve_beta_min, table.beta, strict=True)],
-        mc=[("–" if pd.isna(a) else ("agrees" if a else "differs"))
-            for a in table.get("mc_agrees", [np.nan] * len(table))],
-        clamp=[("–" if pd.isna(b) else f"binds {b:.2g}" if b > 0 else "never binds")
-               for b in table.get("clamp_binds", [np.nan] * len(table))],
-    )  # fmt: skip
 
 
 CLAMP_MARK = "†"  # the setting's clamp binds at this end point (with_clamp_binding): it depends on the path

@@ -1,19 +1,20 @@
 """`klstudy explain`: what a KL setup amounts to, computed in the toy model for any setting, a preset's or not.
 
-Given a framework preset (frameworks.py) or a setting (a configuration in kl.py's grammar, an advantage
-normalisation, G, β and the estimator's clamp), it prints in a few lines:
+Given a framework and version (its default KL setup, its other presets listed), a user's own setting in the
+framework's words (framework_settings.py), a preset, or a setting of kl.py's grammar, it prints in a few lines:
 
-- the estimator, placement and loss gradient in words;
+- the estimator, placement and loss gradient in words; "off by default" where the framework's default β is 0;
 - whether its KL term's expected gradient is the sequence-level KL's: exactly, in the toy's Table 1 setting "apart"
   (analysis/toy.py, no baseline) at T = 1 and T = 4, with kl.exactly_zero's rule;
 - β_eff/β in both toy families (fixed_points.NormalisedUpdate, the atlas's end points) at the β asked for and over
   a range of β, and where the toy cannot say (no fixed point, an end point not settled near the boundary, more KL
   than any optimum);
-- the nearest setting its framework offers whose KL gradient is unbiased (frameworks.OFFERS, each checked the same
-  way).
+- the recommended setting its framework offers (an unbiased KL gradient: frameworks.OFFERS, each checked the same
+  way), with its own β_eff/β under the same normalisation, the β to set for the strength asked where that differs,
+  and, where the framework can turn the std off, the same with the group mean only.
 
-Nothing is read from a committed table: every number is computed when asked (about a minute on one core), within the
-toy's limits, which the output says.
+Every command it prints runs as printed. Nothing is read from a committed table: every number is computed when
+asked, within the toy's limits, which the output says (its running time: docs/atlas.md, "Your setting").
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from klstudy import kl
-from klstudy.frameworks import OFFERS, PRESETS
+from klstudy import framework_settings, kl
+from klstudy.frameworks import OFFERS, PRESETS, STD_OFF, clamp_of
 
 # The β over which the answer is computed beside the one asked for: the atlas's grid, weak to strong.
 RANGE_BETAS = (0.1, 0.3, 1.0, 3.0)
+# The suggested setting's β_eff/β counts as the strength asked for within this (the toy's end points are exact; a
+# factor this close to 1 changes no reading of the atlas).
+STRENGTH_TOLERANCE = 0.05
+# How the commands it prints start: from the repository's root, with its virtual environment.
+COMMAND = ".venv/bin/python -m klstudy explain"
 # Where Table 1's bias is measured: its setting "apart" at these lengths (T = 1: a token; T = 4: a sequence).
 BIAS_SETTING, BIAS_LENGTHS = "apart", (1, 4)
 
@@ -56,24 +62,39 @@ class Setting:
 
     @classmethod
     def of_preset(cls, name: str, beta: float | None = None) -> Setting:
+        """The preset at ``beta``, else at its own β (its default, else its recipe's; 0.1 where it has neither)."""
         if name not in PRESETS:
             raise ValueError(f"preset {name!r} is not one of {sorted(PRESETS)}")
         p = PRESETS[name]
-        beta = beta if beta is not None else (p.betas[-1] if p.betas else 0.1)
+        beta = beta if beta is not None else own_beta(p) or 0.1
         return cls(p.kl, p.normalisation, p.group, beta, p.clamp, p.framework, f"{name} ({p.framework} {p.version})")
 
 
-def preset_for(framework: str, version: str) -> str:
-    """The preset of ``framework`` whose version range holds ``version`` (e.g. TRL 1.12 → trl-1.16)."""
+def own_beta(preset) -> float | None:
+    """The β a preset runs at by itself: its default where on, else its recipe's; None: neither sets one."""
+    return preset.default_beta or preset.recipe_beta
+
+
+def release_presets(framework: str, version: str) -> list[str]:
+    """The presets of ``framework`` whose version range holds ``version``, its default first (e.g. TRL 1.12 →
+    trl-1.16)."""
     wanted = _version_tuple(version)
+    names = []
     for name, p in PRESETS.items():
         if p.framework.lower() != framework.lower() or p.status != "release":
             continue
         low, _, high = p.version.partition("–")
         if _version_tuple(low) <= wanted <= _version_tuple(high or low):
-            return name
-    known = sorted({f"{p.framework} {p.version}" for p in PRESETS.values()})
-    raise ValueError(f"no preset of {framework} {version}: the presets read are {known}")
+            names.append(name)
+    if not names:
+        known = sorted({f"{p.framework} {p.version}" for p in PRESETS.values()})
+        raise ValueError(f"no preset of {framework} {version}: the presets read are {known}")
+    return sorted(names, key=lambda n: not PRESETS[n].is_default)
+
+
+def preset_for(framework: str, version: str) -> str:
+    """The framework's default KL setup at ``version``."""
+    return release_presets(framework, version)[0]
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -145,11 +166,34 @@ def _meaning(ratio: str) -> str:
     return ratio + (" (its clamp binds there: the end point depends on the path)" if clamped else "")
 
 
-def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS) -> str:
-    """The few lines `klstudy explain` prints (``toy_section``: config ``toy``: Table 1's settings, and the fixed
-    points' families, reward and flow)."""
-    from klstudy.analysis import atlas  # torch: only when something is computed
+def command(arguments: str, config: str | None = None) -> str:
+    """A command line it prints, runnable as it stands (``config``: the --config it was given, where not the
+    default)."""
+    return f"{COMMAND} {arguments}" + (f" --config {config}" if config else "")
 
+
+def setting_arguments(setting: Setting) -> str:
+    """explain's own arguments for ``setting`` (--kl with its normalisation, G, β, clamp and framework)."""
+    words = f"--kl {setting.config} --normalisation {setting.normalisation} --group {setting.group}"
+    words += f" --beta {setting.beta:.3g}"
+    words += f" --clamp {setting.clamp:g}" if setting.clamp else ""
+    return words + (f" --on {setting.framework}" if setting.framework else "")
+
+
+def ratios(tables: dict, beta: float) -> dict[str, tuple[float, str]]:
+    """{family: (β_eff/β at ``beta``, NaN where not resolved; its words)}."""
+    from klstudy.analysis import atlas
+
+    out = {}
+    for family, table in tables.items():
+        at = table[table.beta == beta].iloc[0]
+        out[family] = (float(at.beta_eff_ratio) if at.resolution == "β_eff" else float("nan"), atlas.ratio_text(at))
+    return out
+
+
+def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS, config: str | None = None) -> str:
+    """The few lines `klstudy explain` prints for one setting (``toy_section``: config ``toy``: Table 1's settings,
+    and the fixed points' families, reward and flow)."""
     section = toy_section["fixed_points"]
     bias = kl_gradient_bias(setting.config, toy_section)
     lines = [
@@ -162,42 +206,161 @@ def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS) -> str
         + ", ".join(f"{b:.2g} at T = {t}" for t, b in bias.items())
         + ")",
     ]
-    for family, table in end_points(setting, section, range_betas).items():
-        at = table[table.beta == setting.beta].iloc[0]
-        rest = table[table.beta != setting.beta]
-        ratios = rest.beta_eff_ratio[rest.resolution == "β_eff"]
-        resolved = rest.beta[rest.resolution == "β_eff"]
-        span = (
-            f"{ratios.min():.2f}–{ratios.max():.2f} over β = {resolved.min():g}–{resolved.max():g}"
-            if len(ratios)
-            else "not resolved at any other β of " + ", ".join(f"{b:g}" for b in rest.beta)
-        )
-        if len(rest) and len(ratios) < len(rest):
-            span += "; not resolved at β = " + ", ".join(f"{b:g}" for b in rest.beta[rest.resolution != "β_eff"])
-        ratio = _meaning(atlas.ratio_text(at))
-        lines.append(
-            f"β_eff/β, {family} family (T = {section['length']}): {ratio} at β = {setting.beta:g} "
-            f"(task reward {at.reward:.3g}, KL {at.kl:.3g}); {span}"
-        )
-    lines.append(nearest_unbiased(setting, toy_section))
-    lines.append(
+    tables = end_points(setting, section, range_betas)
+    lines += [strength_line(family, table, setting.beta, section) for family, table in tables.items()]
+    lines += recommended(setting, toy_section, tables, config)
+    lines.append(limits(section))
+    return "\n".join(lines)
+
+
+def strength_line(family: str, table, beta: float, section: dict) -> str:
+    """β_eff/β of one family at ``beta`` and over the rest of the table's β."""
+    from klstudy.analysis import atlas  # torch: only when something is computed
+
+    at = table[table.beta == beta].iloc[0]
+    rest = table[table.beta != beta]
+    resolved = rest[rest.resolution == "β_eff"]
+    low, high = (
+        (f"{resolved.beta_eff_ratio.min():.2f}", f"{resolved.beta_eff_ratio.max():.2f}") if len(resolved) else ("", "")
+    )
+    span = (
+        (low if low == high else f"{low}–{high}") + " at β = " + ", ".join(f"{b:g}" for b in resolved.beta)
+        if len(resolved)
+        else "not resolved at any other β of " + ", ".join(f"{b:g}" for b in rest.beta)
+    )
+    if len(rest) and len(resolved) < len(rest):
+        span += "; not resolved at β = " + ", ".join(f"{b:g}" for b in rest.beta[rest.resolution != "β_eff"])
+    if not len(rest):
+        span = ""
+    return (
+        f"β_eff/β, {family} family (T = {section['length']}): {_meaning(atlas.ratio_text(at))} at β = {beta:g} "
+        f"(task reward {at.reward:.3g}, KL {at.kl:.3g})" + (f"; {span}" if span else "")
+    )
+
+
+def limits(section: dict) -> str:
+    return (
         f"limits: a one-prompt toy (binary tokens, T = {section['length']}, a 0/1 reward, exact on-policy expected "
         "updates, no clipping or off-policy minibatches): read the direction and rough size, not a language model's "
         "numbers (docs/atlas.md)"
     )
-    return "\n".join(lines)
 
 
-def nearest_unbiased(setting: Setting, toy_section: dict) -> str:
-    """The first setting the framework offers whose KL gradient is unbiased (same normalisation and G)."""
-    if not setting.framework:
-        return "nearest unbiased setting: name a framework (--framework or --preset) to look among its options"
-    offers = OFFERS.get(setting.framework, [])
+def suggestion(setting: Setting, toy_section: dict) -> tuple[str, str] | None:
+    """(configuration, the switch that gives it) of the setting recommended in ``setting``'s framework: this one
+    where its KL gradient is unbiased, else the first unbiased one the framework offers; None where it offers
+    none."""
     if unbiased(kl_gradient_bias(setting.config, toy_section)):
-        return "nearest unbiased setting: this one"
-    for config, switch in offers:
+        return setting.config, "this setting"
+    for config, switch in OFFERS.get(setting.framework, []):
         if config != setting.config and unbiased(kl_gradient_bias(config, toy_section)):
-            return (f"nearest unbiased setting {setting.framework} offers: {config} ({switch}), advantages "
-                    f"{setting.normalisation}, G = {setting.group}")  # fmt: skip
-    listed = ", ".join(c for c, _ in offers) or "its KL loss only"
-    return f"nearest unbiased setting: none among what {setting.framework} offers ({listed})"
+            return config, switch
+    return None
+
+
+def recommended(setting: Setting, toy_section: dict, tables: dict, config: str | None) -> list[str]:
+    """The recommended setting's lines: what it is, its β_eff/β at the β asked under the same normalisation and G,
+    the β to set where that is not the strength asked, and the same with the std off where the framework can."""
+    if not setting.framework:
+        return ["recommended setting: name the framework (--on, with --kl) to look among its options"]
+    found = suggestion(setting, toy_section)
+    if found is None:
+        listed = ", ".join(c for c, _ in OFFERS.get(setting.framework, [])) or "its KL loss only"
+        return [f"recommended setting: none whose KL gradient is unbiased among what {setting.framework} offers "
+                f"({listed})"]  # fmt: skip
+    name, switch = found
+    candidate = Setting(name, setting.normalisation, setting.group, setting.beta, clamp_of(setting.framework, name),
+                        setting.framework, name)  # fmt: skip
+    section = toy_section["fixed_points"]
+    own = tables if name == setting.config else end_points(candidate, section, ())
+    lines = [f"recommended (its KL gradient unbiased): {name} ({switch}), advantages {setting.normalisation}, "
+             f"G = {setting.group}: " + strength_at(candidate, section, own, config)]  # fmt: skip
+    std_off = STD_OFF.get(setting.framework)
+    if std_off and setting.normalisation != "grpo":
+        plain = Setting(name, "grpo", setting.group, setting.beta, candidate.clamp, setting.framework, name)
+        lines.append(f"  with the std off ({std_off}): " + strength_at(plain, section, end_points(plain, section, ()),
+                                                                        config))  # fmt: skip
+    return lines
+
+
+def strength_at(candidate: Setting, section: dict, tables: dict, config: str | None) -> str:
+    """β_eff/β of ``candidate`` at its β in both families and, where the family that resolves it (parametric first)
+    is off the strength asked by more than STRENGTH_TOLERANCE, the β to set instead, checked once."""
+    asked = candidate.beta
+    found = ratios(tables, asked)
+    words = "β_eff/β " + ", ".join(f"{text} ({family})" for family, (_, text) in found.items())
+    usable = [(family, r) for family, (r, _) in found.items() if r == r]
+    if not usable:
+        return words + f"; its strength at β = {asked:g} is not resolved in the toy"
+    family, ratio = min(usable, key=lambda item: item[0] != "parametric")
+    if abs(ratio - 1) <= STRENGTH_TOLERANCE:
+        return words + f": the strength asked; {command(setting_arguments(candidate), config)}"
+    instead = Setting(candidate.config, candidate.normalisation, candidate.group, asked / ratio, candidate.clamp,
+                      candidate.framework, candidate.label)  # fmt: skip
+    again, _ = ratios(end_points(instead, section, ()), instead.beta)[family]
+    reached = again == again and abs(again * instead.beta / asked - 1) <= STRENGTH_TOLERANCE
+    there = f"β_eff {again * instead.beta:.3g}" if again == again else "β_eff not resolved"
+    if reached:
+        return (
+            words
+            + f"; for β_eff = {asked:g} set β = {instead.beta:.3g} ({there}, {family}): "
+            + command(setting_arguments(instead), config)
+        )
+    return (
+        words + f"; β = {instead.beta:.3g} gives {there} ({family}), not {asked:g}: no β found for the strength asked "
+        f"under {candidate.normalisation}; " + command(setting_arguments(instead), config)
+    )
+
+
+@dataclass
+class Release:
+    """A framework at a version as explain reads it: its presets (default first), the setting to compute (None: off,
+    or nothing to compute at), and the lines said before it."""
+
+    names: list[str]
+    setting: Setting | None
+    head: list[str]
+
+
+def resolve_release(framework: str, version: str, beta: float | None = None, tokens: list[str] | None = None,
+                    group: int | None = None, config: str | None = None) -> Release:  # fmt: skip
+    """Its default KL setup (or the user's own setting in its words, ``tokens``) at its own β unless ``beta`` is
+    given, checked; nothing computed yet."""
+    names = release_presets(framework, version)
+    default = PRESETS[names[0]]
+    release = f"{default.framework} {version}"
+    if tokens:
+        read = framework_settings.read(default, tokens, group)
+        notes = f" ({'; '.join(read.notes)})" if read.notes else ""
+        if read.config == kl.NO_KL:
+            return Release(names, None, [f"your setting ({' '.join(tokens)}): off: no KL term in {release}{notes}"])
+        setting = Setting(read.config, read.normalisation, read.group, beta or read.beta, read.clamp,
+                          default.framework, f"your {release} setting ({' '.join(tokens)}){notes}")  # fmt: skip
+        setting.check()
+        return Release(names, setting, [])
+    head = []
+    if not default.default_beta:
+        at = ("the β given" if beta else "its recipe's β") if beta or own_beta(default) else None
+        head.append(f"{release}: off by default (its default β is 0); turned on, its KL is {names[0]}"
+                    + (f", computed below at {at}" if at else f": {describe(default.kl)}"))  # fmt: skip
+    if beta is None and own_beta(default) is None:
+        head.append("to compute it at the β you would set: " + command(f"--preset {names[0]} --beta 0.04", config))
+        return Release(names, None, head)
+    setting = Setting.of_preset(names[0], beta)
+    setting.check()
+    return Release(names, setting, head)
+
+
+def explain_release(release: Release, toy_section: dict, range_betas=RANGE_BETAS, config: str | None = None) -> str:
+    """A framework at a version: what ``resolve_release`` read, computed, then its other presets, each with the
+    command that explains it."""
+    others = [
+        f"other preset of {p.framework} {p.version}: {name} ({p.kl}, {p.normalisation}, G = {p.group}"
+        + (f", its β {own_beta(p):g}" if own_beta(p) else ", off by default")
+        + "): "
+        + command(f"--preset {name}", config)
+        for name in release.names[1:]
+        for p in [PRESETS[name]]
+    ]
+    computed = [explain(release.setting, toy_section, range_betas, config)] if release.setting else []
+    return "\n".join([*release.head, *computed, *others])

@@ -80,20 +80,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chosen = explaining.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--preset", help="a framework preset by name (src/klstudy/frameworks.py)")
-    chosen.add_argument("--framework", help="a framework (TRL, verl, OpenRLHF, ...): with --version, its preset")
+    chosen.add_argument(
+        "--framework", help="a framework (TRL, verl, OpenRLHF, ...): with --version, its default and its other presets"
+    )
     chosen.add_argument(
         "--kl", help="a KL configuration in kl.py's grammar (k3-loss, k1-advantage, k3-loss-ratio, ...)"
     )
     explaining.add_argument("--version", help="the framework's version (with --framework), e.g. 1.12.0")
     explaining.add_argument("--normalisation", default="rloo", help="with --kl: the advantage (kl.ADVANTAGES)")
-    explaining.add_argument("--group", type=int, default=8, help="with --kl: G, responses per prompt")
+    explaining.add_argument("--group", type=int, help="G, responses per prompt (with --kl: default 8)")
     explaining.add_argument("--clamp", type=float, help="with --kl: the estimator's value clamped at ±this")
     explaining.add_argument("--on", help="with --kl: the framework whose other options to look among")
-    explaining.add_argument("--beta", type=float, help="β (default: the preset's own, else 0.1)")
+    explaining.add_argument("--beta", type=float, help="β (default: the preset's or the setting's own; --kl: 0.1)")
     explaining.add_argument(
         "--range", type=float, nargs="+", default=list(RANGE_BETAS), help="the β it is computed at besides"
     )
     explaining.add_argument("--config", default="config.yaml", help="the config whose toy section it computes in")
+    explaining.add_argument(
+        "settings", nargs="*", default=[], metavar="SETTING",
+        help="with --framework, after --: your setting in its own words (verl's key=value, TRL's GRPOConfig "
+        "field=value, OpenRLHF's and slime's flags; framework_settings.py)",
+    )  # fmt: skip
     explaining.set_defaults(run=_explain)
     return parser
 
@@ -190,23 +197,33 @@ def _explain(args) -> None:
     from klstudy.analysis import explain
     from klstudy.config import validate_config
 
+    config = None if args.config == "config.yaml" else args.config  # what the commands it prints repeat
     try:
+        if args.settings and not args.framework:
+            raise ValueError(f"settings {args.settings} need --framework and --version")
         if args.kl:
             beta = 0.1 if args.beta is None else args.beta
-            spec = explain.Setting(args.kl, args.normalisation, args.group, beta, args.clamp, args.on)
+            group = 8 if args.group is None else args.group
+            spec = explain.Setting(args.kl, args.normalisation, group, beta, args.clamp, args.on)
             explain.Setting.check(spec)
-        else:
-            if args.framework and not args.version:
+            compute = lambda toy: explain.explain(spec, toy, args.range, config)  # noqa: E731
+        elif args.framework:
+            if not args.version:
                 raise ValueError("--framework needs --version")
-            name = args.preset or explain.preset_for(args.framework, args.version)
-            spec = explain.Setting.of_preset(name, args.beta)
+            release = explain.resolve_release(
+                args.framework, args.version, args.beta, args.settings, args.group, config
+            )  # a clear error before anything is computed
+            compute = lambda toy: explain.explain_release(release, toy, args.range, config)  # noqa: E731
+        else:
+            spec = explain.Setting.of_preset(args.preset, args.beta)
+            compute = lambda toy: explain.explain(spec, toy, args.range, config)  # noqa: E731
     except ValueError as error:
         raise SystemExit(f"klstudy explain: {error}") from None
     toy = validate_config(yaml.safe_load(Path(args.config).read_text()))["toy"]
     import torch
 
     torch.set_num_threads(1)  # the toy's tensors are tiny: one thread, as the workflow's toy jobs (--threads 1)
-    print(explain.explain(spec, toy, args.range))
+    print(compute(toy))
 
 
 def run(argv: list[str]) -> int:

@@ -1,0 +1,27 @@
+"""The answer table docs/analysis.md leads with is the one klstudy.analysis.answer writes from the presets, their
+exact bias and the atlas's committed run."""
+
+import pytest
+
+from klstudy.analysis import answer
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return answer.markdown()
+
+
+def test_the_analysis_page_holds_the_answer_table_the_code_writes(expected):
+    for page in answer.PAGES:
+        assert answer.between_marks(page.read_text()) == expected.strip(), (
+            f"{page}: python -m klstudy.analysis.answer --write"
+        )
+    assert expected.count("\n") == 1 + sum(p.is_default and p.status == "release" for p in answer.PRESETS.values())
+
+
+def test_a_framework_without_an_unbiased_kl_says_so_and_one_with_the_std_off_names_the_switch(expected):
+    rows = expected.splitlines()
+    trl = next(r for r in rows if r.startswith("| TRL 1.10.0"))
+    verl = next(r for r in rows if r.startswith("| verl 0.7.0"))
+    assert "none: every KL it offers has a biased gradient" in trl and "off (β = 0)" in trl
+    assert "algorithm.norm_adv_by_std_in_grpo=False" in verl and "β_eff/β 1.00 / 1.00" in verl
