@@ -7,8 +7,9 @@ and holds the code to it, circles of imports included).
     core       kl.py (the KL estimators and placements: the paper's Table 1, written once), config.py (validation,
                the study grid, paths), claims_rule.py (the rule every claim is judged by, fixed in advance),
                environment.py (every environment variable read, declared once), progress.py (progress lines of a
-               job's log), frameworks.py (what each framework ships as its KL setup, by version), figure_plan.py
-               (which figures a run draws)
+               job's log), frameworks.py (what each framework ships as its KL setup, by version),
+               framework_settings.py (a user's setting in its framework's own words, read as a KL setting),
+               figure_plan.py (which figures a run draws)
     analysis   the §3 analysis in the toy model: exact gradients, where training ends (exact and sampled), the atlas
     data       the datasets as staged JSONL records (the Hub's, or procedural stand-ins), prompts, verifiable rewards
                and the readers of a completion's answer

@@ -6,6 +6,7 @@
     monte_carlo      the toy trained by sampling as the trainer trains: end points, their agreement, claims, tables
     explain          `klstudy explain`: what a framework's setting, or any setting, amounts to, computed in the toy
     atlas            the frameworks' KL setups with advantage normalisation and group size, in effective β
+    answer           the answer first: which setups end on the optimum, and each framework release's table
 
 Its claims are judged by the core's rule (claims_rule.py), as the runs' are; its figures are drawn by report/figures.
 
