@@ -127,8 +127,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         "optimum of J_β has the setup's KL to the reference; below the dashed 1 a setup regularises more weakly than "
         f"asked. Per policy family, at T = {caption.number(int(points['T'].iloc[0]))} tokens: the frameworks' "
         "presets as their code ships them (a row per group that ends alike), then each KL configuration over the "
-        "advantage normalisations and G, a column per β. An arrow: no β_eff, below the bound; no point: no stable "
-        "end point (the table). The length sweep: the figure beside this one.",
+        "advantage normalisations and G, a column per β. An arrow: no β_eff, β_eff/β lies below where it is drawn; no "
+        "point: no stable end point (a preset with none at any β has no row; the table below).",
         table(["family, preset", "β_eff/β at the largest β"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
@@ -218,7 +218,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("β_eff / β")
     _log_axis(list(axes[0]), "y")
-    handles = [plt.Line2D([], [], color=config_colour(c), marker=marker_of(c)["marker"], label=n)
+    handles = [plt.Line2D([], [], color=config_colour(c), label=n, **marker_of(c))
                for n, c in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
@@ -227,7 +227,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         "**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
         f"ceil({fraction} × T) ones in T tokens; below the dashed 1 a setup regularises more weakly than asked. A "
         "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration) and "
-        "β (line style). An arrow: no β_eff at that T, below the bound.",
+        "β (line style). An arrow: no β_eff at that T, β_eff/β lies below where it is drawn.",
         table(["panel", "setting", "β", "first T", "last T"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
