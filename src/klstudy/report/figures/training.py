@@ -75,7 +75,7 @@ def draw_training_figure(study: str, config: dict, tables: dict):
     caption.add(
         "" if is_result(config, f"training_{study}") else PIPELINE_CHECK,
         f"**Training dynamics: {name}.** " + caption.design(
-            f"{scale_text(config, spec['models'])} {design_text(config, study)}, "
+            f"{scale_text(config, spec['models'])} {design_text(config, study, name)}, "
             f"{seeds} seed{'s' if seeds != 1 else ''}. "
             "Rows: task reward, the K3 estimate of the KL on each batch, gradient norm before clipping (log axis); "
             "columns: β. ") + (f"Read against {'no KL' if reference == NO_KL else 'the claims baseline'}. " if reference
