@@ -150,13 +150,11 @@ CONVENTIONS = Path(__file__).with_name("conventions.md")  # the page's words, it
 
 def conventions(config: dict) -> str:
     """CONVENTIONS filled from the style table and the claims rule (Markdown that is also reStructuredText)."""
-    from klstudy.report.figures.encoding import BETA_STYLE_WORDS, BETA_STYLES, CONFIG_COLOURS, config_words
-    from klstudy.report.figures.panels import MAX_SEED_LINES
-    from klstudy.report.figures.toy import COINCIDE
+    from klstudy.report.figures import encoding as e
 
-    colours = "; ".join(f"{config_words(k)} {name}" for k, (_, name) in CONFIG_COLOURS.items())
-    betas = "; ".join(f"{b:g} {BETA_STYLE_WORDS[b].replace(', ', ' (bars: ')})" for b in BETA_STYLES)
+    colours = "; ".join(f"{e.config_words(k)} {name}" for k, (_, name) in e.CONFIG_COLOURS.items())
+    betas = "; ".join(f"{b:g} {e.BETA_STYLE_WORDS[b].replace(', ', ' (bars: ')})" for b in e.BETA_STYLES)
     rule = config.get("claims_rule", {})
     return CONVENTIONS.read_text().format(colours=colours, betas=betas, min_z=rule.get("min_z", 3),
                                           q=rule.get("q", 0.05), alpha=rule.get("alpha", 0.01),
-                                          seed_lines=MAX_SEED_LINES, coincide=f"{COINCIDE * 100:g}")  # fmt: skip
+                                          seed_lines=e.MAX_SEED_LINES, coincide=f"{e.COINCIDE * 100:g}")  # fmt: skip

@@ -265,6 +265,8 @@ def step_axis(ax, steps) -> None:
         ax.set_xticks(steps[::-1][::every][::-1])
 
 
+MAX_SEED_LINES = 12  # past this many seed lines a panel cannot be read: the mean lines, each seed's end a dot
+COINCIDE = 0.02  # lines this close (relative) at every point print as one line: drawn once, named together
 GAP_FLOOR = 1e-12  # J_β(optimum) − J_β(end) below this (float64): on the optimum to rounding error
 
 

@@ -15,6 +15,7 @@ from klstudy.kl import NO_KL
 from klstudy.report.aggregate import final_values, mean_and_se, step_values, trailing_mean
 from klstudy.report.figures.encoding import (
     BASE_COLOUR,
+    MAX_SEED_LINES,
     NO_TEMPLATE_HATCH,
     VERDICT_COLOURS,
     beta_hatch,
@@ -29,7 +30,6 @@ from klstudy.report.figures.encoding import (
 )
 
 SEEDS_WITHOUT_BAND = 4  # up to this many seeds each is drawn and no ±1 se band is (a band of few seeds looks sure)
-MAX_SEED_LINES = 12  # past this many seed lines a panel cannot be read: the mean lines, each seed's end a dot
 NOT_OK = {"collapsed": "x", "diverged": "X", "missing": "."}
 
 

@@ -12,12 +12,9 @@ from matplotlib import ticker
 
 from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures.captions import Caption, finish
-from klstudy.report.figures.encoding import FULL_WIDTH, GAP_FLOOR, dodge, kl_label, save, style_of, tag
+from klstudy.report.figures.encoding import COINCIDE, FULL_WIDTH, GAP_FLOOR, dodge, kl_label, save, style_of, tag
 
 UNSETTLED_MARKERS = {"drifts": ">", "still moving": "d"}  # no stable fixed point: where the followed flow stopped
-
-
-COINCIDE = 0.02  # lines this close (relative) at every point print as one line: drawn once, named together
 
 
 def coinciding(series: dict[str, np.ndarray]) -> list[list[str]]:
