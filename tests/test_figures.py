@@ -273,6 +273,40 @@ def test_one_seed_carries_its_own_error_few_seeds_are_drawn_each_and_many_get_a_
     plt.close(fig)
 
 
+def test_past_a_dozen_seed_lines_a_panel_draws_the_means_and_each_seed_s_end():
+    """28 thin seed lines in a panel cannot be told apart: past MAX_SEED_LINES a held-out panel and a training
+    figure draw no seed line, and each series' seeds as dots at its end."""
+    config = study_config(4)
+    tables = study_tables(config)
+    heldout = tables["heldout"][tables["heldout"].study == "onpolicy"]
+    assert heldout.groupby(["kl", "beta"]).seed.nunique().sum() > panels.MAX_SEED_LINES  # the case under test
+    fig, ax = plt.subplots()
+    panels.curves_panel(ax, {"kind": "curves", "study": "onpolicy", "model": "tiny"}, config, tables)
+    ends = [c for c in ax.collections if c.get_label() == "_seed ends"]
+    assert not [line for line in ax.lines if line.get_label() == "_seed"]
+    assert len(ends) == heldout.groupby(["kl", "beta"]).ngroups and all(len(c.get_offsets()) == 4 for c in ends)
+    plt.close(fig)
+    fig, _ = training.draw_training_figure("onpolicy", config, tables)
+    assert not [line for ax in fig.axes for line in ax.lines if line.get_label() == "_raw"]
+    assert any(c.get_label() == "_seed ends" for ax in fig.axes for c in ax.collections)
+    plt.close(fig)
+
+
+def test_a_forest_that_mixes_runs_names_each_claim_s_run(run):
+    """The same comparison from two runs gives two effects: each claim's header names its run, the caption each run;
+    a forest of one run names none."""
+    config, _, claims = run
+    rows, _ = forest.forest_rows(claims, config, "final_kl")
+    assert rows.study.nunique() == 1 and len(rows)  # the case under test: one run, then two
+    again = claims[claims.claim.isin(rows.claim)].assign(claim=lambda c: c.claim + "_again", study="async_math")
+    for table, mixed in ((claims, False), (pd.concat([claims, again], ignore_index=True), True)):
+        fig, caption = forest.draw_claims_forest(table, config, "final_kl")
+        headers = [" ".join(t.get_text().split()) for t in fig.findobj(plt.Text) if "predicted" in t.get_text()]
+        assert headers and all(("; run " in h) == mixed for h in headers)
+        assert ("Run A: " in caption and "Run B: " in caption) == mixed
+        plt.close(fig)
+
+
 def test_coinciding_toy_lines_are_drawn_once_and_named_together():
     fig, caption = toy_figures.draw_fig01(*toy_results())
     labels = {line.get_label() for line in fig.axes[0].lines}

@@ -127,10 +127,9 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         "optimum of J_β has the setup's KL to the reference; below the dashed 1 a setup regularises more weakly than "
         f"asked. Per policy family, at T = {caption.number(int(points['T'].iloc[0]))} tokens: the frameworks' "
         "presets as their code ships them (a row per group that ends alike), then each KL configuration over the "
-        "advantage normalisations and G, a column per β. An arrow: no β_eff, below the bound; no point: no stable "
-        "end point (the table). The length sweep: the figure beside this one.",
-        table(["family, preset", "β_eff/β at the largest β"], quoted) if quoted else "",
-    )  # fmt: skip
+        "advantage normalisations and G, a column per β. An arrow: no β_eff, β_eff/β lies below where it is drawn; no "
+        "point: no stable end point (a preset with none at any β has no row; the table below).",
+        table(["family, preset", "β_eff/β at the largest β"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
@@ -168,9 +167,11 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
     that coincide overlap; their markers differ)."""
     rows = rows.assign(bound=_bounds(rows)).sort_values(["normalisation", "group"], kind="stable")
     categories = list(dict.fromkeys(zip(rows.normalisation, rows.group, strict=True)))
+    configs = list(dict.fromkeys(rows.config))  # each shifted a little along x, so that points on top of others show
     for ax, beta in zip(axes, betas, strict=True):
         for (config, _), at in rows[rows.beta == beta].groupby(["config", "normalisation"], sort=False):
-            xs = [categories.index(c) for c in zip(at.normalisation, at.group, strict=True)]
+            shift = encoding.dodge(configs.index(config), len(configs), 0.6)
+            xs = [categories.index(c) + shift for c in zip(at.normalisation, at.group, strict=True)]
             tag(ax.plot(xs, at.beta_eff_ratio, color=config_colour(config), linewidth=0.9, markersize=4,
                         label=kl_label(config), **marker_of(config))[0], config, None, "marker")  # fmt: skip
             for x, bound in zip(xs, at.bound, strict=True):
@@ -187,7 +188,7 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
 
 
 def length_figure(length: pd.DataFrame, section: dict | None = None):
-    """β_eff/β against the answer's length T, a panel per family and normalisation, a line per setting and β."""
+    """β_eff/β against T, a panel per family and normalisation, a line per setting and β, each shifted a little in T."""
     presets = presets_of(section or {})
     options = (section or {}).get("length") or {}
     rows = length[length.beta.isin(options["betas"])] if options.get("betas") else length
@@ -197,8 +198,8 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     caption, quoted, names = Caption(), [], {}
     for ax, (family, normalisation) in zip(axes[0], panels, strict=False):
         mine = rows[(rows.family == family) & (rows.normalisation == normalisation)].assign(bound=lambda r: _bounds(r))
-        for (_, beta), group in mine.groupby(["setting", "beta"], sort=False):
-            group = group.sort_values("T")
+        for k, ((_, beta), group) in enumerate(lines := list(mine.groupby(["setting", "beta"], sort=False))):
+            group = group.sort_values("T").assign(T=lambda g, k=k: g["T"] + encoding.dodge(k, len(lines), 0.4))
             first = group.iloc[0]
             name = setting_name(first, presets).split(", ÷")[0].split(", −")[0].split(", RLOO")[0]
             names.setdefault(name, first.config)
@@ -217,7 +218,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("β_eff / β")
     _log_axis(list(axes[0]), "y")
-    handles = [plt.Line2D([], [], color=config_colour(c), marker=marker_of(c)["marker"], label=n)
+    handles = [plt.Line2D([], [], color=config_colour(c), label=n, **marker_of(c))
                for n, c in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
     fig.legend(handles=handles, loc="outside lower center", ncols=3)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
@@ -226,9 +227,8 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         "**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
         f"ceil({fraction} × T) ones in T tokens; below the dashed 1 a setup regularises more weakly than asked. A "
         "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration) and "
-        "β (line style). An arrow: no β_eff at that T, below the bound.",
-        table(["panel", "setting", "β", "first T", "last T"], quoted) if quoted else "",
-    )  # fmt: skip
+        "β (line style). An arrow: no β_eff at that T, β_eff/β lies below where it is drawn.",
+        table(["panel", "setting", "β", "first T", "last T"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 

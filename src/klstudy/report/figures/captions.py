@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -144,63 +145,16 @@ def claim_beta(row) -> str:
 
 # The conventions every figure shares, said once.
 
-CONVENTIONS = """\
-How to read the figures
-=======================
-
-Every figure of the study follows these conventions; a caption says only what is particular to its figure. Each
-number a caption gives of the data is read from what the figure draws.
-
-Encoding
---------
-
-- Colour: the KL configuration, one colour each, the same in every figure (runs, toy model, atlas): {colours}.
-  Grey: the base model (no RL). Green and red are kept for verdicts.
-- Marker shape: where the penalty goes: ○ in the reward, □ in the loss, △ in both, ▽ in the advantage, ◇ no KL.
-- Marker fill: the estimator: filled K1, hollow K3, half-filled K2.
-- Line style (bars: hatching): β, the KL coefficient, by its value: {betas}; solid: no KL (β = 0).
-
-Noise
------
-
-- Up to four training seeds: each seed a thin line (bars: a dot), the mean over seeds thick, no band. Five seeds or
-  more: the mean with a ±1 standard error band. One seed: ±1 standard error of the measurement itself (over
-  questions or prompts), as a band or an error bar.
-- The base model is one evaluation: a grey diamond at step 0, where every curve starts.
-- A difference is a finding only where the claims table says shown. Its rule reads effect ± critical·se, critical
-  the larger of {min_z} and Student's t at 1 − {alpha} with seeds − 1 degrees of freedom (31.8 at two seeds, 4.5 at
-  four), corrected for the claims tested (Benjamini–Hochberg at {q}); a ring in the verdict's colour marks a point
-  whose claim is shown or contradicted. A figure whose claims pair too few seeds to be told from noise is drawn as a
-  check of the pipeline, and its caption says so first.
-
-Words
------
-
-{glossary}
-"""
-
-GLOSSARY = {
-    "K1": "the per-token log-ratio log(π_θ/π_ref), an estimator of the KL",
-    "K2": "½·(log π_θ/π_ref)², per token",
-    "K3": "π_ref/π_θ − 1 − log(π_ref/π_θ), per token (Schulman's estimator)",
-    "π_θ, π_ref, π_sampling": "the policy trained; the reference, the base model; the policy that sampled the batch",
-    "pass@1": "the fraction of held-out questions answered right, one sample each",
-    "mean@k": "accuracy averaged over k samples a question (lm-eval: EleutherAI's lm-evaluation-harness)",
-    "se": "standard error",
-    "J_β": "E[R] − β·KL(π‖π_ref), the objective a KL penalty optimises; β_eff the β whose optimum has a setup's KL",
-    "ratio-weighted, score-weighted": "the KL loss term × π_θ/π_old (TRL), × exp(log π_θ − sg[log π_θ]) (NeMo-RL)",
-    "K2-gradient, weighted K2-gradient": "the KL's value with K2's gradient (verl), × π_θ/π_old (OpenRLHF)",
-    "a procedural stand-in": "data the run generates in the role of one of the paper's datasets",
-}
+CONVENTIONS = Path(__file__).with_name("conventions.md")  # the page's words, its numbers filled from the tables
 
 
 def conventions(config: dict) -> str:
     """CONVENTIONS filled from the style table and the claims rule (Markdown that is also reStructuredText)."""
-    from klstudy.report.figures.encoding import BETA_STYLE_WORDS, BETA_STYLES, CONFIG_COLOURS, config_words
+    from klstudy.report.figures import encoding as e
 
-    colours = "; ".join(f"{config_words(k)} {name}" for k, (_, name) in CONFIG_COLOURS.items())
-    betas = ", ".join(f"{b:g} {BETA_STYLE_WORDS[b]}" for b in BETA_STYLES)
-    glossary = "\n".join(f"- {term}: {words}." for term, words in GLOSSARY.items())
+    colours = "; ".join(f"{e.config_words(k)} {name}" for k, (_, name) in e.CONFIG_COLOURS.items())
+    betas = "; ".join(f"{b:g} {e.BETA_STYLE_WORDS[b].replace(', ', ' (bars: ')})" for b in e.BETA_STYLES)
     rule = config.get("claims_rule", {})
-    return CONVENTIONS.format(colours=colours, betas=betas, glossary=glossary, min_z=rule.get("min_z", 3),
-                              alpha=rule.get("alpha", 0.01), q=rule.get("q", 0.05))  # fmt: skip
+    return CONVENTIONS.read_text().format(colours=colours, betas=betas, min_z=rule.get("min_z", 3),
+                                          q=rule.get("q", 0.05), alpha=rule.get("alpha", 0.01),
+                                          seed_lines=e.MAX_SEED_LINES, coincide=f"{e.COINCIDE * 100:g}")  # fmt: skip

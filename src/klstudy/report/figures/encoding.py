@@ -48,18 +48,13 @@ PLACEMENT_MARKERS = {"reward": "o", "loss": "s", "both": "^", "none": "D", "adva
 ESTIMATOR_FILLS = {"k1": "full", "k3": "none", "k2": "bottom"}
 # β by its value, the same β drawn the same way in every figure of every run (not by its rank in one run's grid):
 # (line style, hatch). Dash lengths are in line widths; every period fits twice in a legend's sample (FONTS).
-BETA_STYLES = {
-    0.005: ((0, (1, 3)), "oo"),
-    0.01: ((0, (2, 3)), "++"),
-    0.05: ((0, (4, 1.2, 1, 1.2)), "||"),
-    0.1: ((0, (3, 1.5)), "//"),
-    0.3: ((0, (2.5, 1, 0.8, 1, 0.8, 1)), "\\\\"),
-    1.0: ((0, (1, 1.5)), ".."),
-    3.0: ((0, (2.2, 0.8, 2.2, 2.5)), "xx"),
-    10.0: ((0, (6, 1.5)), "--"),
-}
-BETA_STYLE_WORDS = {0.005: "sparse dots", 0.01: "sparse dashes", 0.05: "dash-dot", 0.1: "dashed", 0.3: "dash-dot-dot",
-                    1.0: "dotted", 3.0: "paired dashes", 10.0: "long dashes"}  # fmt: skip
+BETA_STYLES = {0.005: ((0, (1, 3)), "oo"), 0.01: ((0, (2, 3)), "++"), 0.05: ((0, (4, 1.2, 1, 1.2)), "||"),
+               0.1: ((0, (3, 1.5)), "//"), 0.3: ((0, (2.5, 1, 0.8, 1, 0.8, 1)), "\\\\"),
+               1.0: ((0, (1, 1.5)), "OO"),  # not dots: a bar's seeds are black dots
+               3.0: ((0, (2.2, 0.8, 2.2, 2.5)), "xx"), 10.0: ((0, (6, 1.5)), "--")}  # fmt: skip
+BETA_STYLE_WORDS = {0.005: "sparse dots, small rings", 0.01: "sparse dashes, crosses", 0.05: "dash-dot, upright lines",
+                    0.1: "dashed, rising diagonals", 0.3: "dash-dot-dot, falling diagonals", 1.0: "dotted, large rings",
+                    3.0: "paired dashes, diagonal crosses", 10.0: "long dashes, level lines"}  # fmt: skip
 NO_KL_STYLE = ("-", "")  # β = 0: solid, unhatched
 VERDICT_COLOURS = {"shown": "#009E73", "contradicted": "#CC3311", "not shown": "0.45"}
 UNTESTED_COLOUR = "0.7"  # "no prediction": an interval without a verdict
@@ -195,14 +190,15 @@ def study_name(config: dict, study: str) -> str:
     return re.sub(r"\s*\(Fig[^)]*\)|;.*$", "", text).replace(" x ", " × ")
 
 
-def design_text(config: dict, study: str) -> str:
-    """'8 prompts × 4 completions a step, 15 steps' (and the updates per batch, the lag, where not 1 and 0)."""
+def design_text(config: dict, study: str, said: str = "") -> str:
+    """'8 prompts × 4 completions a step, 15 steps' (and the updates per batch, the lag, where not 1 and 0), less
+    the parts whose count and noun ('16 prompts', '4 updates') the text ``said`` already gives."""
     train = config["studies"][study]["train"]
     updates = train["batch_prompts"] // max(train.get("minibatch_prompts", train["batch_prompts"]), 1)
     parts = [f"{train['batch_prompts']} prompts × {train['rollouts']} completions a step", f"{train['steps']} steps"]
     parts += [f"{updates} updates per batch"] if updates > 1 else []
     parts += [f"asynchronous, a lag of {train['async_level']} steps"] if train.get("async_level") else []
-    return ", ".join(parts)
+    return ", ".join(p for p in parts if " ".join(p.split()[:2]) not in said.replace(" x ", " × "))
 
 
 def model_names(config: dict, models) -> str:
@@ -269,6 +265,8 @@ def step_axis(ax, steps) -> None:
         ax.set_xticks(steps[::-1][::every][::-1])
 
 
+MAX_SEED_LINES = 12  # past this many seed lines a panel cannot be read: the mean lines, each seed's end a dot
+COINCIDE = 0.02  # lines this close (relative) at every point print as one line: drawn once, named together
 GAP_FLOOR = 1e-12  # J_β(optimum) − J_β(end) below this (float64): on the optimum to rounding error
 
 

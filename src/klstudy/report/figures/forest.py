@@ -20,6 +20,7 @@ from klstudy.report.figures.encoding import (
     VERDICT_COLOURS,
     save,
     scale_text,
+    study_name,
 )
 
 METRICS = {  # a metric's forest: its title, its units
@@ -72,7 +73,8 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
     metric = metric or next(iter(dict.fromkeys(claims.metric)), "final_kl")
     rows, left_out = forest_rows(claims, config, metric)
     groups = [part for part in (rows[~rows.trend], rows[rows.trend]) if len(part)] or [rows]
-    entries = [_entries(part) for part in groups]
+    runs = {study: chr(ord("A") + i) for i, study in enumerate(dict.fromkeys(rows.get("study", [])))}  # named below
+    entries = [_entries(part, runs) for part in groups]
     heights = [sum(1 + e[1].count("\n") * 0.8 for e in ent) + 1.5 for ent in entries]
     fig, axes = plt.subplots(len(heights), 1, figsize=(FULL_WIDTH, min(MAX_HEIGHT, ROW_INCHES * sum(heights) + 1.1)),
                              squeeze=False, height_ratios=heights, layout="constrained")  # fmt: skip
@@ -97,20 +99,21 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
         "and effect ± critical·se, the interval the verdict reads, clipped (|) at the range the metric allows. Right: "
         "the verdict; z, the effect ÷ its se towards the prediction, against the critical value; the paired units."
         + (" Lower panel: slopes per decade of β." if rows.trend.any() else "")
+        + caption.design("".join(f" Run {r}: {study_name(config, s)}." for s, r in runs.items() if len(runs) > 1))
         + (caption.design(f" {left_out} claims pair one seed by design and are left to the claims table.")
-           if left_out else ""),
-    )  # fmt: skip
+           if left_out else ""))  # fmt: skip
     return fig, finish(fig, caption)
 
 
-def _entries(rows: pd.DataFrame) -> list[tuple[str, str, dict | None]]:
-    """The forest's lines: per claim a header (its words and prediction), then one line per β."""
+def _entries(rows: pd.DataFrame, runs: dict) -> list[tuple[str, str, dict | None]]:
+    """The forest's lines: per claim a header (its words, prediction and ``runs``' letter for it), a line per β."""
     entries = []
     for _, claim in rows.groupby("claim", sort=False):
         records = claim.to_dict("records")
         words = claim_words(records[0].get("text", records[0]["claim"]))
         predicted = PREDICTED_WORDS.get(str(records[0].get("predicted")), "")
-        entries.append(("header", textwrap.fill(f"{words} ({predicted})", 70), None))
+        run = f"; run {runs[records[0]['study']]}" if len(runs) > 1 else ""
+        entries.append(("header", textwrap.fill(f"{words} ({predicted}{run})", 70), None))
         entries += [("row", claim_beta(r) or "", r) for r in records]
     return entries
 

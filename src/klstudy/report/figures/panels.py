@@ -15,6 +15,7 @@ from klstudy.kl import NO_KL
 from klstudy.report.aggregate import final_values, mean_and_se, step_values, trailing_mean
 from klstudy.report.figures.encoding import (
     BASE_COLOUR,
+    MAX_SEED_LINES,
     NO_TEMPLATE_HATCH,
     VERDICT_COLOURS,
     beta_hatch,
@@ -59,17 +60,27 @@ def status_suffix(group: pd.DataFrame) -> str:
     return " (" + ", ".join(f"{n}/{len(group)} {s}" for s, n in bad.items()) + ")" if bad else ""
 
 
-def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset: float = 0.0) -> tuple:
+def seed_ends(ax, x: float, values, kl_config: str, beta) -> None:
+    """Each seed's last value as a dot at x: what a panel draws instead of seed lines past MAX_SEED_LINES."""
+    tag(ax.scatter(np.full(len(values), x), values, s=9, color=config_colour(kl_config), edgecolors="white",
+                   linewidths=0.4, zorder=4, label="_seed ends"), kl_config, beta, "band")  # fmt: skip
+
+
+def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset: float = 0.0,
+                each_seed: bool = True) -> tuple:  # fmt: skip
     """``runs``: columns seed, x, value, se. One seed: its line with ±1 se of its own error as a band. Two to
-    SEEDS_WITHOUT_BAND seeds: each seed thin, the mean thick. More: the mean with a ±1 se band. A point at x = 0 is
-    the base model's (drawn once, grey): lines leave from it undodged, with no marker there. Returns (mean line,
-    seeds)."""
+    SEEDS_WITHOUT_BAND seeds: each seed thin (not ``each_seed``: its last value a dot), the mean thick. More: the mean
+    with a ±1 se band. A point at x = 0 is the base model's (drawn once, grey): lines leave from it undodged, with no
+    marker there. Returns (mean line, seeds)."""
     style = style_of(kl_config, beta)
     seeds = runs.seed.nunique()
     stats = pd.DataFrame([(x, *mean_and_se(g.value, g.se)) for x, g in runs.groupby("x", sort=True)],
                          columns=["x", "mean", "se", "n"])  # fmt: skip
     x = stats.x.to_numpy(dtype=float) + np.where(stats.x > 0, offset, 0.0)
-    if 1 < seeds <= SEEDS_WITHOUT_BAND:
+    if 1 < seeds <= SEEDS_WITHOUT_BAND and not each_seed:
+        last = runs[runs.x == runs.x.max()]
+        seed_ends(ax, float(x[-1]), last.value, kl_config, beta)
+    elif 1 < seeds <= SEEDS_WITHOUT_BAND:
         for _, run in runs.groupby("seed"):
             run = run.sort_values("x")
             seed_line = ax.plot(run.x + np.where(run.x > 0, offset, 0.0), run.value, color=style["color"],
@@ -113,6 +124,7 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     base = base_heldout(tables["heldout"], config, panel["model"], data)
     series = list(cells.groupby(["study", "kl", "beta"], sort=False))
     every = study["train"].get("eval_every", 10)
+    each_seed = heldout.groupby(["study", "kl", "beta"]).seed.nunique().sum() <= MAX_SEED_LINES
     values = []
     for i, ((name, kl_config, beta), group) in enumerate(series):
         label = kl_label(kl_config, None if kl_config == NO_KL else beta) + status_suffix(group)
@@ -123,7 +135,7 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
             runs = pd.concat([runs[runs.step > 0], starts])
         if runs.empty:
             continue
-        line, seeds = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(series), 0.3 * every))
+        line, seeds = draw_series(ax, runs, kl_config, beta, label, dodge(i, len(series), 0.3 * every), each_seed)
         drawn.seeds.add(seeds)
         drawn.quoted.append((label, line))
         values.extend(runs.value)
@@ -152,7 +164,7 @@ NO_TEMPLATE_LABEL = "base model, no chat template"
 def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     """lm-eval mean@k per task of the final policy: the base model (its chat template on), then each configuration ×
     β (hatching = β); one seed: lm-eval's ±1 se; two to SEEDS_WITHOUT_BAND seeds: the mean, each seed a dot; chance
-    on the multiple-choice tasks, dashed."""
+    on the multiple-choice tasks, a black line."""
     evaluations, tasks = tables["evaluations"], config["evaluation"]["tasks"]
     base = evaluations[(evaluations.study == "base") & (evaluations.model == panel["model"])]
     groups = [("base model", "base", 0.0, base[base.chat_template.astype(str) == "on"])]
@@ -181,13 +193,14 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         if 1 < seeds <= SEEDS_WITHOUT_BAND:
             for xi, task in zip(x, tasks, strict=True):
                 values = rows[rows.task == task].mean_at_k
-                ax.scatter(np.full(len(values), xi), values, s=6, color="black", zorder=4, linewidth=0,
+                spread = np.linspace(-0.25, 0.25, len(values)) * width if len(values) > 1 else 0.0  # ties apart
+                ax.scatter(xi + spread, values, s=6, color="black", zorder=4, linewidth=0,
                            label="one seed (a dot)")  # fmt: skip
         if kl_config != "base":
             drawn.seeds.add(seeds)
     for t, task in enumerate(tasks):
         if task.startswith(MULTIPLE_CHOICE_PREFIX):
-            ax.hlines(MULTIPLE_CHOICE_CHANCE, t - 0.45, t + 0.45, color="0.15", linestyle=(0, (2, 2)), linewidth=0.8,
+            ax.hlines(MULTIPLE_CHOICE_CHANCE, t - 0.45, t + 0.45, color="0.15", linestyle="-", linewidth=0.8,
                       label="chance (four choices)", zorder=4, gid="reference chance")  # fmt: skip
     heights = [bar.get_height() for bar in ax.patches if np.isfinite(bar.get_height())]
     ax.set_ylim(0, max([0.05, *heights]) * 1.15)
@@ -282,12 +295,14 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     return drawn
 
 
-def smoothed_series(ax, rows: pd.DataFrame, column: str, window: int) -> list:
-    """Per configuration × β: each seed's steps as logged (thin), and the trailing mean over ``window`` steps
-    averaged over seeds (thick; its last point is the runs' final value, aggregate.trailing_mean). Returns
+def smoothed_series(ax, rows: pd.DataFrame, column: str, window: int, each_seed: bool = True) -> list:
+    """Per configuration × β: each seed's steps as logged (thin; not ``each_seed``: its end a dot), and the trailing
+    mean over ``window`` steps averaged over seeds (thick; its last point is the runs' final value,
+    aggregate.trailing_mean), markers at steps staggered per series so that lines on top of each other show. Returns
     [(label, thick line, seeds)]."""
     drawn = []
-    for (kl_config, beta), runs in rows.groupby(["kl", "beta"], sort=False):
+    groups = list(rows.groupby(["kl", "beta"], sort=False))
+    for i, ((kl_config, beta), runs) in enumerate(groups):
         beta_or_none = None if kl_config == NO_KL else beta
         style = style_of(kl_config, beta_or_none)
         smoothed = []
@@ -295,14 +310,19 @@ def smoothed_series(ax, rows: pd.DataFrame, column: str, window: int) -> list:
             raw = step_values(run, column).dropna()
             if raw.empty:
                 continue
-            tag(ax.plot(raw.index, raw.to_numpy(), color=style["color"], linestyle=style["linestyle"], linewidth=0.5,
-                        alpha=0.5, label="_raw", zorder=1)[0], kl_config, beta_or_none, "band")  # fmt: skip
+            if each_seed:
+                tag(ax.plot(raw.index, raw.to_numpy(), color=style["color"], linestyle=style["linestyle"],
+                            linewidth=0.5, alpha=0.5, label="_raw", zorder=1)[0], kl_config, beta_or_none, "band")
             smoothed.append(trailing_mean(run, column, window).assign(seed=seed))
         if not smoothed:
             continue
-        mean = pd.concat(smoothed).groupby("step").value.mean()
+        smoothed = pd.concat(smoothed)
+        mean = smoothed.groupby("step").value.mean()
+        if not each_seed:
+            seed_ends(ax, mean.index[-1], smoothed[smoothed.step == mean.index[-1]].value, kl_config, beta_or_none)
         label = kl_label(kl_config, beta_or_none)
-        line = ax.plot(mean.index, mean.to_numpy(), linewidth=1.6, markevery=max(1, len(mean) // 5), label=label,
+        every = max(1, len(mean) // 5)
+        line = ax.plot(mean.index, mean.to_numpy(), linewidth=1.6, markevery=(i % every, every), label=label,
                        zorder=3, **style)[0]  # fmt: skip
         drawn.append((label, tag(line, kl_config, beta_or_none), runs.seed.nunique()))
     return drawn

@@ -119,25 +119,29 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
         head = [letter + panel_title(panel, config), noise_text(d.seeds)]
         head += [verdicts_text(rows_about)] if claims is not None else []
         ax.set_title("\n".join(filter(None, [ax.get_title() if panel["kind"] == "divergence" else "", *head])))
-        lines.append(caption.design(f"{letter}{panel_description(panel, config)}"))
+        lines.append(caption.design(panel_description(panel, config)))
         values += [[f"{letter}{label}", caption.value(artist, style=d.quote_style)] for label, artist in d.quoted]
         verdict_rows += rows_about.to_dict("records")
-    designs = list(dict.fromkeys(caption.design(
-        " beside ".join(study_name(config, s) for s in [p["study"], *p.get("with", [])])
-        + f", {design_text(config, p['study'])}") for _, p, _, _ in kept))  # fmt: skip
+    names = [" beside ".join(study_name(config, s) for s in [p["study"], *p.get("with", [])]) for _, p, _, _ in kept]
+    designs = list(dict.fromkeys(caption.design(", ".join(filter(None, [n, design_text(config, p["study"], n)])))
+                                 for n, (_, p, _, _) in zip(names, kept, strict=True)))  # fmt: skip
+    checks = [f"({LETTERS[i]})" for i, (_, _, d, _) in enumerate(kept) if d.seeds == {1} and len(kept) > 1]
     legend_below(fig, _legend(kept, config))
     dropped = [f"{panel_title(p, config)}: {d.empty}" for p, d in zip(panels, drawn, strict=True) if d.empty]
     summary = [verdicts_text(pd.DataFrame(verdict_rows))] if verdict_rows else []
+    lines = [f"({LETTERS[i]}) {line}" for i, line in enumerate(lines)] if len(set(lines)) > 1 else lines[:1]
     caption.add(
         "" if is_result(config, name) else PIPELINE_CHECK,
-        f"**{title}.** {caption.design(scale_text(config, [p['model'] for p in panels]))} " + "; ".join(lines)
+        (f"{' and '.join(checks)}: a pipeline check, one seed, nothing testable in it. " if checks and
+         is_result(config, name) else "")
+        + f"**{title}.** {caption.design(scale_text(config, [p['model'] for p in panels]))} "
+        + "; ".join(lines)[:1].upper() + "; ".join(lines)[1:]
         + ". " + (" ".join(f"({LETTERS[i]}) {d}." for i, d in enumerate(designs)) if 1 < len(designs) == len(kept)
                   else "; ".join(designs)[:1].upper() + "; ".join(designs)[1:] + ".")
         + (" Not drawn: " + caption.design("; ".join(dropped)) + "." if dropped else "")
         + (caption.design(f" The claims table: {summary[0].removeprefix('claims: ')} (the claims forests).")
            if summary else ""),
-        table(["series", "last value drawn"], values) if values else "",
-    )  # fmt: skip
+        table(["series", "last value drawn"], values) if values else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
@@ -152,7 +156,7 @@ def _legend(kept, config: dict) -> list:
         betas += [float(b) for b in panel.get("betas", spec["betas"]) if panel["kind"] != "kl_vs_beta"]
         labelled.update(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
     betas = sorted(set(betas)) if any(k != NO_KL for k in kls) else []
-    handles = key_handles(kls, betas)
+    handles = key_handles(kls, [] if all(p["kind"] == "bars" for _, p, _, _ in kept) else betas)  # no β line drawn
     if any(panel["kind"] == "bars" for _, panel, _, _ in kept):
         handles += [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="0.2", hatch=beta_hatch(b),
                                   label=f"bars: β = {b:g}") for b in betas]  # fmt: skip

@@ -12,17 +12,17 @@ from matplotlib import ticker
 
 from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures.captions import Caption, finish
-from klstudy.report.figures.encoding import FULL_WIDTH, GAP_FLOOR, kl_label, save, style_of, tag
+from klstudy.report.figures.encoding import COINCIDE, FULL_WIDTH, GAP_FLOOR, dodge, kl_label, save, style_of, tag
 
 UNSETTLED_MARKERS = {"drifts": ">", "still moving": "d"}  # no stable fixed point: where the followed flow stopped
 
 
 def coinciding(series: dict[str, np.ndarray]) -> list[list[str]]:
-    """The keys whose arrays are equal (to 1e-6, NaN equal to NaN), grouped in order: each group drawn once."""
+    """The keys whose arrays are equal to COINCIDE (NaN equal to NaN), grouped in order: each group drawn once."""
     groups: list[list[str]] = []
     for key, values in series.items():
         home = next((g for g in groups if len(series[g[0]]) == len(values) and np.allclose(
-            series[g[0]], values, rtol=1e-6, atol=1e-9, equal_nan=True)), None)  # fmt: skip
+            series[g[0]], values, rtol=COINCIDE, atol=1e-9, equal_nan=True)), None)  # fmt: skip
         if home is None:
             groups.append([key])
         else:
@@ -39,10 +39,10 @@ def labelled_lines(axes) -> list:
 
 
 def group_label(names: list[str]) -> str:
-    """'K1 in reward = K3 in reward and loss'; past three names, the first and how many more (the table names them)."""
+    """"K1 in reward = K3 in reward and loss"; past three names, the first and a count (the caption names all)."""
     if len(names) <= 3:
         return " = ".join(kl_label(n) for n in names)
-    return f"{kl_label(names[0])} = {len(names) - 1} more configurations"
+    return f"{kl_label(names[0])} = {len(names) - 1} more (the caption names them)"
 
 
 # Figure 1 (§3.3).
@@ -78,6 +78,9 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
             ax.set_title(f"setting “{setting}”" if row == 0 else "")
             ax.set_ylabel(f"{metric.replace('_', ' ')} of ∂/∂{param}" if col == 0 else "")
             ax.set_xlabel("sequence length T" if row == len(rows) - 1 else "")
+    for row in axes:  # one y range per row covering every line drawn in it (set_ylim froze the first panel's)
+        row[0].set_ylim(top=3 * max([y for ax in row for line in ax.get_lines() for y in line.get_ydata() if y > 0],
+                                    default=1.0))  # fmt: skip
     legend = labelled_lines(axes.ravel()) + [plt.Rectangle((0, 0), 1, 1, color="0.88", label="Monte Carlo noise floor")]
     fig.legend(handles=legend, loc="outside lower center", ncols=3)
     fig.suptitle("Bias and variance of KL-gradient estimates in the toy model (§3.3)")
@@ -91,22 +94,22 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
         "The gradient of KL(π‖π_ref) "
         "with respect to the policy's logit a and its dependence b on the previous token, against the sequence length "
         "T. Top two rows: the squared bias, exact by enumeration, over the Monte Carlo noise floor (grey, from "
-        f"{n(int(results.trials.max()))} trials). Bottom two rows: the Monte Carlo variance, ± 1 se band. Lines that "
-        "are equal at every T are drawn once, named together.",
+        f"{n(int(results.trials.max()))} trials). Bottom two rows: the Monte Carlo variance, its ± 1 se band "
+        f"often narrower than the line. Lines within {n(COINCIDE * 100)} % of each other at every T are drawn once, "
+        "named together; the others are shifted a little along T so that each shows.",
         ("Settings: " + "; ".join(defined) + ".") if defined else "",
         ("Exactly unbiased, not drawn on the log axis: " + ", ".join(kl_label(c) for c in sorted(unbiased)) + ".")
-        if unbiased else "",
-    )  # fmt: skip
+        if unbiased else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
 def _draw_lines(ax, lines: dict[str, pd.Series]) -> list[list[str]]:
-    """One line per group of configurations equal at every T, in its first configuration's style."""
+    """One line per group of configurations equal at every T, in the first's style, each shifted a little in T."""
     groups = coinciding({c: s.to_numpy() for c, s in lines.items()})
-    for names in groups:
+    for i, names in enumerate(groups):
         series = lines[names[0]]
-        tag(ax.plot(series.index, series.to_numpy(), label=group_label(names), markersize=4,
-                    **{**style_of(names[0]), "linestyle": "-"})[0], names[0], None, "marker")  # fmt: skip
+        tag(ax.plot(series.index * 2 ** dodge(i, len(groups), 0.3), series.to_numpy(), label=group_label(names),
+                    markersize=4, **{**style_of(names[0]), "linestyle": "-"})[0], names[0], None, "marker")
     return groups
 
 
@@ -133,9 +136,9 @@ def _variance_panel(ax, rows: pd.DataFrame) -> None:
         if len(line):
             lines[config] = pd.Series(line.variance.to_numpy(), index=line["T"].to_numpy())
             bands[config] = np.sqrt(2 / (line.trials.to_numpy() - 1))
-    for names in _draw_lines(ax, lines):
+    for names, line in zip(_draw_lines(ax, lines), ax.get_lines(), strict=True):
         series, relative = lines[names[0]], bands[names[0]]
-        band = ax.fill_between(series.index, series * (1 - relative), series * (1 + relative),
+        band = ax.fill_between(line.get_xdata(), series * (1 - relative), series * (1 + relative),
                                color=style_of(names[0])["color"], alpha=0.15, linewidth=0)  # fmt: skip
         tag(band, names[0], None, "band")
 
@@ -159,8 +162,8 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     fig, axes = plt.subplots(1, len(families) + bool(len(mc)), figsize=(FULL_WIDTH, 5.6), squeeze=False,
                              layout="constrained")  # fmt: skip
     axes = axes[0]
-    for ax, family in zip(axes, families, strict=False):
-        _end_points_panel(ax, points[points.family == family], fronts[fronts.family == family], family)
+    shared = [_end_points_panel(ax, points[points.family == family], fronts[fronts.family == family], family)
+              for ax, family in zip(axes, families, strict=False)]  # fmt: skip
     if len(mc):
         _monte_carlo_panel(axes[-1], mc)
     handles = labelled_lines(axes) + [plt.Line2D([], [], color="0.3", linestyle="", marker=">",
@@ -177,12 +180,13 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         "configurations that end alike at every β share a line."
         + (f" Right: {n(section['monte_carlo']['seeds'])} on-policy seeds per configuration and β, their mean KL at "
            "the end against the exact end point's: on the diagonal they agree." if len(mc) else "")
-        + " The table: every end point.",
-    )  # fmt: skip
+        + "".join(f" {family} policy, one line: " + "; ".join(kl_label(c) for c in names) + "."
+                  for family, groups in zip(families, shared, strict=False) for names in groups if len(names) > 3)
+        + " The table below: every end point (of one that drifts, where its flow stopped).")  # fmt: skip
     return fig, finish(fig, caption)
 
 
-def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str) -> None:
+def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str) -> list[list[str]]:
     on_optimum = points[(points.status == "stable") & (points.objective_gap < GAP_FLOOR)]
     curve = pd.concat([front[["kl", "reward"]], on_optimum[["kl", "reward"]]]).sort_values("kl")
     ax.plot(curve.kl, curve.reward, color="black", lw=2.2, alpha=0.25, label="optimum of J_β over β", zorder=1,
@@ -192,7 +196,8 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
                     ha="right", fontsize=7, color="0.35")  # fmt: skip
     ends = {c: g.sort_values("beta")[["beta", "kl", "reward"]].to_numpy(dtype=float).ravel()
             for c, g in points.groupby("config", sort=False)}  # fmt: skip
-    for names in coinciding(ends):
+    groups = coinciding(ends)
+    for names in groups:
         group = points[points.config == names[0]].sort_values("beta")
         stable = group[group.status == "stable"]
         style = {**style_of(names[0]), "linestyle": "-"}
@@ -206,6 +211,7 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
     ax.set_ylabel("task reward E_π[R]")
     ax.set_ylim(-0.05, 1.08)
     ax.grid(alpha=0.3)
+    return groups
 
 
 def _monte_carlo_panel(ax, mc: pd.DataFrame) -> None:
@@ -214,7 +220,7 @@ def _monte_carlo_panel(ax, mc: pd.DataFrame) -> None:
     for (_, config), runs in mc.groupby(["family", "config"], sort=False):
         bars = ax.errorbar(runs.kl, runs.mc_kl, yerr=runs.mc_kl_se, linestyle="", markersize=5, capsize=0,
                            **{k: v for k, v in style_of(config).items() if k != "linestyle"})  # fmt: skip
-        tag(bars.lines[0], config, None, "marker")
+        tag(bars.lines[0], config, None, "marker").set_label(kl_label(config))  # its legend entry
     values = [v for v in [*mc.kl, *mc.mc_kl] if v > 0]
     low, high = min(values) / 2, max(values) * 2
     ax.plot([low, high], [low, high], color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, label="_diagonal",

@@ -22,7 +22,7 @@ from klstudy.report.figures.encoding import (
     step_axis,
     study_name,
 )
-from klstudy.report.figures.panels import async_text, smoothed_series
+from klstudy.report.figures.panels import MAX_SEED_LINES, async_text, smoothed_series
 
 # What is logged, on the sampling policy's batch (with several updates a batch or a lag it is not π_θ).
 TRAINING_METRICS = {"task_reward": "task reward (batch mean)", "kl_k3": "KL(π_sampling‖π_ref), nats",
@@ -43,11 +43,12 @@ def draw_training_figure(study: str, config: dict, tables: dict):
     fig, axes = plt.subplots(len(metrics), len(betas), figsize=(width, 1.8 * len(metrics) + 1.3), squeeze=False,
                              sharex=True, sharey="row", layout="constrained")  # fmt: skip
     caption, values = Caption(), []
-    for col, beta in enumerate(betas):
-        rows = training[(training.kl == NO_KL) | np.isclose(training.beta, beta)]
+    columns = [training[(training.kl == NO_KL) | np.isclose(training.beta, beta)] for beta in betas]
+    each_seed = max(c.groupby(["kl", "beta"]).seed.nunique().sum() for c in columns) <= MAX_SEED_LINES
+    for col, (beta, rows) in enumerate(zip(betas, columns, strict=True)):
         for row, metric in enumerate(metrics):
             ax = axes[row, col]
-            for label, line, _ in smoothed_series(ax, rows, metric, window) if metric in rows else []:
+            for label, line, _ in smoothed_series(ax, rows, metric, window, each_seed) if metric in rows else []:
                 if metric == "kl_k3":
                     values.append([label, caption.value(line, style=".2g")])
             ax.grid(alpha=0.3)
@@ -65,15 +66,16 @@ def draw_training_figure(study: str, config: dict, tables: dict):
     for handle in keys:  # what the others are read against: no KL, or the claims' baseline
         if reference not in (None, NO_KL) and handle.get_label() == kl_label(reference):
             handle.set_label(f"{kl_label(reference)}: the claims' baseline")
-    legend_below(fig, keys + [
-        plt.Line2D([], [], color="0.4", linewidth=0.5, label="thin: each step as logged, each seed"),
-        plt.Line2D([], [], color="0.4", linewidth=1.6, label=f"thick: trailing {window}-step mean")])  # fmt: skip
+    seeds_key = ("thin: each step as logged, each seed", {"linewidth": 0.5}) if each_seed else (
+        "dot: each seed's end (trailing mean)", {"marker": "o", "linestyle": "", "markersize": 3})
+    legend_below(fig, keys + [plt.Line2D([], [], color="0.4", label=seeds_key[0], **seeds_key[1]), plt.Line2D(
+        [], [], color="0.4", linewidth=1.6, label=f"thick: mean over seeds of the trailing {window}-step mean")])
     name = study_name(config, study)
     fig.suptitle(f"Training dynamics: {name}", wrap=True)
     caption.add(
         "" if is_result(config, f"training_{study}") else PIPELINE_CHECK,
         f"**Training dynamics: {name}.** " + caption.design(
-            f"{scale_text(config, spec['models'])} {design_text(config, study)}, "
+            f"{scale_text(config, spec['models'])} {design_text(config, study, name)}, "
             f"{seeds} seed{'s' if seeds != 1 else ''}. "
             "Rows: task reward, the K3 estimate of the KL on each batch, gradient norm before clipping (log axis); "
             "columns: β. ") + (f"Read against {'no KL' if reference == NO_KL else 'the claims baseline'}. " if reference
