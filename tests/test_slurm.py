@@ -32,7 +32,7 @@ from workflow_helpers import (
     without_times,
 )
 
-from klstudy.config import CHECKPOINT_COMPLETE
+from klstudy.config import CHECKPOINT_COMPLETE, SLICE_ENDED
 
 pytestmark = pytest.mark.slurm
 
@@ -241,23 +241,45 @@ def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp
         pd.testing.assert_frame_equal(*runs, obj=name, check_like=True)  # resumed files are rewritten
 
 
-SLICED_STEPS = 3
+SLICES = 3
 
 
-@pytest.mark.slow  # 210 s: `make test-all` (CI runs the documented commands and the preflight of this file)
-def test_a_cell_longer_than_its_time_limit_runs_in_slices_of_one_job_to_an_uninterrupted_runs_end(cluster, tmp_path):
-    """A one-minute job keeps two minutes before its end (cluster.save_before_limit_minutes): each slice trains one
-    step, saves, and requeues its own job, so three steps take three slices. SLURM shows one job, requeued twice
-    with the same time limit; Snakemake counts no failure; the metrics equal an uninterrupted run's (K1 in the loss
-    moves the policy from the first step, so an equal trajectory is not a constant one)."""
+def warn_each_slice(env, workdir: Path, cell: str, known_jobs: set, driver: subprocess.Popen) -> str:
+    """SLURM's warning before the time limit, sent when the test chooses: `scancel --signal=USR1` reaches every
+    process of the job's steps and not the batch shell, as sbatch --signal=USR1@N does at N seconds before the limit
+    (the job asks for that: test_slices.py). Sent once the training job runs, and again once each requeued run has
+    cleared the slice mark (it is training again), SLICES - 1 times in all; the job's id."""
+    run = cell.format(study="slurm")
+    checkpoints, metrics = workdir / run.replace("results/runs", "results/checkpoints"), workdir / run / "metrics.jsonl"
+    deadline = time.monotonic() + HARD_LIMIT
+
+    def wait(condition, what):
+        while not condition():
+            assert driver.poll() is None, f"snakemake ended before {what}"
+            assert time.monotonic() < deadline, f"never {what}"
+            time.sleep(0.5)
+
+    wait(lambda: metrics.exists() and metrics.read_text().strip(), "a step was trained")
+    running = subprocess.run(["squeue", "--noheader", "--states=RUNNING", "--format=%i"], env=env,
+                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    (job,) = [j for j in running if j not in known_jobs]
+    for _ in range(SLICES - 1):
+        subprocess.run(["scancel", "--signal=USR1", job], env=env, check=True)
+        wait(lambda: (checkpoints / SLICE_ENDED).exists(), "the slice ended")
+        wait(lambda: not (checkpoints / SLICE_ENDED).exists(), "the requeued job trained again")
+    return job
+
+
+@pytest.mark.slow  # `make test-all` (CI runs the documented commands and the preflight of this file)
+def test_a_cell_warned_of_its_time_limit_runs_in_slices_of_one_job_to_an_uninterrupted_runs_end(cluster, tmp_path):
+    """Each warning stops the training after the step it came in, saves, and the job requeues itself: SLURM shows one
+    job, requeued twice with the same time limit; Snakemake counts no failure; the metrics equal an uninterrupted
+    run's (K1 in the loss moves the policy from the first step, so an equal trajectory is not a constant one)."""
     config = time_limit_config()
     for study in config["studies"].values():
         study["kl"] = ["k1-loss"]
-        study["train"].update(steps=SLICED_STEPS, checkpoint_every=SLICED_STEPS, eval_every=SLICED_STEPS)
     config["divergence"]["kl"] = ["k1-loss"]
     config["claims"] = claims_it_can_test(config)
-    config["resources"]["train"]["runtime"] = 1
-    config["cluster"]["save_before_limit_minutes"] = 2
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     cell = CELL.replace("k1-reward", "k1-loss")
@@ -265,24 +287,25 @@ def test_a_cell_longer_than_its_time_limit_runs_in_slices_of_one_job_to_an_unint
               cwd=tmp_path, timeout=HARD_LIMIT)  # fmt: skip
 
     before = set(sacct(cluster).job_id)
-    run = subprocess.run(profile_command(tmp_path, config_path, f"{cell.format(study='slurm')}/summary.json"),
-                         cwd=ROOT, env=cluster, capture_output=True, text=True)  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
-    assert "Error in rule" not in run.stderr and "attempt 2" not in run.stderr, run.stderr[-3000:]
-    (job,) = set(sacct(cluster).job_id) - before
+    command = profile_command(tmp_path, config_path, f"{cell.format(study='slurm')}/summary.json")
+    with subprocess.Popen(command, cwd=ROOT, env=cluster, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as driver:
+        job = warn_each_slice(cluster, tmp_path, cell, before, driver)
+        output = driver.communicate()[0].decode(errors="replace")
+    assert driver.returncode == 0, output[-6000:]
+    assert "Error in rule" not in output and "attempt 2" not in output, output[-3000:]
+    assert set(sacct(cluster).job_id) - before == {job}
     runs = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", job, "--format=State,Timelimit"], env=cluster,
                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
-    assert runs == ["REQUEUED|00:01:00", "REQUEUED|00:01:00", "COMPLETED|00:01:00"], runs
+    assert runs == ["REQUEUED|00:12:00", "REQUEUED|00:12:00", "COMPLETED|00:12:00"], runs
     history = tmp_path / "logs" / "attempts" / "train" / cell.format(study="slurm").removeprefix("results/runs/")
     lines = Path(f"{history}.log").read_text().splitlines()
     headers = [line for line in lines if line.startswith("=== attempt")]
-    assert [f"job {job} on" in header for header in headers] == [True] * 3, headers  # each slice's output kept
-    requeues = [line for line in lines if line.startswith("next-slice: stopped after step")]
-    assert [f"step {step} " in line for step, line in enumerate(requeues, 1)] == [True] * 2, requeues
+    assert [f"job {job} on" in header for header in headers] == [True] * SLICES, headers  # each slice's output kept
+    assert sum(line == f"slice: requeueing job {job}" for line in lines) == SLICES - 1, lines[-20:]
 
     sliced, local = (tmp_path / cell.format(study=study) for study in ("slurm", "local"))
     summary = json.loads((sliced / "summary.json").read_text())
-    assert summary["status"] == "ok" and summary["resumed_from"].endswith(f"checkpoint-{SLICED_STEPS - 1}"), summary
+    assert summary["status"] == "ok" and summary["steps_done"] == STEPS, summary
     for name in ("metrics.jsonl", "heldout.jsonl"):
         frames = [without_times(pd.read_json(c / name, lines=True)) for c in (local, sliced)]
         pd.testing.assert_frame_equal(*frames, obj=name, check_like=True)
