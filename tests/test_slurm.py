@@ -67,10 +67,12 @@ QUICK_POLLS = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-betw
 def documented(kind: str) -> list[str]:
     """docs/running.md's line of this kind (dryrun, run, status, report) for the paper, split into words."""
     lines = slurm_commands()
-    setup, pilot, (stage, dry_run, run, status, report) = lines[:2], lines[2:5], lines[5:]
+    setup, pilots, (stage, dry_run, run, status, report) = lines[:2], lines[2:8], lines[8:]
     assert setup == ["make venv", "make vllm-env VLLM_FLAVOUR=gpu"], setup  # what make test and make test-vllm build
-    assert all("config/pilot.yaml" in line for line in pilot), pilot  # the first GPU run: not on this CPU
+    assert all("config/pilot" in line for line in pilots[:-1]), pilots  # the GPU pilots: not on this CPU
+    assert pilots[-1].endswith("klstudy calibrate"), pilots  # prices the grid from pilot-7b's results
     assert stage == "make stage", stage  # the hub's inputs, on the login node: the local run stages its own
+    assert all("config/paper.yaml config/cluster.yaml" in line for line in (dry_run, run, report)), lines
     line = {"dryrun": dry_run, "run": run, "status": status, "report": report}[kind]
     return shlex.split(line)
 

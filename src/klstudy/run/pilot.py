@@ -135,7 +135,7 @@ HEADER = """# klstudy: from the pilot to the grid, a cell of each of the paper's
 #
 # Written from config/paper.yaml (src/klstudy/run/pilot.py) by
 #   .venv/bin/python -m klstudy pilot-config --out config/pilot-7b.yaml
-# Change the paper's settings there, and the cluster's names there too, then write this file again.
+# Change the paper's settings there, then write this file again; the cluster's names are config/cluster.yaml's.
 
 """
 
