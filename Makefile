@@ -76,7 +76,7 @@ SBATCH_FLAGS ?=
 # `driver`: an address that gets a mail when a driver fails
 MAIL ?=
 DRIVER_FLAGS = $(SBATCH_FLAGS) $(if $(MAIL),--mail-type=FAIL --mail-user=$(MAIL))
-DRIVER_CONFIG = $(if $(filter command line environment,$(origin CONFIG)),$(CONFIG),config/paper.yaml)
+DRIVER_CONFIG = $(if $(filter command line environment,$(origin CONFIG)),$(CONFIG),config/paper.yaml config/cluster.yaml)
 
 ## Every dataset and base model of the config (the inputs of every job), on the login node where the hub is reachable:
 ## the driver job sets HF_HUB_OFFLINE=1, as compute nodes often have no network, and refuses to start without them.

@@ -7,11 +7,19 @@
 # The logic lives in the klstudy package (src/klstudy); the rules in workflow/rules only wire paths.
 
 from pathlib import Path
+import signal
 import sys
+import threading
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from klstudy.config import load_schema, validate_config
 
+
+# SLURM's warning before a training job's time limit (sbatch --signal=USR1@N, klstudy/train/slices.py) reaches every
+# process of the job's steps, this Snakemake's too; the trainer alone acts on it. Ignored here, it stays ignored in the
+# rule's shell, tee and the launcher (children inherit an ignored signal).
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 # config.yaml is the default, read only when no --configfile is given: Snakemake would otherwise
 # merge the given file into it, and keys found only in config.yaml would leak into the paper's study.

@@ -286,7 +286,7 @@ def test_the_papers_dry_run_is_the_documented_one(tmp_path):
     assert vllm_studies == set(paper["studies"]), "config/paper.yaml generates every rollout with vLLM"
     assert paper["evaluation"]["backend"] == "vllm"
     others = [c for c in commands if c not in train + evaluate]
-    # after the attempt's header, in the group that also runs next-slice (train.smk)
+    # after the attempt's header, in the group that also requeues a slice (train.smk)
     train = [c[c.rindex("; ", 0, c.index(" -m klstudy train")) + 2 :].removeprefix("{ ") for c in train]
     assert all(c.startswith(vllm) for c in train + evaluate), [c[:120] for c in train + evaluate if vllm not in c][:3]
     assert others and not any(vllm in c for c in others), "jobs without vLLM run with the interpreter of Snakemake"

@@ -6,6 +6,7 @@ cell whose first attempt fails deterministically and whose retries refuse at onc
 
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ def history(*attempts: tuple[str, str]) -> str:
         ("import torch; raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",
          "deterministic", "out of GPU memory"),
         ("import os; os.environ['CUDA_VISIBLE_DEVICES'] = '0'; from klstudy.run import devices; devices.require_cuda()",
-         "node", "a GPU error"),
+         "deterministic", "CUDA that does not start"),
         ("raise RuntimeError('NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error')", "node",
          "a collective's error"),
         ("raise ValueError('a bug')", "other", "an error not classified"),
@@ -43,6 +44,40 @@ def test_a_failure_is_classified_from_what_the_process_printed(code, kind, what)
     output = printed_by(code)
     assert output, code
     assert failures.classify(output)[:2] == (kind, what), output[-500:]
+
+
+# The messages as vLLM 0.30.0 (v1/core/kv_cache_utils.py _check_enough_kv_cache_memory, v1/worker/utils.py
+# request_memory) and torch 2.13 (c10/cuda/CUDAFunctions.cpp, raised through torch.cuda's lazy init) print them,
+# their format strings filled in. A CPU build of torch has none of them, so they are written out here.
+VLLM_OUT_OF_MEMORY = [
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing "
+    "the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
+    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+    "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is needed, "
+    "which is larger than the available KV cache memory (9.75 GiB). Based on the available memory, the estimated "
+    "maximum model length is 79872. Try increasing `gpu_memory_utilization` (which also controls CPU memory on the "
+    "CPU backend) or decreasing `max_model_len` when initializing the engine. See "
+    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+    "ValueError: Free memory on device cuda:0 (20.5/79.19 GiB) on startup is less than desired GPU memory utilization"
+    " (0.3, 23.76 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+]
+CUDA_NOT_STARTING = [
+    "RuntimeError: The NVIDIA driver on your system is too old (found version 12080). Please update your GPU driver "
+    "by downloading and installing a new version from the URL: http://www.nvidia.com/Download/index.aspx "
+    "Alternatively, go to: https://pytorch.org to install a PyTorch version that has been compiled with your version "
+    "of the CUDA driver.",
+    "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed a "
+    "driver from http://www.nvidia.com/Download/index.aspx",
+    "RuntimeError: No CUDA GPUs are available",
+]
+
+
+@pytest.mark.parametrize("message", VLLM_OUT_OF_MEMORY + CUDA_NOT_STARTING)
+def test_vllms_out_of_memory_and_cuda_that_does_not_start_are_deterministic(message):
+    """The same job fails so on the next node: not retried on GPUs (the engine's share or the build must change)."""
+    output = f"INFO 12-07 05:00:00 [core.py:100] starting\nTraceback (most recent call last):\n{message}\n"
+    kind, what, _ = failures.classify(output + "[rank1]: Watchdog caught collective operation timeout\n")
+    assert kind == "deterministic" and what in ("out of vLLM's GPU memory", "CUDA that does not start"), what
 
 
 def test_an_oom_beside_other_ranks_collective_errors_is_deterministic():
@@ -55,19 +90,64 @@ def test_an_oom_beside_other_ranks_collective_errors_is_deterministic():
 
 def test_the_last_attempt_decides_and_every_failed_node_is_excluded(tmp_path):
     path = tmp_path / "cell.log"
-    assert failures.previous_failure(path) is None and failures.failed_nodes(path) == []
+    assert failures.previous_failure(path) is None and failures.failed_nodes(path, hours=24) == []
     path.write_text(history(("gpu07", "RuntimeError: CUDA error: uncorrectable ECC error encountered"),
-                            ("gpu09", "NCCL error (warning only)\nnext-slice: stopped after step 40 with 900 s left"),
+                            ("gpu09", "NCCL error (warning only)\nslice: requeueing job 40"),
                             ("gpu11", "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4)"),
                             ("gpu12", printed_by("import klstudy_no_such_module"))))  # fmt: skip
     last = failures.previous_failure(path)
     assert (last.kind, last.attempt, last.host) == ("deterministic", 4, "gpu12")
-    assert failures.failed_nodes(path) == ["gpu07", "gpu11"]  # gpu09's attempt ended a slice: no failure
+    recently = datetime.fromisoformat("2026-11-27T10:05:00+00:00").timestamp()  # just after the attempts
+    assert failures.failed_nodes(path, hours=24, now=recently) == ["gpu07", "gpu11"]  # gpu09's ended a slice
     assert failures.report(path).startswith("attempt 4 on gpu12 ended with an import error: ModuleNotFoundError")
     assert "not retried" in failures.report(path)
     with open(path, "a") as history_file:  # a further attempt: the history is read again, not served from before
         history_file.write("=== attempt 5: job 85 on gpu13, GPUs 0,1, 2026-11-27T10:05:00+00:00\nValueError: x\n")
     assert (failures.previous_failure(path).attempt, failures.previous_failure(path).kind) == (5, "other")
+
+
+def test_node_exclusions_expire(tmp_path):
+    """A node is avoided for exclude_node_hours after the attempt that failed on it ended (the next one's start)."""
+    path = tmp_path / "cell.log"
+    path.write_text(history(("gpu07", "RuntimeError: CUDA error: uncorrectable ECC error encountered"),
+                            ("gpu08", "ValueError: x")))  # fmt: skip
+    ended = datetime.fromisoformat("2026-11-27T10:02:00+00:00").timestamp()  # attempt 2's start
+    assert failures.failed_nodes(path, hours=24, now=ended + 23 * 3600) == ["gpu07"]
+    assert failures.failed_nodes(path, hours=24, now=ended + 25 * 3600) == []
+
+
+def test_a_cells_jobs_are_counted_across_drivers_and_slices(tmp_path, capsys):
+    """Each SLURM job id once: a requeued slice (the same id again) is no new job; a new driver's retry is. Local
+    attempts are not counted. `klstudy last-failure --max-attempts` says the cap was reached, and how to go on."""
+    path = tmp_path / "cell.log"
+    headers = [("81", "gpu01", "slice: requeueing job 81"), ("81", "gpu02", ""), ("92", "gpu03", "ValueError: x"),
+               ("local", "laptop", "ValueError: y"), ("103", "gpu04", "ValueError: z")]  # fmt: skip
+    path.write_text("".join(f"=== attempt {n}: job {job} on {host}, GPUs 0, 2026-11-27T10:0{n}:00+00:00\n{out}\n"
+                            for n, (job, host, out) in enumerate(headers, 1)))  # fmt: skip
+    assert failures.jobs(path) == 3
+    assert failures.jobs(tmp_path / "none.log") == 0
+    from klstudy.run import cli
+
+    args = cli.build_parser().parse_args(["last-failure", "--history", str(path), "--max-attempts", "3"])
+    args.run(args)
+    said = capsys.readouterr().out
+    assert "3 jobs, the most cluster.max_attempts (3) allows" in said and "move the history away" in said, said
+    assert "attempt 5 on gpu04 ended with an error not classified" in said, said
+
+
+def test_a_cell_that_had_its_jobs_is_refused_by_the_next_driver_at_once(tmp_path):
+    """Its first attempt in this run (Snakemake's count starts again) asks one CPU for a minute and only says why."""
+    from test_workflow import training_sbatch
+
+    _, resources, _ = training_sbatch(tmp_path)
+    assert resources["retry_refused"] == 0 and resources["cpus_per_task"] > 1, resources
+    history = tmp_path / "logs/attempts/train/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0.log"
+    history.parent.mkdir(parents=True)
+    history.write_text("".join(f"=== attempt {n}: job {n} on gpu0{n}, GPUs 0, 2026-11-27T10:0{n}:00+00:00\nValueError\n"
+                               for n in range(1, 5)))  # fmt: skip
+    _, resources, dry_run = training_sbatch(tmp_path)
+    assert (resources["retry_refused"], resources["cpus_per_task"], resources["runtime"]) == (1, 1, 1), resources
+    assert "last-failure --history" in dry_run and "--max-attempts 4" in dry_run
 
 
 @pytest.mark.slow  # a whole Snakemake run with retries, 60-120 s: `make test-all`; the classification: tests above

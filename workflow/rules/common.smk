@@ -13,6 +13,7 @@ from klstudy.config import (
     AGGREGATED_TABLES,
     RUN_DIR,
     RUN_PATH,
+    SLICE_ENDED,
     STUDY_TABLES,
     all_cells,
     cell_settings,
@@ -67,10 +68,20 @@ ATTEMPT_HEADER = (
     'echo "=== attempt $_attempt: job ${{SLURM_JOB_ID:-local}} on ${{SLURMD_NODENAME:-$(hostname)}},'
     ' GPUs ${{CUDA_VISIBLE_DEVICES:-none}}, $(date -Iseconds)" >> {params.history:q}; '
 )
-# A retry after a deterministic failure (failures.py) runs this alone, on one CPU for a minute, and fails.
+# A job whose trainer stopped on SLURM's warning before the time limit (train/slices.py) left the slice mark: the job
+# goes back in the queue under its id (scontrol requeue) and SLURM ends this run of it; never a success here, since
+# the outputs are missing. Outside SLURM (a test's injected warning) the next run of the workflow goes on.
+REQUEUE_SLICE = (
+    f"if [ -e {{params.checkpoints:q}}/{SLICE_ENDED} ]; then "
+    'if [ -z "${{SLURM_JOB_ID:-}}" ]; then echo "slice: stopped before the time limit, no SLURM job to requeue:'
+    ' run the workflow again" >&2; exit 75; fi; '
+    'echo "slice: requeueing job $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID" || exit 75; sleep 300; exit 75; fi'
+)
+# A retry after a deterministic failure, or a cell past cluster.max_attempts (failures.py), runs this alone, on one
+# CPU for a minute, and fails.
 REFUSED_RETRY = (
-    "if [ {resources.retry_refused} = 1 ]; then "
-    "python -m klstudy last-failure --history {params.history:q} >&2; exit 1; fi; "
+    "if [ {resources.retry_refused} = 1 ]; then python -m klstudy last-failure --history {params.history:q}"
+    f" --max-attempts {config['cluster']['max_attempts']} >&2; exit 1; fi; "
 )
 
 
@@ -192,8 +203,12 @@ def _history(wildcards):
 
 
 def _refused(wildcards, attempt):
-    """Whether this is a retry of a training cell whose last attempt failed deterministically (failures.py)."""
-    failure = failures.previous_failure(_history(wildcards)) if attempt > 1 else None
+    """Whether this is a retry of a training cell whose last attempt failed deterministically, or a cell that has had
+    cluster.max_attempts SLURM jobs, counted in its history whichever driver submitted them (failures.py)."""
+    history = _history(wildcards)
+    if failures.jobs(history) >= config["cluster"]["max_attempts"]:
+        return True
+    failure = failures.previous_failure(history) if attempt > 1 else None
     return bool(failure and failure.kind == "deterministic")
 
 
@@ -212,9 +227,14 @@ def _training_retries(resources):
                    slurm_extra="", constraint="", slurm_partition=config["cluster"]["cpu_partition"] or "")  # fmt: skip
     extra = resources.get("slurm_extra", "")
 
+    # SLURM's warning before the time limit (slices.py), sent to the job's steps, not to the plugin's batch shell.
+    warning = f"--signal=USR1@{60 * config['cluster']['save_before_limit_minutes']}"
+
     def excluding(wildcards, attempt):
-        nodes = failures.failed_nodes(_history(wildcards)) if attempt > 1 else []
-        return " ".join(filter(None, [_call(extra, wildcards, attempt), nodes and f"--exclude={','.join(nodes)}"]))
+        hours = config["cluster"]["exclude_node_hours"]
+        nodes = failures.failed_nodes(_history(wildcards), hours) if attempt > 1 else []
+        exclude = nodes and f"--exclude={','.join(nodes)}"
+        return " ".join(filter(None, [_call(extra, wildcards, attempt), warning, exclude]))
 
     def either(key, value):
         def resource(wildcards, attempt):
@@ -245,8 +265,6 @@ def job_resources(stage):
         resources["qos"] = cluster["qos"]
     if stage == "train":
         resources["training_slots"] = 1  # the global limit is cluster.training_slots (Snakefile)
-        # What a job keeps free before its time limit (slices.py): a resource, so that changing it reruns no cell.
-        resources["save_before_limit_s"] = 60 * cluster["save_before_limit_minutes"]
     if stage in ("evaluate", "divergence"):
         resources["evaluation_slots"] = 1  # the global limit is cluster.evaluation_slots (Snakefile)
     if spec["gpus"]:
@@ -335,8 +353,10 @@ def train_launcher(wildcards):
     # bash -c '... "$@"' launcher <the rest of the command>: each node's shell fills in its own rank. The SLURM job
     # step drops the job's SLURM_* variables before it runs this, so srun is told the CPUs of each task itself (it
     # would give one), to end every node's launch when one fails, and to hand on the environment.
+    # The nested step's processes start with SLURM's warning (slices.py) not ignored: the node's shell ignores it
+    # before it starts the launcher, which inherits that; the trainer catches it.
     script = (
-        f"{launch} --num_machines $SLURM_NNODES --machine_rank $SLURM_NODEID --main_process_port 29500"
+        f"trap '' USR1; {launch} --num_machines $SLURM_NNODES --machine_rank $SLURM_NODEID --main_process_port 29500"
         ' --main_process_ip $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) "$@"'
     )
     cpus = config["resources"]["train"]["cpus"]

@@ -33,10 +33,9 @@ rule train_rl:
         **job_resources("train"),
     conda:
         "../../envs/klstudy.yaml"
-    # A job that stops before its time limit (slices.py) leaves the cell unfinished; next-slice requeues it.
+    # A job that stops on SLURM's warning before its time limit (slices.py) leaves the cell unfinished: requeued.
     shell:
         REFUSED_RETRY + ATTEMPT_HEADER + "{{ {params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}"
         " --train-data {input.train_data}"
         " --heldout-data {input.heldout_data} --out {params.out} --checkpoints {params.checkpoints}"
-        " --threads {threads} --save-before-limit {resources.save_before_limit_s};"
-        " python -m klstudy next-slice --checkpoints {params.checkpoints}; }} 2>&1 | tee -a {params.history:q} > {log}"
+        " --threads {threads}; " + REQUEUE_SLICE + "; }} 2>&1 | tee -a {params.history:q} > {log}"

@@ -1,5 +1,5 @@
 """`klstudy` command line: the stages (stages.py), the study's driver (drive.py), the warm server (warm.py), a
-training job's next slice (train/slices.py) and last failure (failures.py), a SLURM driver's adoption of the jobs an
+training job's last failure (failures.py), a SLURM driver's adoption of the jobs an
 earlier one left (adopt.py), and the generated references.
 
 Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. ``python -m klstudy
@@ -45,15 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     generated.add_argument("--out-dir", default="docs", help="the directory the five pages are written to")
     generated.set_defaults(run=_references)
-    following = commands.add_parser(
-        "next-slice", help="after `train`: requeue the SLURM job whose cell stopped before its time limit (slices.py)"
-    )
-    following.add_argument("--checkpoints", required=True, help="the cell's checkpoint directory")
-    following.set_defaults(run=_next_slice)
     failure = commands.add_parser(
         "last-failure", help="what ended a training cell's last attempt, and what its retry does (failures.py)"
     )
     failure.add_argument("--history", required=True, help="the cell's logs/attempts/train/<cell>.log")
+    failure.add_argument("--max-attempts", type=int, help="cluster.max_attempts: say so when the cell has had them")
     failure.set_defaults(run=_last_failure)
     adopting = commands.add_parser(
         "adopt", help="a driver's start: wait for the jobs an earlier one left running, cancel pending ones (adopt.py)"
@@ -124,12 +120,6 @@ def _warm_serve(args) -> None:
     warm.serve(args.socket)
 
 
-def _next_slice(args) -> int:
-    from klstudy.train import slices
-
-    return slices.next_slice(Path(args.checkpoints))
-
-
 def _adopt(args) -> None:
     import os
 
@@ -161,7 +151,9 @@ def _pilot_config(args) -> None:
 def _last_failure(args) -> None:
     from klstudy.run import failures
 
-    print(failures.report(Path(args.history)))
+    history = Path(args.history)
+    capped = args.max_attempts and failures.jobs(history) >= args.max_attempts
+    print(failures.capped(history, args.max_attempts) if capped else failures.report(history))
 
 
 def _config_reference(args) -> None:

@@ -43,7 +43,8 @@ Written by `.venv/bin/python -m klstudy config-reference --out config/README.md`
 The configurations: [`config.yaml`](../config.yaml) (the embedded study, the default),
 [`paper.yaml`](paper.yaml) (the paper's study, for `snakemake --profile slurm`), [`pilot.yaml`](pilot.yaml) (the
 first GPU run: the paper's path with a 0.5B model), [`pilot-7b.yaml`](pilot-7b.yaml) (the 7-8B models' pilot,
-written from `paper.yaml` by `.venv/bin/python -m klstudy pilot-config`), [`smollm2.yaml`](smollm2.yaml) (a
+written from `paper.yaml` by `.venv/bin/python -m klstudy pilot-config`), [`cluster.yaml`](cluster.yaml) (an
+overlay: your cluster's names, named after those three on every cluster command), [`smollm2.yaml`](smollm2.yaml) (a
 real chat model on a CPU), [`atlas.yaml`](atlas.yaml) (an overlay: the atlas's bigger grid) and
 [`separation.yaml`](separation.yaml) (an overlay merged into `config.yaml`:
 `make study CONFIG="config.yaml config/separation.yaml" RUN_DIR=runs/separation`, in a directory of its own as its

@@ -1,12 +1,17 @@
 """What ended a training job's attempt, read from the cell's attempt history (logs/attempts/train/<cell>.log), and
 what its retry therefore does (workflow/rules/common.smk, `klstudy last-failure`):
 
-    deterministic  out of GPU memory, a module that does not import, a config refused: the same job on any node fails
-                   the same way. Not retried: Snakemake, which retries by count alone, submits a one-CPU, one-minute
-                   job that fails at once naming the first failure, instead of 8 GPUs to fail again.
-    node           the node or its GPUs (an ECC error, a driver that does not answer, a GPU job that sees none, a
-                   collective that failed): retried on another node (sbatch --exclude=<the node>).
+    deterministic  out of GPU memory (torch's or vLLM's), a module that does not import, a config refused, CUDA that
+                   does not start (a torch build the driver cannot run, a job that sees no CUDA device): the same job
+                   fails the same way on the next node. Not retried: Snakemake, which retries by count alone, submits
+                   a one-CPU, one-minute job that fails at once naming the first failure, instead of 8 GPUs to fail
+                   again.
+    node           the node or its GPUs (an ECC error, a busy or failed driver, an Xid, a collective that failed):
+                   retried on another node (sbatch --exclude=<the node>) for cluster.exclude_node_hours.
     other          anything else (a kill, a time limit, an error not listed): retried as it was.
+
+Whatever the kind, a cell gets cluster.max_attempts SLURM jobs in all, counted in its history, so across drivers (each
+of which counts its own retries from zero); a requeued slice or a preempted job is the same job.
 
 The patterns are the messages torch, NCCL, Python and klstudy print: a deterministic failure anywhere in an attempt's
 output decides, else a node's. A history is parsed once for each version of the file (its size and time), however
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 HEADER = re.compile(r"^=== attempt (\d+): job (\S+) on (\S+), GPUs (\S+), (\S+)$")  # common.smk's ATTEMPT_HEADER
@@ -26,16 +33,22 @@ RETRY = {
     "node": "retried on another node",
     "other": "retried",
 }
-SLICE_END = "next-slice: stopped after step"  # an attempt that ended so did not fail (train/slices.py)
+SLICE_END = "slice: requeueing job"  # an attempt that ended so did not fail (common.smk's REQUEUE_SLICE)
 PATTERNS = {
     "deterministic": [
         ("out of GPU memory", r"OutOfMemoryError|CUDA out of memory"),
+        # vLLM 0.30.0's engine start (v1/core/kv_cache_utils.py, v1/worker/utils.py): too little memory for its cache
+        ("out of vLLM's GPU memory", r"No available memory for the cache blocks|KV cache is needed, which is larger "
+         r"than the available KV cache memory|on startup is less than desired GPU memory utilization"),
+        # torch's (c10/cuda/CUDAFunctions.cpp), klstudy's (devices.require_cuda): a build that cannot use CUDA here
+        ("CUDA that does not start", r"NVIDIA driver on your system is too old|Found no NVIDIA driver on your system|"
+         r"No CUDA GPUs are available|no CUDA-capable device is detected|sees no CUDA device"),
         ("an import error", r"^(ModuleNotFoundError|ImportError): "),
         ("a config refused", r"^klstudy [\w-]+: config key |ConfigError: "),
     ],
     "node": [
         ("a GPU error", r"uncorrectable ECC error|CUDA driver initialization failed|CUDA-capable device\(s\) is/are "
-         r"busy or unavailable|no CUDA-capable device is detected|sees no CUDA device|NVRM: Xid|\bXid \d+"),
+         r"busy or unavailable|NVRM: Xid|\bXid \d+"),
         ("a collective's error", r"NCCL error|ncclSystemError|ncclUnhandledCudaError|Watchdog caught collective"),
     ],
 }  # fmt: skip
@@ -49,6 +62,8 @@ class Failure:
     attempt: int
     host: str  # the node the attempt ran on
     ended_slice: bool = False  # it stopped before its time limit and requeued its job: no failure of its node
+    job: str = ""  # its SLURM job ("local" without one)
+    ended: float = 0.0  # when it ended at the latest (seconds since the epoch): the next attempt's start, or the file's
 
     def describe(self) -> str:
         said = f": {self.line}" if self.line else ""
@@ -94,7 +109,9 @@ def failures(history_path: Path) -> list[Failure]:
 def _parsed(path: str, mtime_ns: int, size: int) -> tuple[Failure, ...]:
     """The failures of one version of a history file (its size and time are part of the key)."""
     found = attempts(Path(path).read_text(errors="replace"))
-    return tuple(Failure(*classify(output), int(header[1]), header[3], SLICE_END in output) for header, output in found)
+    starts = [datetime.fromisoformat(header[5]).timestamp() for header, _ in found[1:]] + [mtime_ns / 1e9]
+    return tuple(Failure(*classify(output), int(header[1]), header[3], SLICE_END in output, header[2], ended)
+                 for (header, output), ended in zip(found, starts, strict=False))  # fmt: skip
 
 
 def previous_failure(history_path: Path) -> Failure | None:
@@ -103,10 +120,19 @@ def previous_failure(history_path: Path) -> Failure | None:
     return found[-1] if found else None
 
 
-def failed_nodes(history_path: Path) -> list[str]:
-    """The nodes of every attempt that failed with a node failure (not one that ended a slice): a retry excludes
-    them. The history records the node of the job's first task: on several nodes, that one."""
-    return sorted({f.host for f in failures(history_path) if f.kind == "node" and not f.ended_slice})
+def failed_nodes(history_path: Path, hours: float, now: float | None = None) -> list[str]:
+    """The nodes of the attempts that failed with a node failure (not one that ended a slice) within the last
+    ``hours``: a retry excludes them (a node is repaired or drained by then). The history records the node of the
+    job's first task: on several nodes, that one."""
+    since = (time.time() if now is None else now) - 3600 * hours
+    found = failures(history_path)
+    return sorted({f.host for f in found if f.kind == "node" and not f.ended_slice and f.ended >= since})
+
+
+def jobs(history_path: Path) -> int:
+    """The SLURM jobs the cell has had: its attempts' distinct job ids (a requeued slice or a preempted job keeps its
+    id). Attempts outside SLURM ("local") are not counted: one machine's runs are retried as --retries says."""
+    return len({f.job for f in failures(history_path) if f.job != "local"})
 
 
 def report(history_path: Path) -> str:
@@ -115,3 +141,10 @@ def report(history_path: Path) -> str:
     if failure is None:
         return f"{history_path}: no attempt recorded"
     return f"{failure.describe()} ({failure.kind}: {RETRY[failure.kind]})"
+
+
+def capped(history_path: Path, max_attempts: int) -> str:
+    """`klstudy last-failure` for a cell refused because it has had its cluster.max_attempts jobs."""
+    return (f"{history_path}: {jobs(history_path)} jobs, the most cluster.max_attempts ({max_attempts}) allows; the "
+            f"last {report(history_path).removeprefix(f'{history_path}: ')}. Once its cause is fixed, move the "
+            "history away (or raise the key) to train the cell again")  # fmt: skip

@@ -40,8 +40,8 @@ STARTUP_MINUTES = 10
 
 
 def first_slice(config: dict, times: CellTimes) -> float:
-    """Seconds a cell trains in its first job: the runtime less STARTUP_MINUTES and what slices.py keeps back before
-    the job's limit (the reserve, cluster.save_before_limit_minutes, and twice a step)."""
+    """Seconds a cell trains in its first job, at the least: the runtime less STARTUP_MINUTES, the reserve SLURM warns
+    the job that long before its limit (cluster.save_before_limit_minutes, slices.py) and a margin of two steps."""
     minutes = config["resources"]["train"]["runtime"] - STARTUP_MINUTES - config["cluster"]["save_before_limit_minutes"]
     return 60 * minutes - 2 * times.step
 
@@ -135,7 +135,7 @@ HEADER = """# klstudy: from the pilot to the grid, a cell of each of the paper's
 #
 # Written from config/paper.yaml (src/klstudy/run/pilot.py) by
 #   .venv/bin/python -m klstudy pilot-config --out config/pilot-7b.yaml
-# Change the paper's settings there, and the cluster's names there too, then write this file again.
+# Change the paper's settings there, then write this file again; the cluster's names are config/cluster.yaml's.
 
 """
 

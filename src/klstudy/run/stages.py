@@ -69,8 +69,9 @@ def _pin_base_model(args):
 def _train(args):
     from accelerate import PartialState
 
-    from klstudy.train import cell
+    from klstudy.train import cell, slices
 
+    slices.install()  # SLURM's warning before the time limit may come at any time from now
     _threads(args.threads)
     if args.threads and os.environ.get("LOCAL_RANK", "0") == "0":  # once a node
         print(f"CPU threads per process: {threads_per_process(args.threads)} ({args.threads} CPUs over "
@@ -83,7 +84,6 @@ def _train(args):
         Path(args.out),
         Path(args.checkpoints),
         Path(args.tracking_dir),
-        args.save_before_limit,
     )
     status = f"{summary['status']} after {summary['steps_done']} steps {summary['reason']}"
     PartialState().print(f"cell {args.out}: {status}")  # once, from the main process
@@ -299,7 +299,6 @@ def add_commands(commands) -> None:
     train.add_argument("--checkpoints", required=True, help="checkpoint directory, outside Snakemake's outputs")
     train.add_argument("--tracking-dir", default="results", help="tensorboard/<cell> and wandb/ go here (report_to)")
     train.add_argument("--threads", type=int, help="CPUs of the job, shared by its processes")
-    train.add_argument("--save-before-limit", type=float, default=0, help="seconds kept before the job's end (slices)")
     train.set_defaults(run=_train)
 
     evaluate = commands.add_parser("evaluate", help="mean@k of one model on some tasks with lm-eval-harness")

@@ -395,12 +395,12 @@ def build_trainer(cell: dict, args: KLTrainerConfig, model_dir: Path, train_reco
 
 def run(
     cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_dir: Path, checkpoint_dir: Path,
-    tracking_dir: Path, save_before_limit: float = 0,
+    tracking_dir: Path,
 ) -> dict:  # fmt: skip
     """Train one cell (resuming from ``checkpoint_dir`` if it holds a checkpoint); returns summary.json.
     ``tracking_dir``: where TensorBoard's (tensorboard/<cell>) and W&B's (wandb/) files go (tracking.py).
-    ``save_before_limit``: seconds kept free before the job's end, when it has one (slices.py); a job stopped there
-    writes no outputs and returns status ``unfinished``.
+    A job SLURM warns of its time limit (slices.py) stops at the end of that step, saves, writes no outputs and
+    returns status ``unfinished``.
 
     Under ``accelerate launch`` every process runs this; the main process alone writes files, the others take part in
     the collectives (training, held-out generation, gathering a sharded model to save it).
@@ -446,10 +446,8 @@ def run(
     recorder.trainer = trainer
     for fault in faults.FaultAtStep.from_environment(args.updates_per_batch, resumed=bool(last)):
         trainer.add_callback(fault)
-    end = slices.job_end()
-    clock = end and slices.StopBeforeTimeLimit(end, save_before_limit, args.updates_per_batch, cell["train"]["steps"])
-    if clock:
-        trainer.add_callback(clock)
+    clock = slices.StopOnSignal(args.updates_per_batch, cell["train"]["steps"])
+    trainer.add_callback(clock)
     if main:  # trackers start before training, so that one that cannot (no login, no network) fails the job now
         tracking = Tracking(cell["train"]["report_to"], cell["run"], cell, tracking_dir, checkpoint_dir, done)
         heldout = staging.read_jsonl(recorder.heldout_path) if recorder.heldout_path.exists() else []
@@ -463,9 +461,9 @@ def run(
     finally:
         if recorder.tracking:
             recorder.tracking.finish(trainer.state.global_step)
-    if clock and clock.stopped_at is not None and not recorder.verdict:  # continues in the job's next slice
+    if clock.stopped_at is not None and not recorder.verdict:  # continues in the job's next slice
         if main:
-            slices.mark_slice_end(checkpoint_dir, clock.record())
+            slices.mark_slice_end(checkpoint_dir, clock.stopped_at)
         return {"status": "unfinished", "steps_done": clock.stopped_at, "reason": "(stopped before the time limit)"}
     status, reason = recorder.verdict or ("ok", "")
     save_policy(trainer, out_dir / "final", recorder.dtype)

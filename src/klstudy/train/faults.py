@@ -1,5 +1,5 @@
-"""Fault injection for the resume tests: a training process that kills or stops itself at a step, as SLURM, the
-OOM killer or a hung node would end it."""
+"""Fault injection for the resume tests: a training process that kills, stops or warns itself at a step, as SLURM,
+the OOM killer or a hung node would end it."""
 
 from __future__ import annotations
 
@@ -17,9 +17,13 @@ class FaultAtStep(TrainerCallback):
     - ``KLSTUDY_STOP_AT_STEP=N``: SIGSTOP it once a checkpoint at or after step N is complete, in a run that did not
       resume: a job that hangs until its time limit ends it, however fast it trained; the retry, which resumes from
       that checkpoint, runs on.
+    - ``KLSTUDY_WARN_AT_STEP=N``: SIGUSR1 as step N begins, in a run that did not resume: SLURM's warning before
+      the time limit (slices.py) during a known step.
     """
 
-    VARIABLES = {"KLSTUDY_KILL_AT_STEP": signal.SIGKILL, "KLSTUDY_STOP_AT_STEP": signal.SIGSTOP}
+    VARIABLES = {"KLSTUDY_KILL_AT_STEP": signal.SIGKILL, "KLSTUDY_STOP_AT_STEP": signal.SIGSTOP,
+                 "KLSTUDY_WARN_AT_STEP": signal.SIGUSR1}  # fmt: skip
+    ONCE = (signal.SIGSTOP, signal.SIGUSR1)  # not again in the run that resumes
 
     def __init__(self, step: int, updates_per_batch: int, signum: int):
         self.step, self.updates, self.signum = step, updates_per_batch, signum
@@ -29,7 +33,7 @@ class FaultAtStep(TrainerCallback):
         return [
             cls(int(os.environ[name]), updates_per_batch, signum)
             for name, signum in cls.VARIABLES.items()
-            if os.environ.get(name) and not (resumed and signum == signal.SIGSTOP)
+            if os.environ.get(name) and not (resumed and signum in cls.ONCE)
         ]
 
     def _signal_from(self, state) -> None:
@@ -39,6 +43,10 @@ class FaultAtStep(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):  # after RunRecorder has written the step's line
         if self.signum == signal.SIGKILL:
             self._signal_from(state)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.signum == signal.SIGUSR1 and state.global_step >= (self.step - 1) * self.updates:
+            os.kill(os.getpid(), self.signum)
 
     def on_save(self, args, state, control, **kwargs):  # after RunRecorder has marked the checkpoint complete
         if self.signum == signal.SIGSTOP:
