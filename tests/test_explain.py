@@ -97,6 +97,7 @@ def test_a_bad_setting_is_refused_with_its_field():
         explain.Setting("k3-loss", "rloo", 8, 0.1, framework="Axolotl").check()
 
 
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 def test_explain_prints_a_preset_and_a_setting_no_preset_covers(tmp_path):
     """The command as a user types it: a framework by version, and a setting of kl.py's grammar that no preset is
     (K2 in the advantage with NeMo-RL's normalisation at G = 3), each in a few lines with β_eff/β in both families.
