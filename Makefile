@@ -95,7 +95,7 @@ driver: $(INSTALLED)
 ## The fast tier: the mathematics (kl, the toy, the fixed points), the trainer against stock TRL, config validation,
 ## rewards and answer reading on the real fixtures, the claims rule, every figure of a synthetic study, the run
 ## layer's decisions and one tiny cell trained end to end; every test that carries none of the tiers' markers below.
-## About 4 minutes on 2 cores; safe for any user, and what CI runs under every other admitted Python
+## About 5 minutes on 2 cores; safe for any user, and what CI runs under every other admitted Python
 ## (`make test PYTHON=python3.12 VENV=.venv-3.12`). The slower tiers and what each covers: docs/testing.md.
 test: $(INSTALLED)
 	$(BIN)/pytest -m "$(FAST_TIER)"
