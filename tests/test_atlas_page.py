@@ -14,6 +14,8 @@ import yaml
 from klstudy.analysis import atlas
 from klstudy.config import validate_config
 
+pytestmark = pytest.mark.docs  # the documentation tier: `make test-docs` (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "atlas.md").read_text()
 BEGIN, END = "<!-- the run's summary: begin -->", "<!-- the run's summary: end -->"

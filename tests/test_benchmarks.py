@@ -29,6 +29,7 @@ def _phases(tmp_path, kl: str) -> dict:
 
 # K1 in the reward's two passes are the ordinary path, `make test-all` (30-60 s, CI's time); TRL's one-pass shortcut
 # is the one a change of TRL could break
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 @pytest.mark.parametrize(("kl", "passes"), [pytest.param("k1-reward", 2, marks=pytest.mark.slow), ("k1-loss", 1)])
 def test_step_phases_splits_each_step_and_counts_the_scoring_passes(tmp_path, kl, passes):
     """K1 in the reward needs the sampling policy's log-probs and the reference's (two passes over the batch); K1 in

@@ -162,6 +162,7 @@ def test_a_claim_of_no_difference_is_shown_inside_its_margin_and_contradicted_fa
     assert list(judged["verdict"]) == ["not shown", "not shown", "contradicted"]
 
 
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 @pytest.mark.parametrize("six_seeds", [True, False])
 def test_results_with_no_difference_are_shown_no_more_often_than_the_rules_error_rate(config, six_seeds):
     """Every measurement the same in distribution (level 1, noise 0.1), the seeds apart by twice that, a collapsed and
@@ -191,6 +192,7 @@ def test_results_with_no_difference_are_shown_no_more_often_than_the_rules_error
     assert not table[table.seeds < 2].verdict.isin(["shown", "contradicted"]).any()
 
 
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 def test_with_the_configuration_labels_permuted_nothing_is_shown_beyond_the_error_rate(config):
     """A run in which every configuration and β differs (a level of its own, up to 10 noise standard deviations
     apart), so that most claims are shown or contradicted; then the same run with each seed's configuration labels

@@ -23,6 +23,8 @@ from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config
 
 from klstudy.run import devices
 
+pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
+
 # A job that records the devices it was given and when it held them; the first two wait for each other (an event,
 # with a time-out), so that the test knows two jobs ran at once; a job listed in KILLED kills itself with SIGKILL.
 RECORD = textwrap.dedent("""

@@ -44,6 +44,7 @@ def _within_4_stderr(per_sample: torch.Tensor, exact: float) -> bool:
     return abs(per_sample.mean().item() - exact) < 4 * stderr
 
 
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 def test_both_forms_of_the_forward_kl_match_enumeration_and_the_exact_one_varies_less():
     """Σ_t log-ratio of the sampled token and Σ_t exact next-token KL: same mean, the latter never negative."""
     reference, tokenizer = _model(seed=1, sharpness=8.0)

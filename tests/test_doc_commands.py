@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.docs  # the documentation tier: `make test-docs` (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = {"sh", "bash", "shell"}
@@ -127,11 +129,6 @@ def test_every_shell_command_runs_as_copied(page, command):
         pytest.fail(f"{page}: `{command}` runs {program}, which is neither make, a venv's tool nor a repository script")
 
 
-def test_the_pages_have_shell_commands():
-    commands = [c for _, c in shell_commands()]
-    assert "make venv" in commands and any(c.startswith(".venv/bin/snakemake") for c in commands)
-
-
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_fence_says_what_it_holds(page):
     """```sh for commands (checked above), ```text for output and listings, ```yaml, ```python …: an untagged block
@@ -178,23 +175,6 @@ def test_every_inline_script_command_runs_as_copied(page, command):
     text = help_text(*tool)
     unknown = [o for o in options(shlex.split(arguments)) if not re.search(rf"(?<![\w-]){o}\b", text)]
     assert not unknown, f"{page}: options {script} --help does not list: {unknown}"
-
-
-def test_the_pages_have_inline_script_commands():
-    assert any("benchmarks/step_memory.py" in command for _, command in inline_script_commands())
-
-
-def test_the_command_finders():
-    body = "make venv  # .venv\n.venv/bin/snakemake --cores 2 \\\n    results/x.json\n\nPYTHON=python3 make venv\n"
-    expected = ["make venv", ".venv/bin/snakemake --cores 2 results/x.json", "PYTHON=python3 make venv"]
-    assert commands_of(body) == expected
-    assert split_command("A=1 B='x y' make venv") == ({"A": "1", "B": "x y"}, "make", ["venv"])
-    assert options(["--cores", "2", "-n", "--report=x.html", "results/x"]) == ["--cores", "-n", "--report"]
-    assert BARE_TOOL.match("python -m klstudy --help") and BARE_TOOL.match("tensorboard --logdir x")
-    assert BARE_TOOL.match("klstudy drive --warm -- snakemake") and not BARE_TOOL.match("klstudy status")
-    assert not BARE_TOOL.match(".venv/bin/python -m klstudy --help")
-    assert not BARE_TOOL.match("snakemake --profile slurm")
-    assert not BARE_TOOL.match("python -m klstudy.run.devices --count")
 
 
 def test_a_make_target_or_variable_that_does_not_exist_is_caught():

@@ -5,9 +5,12 @@ import copy
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from klstudy import config as configuration
+
+pytestmark = pytest.mark.docs  # the documentation tier: `make test-docs` (docs/testing.md)
 
 ROOT = Path(__file__).resolve().parents[1]
 COST = (ROOT / "docs" / "cost.md").read_text()

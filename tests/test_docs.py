@@ -12,6 +12,8 @@ import yaml
 
 from klstudy.run import config_reference
 
+pytestmark = pytest.mark.docs  # the documentation tier: `make test-docs` (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 USER_DOCS = [README, ROOT / "config" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -69,11 +71,6 @@ def test_the_readme_is_a_five_minute_read():
     assert len(longest.split()) <= 40, f"a README table cell of {len(longest.split())} words: {longest[:80]}…"
 
 
-def test_table_cells_are_found():
-    cells = table_cells("| a | b \\| c |\n|---|---|\n| one two | three |\n")
-    assert cells == ["a", "b \\| c", "---", "---", "one two", "three"]
-
-
 # ------------------------------------------------------------------------------------------- history words
 
 
@@ -89,28 +86,6 @@ def history_in(text: str, digests: set[str]) -> list[str]:
     found = [m.group(0) for m in HISTORY.finditer(text)]
     found += [w for w in HEX_WORD.findall(text) if re.search(r"\d", w) and re.search(r"[a-f]", w) and w not in digests]
     return found
-
-
-def test_the_history_finder_finds_history():
-    text = "Fixed in issue #34 (stop 46, item 2): pilot M9 of this session, commit 2bf4042. The weights 1458aa9dfeb9."
-    found = ["issue #34", "stop 46", "item 2", "pilot M9", "this session", "2bf4042"]
-    assert history_in(text, {"1458aa9dfeb9"}) == found
-    text = (
-        "Chosen on pilot seeds 100-105 (pilots E–G); the default keeps today's batch (pilot C). This config's earlier "
-        "run, measured on one day on our machines, found a bug, which is fixed; CI caught it; the old code, DESIGN §4, "
-        "any design tried, the first reads."
-    )
-    found = [
-        "pilot seeds", "pilots E–G", "today's", "pilot C", "This config's earlier run", "measured on one day",
-        "our machines", "which is fixed", "CI caught", "the old", "DESIGN", "any design tried", "the first reads",
-    ]  # fmt: skip
-    assert history_in(text, set()) == found
-    assert history_in("data.md#gold-answers, β = 0.1, a100, 1e-4, `k3-loss`, sha256 deadbeef", set()) == []
-    text = "version: main (stored snapshot); no GPU has run them here; 6 s (target < 10 s); no code was found to read"
-    assert history_in(text, set()) == ["stored snapshot", "has run them here", "(target <", "was found to read"]
-    text = "config/pilot.yaml is the pilot: a small grid. The pilot Snakemake run; the separating design, older"
-    assert history_in(text, set()) == []
-    assert history_in("make preflight CONFIG=config/pilot.yaml", set()) == []
 
 
 @pytest.mark.parametrize("page", USER_FILES, ids=rel)
@@ -179,17 +154,6 @@ def broken_links(page: Path) -> list[str]:
         elif anchor and path.suffix == ".md" and anchor not in anchors(path):
             broken.append(link)
     return broken
-
-
-def test_the_finders_find_commands_paths_and_links():
-    assert slug("The paper's study on a SLURM cluster") == "the-papers-study-on-a-slurm-cluster"
-    assert slug("The §3 analysis (Figure 1, Table 1)") == "the-3-analysis-figure-1-table-1"
-    text = "Run `make study` and `make nonsense`; see [cost](docs/cost.md#time) and `src/klstudy/kl.py`.\n"
-    assert re.findall(r"\bmake ([a-z][\w-]*)", "\n".join(code_of(text))) == ["study", "nonsense"]
-    assert links_of(text) == ["docs/cost.md#time"]
-    top = {"src", "docs", "config.yaml"}
-    code = "snakemake CONFIG=config.yaml results/runs/x tests/a.py src/klstudy/{kl}.py src/klstudy/kl.py:"
-    assert repository_paths(code, top) == ["config.yaml", "src/klstudy/kl.py"]
 
 
 @pytest.mark.parametrize("page", ALL_DOCS, ids=rel)

@@ -154,6 +154,7 @@ def explained(config: str) -> list[str]:
             for arguments, _, _ in CASES]  # fmt: skip
 
 
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 def test_explain_prints_a_release_and_a_setting_no_preset_covers(tmp_path):
     """The command as a user types it: a framework by version (verl: off by default, computed at its recipe's β, the
     recommended K1 in the reward with the β to set, the same with the std off, its other preset), a user's setting in

@@ -166,6 +166,7 @@ def test_monte_carlo_training_ends_where_the_exact_fixed_point_says(config, mode
         assert abs(at_one.mc_kl - optimum.kl) > 4 * at_one.mc_kl_se
 
 
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 def test_the_numbers_are_the_same_run_after_run_and_thread_count():
     fam = family("parametric")
     threads = torch.get_num_threads()  # one (conftest)

@@ -21,6 +21,8 @@ from workflow_helpers import ROOT
 sys.path.insert(0, str(Path(__file__).parent))
 from gradient_split import KL_CONFIGS, LOSS_TYPES  # noqa: E402
 
+pytestmark = pytest.mark.multiprocess  # the several-processes tier: `make test-multiprocess` (docs/testing.md)
+
 SPLITS = ("1x4", "2x1", "2x2")  # processes x micro-batches per process, against 1x1
 
 

@@ -177,39 +177,3 @@ def test_a_user_script_imports_from_the_front_door_without_paying_for_the_traine
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
-
-
-# ---------------------------------------------------------------------------------- the checks can fail
-
-
-def fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
-    root = tmp_path / "klstudy"
-    doc = '"""Layers:\n\n    core   kl.py\n    data   datasets\n    run    the command\n"""\n'
-    for name, text in {"__init__.py": doc, "kl.py": "", "data/__init__.py": "", "run/__init__.py": "", **files}.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    return root
-
-
-def test_an_upward_import_is_caught(tmp_path):
-    root = fake_package(tmp_path, {"data/read.py": "def f():\n    from klstudy.run import cli\n", "run/cli.py": ""})
-    assert upward_imports(root) == ["klstudy.data.read (data) -> klstudy.run.cli (run)"]
-    root = fake_package(tmp_path / "core", {"kl.py": "from klstudy.data import read\n", "data/read.py": ""})
-    assert "klstudy.kl (core) -> klstudy.data.read (data)" in upward_imports(root)
-    clean = fake_package(tmp_path / "clean", {"run/cli.py": "from klstudy import kl\nfrom klstudy.data import read\n",
-                                              "data/read.py": "from klstudy.kl import x\n"})  # fmt: skip
-    assert upward_imports(clean) == []
-
-
-def test_the_cycle_finder_finds_a_circle():
-    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
-    # a package whose __init__ imports a module that imports a sibling: a circle through the __init__
-    assert import_cycle(with_parents({"k.p": {"k.p.a"}, "k.p.a": set(), "k.p.b": {"k.p.a"}})) is not None
-
-
-def test_relative_imports_are_read(tmp_path):
-    root = fake_package(tmp_path, {"data/read.py": "from ..run import cli\nfrom . import other\n", "run/cli.py": "",
-                                   "data/other.py": ""})  # fmt: skip
-    assert import_graph(root)["klstudy.data.read"] == {"klstudy.run.cli", "klstudy.data.other"}
-    assert upward_imports(root) == ["klstudy.data.read (data) -> klstudy.run.cli (run)"]

@@ -10,6 +10,8 @@ import yaml
 
 from klstudy import config as configuration
 
+pytestmark = pytest.mark.docs  # the documentation tier: `make test-docs` (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 REFERENCE = ROOT / "config" / "README.md"
@@ -36,11 +38,6 @@ def paragraphs(text: str) -> list[list[str]]:
     if current:
         found.append(current)
     return found
-
-
-def test_paragraphs_are_found():
-    text = "a\nb\n\n- one\n  two\n- three\n\n```text\nx\ny\n```\n| t |\n# h\nc\n"
-    assert paragraphs(text) == [["a", "b"], ["- one", "  two"], ["- three"], ["c"]]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=rel)

@@ -19,6 +19,8 @@ from klstudy.data import staging
 from klstudy.train import models
 from klstudy.train.cell import MEASURED_COLUMNS
 
+pytestmark = pytest.mark.multiprocess  # the several-processes tier: `make test-multiprocess` (docs/testing.md)
+
 STEPS, KILL_AT = 4, 3
 TWO_PROCESSES = "config/accelerate/cpu-2proc.yaml"
 

@@ -13,6 +13,8 @@ import yaml
 from klstudy.config import RUN_DIR, all_cells, validate_config
 from klstudy.run import ownership
 
+pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = ROOT / ".venv" / "bin" / "snakemake"
 

@@ -102,6 +102,7 @@ def test_no_letter_is_read_where_the_model_commits_to_none(rows, records, part):
     assert len({key: letter for key, letter in read.items() if letter is not None}) <= FLOORS[part]["clear_none_read"]
 
 
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 @needs_refdata
 def test_the_rule_depends_on_the_options_it_is_given(rows, records):
     """With each question's options shuffled, a committed completion whose labelled option moved to another letter is
@@ -129,6 +130,7 @@ def test_the_rule_depends_on_the_options_it_is_given(rows, records):
     assert read_as_label(lambda row, true, shuffled: true) >= without_options + 80
 
 
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 @needs_refdata
 @pytest.mark.parametrize("part", FLOORS)
 def test_the_rule_beats_the_fields_extractors_on_the_same_labels(rows, records, part):

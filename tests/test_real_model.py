@@ -23,6 +23,8 @@ from klstudy.data import procedural, staging
 from klstudy.evaluate import divergence, harness
 from klstudy.train import cell, models
 
+pytestmark = pytest.mark.real  # the real model and real data tier: `make test-real` (docs/testing.md)
+
 CONFIG = ROOT / "config/smollm2.yaml"
 END_OF_TURN = "<|im_end|>"
 RUN = "onpolicy/smollm2/k1-reward/beta~0.1/seed~0"  # the cell the shrunk workflow run trains

@@ -22,11 +22,14 @@ from klstudy import config
 from klstudy.data import answer_text, gold, staging
 
 REFDATA = hub_layout.refdata_dir()
-pytestmark = pytest.mark.skipif(
-    REFDATA is None,
-    reason=f"{hub_layout.REFDATA_VARIABLE} is unset or names no directory: set it to copies of the paper's datasets "
-    "laid out as shared/refdata/SOURCES.md says (.ci/run sets it where ../shared/refdata exists)",
-)
+pytestmark = [
+    pytest.mark.real,  # the real model and real data tier: `make test-real` (docs/testing.md)
+    pytest.mark.skipif(
+        REFDATA is None,
+        reason=f"{hub_layout.REFDATA_VARIABLE} is unset or names no directory: set it to copies of the paper's "
+        "datasets laid out as shared/refdata/SOURCES.md says (.ci/run sets it where ../shared/refdata exists)",
+    ),
+]
 
 PAPER = config.validate_config(yaml.safe_load((config.REPO_ROOT / "config" / "paper.yaml").read_text()))
 HUB_KINDS = ("hendrycks_math", "math500", "mmlu")

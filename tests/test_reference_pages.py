@@ -12,6 +12,8 @@ from klstudy import kl
 from klstudy.report import aggregate
 from klstudy.train import cell
 
+pytestmark = pytest.mark.docs  # the documentation tier: `make test-docs` (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 

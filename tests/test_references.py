@@ -14,6 +14,8 @@ import pytest
 from klstudy import environment, kl
 from klstudy.run import references
 
+pytestmark = pytest.mark.docs  # the documentation tier: `make test-docs` (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,8 @@ import pytest
 import yaml
 from workflow_helpers import ROOT, job_counts, snakemake
 
+pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
+
 CELL = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/summary.json"
 
 

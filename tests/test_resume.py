@@ -17,6 +17,8 @@ import pytest
 import yaml
 from workflow_helpers import ROOT, SNAKEMAKE, assert_same_results
 
+pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
+
 # When to interrupt: once the first file matching the pattern exists under the run's directory. A job's log is
 # opened when the job starts, so "training" is while a cell trains (its start-up included) and "evaluation" while a
 # model is scored; the reduced study's cells are seconds long, so a checkpoint would be too brief an event to catch.

@@ -108,6 +108,7 @@ def _heldout_pass_at_1(config, model_dir, tmp_path) -> float:
     return sum(scores) / len(scores)
 
 
+@pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 def test_the_pinned_base_model_is_config_yamls_build_and_starts_rl_inside_the_pass_at_1_window(tmp_path):
     """config.yaml's base model is its pinned copy, checked by the stage against config.yaml's spec and warm-start data
     as they stand now (a change to either fails here until the copy is rebuilt with `klstudy pin-base-model`), and

@@ -16,6 +16,8 @@ from klstudy.data import staging
 from klstudy.progress import Progress
 from klstudy.train.cell import MEASURED_COLUMNS
 
+pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
+
 STEPS, KILL_AT = 6, 5  # checkpoints every 2 steps: the resumed job starts at step 4 and redoes step 5
 
 

@@ -26,6 +26,9 @@ from klstudy.train.trainer import KLTrainer, KLTrainerConfig
 
 GROUP = 4
 BETA = 0.1
+# The deep tier (`make test-deep`, docs/testing.md): every path of the trainer beyond the comparisons with stock TRL,
+# the hand-computed estimates and the one tiny cell that `make test` keeps.
+DEEP_TIER = pytest.mark.deep
 
 
 def length_reward(completions, **kwargs):
@@ -215,6 +218,7 @@ def test_k1_in_loss_adds_the_pathwise_term(model_dir, tmp_path):
     torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-8)
 
 
+@DEEP_TIER
 @pytest.mark.parametrize("policy_loss", ["ppo_clip", "truncated_is", "masked_is"])
 def test_a_stale_batch_is_weighed_by_the_chosen_policy_loss(model_dir, tmp_path, policy_loss):
     """The trainer's gradient on a batch sampled by an older policy (ω from 0.05 to 12), written by hand."""
@@ -247,6 +251,7 @@ def test_a_stale_batch_is_weighed_by_the_chosen_policy_loss(model_dir, tmp_path,
     assert logged == pytest.approx(((stopped * mask).sum() / mask.sum()).item()) and logged > 0
 
 
+@DEEP_TIER
 @pytest.mark.parametrize("placement", ["reward", "loss"])
 def test_rloo_advantages_include_the_penalty_only_in_the_reward(model_dir, tmp_path, placement):
     trainer = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement=placement, advantage="rloo")
@@ -267,6 +272,7 @@ def _hand_group_std(rewards):
     return ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).reshape(-1)
 
 
+@DEEP_TIER
 def test_k1_in_the_advantage_is_openrlhfs_reward_to_go_after_the_normalisation(model_dir, tmp_path):
     """OpenRLHF's KL in the reward (use_loss off): the normalised task advantage, then −β·K1 per token summed to go,
     with K1 from the sampling policy; the loss is the surrogate of those per-token advantages (by hand)."""
@@ -288,6 +294,7 @@ def test_k1_in_the_advantage_is_openrlhfs_reward_to_go_after_the_normalisation(m
     torch.testing.assert_close(grad, hand, rtol=1e-4, atol=1e-8)
 
 
+@DEEP_TIER
 def test_group_whiten_whitens_every_token_after_the_penalty(model_dir, tmp_path):
     """OpenRLHF's reinforce_baseline: the group mean, the KL to go, then (A − mean)·rsqrt(var) over the batch's
     unmasked tokens (variance ÷ n), by hand."""
@@ -303,6 +310,7 @@ def test_group_whiten_whitens_every_token_after_the_penalty(model_dir, tmp_path)
     torch.testing.assert_close(batch["advantages"], (raw - mean) / variance.sqrt())
 
 
+@DEEP_TIER
 def test_beta_zero_still_measures_the_kl_to_the_reference(model_dir, tmp_path):
     trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="none", beta=0.0)
     assert trainer.ref_model is not None  # stock TRL loads none at β = 0
@@ -311,6 +319,7 @@ def test_beta_zero_still_measures_the_kl_to_the_reference(model_dir, tmp_path):
     assert trainer._metrics["train"]["kl_k3"][-1] > 0  # drift() moved the policy away from the reference
 
 
+@DEEP_TIER
 @pytest.mark.parametrize("beta", [0.0, BETA])
 def test_the_reference_is_built_once_by_klstudy_for_every_beta(model_dir, tmp_path, monkeypatch, beta):
     """TRL 1.16 builds its own reference for β > 0 (float32, one FSDP unit: reference.py says why not); KLTrainer's
@@ -331,6 +340,7 @@ _load = __import__("trl.trainer.grpo_trainer", fromlist=["x"]).create_model_from
 _build = __import__("klstudy.train.reference", fromlist=["x"]).build
 
 
+@DEEP_TIER
 @pytest.mark.parametrize("kl_name", ["k3-loss", "k1-reward"])
 def test_a_wrong_reference_stops_the_cell_at_its_first_step(model_dir, tmp_path, kl_name):
     """Before any update the policy is its reference: their log-probs agree (logged as reference_logp_gap), or the
@@ -351,6 +361,7 @@ def test_a_wrong_reference_stops_the_cell_at_its_first_step(model_dir, tmp_path,
     assert wrong.state.global_step == 0  # no update was made
 
 
+@DEEP_TIER
 def test_updates_per_batch_takes_that_many_optimiser_steps_per_generation(model_dir, tmp_path):
     trainer = ours(
         model_dir,
@@ -367,6 +378,7 @@ def test_updates_per_batch_takes_that_many_optimiser_steps_per_generation(model_
     assert trainer.args.generation_batch_size == 4 * GROUP
 
 
+@DEEP_TIER
 def test_async_level_trains_on_batches_generated_k_steps_earlier(model_dir, tmp_path):
     trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="reward", async_level=2, max_steps=6)
     trainer.train()
@@ -380,6 +392,7 @@ def test_async_level_trains_on_batches_generated_k_steps_earlier(model_dir, tmp_
     assert len(logged) == 6 and all("task_reward" in entry and "kl_k3" in entry for entry in logged)
 
 
+@DEEP_TIER
 def test_async_level_beyond_the_run_generates_only_the_batches_it_trains_on(model_dir, tmp_path):
     trainer = ours(model_dir, tmp_path, kl_estimator="k1", kl_placement="reward", async_level=4, max_steps=2)
     trainer.train()
@@ -387,6 +400,7 @@ def test_async_level_beyond_the_run_generates_only_the_batches_it_trains_on(mode
     assert trainer._lookahead_drawn == 2 and not trainer._fifo
 
 
+@DEEP_TIER
 def test_the_lookahead_draws_the_training_loop_order_across_epochs_and_after_a_resume(model_dir, tmp_path):
     """The asynchronous look-ahead draws prompt batches in the order the training loop would (epoch e's order set by
     set_epoch(e), different from epoch to epoch), also when it restarts at a restored position."""
@@ -464,11 +478,11 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
 
 
-@pytest.mark.parametrize("async_level", [0, 2])
-def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_one(
-    model_dir, data_dir, tmp_path, async_level
-):
-    cell = _cell(async_level=async_level, delete_checkpoints=False, snapshot_steps=[2, 6])  # before the kill, after
+@DEEP_TIER
+def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_one(model_dir, data_dir, tmp_path):
+    """The suite's cell-level resume (the killed workflow's: tests/test_resume.py). Asynchronous, so the look-ahead's
+    batches resume too; the on-policy loop restores the same trainer state with none of them."""
+    cell = _cell(async_level=2, delete_checkpoints=False, snapshot_steps=[2, 6])  # before the kill, after
     reference = tmp_path / "reference"
     subprocess.run(_command(model_dir, data_dir, reference, tmp_path / "ref-ckpt", cell), check=True, env=_env())
 
@@ -505,25 +519,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted
     assert _weights(out / "snapshots" / "step~2") != _weights(out / "final")
 
 
-# on-policy: `make test-all` (60 s, CI's time); the epoch's sampler order is the same code at both levels
-@pytest.mark.parametrize("async_level", [pytest.param(0, marks=pytest.mark.slow), 2])
-def test_a_run_resumed_after_an_epoch_boundary_ends_like_an_uninterrupted_one(
-    model_dir, data_dir, tmp_path, async_level
-):
-    """Each epoch's prompt order depends on (seed, epoch) only (EpochSeededSampler), also in the asynchronous
-    look-ahead, which runs two batches ahead into the next epoch."""
-    cell = _cell(steps=12, delete_checkpoints=False, async_level=async_level)  # 16 prompts, 2 per step: 8 per epoch
-    subprocess.run(_command(model_dir, data_dir, tmp_path / "ref", tmp_path / "ref-ckpt", cell), check=True, env=_env())
-    out, checkpoints = tmp_path / "killed", tmp_path / "ckpt"
-    subprocess.run(_command(model_dir, data_dir, out, checkpoints, cell), env={**_env(), "KLSTUDY_KILL_AT_STEP": "11"})
-    subprocess.run(_command(model_dir, data_dir, out, checkpoints, cell), check=True, env=_env())
-    assert json.loads((out / "summary.json").read_text())["resumed_from"].endswith("checkpoint-10")
-    ignore = set(MEASURED_COLUMNS)
-    runs = [[{k: v for k, v in row.items() if k not in ignore} for row in staging.read_jsonl(d / "metrics.jsonl")]
-            for d in (tmp_path / "ref", out)]  # fmt: skip
-    assert runs[0] == runs[1]
-
-
+@DEEP_TIER
 def test_a_run_warned_of_its_jobs_end_goes_on_in_the_next_slice_like_an_uninterrupted_one(
     model_dir, data_dir, tmp_path
 ):
@@ -571,6 +567,7 @@ def test_a_diverging_run_is_recorded_not_raised(model_dir, data_dir, tmp_path):
     assert (tmp_path / "cell" / "final" / "config.json").is_file()
 
 
+@DEEP_TIER
 def test_lora_cell_trains_and_saves_a_merged_model(model_dir, data_dir, tmp_path):
     cell = _cell(steps=2, lora={"r": 4, "alpha": 8})
     subprocess.run(_command(model_dir, data_dir, tmp_path / "cell", tmp_path / "ckpt", cell), check=True, env=_env())
@@ -632,6 +629,7 @@ def test_each_heldout_request_is_generated_by_one_process_in_calls_of_one_size(r
     assert all(padded[: len(mine)] == mine for mine, padded in shares)
 
 
+@DEEP_TIER
 @pytest.mark.parametrize("snapshot_dtype, snapshot_tensors", [("base", "BF16"), ("float32", "F32")])
 def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(
     data_dir, tmp_path, snapshot_dtype, snapshot_tensors
@@ -659,6 +657,7 @@ def test_a_bfloat16_base_model_gives_bfloat16_finals_and_snapshots(
         assert not torch.equal(loaded.model.embed_tokens.weight.float(), base.model.embed_tokens.weight.float())
 
 
+@DEEP_TIER
 def test_a_save_that_wrote_no_weights_fails_the_job_instead_of_recording_ok(model_dir, data_dir, tmp_path, monkeypatch):
     """Under FSDP's SHARDED_STATE_DICT, Trainer.save_model writes the tokenizer and no weights; the job must fail."""
 
@@ -697,6 +696,7 @@ def test_a_collapse_window_of_zero_turns_the_collapse_rule_off():
     assert off.verdict(_history([0.5, 0.5], kl_k3=60.0))[0] == "diverged"  # the other rules still hold
 
 
+@DEEP_TIER
 def test_greedy_generation_is_the_same_whatever_the_seed_and_sampling_comes_back(model_dir, tmp_path):
     """train.heldout_decoding greedy: the held-out pass decodes greedily (the same responses under any seed), and the
     rollouts after it sample again (transformers' path; vLLM's temperature is set alike, tests/test_vllm.py)."""

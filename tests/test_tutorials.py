@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 

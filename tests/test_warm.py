@@ -16,6 +16,8 @@ import yaml
 
 from klstudy.run import warm
 
+pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -15,6 +15,8 @@ from workflow_helpers import ROOT, job_counts, snakemake
 from klstudy.claims_rule import VERDICTS
 from klstudy.train import models
 
+pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
+
 
 def expected_jobs(config: dict) -> dict:
     """Job counts per rule, computed from the config independently of the workflow's helpers."""
