@@ -376,3 +376,17 @@ def divergence_outputs():
 
 def figure_outputs():
     return figure_targets(config)
+
+
+# train_rl's shell (train.smk): composed here, where the pieces are, so that the rule names one string.
+TRAIN_SHELL = "".join(
+    [
+        REFUSED_RETRY,
+        ATTEMPT_HEADER,
+        "{{ {params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}",
+        " --train-data {input.train_data} --heldout-data {input.heldout_data} --out {params.out}",
+        " --checkpoints {params.checkpoints} --threads {threads}; ",
+        REQUEUE_SLICE,
+        "; }} 2>&1 | tee -a {params.history:q} > {log}",
+    ]
+)

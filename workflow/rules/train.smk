@@ -35,7 +35,4 @@ rule train_rl:
         "../../envs/klstudy.yaml"
     # A job that stops on SLURM's warning before its time limit (slices.py) leaves the cell unfinished: requeued.
     shell:
-        REFUSED_RETRY + ATTEMPT_HEADER + "{{ {params.launcher} -m klstudy train --settings {params.settings:q} --model {input.model}"
-        " --train-data {input.train_data}"
-        " --heldout-data {input.heldout_data} --out {params.out} --checkpoints {params.checkpoints}"
-        " --threads {threads}; " + REQUEUE_SLICE + "; }} 2>&1 | tee -a {params.history:q} > {log}"
+        TRAIN_SHELL
