@@ -254,7 +254,8 @@ def test_end_to_end_outputs(reduced_run):
             assert (workdir / "figures" / f"{name}.{ext}").stat().st_size > 0, name
     # One seed: no claim is testable, so no claims forest (it would draw untestable points); README.md says so.
     assert not list((workdir / "figures").glob("claims_forest*")) and not _forest_metrics(config)
-    assert "Claims that pair one seed by design" in (workdir / "figures" / "README.md").read_text()
+    readme = (workdir / "figures" / "README.md").read_text()
+    assert "Pipeline checks (drawn by every run; nothing in them is testable" in readme
     for name in ("table1", "table2", "evaluation_differences", "evaluations"):
         assert (workdir / "figures" / f"{name}.md").stat().st_size > 0, name
     table = pd.read_csv(workdir / "figures" / "table1.csv")
@@ -347,7 +348,7 @@ def test_report_contains_figure_table_captions_and_config(reduced_run):
     html = (workdir / "report.html").read_text()
     assert "fig01_toy_bias_variance.png" in html and "table1.csv" in html
     assert "fig_curves.png" in html and "fig_divergence.png" in html and "config.yaml" in html
-    assert "Figure 1" in html and "Table 1" in html and "Noise, drawn as it is" in html  # figures/README.md
+    assert "Figure 1" in html and "Table 1" in html and "How to read the figures" in html  # figures/README.md
     assert "embedded" in html
     assert "Docutils System Messages" not in html  # every caption is valid reStructuredText
 
