@@ -12,7 +12,7 @@ from huggingface_hub import errors
 from workflow_helpers import ROOT
 
 from klstudy.config import RUN_DIR, ConfigError, all_cells, train_gpus, validate_config
-from klstudy.run import estimate, memory_plans, preflight
+from klstudy.run import cuda, estimate, memory_plans, preflight
 
 
 def paper(**cluster) -> dict:
@@ -621,13 +621,13 @@ NVIDIA_SMI = ROOT / "tests" / "fixtures" / "nvidia-smi"
     ],
 )
 def test_the_nodes_driver_is_compared_with_the_cuda_torch_was_built_for(printed, wheel, status, words):
-    row = preflight.cuda_check(".venv-vllm", (NVIDIA_SMI / printed).read_text(), "2.13.0", wheel)
+    row = cuda.cuda_check(".venv-vllm", (NVIDIA_SMI / printed).read_text(), "2.13.0", wheel)
     assert row.status == status and words in row.detail, row
     assert row.what == "CUDA driver: .venv-vllm" and (status == preflight.OK) == (row.remedy == "")  # a way out
 
 
 def test_a_cpu_build_of_torch_fails_beside_a_gpu():
-    row = preflight.cuda_check(".venv", (NVIDIA_SMI / "driver-580.95.05.txt").read_text(), "2.13.0+cpu", None)
+    row = cuda.cuda_check(".venv", (NVIDIA_SMI / "driver-580.95.05.txt").read_text(), "2.13.0+cpu", None)
     assert row.status == preflight.FAIL and "torch 2.13.0+cpu is a CPU build" in row.detail
 
 
@@ -651,20 +651,20 @@ def test_each_environment_of_the_runs_gpu_jobs_has_its_row(monkeypatch, tmp_path
     monkeypatch.setattr(preflight.shutil, "which", lambda name: f"/usr/bin/{name}")
     config = paper()
     vllm_python = str(tmp_path / config["vllm_python"])
-    builds = {preflight.sys.executable: "2.13.0+cu130 13.0", vllm_python: "2.13.0+cu130 13.0"}
-    rows = preflight.cuda_checks(config, tmp_path, fake_node("driver-535.183.06.txt", builds))
+    builds = {cuda.sys.executable: "2.13.0+cu130 13.0", vllm_python: "2.13.0+cu130 13.0"}
+    rows = cuda.cuda_checks(config, tmp_path, fake_node("driver-535.183.06.txt", builds))
     assert [row.status for row in rows] == [preflight.FAIL, preflight.FAIL], rows
     assert "this environment" in rows[0].what and f"vllm_python ({vllm_python})" in rows[1].what
     del builds[vllm_python]
-    rows = preflight.cuda_checks(config, tmp_path, fake_node("driver-580.95.05.txt", builds))
+    rows = cuda.cuda_checks(config, tmp_path, fake_node("driver-580.95.05.txt", builds))
     assert rows[0].status == preflight.OK and rows[1].status == preflight.FAIL, rows
     assert "torch cannot be read" in rows[1].detail and rows[1].remedy == "make vllm-env VLLM_FLAVOUR=gpu"
 
 
 def test_without_nvidia_smi_or_gpu_jobs_the_cuda_row_says_so_and_skips(monkeypatch):
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
-    (row,) = preflight.cuda_checks(paper(), run=None)  # nothing is run
+    (row,) = cuda.cuda_checks(paper(), run=None)  # nothing is run
     assert row.status == preflight.SKIP and "no nvidia-smi here" in row.detail
     monkeypatch.setattr(preflight.shutil, "which", lambda name: f"/usr/bin/{name}")
-    (row,) = preflight.cuda_checks(validate_config(yaml.safe_load((ROOT / "config.yaml").read_text())), run=None)
+    (row,) = cuda.cuda_checks(validate_config(yaml.safe_load((ROOT / "config.yaml").read_text())), run=None)
     assert row.status == preflight.SKIP and "no job of this run asks for a GPU" in row.detail

@@ -14,6 +14,7 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     status             `klstudy status`: where the grid stands, from its files alone
     preflight          `klstudy preflight`: the Hub, data, SLURM account, partitions, limits, GPUs and disk, checked
     check              a row of the preflight's table and its statuses
+    cuda               the preflight's CUDA rows: the node driver's CUDA against torch's in each GPU job's environment
     quota              the user's disk quota where results/ lies (lfs quota, quota), for the preflight's disk row
     memory_plans       the preflight's GPU memory rows: each study's vLLM engine beside training, on the cluster's GPU
     estimate           a run's peak disk and GPU-hours, from its config

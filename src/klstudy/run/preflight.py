@@ -25,12 +25,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from klstudy.config import REPO_ROOT, RUN_DIR, all_cells, train_gpus
-from klstudy.run import estimate, memory_plans, quota
+from klstudy.run import cuda, estimate, memory_plans, quota
 from klstudy.run.check import FAIL, OK, SKIP, WARN, Check
 
 # ------------------------------------------------------------------------------------------------------------ the hub
@@ -487,88 +486,6 @@ def slurm_checks(config: dict, run=subprocess.run, jobs: int | None = None) -> l
     ]
 
 
-# ---------------------------------------------------------------------------------------------- the driver's CUDA
-
-# nvidia-smi's header: "| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0   |". The CUDA
-# version is the newest runtime the driver supports; a torch wheel names the runtime it was built with.
-DRIVER_LINE = re.compile(r"Driver Version:\s*(?P<driver>[\d.]+)\s+CUDA Version:\s*(?P<cuda>\d+\.\d+)")
-NEW_DRIVER = "a GPU node (or partition) whose driver supports CUDA {cuda}, or torch built for the driver's CUDA there"
-
-
-def cuda_check(where: str, smi: str, torch_version: str, wheel_cuda: str | None) -> Check:
-    """The driver's CUDA (``smi``: nvidia-smi's output) against the CUDA that torch
-    ``torch_version`` in the environment ``where`` was built for (torch.version.cuda; None: a CPU build). A driver of
-    an older CUDA major cannot run the wheel at all; an older minor of the same major runs it under CUDA's
-    minor-version compatibility, short of what needs the newer driver (PTX the newer toolkit wrote)."""
-    what = f"CUDA driver: {where}"
-    if wheel_cuda is None:
-        return Check(what, FAIL, f"torch {torch_version} is a CPU build: the run's GPU jobs would see no GPU",
-                     "the environment's CUDA build of torch (`make venv` / `make vllm-env VLLM_FLAVOUR=gpu` without a "
-                     "CPU wheel in PIP_FIND_LINKS)")  # fmt: skip
-    wheel = f"torch {torch_version} is built for CUDA {wheel_cuda}"
-    found = DRIVER_LINE.search(smi)
-    if not found:
-        first = next((line.strip() for line in smi.splitlines() if line.strip()), "nothing")
-        return Check(what, FAIL, f"{wheel}; nvidia-smi names no CUDA version: {first}",
-                     "a node whose NVIDIA driver answers nvidia-smi")  # fmt: skip
-    driver, cuda = found["driver"], found["cuda"]
-    detail = f"{wheel}; this node's driver {driver} supports CUDA {cuda}"
-    needed, supported = (tuple(int(n) for n in v.split(".")[:2]) for v in (wheel_cuda, cuda))
-    if needed[0] > supported[0]:
-        return Check(what, FAIL, f"{detail}: too old, CUDA cannot start", NEW_DRIVER.format(cuda=wheel_cuda))
-    if needed > supported:
-        return Check(what, WARN, f"{detail}: runs under CUDA's minor-version compatibility, not what needs the newer "
-                                 "driver", NEW_DRIVER.format(cuda=wheel_cuda))  # fmt: skip
-    return Check(what, OK, detail)
-
-
-def gpu_environments(config: dict, root: Path = REPO_ROOT) -> dict[str, Path]:
-    """The interpreters of the run's GPU jobs (workflow/rules/common.smk's stage_python): this one, which runs
-    Snakemake and every job without vLLM, and `vllm_python` where a job runs vLLM; none if no job asks for a GPU."""
-    asked = [spec["gpus"] for spec in config["resources"].values()] + [train_gpus(config, s) for s in config["studies"]]
-    if not any(asked):
-        return {}
-    found = {"this environment": Path(sys.executable)}
-    vllm_train = any(spec["train"]["generation"] == "vllm" for spec in config["studies"].values())
-    if vllm_train or config["evaluation"]["backend"] == "vllm":
-        found["vllm_python"] = root / config["vllm_python"]
-    return found
-
-
-def torch_build(python: Path, run=subprocess.run) -> tuple[str, str | None]:
-    """(torch.__version__, torch.version.cuda) in the environment of ``python``; raises OSError where it fails."""
-    probe = "import torch; print(torch.__version__); print(torch.version.cuda)"
-    done = run([str(python), "-c", probe], capture_output=True, text=True, timeout=300)
-    if done.returncode:
-        raise OSError((done.stderr.strip().splitlines() or ["no output"])[-1])
-    version, cuda = done.stdout.split()[-2:]
-    return version, None if cuda == "None" else cuda
-
-
-def cuda_checks(config: dict, root: Path = REPO_ROOT, run=subprocess.run) -> list[Check]:
-    """One row per environment of the run's GPU jobs: its torch's CUDA against this node's driver (cuda_check)."""
-    environments = gpu_environments(config, root)
-    if not environments:
-        return [Check("CUDA driver", SKIP, "no job of this run asks for a GPU")]
-    if not shutil.which("nvidia-smi"):
-        skipped = "no nvidia-smi here (a login node?): the GPU nodes' driver is not compared with torch's CUDA"
-        return [Check("CUDA driver", SKIP, f"{skipped}; `srun --gres=gpu:1 … klstudy preflight` on one compares them")]
-    try:
-        done = run(["nvidia-smi"], capture_output=True, text=True, timeout=60)
-        smi = done.stdout + done.stderr
-    except (OSError, subprocess.SubprocessError) as error:  # a hung or broken driver: cuda_check's FAIL row
-        smi = f"nvidia-smi failed: {error}"
-    rows = []
-    for where, python in environments.items():
-        label = f"{where} ({python})"
-        try:
-            rows.append(cuda_check(label, smi, *torch_build(python, run)))
-        except (OSError, subprocess.SubprocessError) as error:
-            remedy = "make vllm-env VLLM_FLAVOUR=gpu" if where == "vllm_python" else "make venv"
-            rows.append(Check(f"CUDA driver: {label}", FAIL, f"torch cannot be read there: {error}", remedy))
-    return rows
-
-
 # ---------------------------------------------------------------------------------------------------------------- disk
 
 
@@ -618,7 +535,7 @@ def disk_check(config: dict, root: Path, quota_of=quota.user_quota) -> Check:
 def checks(config: dict, root: Path, hub: bool = True, client=None, jobs: int | None = None) -> list[Check]:
     rows = hub_checks(config, root, client) if hub else [Check("hub", SKIP, "--no-hub: not checked")]
     rows += [*source_checks(config, root), *memory_plans.checks(config, root), *slurm_checks(config, jobs=jobs)]
-    rows += cuda_checks(config)
+    rows += cuda.cuda_checks(config)
     return [*rows, disk_check(config, root)]
 
 
