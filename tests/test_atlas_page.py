@@ -1,8 +1,6 @@
-"""docs/atlas.md says what its run's table holds: the summary it leads with is written from docs/atlas/tables/atlas.csv
-(the run of config/atlas.yaml) by the function that writes the run's own atlas.md, and the numbers its sentences
-quote are read from that table here.
-
-The same table holds docs/atlas/atlas.md's summary (the run's own page) and its figure (`klstudy redraw docs/atlas`)."""
+"""docs/atlas.md says what its run's table holds: the run's own page, docs/atlas/atlas.md, is what atlas.page writes
+from docs/atlas/tables/atlas.csv (the run of config/atlas.yaml) and atlas_claims.csv, and the numbers docs/atlas.md's
+sentences quote are read from that table here."""
 
 import re
 from pathlib import Path
@@ -18,7 +16,6 @@ pytestmark = pytest.mark.docs  # the documentation tier: `make test-docs` (docs/
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "atlas.md").read_text()
-BEGIN, END = "<!-- the run's summary: begin -->", "<!-- the run's summary: end -->"
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +28,14 @@ def shipped():
     return pd.read_csv(ROOT / "docs" / "atlas" / "tables" / "atlas.csv"), section
 
 
-def test_the_page_leads_with_the_runs_summary(shipped):
+def test_the_runs_page_is_what_the_atlas_writes(shipped):
+    from klstudy.report.figures.redraw import TABLE_MARK
+
     points, section = shipped
-    block = PAGE.split(BEGIN)[1].split(END)[0]
-    assert block.strip() == atlas.summary_markdown(points, section).strip()
-    assert PAGE.index(BEGIN) < PAGE.index("## What the atlas computes")
+    judged = pd.read_csv(ROOT / "docs" / "atlas" / "atlas_claims.csv")
     run_page = (ROOT / "docs" / "atlas" / "atlas.md").read_text()
-    assert atlas.summary_markdown(points, section).strip() in run_page  # the run's own page says the same
+    assert run_page.split(TABLE_MARK, 1)[1] == "\n\n" + atlas.page(points, judged, section)
+    assert "](atlas/atlas.md#your-framework-your-version-your-β)" in PAGE  # docs/atlas.md points to its table
 
 
 def ratio(points, preset, family, beta) -> float:

@@ -240,10 +240,6 @@ def claims(end_points_mc: pd.DataFrame, points: pd.DataFrame, section: dict, rul
 # ------------------------------------------------------------------------------------------------ tables
 
 
-def _fmt(value, spec="{:.3g}") -> str:
-    return "–" if pd.isna(value) else spec.format(value)
-
-
 def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     """figures/atlas.{csv,md} (every setting × β × family with the Monte Carlo agreement where it was trained),
     figures/atlas_length.csv, figures/atlas_claims.csv."""
@@ -265,33 +261,35 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
 
 
 def page(points: pd.DataFrame, judged: pd.DataFrame, section: dict) -> str:
-    """figures/atlas.md: the summary by preset, the versions, the claims and where each preset was read. Every
-    setting × β × family, and the length sweep, are in atlas.csv and atlas_length.csv, not repeated here."""
-    claims_text = judged.assign(
-        effect=[f"{e:+.3g} ± {s:.1g}" for e, s in zip(judged.effect, judged.se, strict=True)],
-        exact=judged.exact_effect.map(lambda v: _fmt(v, "{:+.3g}")),
-        tolerance=judged.bound.map(lambda v: _fmt(v, "±{:.2g}")),
-    )
-    claim_columns = ["claim", "family", "beta", "candidate", "baseline", "predicted", "exact_status", "effect", "exact",
-                     "tolerance", "seeds", "verdict"]  # fmt: skip
+    """figures/atlas.md: the summary by preset and the claims' verdicts. Every setting × β × family, the length sweep
+    and each claim's effect are in atlas.csv, atlas_length.csv and atlas_claims.csv, not repeated here."""
     return (
         "The atlas (toy model, exact, float64): where each framework's KL setup ends, as β_eff/β (the β whose optimum "
         "of J_β = E[R] − β·KL has the end point's KL, over the β set; < 1: weaker than asked). Every setting × β × "
-        "family, with its reward, KL, gap and Monte Carlo agreement: atlas.csv; the length sweep: atlas_length.csv. "
-        "docs/atlas.md explains it.\n\n"
+        "family: atlas.csv; the length sweep: atlas_length.csv. docs/atlas.md explains it; each preset's file and "
+        "line is in src/klstudy/frameworks.py.\n\n"
         "## Your framework, your version, your β\n\n"
         + summary_markdown(points, section)
-        + "\n\n"
-        + version_table(section).to_markdown(index=False)
         + "\n\n## Claims\n\n"
-        + claims_text[claim_columns].to_markdown(index=False)
-        + "\n\n## Where each preset was read\n\n"
-        + "\n".join(
-            f"- **{name}** ({p['framework']} {p['version']}): {p['source']}." + (f" {p['note']}." if p["note"] else "")
-            for name, p in presets_of(section).items()
-        )
+        "Each claim's verdict per family and β (Monte Carlo end points against the exact ones; effects, errors and "
+        "tolerances: atlas_claims.csv).\n\n"
+        + claims_table(judged).to_markdown(index=False)
         + "\n"
     )
+
+
+def claims_table(judged: pd.DataFrame) -> pd.DataFrame:
+    """One row per claim: what it compares and predicts, and its verdict at each β, a column per family."""
+    rows = []
+    for claim, rows_of in judged.groupby("claim", sort=False):
+        first = rows_of.iloc[0]
+        row = {"claim": claim, "candidate vs baseline": f"{first.candidate} vs {first.baseline}",
+               "predicted": first.predicted}  # fmt: skip
+        for family, at in rows_of.groupby("family", sort=True):
+            betas = " / ".join(f"{b:g}" for b in at.beta)
+            row[f"{family}: β = {betas}"] = " / ".join(at.verdict)
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 CLAMP_MARK = "†"  # the setting's clamp binds at this end point (with_clamp_binding): it depends on the path
@@ -319,8 +317,8 @@ def _range_text(rows: pd.DataFrame) -> str:
 
 
 def summary_table(points: pd.DataFrame, section: dict) -> pd.DataFrame:
-    """One row per preset, what the atlas finds (docs/atlas.md leads with it): β_eff/β at each β of ``betas`` in the
-    tabular and the parametric family, at the preset's own default and recipe β, and over ``frameworks_betas``."""
+    """One row per preset, what the atlas finds: β_eff/β at each β of ``betas`` in the parametric and the tabular
+    family, and in the parametric family at the preset's own default and recipe β and over ``frameworks_betas``."""
     presets = presets_of(section)
     own_betas = {name: {b for b in (p["default_beta"], p["recipe_beta"]) if b} for name, p in presets.items()}
     field = set(section.get("frameworks_betas") or [])
@@ -329,12 +327,13 @@ def summary_table(points: pd.DataFrame, section: dict) -> pd.DataFrame:
         mine = points[points.preset == name]
         release = f"{p['framework']} {p['version']}" + (", a proposal" if p["status"] == "proposal" else "")
         row = {"preset (its name for explain)": f"`{name}`: {release}",
-               "setting": f"{p['kl']}, {p['normalisation']}, G = {p['group']}"}  # fmt: skip
+               "setting": f"{p['kl']}" + (f" ±{p['clamp']:g}" if p["clamp"] else "")
+               + f", {p['normalisation']}, G = {p['group']}"}  # fmt: skip
         for family in ("parametric", "tabular"):  # the parametric family first: it resolves the field's small β
             at = mine[mine.family == family].set_index("beta", drop=False)  # a row keeps its β
             grid = [f"{ratio_text(at.loc[b])}" for b in section["betas"] if b in at.index]
             row[f"{family}: β_eff/β at β = {' / '.join(f'{b:g}' for b in section['betas'])}"] = " / ".join(grid)
-            if field:
+            if field and family == "parametric":  # the tabular family cannot resolve the field's small β
                 own = [f"{ratio_text(at.loc[b])} (β = {b:g})" for b in sorted(own_betas[name]) if b in at.index]
                 row[f"{family}: at its own β"] = "; ".join(own) if own_betas[name] else "– (off by default)"
                 row[f"{family}: β = {min(field):g}–{max(field):g}"] = _range_text(at[at.index.isin(field)])
@@ -343,7 +342,7 @@ def summary_table(points: pd.DataFrame, section: dict) -> pd.DataFrame:
 
 
 def summary_markdown(points: pd.DataFrame, section: dict) -> str:
-    """summary_table as Markdown with what its marks mean: the run's atlas.md and docs/atlas.md lead with it."""
+    """summary_table as Markdown with what its marks mean: the run's atlas.md leads with it."""
     return (
         summary_table(points, section).to_markdown(index=False)
         + f"\n\n{CLAMP_MARK}: the preset's clamp binds at that end point (a response has a token whose KL estimate "
@@ -354,15 +353,3 @@ def summary_markdown(points: pd.DataFrame, section: dict) -> str:
     )
 
 
-def version_table(section: dict) -> pd.DataFrame:
-    """One row per preset: framework, version, what it amounts to in kl.py's grammar, its default and recipe β."""
-    rows = []
-    for name, p in presets_of(section).items():
-        rows.append({
-            "framework": p["framework"], "version": p["version"] + (" (proposal)" if p["status"] == "proposal" else ""),
-            "preset": name, "KL": p["kl"] + (f", clamped ±{p['clamp']:g}" if p["clamp"] else ""),
-            "advantage": p["normalisation"], "G": p["group"],
-            "default β": f"{p['default_beta']:g}" + (" (off)" if not p["default_beta"] else ""),
-            "recipe β": "–" if p["recipe_beta"] is None else f"{p['recipe_beta']:g}",
-        })  # fmt: skip
-    return pd.DataFrame(rows)

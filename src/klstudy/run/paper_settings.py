@@ -155,32 +155,51 @@ def _format(value) -> str:
     return str(value)
 
 
-def _row(row: dict) -> str:
-    keys = "<br>".join(f"`{path}`" + ("" if value is MISSING else f" = `{_format(value)}`")
-                       for path, value in keys_and_values(row))  # fmt: skip
+def key_patterns(row: dict) -> list[tuple[str, object]]:
+    """(key as the row writes it, value) pairs: a path with ``{a,b}`` stays one pattern, as the page shows it."""
+    if "key" not in row:
+        return []
+    if isinstance(row["key"], str):
+        return [(row["key"], row.get("value", MISSING))]
+    return list(zip(row["key"], row.get("value", [MISSING] * len(row["key"])), strict=True))
+
+
+def shown(pattern: str, studies: list[str]) -> str:
+    """A key pattern as the page writes it: ``studies.{…every study…}.x`` as ``studies.*.x``."""
+    found = re.fullmatch(r"studies\.\{([^}]*)\}(.*)", pattern)
+    if found and sorted(n.strip() for n in found.group(1).split(",")) == sorted(studies):
+        return "studies.*" + found.group(2)
+    return pattern
+
+
+def _row(row: dict, studies: list[str]) -> str:
+    keys = "<br>".join(f"`{shown(pattern, studies)}`" + ("" if value is MISSING else f" = `{_format(value)}`")
+                       for pattern, value in key_patterns(row))  # fmt: skip
     cells = [row["where"], " ".join(str(row["paper"]).split()), keys]
     if row["kind"] != "stated":
         cells.append(" ".join(row["reading"].split()))
     return "| " + " | ".join(cells) + " |"
 
 
+def _studies(mapping: dict) -> list[str]:
+    """Every study the rows name (config/paper.yaml's): ``studies.*`` on the page stands for all of them."""
+    paths = [path for row in mapping["settings"] for path, _ in keys_and_values(row)]
+    return sorted({path.split(".")[1] for path in paths if path.startswith("studies.")})
+
+
 def page(mapping: dict) -> str:
     """docs/paper-settings.md."""
     pending = sum(row["kind"] == "pending" for row in mapping["settings"])
+    studies = _studies(mapping)
     lines = [
         "# The paper's settings, line by line",
         "",
         "[← the manual](README.md) · each setting the paper states, where it says it, and the `config/paper.yaml` key "
         "that holds it.",
         "",
-        "Written by `.venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md` from "
-        "`config/paper-settings.yaml`, where the paper's words are typed by hand with their place; "
-        "`tests/test_paper_settings.py` fails where `config/paper.yaml` holds another value than a row's, where a key "
-        "a run reads is neither a row's nor in the list of keys that are no setting of the paper's, where a quotation "
-        "is not the paper's words, or where a reference names a section, figure or table the paper does not have. "
-        "Sections (§4.1) and appendices (B, D.2) are the paper's; ω_t = π_θ / π_old is the per-token importance "
-        "ratio, π_old the policy that sampled the token, its log-probabilities as the trainer computes them (1 "
-        "on-policy).",
+        "Sections (§4.1) and appendices (B, D.2) are the paper's; `studies.*` is every study of the paper's config, "
+        "`{a,b}` the studies named; ω_t = π_θ / π_old is the per-token importance ratio. Written from "
+        "`config/paper-settings.yaml` by `.venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md`.",
         "",
         (
             f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. "
@@ -196,7 +215,7 @@ def page(mapping: dict) -> str:
             continue
         columns = ["where", "the paper", "config", *(["reading"] if kind != "stated" else [])]
         lines += [f"## {heading[0].upper()}{heading[1:]}", "", "| " + " | ".join(columns) + " |",
-                  "|" + "---|" * len(columns), *map(_row, rows), ""]  # fmt: skip
+                  "|" + "---|" * len(columns), *(_row(row, studies) for row in rows), ""]  # fmt: skip
     return "\n".join(lines + _other_sections(mapping))
 
 
@@ -211,15 +230,12 @@ def _other_sections(mapping: dict) -> list[str]:
     lines = [
         "## Keys that are no setting of the paper's",
         "",
-        "Every other key under the sections a run reads (`" + "`, `".join(RUN_SECTIONS) + "`) is a row above; "
-        "`tests/test_paper_settings.py` fails on a key that is in neither (`*`: any study or dataset).",
+        "Every other key under `" + "`, `".join(RUN_SECTIONS) + "` is a row above (`*`: any study or dataset).",
         "",
         *_table(["key", "why"], [[f"`{e['key']}`", e["why"]] for e in mapping.get("not_settings", [])]),
         "## Claims",
         "",
-        "`config/paper.yaml`'s `claims` are the paper's claims the claims table judges "
-        "([the claims table](claims.md)); each cites where the paper makes it. These are the paper's claims it cannot "
-        "express, and why:",
+        "The paper's claims [the claims table](claims.md) cannot express, and why:",
         "",
         *_table(
             ["where", "the paper", "why"],
