@@ -69,10 +69,15 @@ def test_the_page_is_what_the_mapping_gives(mapping):
 
 
 def test_every_row_is_on_the_page_with_its_keys(mapping):
+    """Each row's keys as the page gathers them (the studies that hold one value in one key), and nothing lost."""
     text = (ROOT / "docs/paper-settings.md").read_text()
+    studies = paper_settings._studies(mapping)
+    every = "studies.{" + ",".join(studies) + "}."
     for row in mapping["settings"]:
-        for path, _ in paper_settings.keys_and_values(row):
-            assert f"`{path}`" in text
+        shown = paper_settings.grouped(row, studies)
+        assert all(f"`{key}`" in text for key, _ in shown), row["where"]
+        paths = [(path, value) for key, value in shown for path in paper_settings.expand(key.replace("studies.*.", every))]
+        assert sorted(map(repr, paths)) == sorted(map(repr, paper_settings.keys_and_values(row))), row["where"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)

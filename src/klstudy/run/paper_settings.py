@@ -155,29 +155,33 @@ def _format(value) -> str:
     return str(value)
 
 
-def key_patterns(row: dict) -> list[tuple[str, object]]:
-    """(key as the row writes it, value) pairs: a path with ``{a,b}`` stays one pattern, as the page shows it."""
-    if "key" not in row:
-        return []
-    if isinstance(row["key"], str):
-        return [(row["key"], row.get("value", MISSING))]
-    return list(zip(row["key"], row.get("value", [MISSING] * len(row["key"])), strict=True))
-
-
-def shown(pattern: str, studies: list[str]) -> str:
-    """A key pattern as the page writes it: ``studies.{…every study…}.x`` as ``studies.*.x``."""
-    found = re.fullmatch(r"studies\.\{([^}]*)\}(.*)", pattern)
-    if found and sorted(n.strip() for n in found.group(1).split(",")) == sorted(studies):
-        return "studies.*" + found.group(2)
-    return pattern
+def grouped(row: dict, studies: list[str]) -> list[tuple[str, object]]:
+    """A row's (key, value) pairs as the page shows them: one key per setting and value, with the studies that hold it
+    gathered (``studies.{a,b}.x``, or ``studies.*.x`` for every study), in the row's order."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    values: dict[tuple[str, str], object] = {}
+    for path, value in keys_and_values(row):
+        parts = path.split(".", 2)
+        study, rest = (parts[1], parts[2]) if parts[0] == "studies" and len(parts) == 3 else (None, path)
+        group = (rest, repr(value))
+        groups.setdefault(group, []).append(study)
+        values[group] = value
+    shown = []
+    for (rest, _), names in groups.items():
+        if names == [None]:
+            shown.append((rest, values[(rest, _)]))
+            continue
+        which = "*" if sorted(names) == sorted(studies) else names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
+        shown.append((f"studies.{which}.{rest}", values[(rest, _)]))
+    return shown
 
 
 def _row(row: dict, studies: list[str]) -> str:
-    keys = "<br>".join(f"`{shown(pattern, studies)}`" + ("" if value is MISSING else f" = `{_format(value)}`")
-                       for pattern, value in key_patterns(row))  # fmt: skip
-    cells = [row["where"], " ".join(str(row["paper"]).split()), keys]
-    if row["kind"] != "stated":
-        cells.append(" ".join(row["reading"].split()))
+    keys = "<br>".join(f"`{key}`" + ("" if value is MISSING else f" = `{_format(value)}`")
+                       for key, value in grouped(row, studies))  # fmt: skip
+    if row["kind"] == "stated":  # the paper's words, quoted, are the mapping's: the page says where and what
+        return f"| {row['where']} | {keys} |"
+    cells = [row["where"], " ".join(str(row["paper"]).split()), keys, " ".join(row["reading"].split())]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -199,7 +203,8 @@ def page(mapping: dict) -> str:
         "",
         "Sections (§4.1) and appendices (B, D.2) are the paper's; `studies.*` is every study of the paper's config, "
         "`{a,b}` the studies named; ω_t = π_θ / π_old is the per-token importance ratio. Written from "
-        "`config/paper-settings.yaml` by `.venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md`.",
+        "`config/paper-settings.yaml`, which quotes the paper's words for every row, by "
+        "`.venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md`.",
         "",
         (
             f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. "
@@ -213,7 +218,7 @@ def page(mapping: dict) -> str:
         rows = [row for row in mapping["settings"] if row["kind"] == kind]
         if not rows:
             continue
-        columns = ["where", "the paper", "config", *(["reading"] if kind != "stated" else [])]
+        columns = ["where", "config"] if kind == "stated" else ["where", "the paper", "config", "reading"]
         lines += [f"## {heading[0].upper()}{heading[1:]}", "", "| " + " | ".join(columns) + " |",
                   "|" + "---|" * len(columns), *(_row(row, studies) for row in rows), ""]  # fmt: skip
     return "\n".join(lines + _other_sections(mapping))
@@ -225,24 +230,17 @@ def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _other_sections(mapping: dict) -> list[str]:
-    """The page's tables of keys that are no setting of the paper's, and of the paper's claims not in the claims
-    table (with the claims removed from it)."""
+    """The paper's claims the claims table cannot express. The keys that are no setting of the paper's, and the claims
+    removed from config/paper.yaml, stay in config/paper-settings.yaml with their reasons."""
     lines = [
-        "## Keys that are no setting of the paper's",
+        "## The paper's claims no claim expresses",
         "",
-        "Every other key under `" + "`, `".join(RUN_SECTIONS) + "` is a row above (`*`: any study or dataset).",
-        "",
-        *_table(["key", "why"], [[f"`{e['key']}`", e["why"]] for e in mapping.get("not_settings", [])]),
-        "## Claims",
-        "",
-        "The paper's claims [the claims table](claims.md) cannot express, and why:",
+        "The paper's claims [the claims table](claims.md) cannot judge, and why (every other key a run reads, and why "
+        "it is no setting of the paper's: `not_settings` in `config/paper-settings.yaml`):",
         "",
         *_table(
             ["where", "the paper", "why"],
             [[e["where"], e["paper"], e["why"]] for e in mapping.get("claims_not_encoded", [])],
         ),
-        "Claims removed from `config/paper.yaml`, and why:",
-        "",
-        *_table(["claim", "why"], [[f"`{e['claim']}`", e["why"]] for e in mapping.get("claims_removed", [])]),
     ]
     return lines[:-1]  # the page ends with its last row
