@@ -181,6 +181,8 @@ def _row(row: dict, studies: list[str]) -> str:
                        for key, value in grouped(row, studies))  # fmt: skip
     if row["kind"] == "stated":  # the paper's words, quoted, are the mapping's: the page says where and what
         return f"| {row['where']} | {keys} |"
+    if row["kind"] == "open":  # the paper does not say: where it is silent, and the choice
+        return f"| {row['where']} | {keys} | {' '.join(row['reading'].split())} |"
     cells = [row["where"], " ".join(str(row["paper"]).split()), keys, " ".join(row["reading"].split())]
     return "| " + " | ".join(cells) + " |"
 
@@ -218,7 +220,8 @@ def page(mapping: dict) -> str:
         rows = [row for row in mapping["settings"] if row["kind"] == kind]
         if not rows:
             continue
-        columns = ["where", "config"] if kind == "stated" else ["where", "the paper", "config", "reading"]
+        columns = {"stated": ["where", "config"], "open": ["where", "config", "the choice, and why"]}.get(
+            kind, ["where", "the paper", "config", "reading"])
         lines += [f"## {heading[0].upper()}{heading[1:]}", "", "| " + " | ".join(columns) + " |",
                   "|" + "---|" * len(columns), *(_row(row, studies) for row in rows), ""]  # fmt: skip
     return "\n".join(lines + _other_sections(mapping))
