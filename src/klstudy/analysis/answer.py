@@ -61,7 +61,7 @@ def recommended(preset, atlas: pd.DataFrame, toy_section: dict) -> str:
     at = f"G = {group}" + ("" if group == preset.group else f", the atlas's nearest to {preset.group}")
     strength = f"β_eff/β {_ratio_words(ratios)} at β = {FIELD_BETA:g} / {STRONG_BETA:g} ({at})"
     if any(r != r or abs(r - 1) > TOLERANCE for r in ratios):
-        strength += ": not the β set (explain computes the β that gives yours)"
+        strength += ": set the β explain computes"
     return f"{config} ({words}, advantages {normalisation}): {strength}"
 
 

@@ -266,8 +266,7 @@ def page(points: pd.DataFrame, judged: pd.DataFrame, section: dict) -> str:
     return (
         "The atlas (toy model, exact, float64): where each framework's KL setup ends, as β_eff/β (the β whose optimum "
         "of J_β = E[R] − β·KL has the end point's KL, over the β set; < 1: weaker than asked). Every setting × β × "
-        "family: atlas.csv; the length sweep: atlas_length.csv. docs/atlas.md explains it; each preset's file and "
-        "line is in src/klstudy/frameworks.py.\n\n"
+        "family: atlas.csv; the length sweep: atlas_length.csv. docs/atlas.md explains it.\n\n"
         "## Your framework, your version, your β\n\n"
         + summary_markdown(points, section)
         + "\n\n## Claims\n\n"
@@ -279,12 +278,12 @@ def page(points: pd.DataFrame, judged: pd.DataFrame, section: dict) -> str:
 
 
 def claims_table(judged: pd.DataFrame) -> pd.DataFrame:
-    """One row per claim: what it compares and predicts, and its verdict at each β, a column per family."""
+    """One row per claim: what it predicts and its verdict at each β, a column per family (what it compares: its
+    name, and atlas_claims.csv)."""
     rows = []
     for claim, rows_of in judged.groupby("claim", sort=False):
         first = rows_of.iloc[0]
-        row = {"claim": claim, "candidate vs baseline": f"{first.candidate} vs {first.baseline}",
-               "predicted": first.predicted}  # fmt: skip
+        row = {"claim": claim, "predicted": first.predicted}
         for family, at in rows_of.groupby("family", sort=True):
             betas = " / ".join(f"{b:g}" for b in at.beta)
             row[f"{family}: β = {betas}"] = " / ".join(at.verdict)
