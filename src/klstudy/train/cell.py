@@ -171,7 +171,7 @@ def trainer_config(cell: dict, checkpoint_dir: Path, engine: dict | None = None)
         save_strategy="steps",
         save_steps=train["checkpoint_every"] * updates,
         # Two: Trainer deletes the older checkpoint before RunRecorder.on_save marks the newer one complete, so with
-        # one, a job killed in between would restart from step 0. docs/cost.md, "Disk".
+        # one, a job killed in between would restart from step 0 (docs/cost.md's disk table counts them).
         save_total_limit=SAVE_TOTAL_LIMIT,  # 2; a third exists while the next is written (run/estimate.py)
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
