@@ -140,21 +140,24 @@ def get(name: str, default: str | None = None) -> str | None:
 
 
 def page() -> str:
-    """docs/environment.md: every variable, in a table for each group above."""
-    sections = [
-        ("Variables that change a run", USER),
-        ("Variables of the tests", TESTING),
-        ("Other tools' variables that klstudy reads", OTHERS),
-        ("Variables of the workflow's shell commands and the driver job", WORKFLOW),
-    ]
+    """docs/environment.md: the variables you set for a run, in a table; the tests' and those that SLURM, accelerate
+    or the workflow set, by name only (their meaning is declared above; docs/testing.md says the tests' own)."""
+    everything = {**USER, **TESTING, **OTHERS, **WORKFLOW}
+    yours = {name: v for name, v in everything.items() if v.set_by.startswith("you") and "test" not in v.set_by}
+    theirs = sorted(name for name in everything if name not in yours)
     lines = [
         "# Environment variables",
         "",
-        "[← the manual](README.md) · every environment variable klstudy reads. Written by "
-        "`.venv/bin/python -m klstudy references --out-dir docs` from `src/klstudy/environment.py`, where each is "
-        "declared; `tests/test_references.py` fails when code reads one not declared there or this page is stale.",
+        "[← the manual](README.md) · the environment variables you may set. Written from "
+        "`src/klstudy/environment.py`, where every variable klstudy reads is declared, by "
+        "`.venv/bin/python -m klstudy references --out-dir docs`.",
+        "",
+        "| variable | what it changes |",
+        "|---|---|",
     ]
-    for title, variables in sections:
-        lines += ["", f"## {title}", "", "| variable | set by | what it changes |", "|---|---|---|"]
-        lines += [f"| `{name}` | {v.set_by} | {v.meaning} |" for name, v in variables.items()]
+    for name, v in yours.items():
+        who = "" if v.set_by == "you" else f" ({v.set_by.removeprefix('you, ')})"
+        lines.append(f"| `{name}` | {v.meaning}{who} |")
+    lines += ["", "Set by SLURM, accelerate, the workflow or for the tests ([testing](testing.md)), and read: "
+              + ", ".join(f"`{name}`" for name in theirs) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
