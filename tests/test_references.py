@@ -165,3 +165,12 @@ def test_an_argument_without_help_is_refused():
 def test_a_make_targets_first_sentence_ends_at_a_sentences_end():
     assert references.first_sentence("Every cell, e.g. one. `make x` does more.") == "Every cell, e.g. one."
     assert references.first_sentence("No full stop here") == "No full stop here"
+
+
+def test_the_workflows_subcommands_are_found_in_its_rules():
+    """docs/cli.md lists apart the subcommands the rules run: the scan must find the stages, and only subcommands."""
+    from klstudy.run import cli
+
+    (commands,) = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    found = references.workflow_subcommands()
+    assert {"train", "evaluate", "prepare-data", "toy"} <= found <= set(commands.choices)

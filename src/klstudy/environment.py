@@ -149,8 +149,7 @@ def page() -> str:
         "# Environment variables",
         "",
         "[← the manual](README.md) · the environment variables you may set. Written from "
-        "`src/klstudy/environment.py`, where every variable klstudy reads is declared, by "
-        "`.venv/bin/python -m klstudy references --out-dir docs`.",
+        "`src/klstudy/environment.py`, where every variable klstudy reads is declared.",
         "",
         "| variable | what it changes |",
         "|---|---|",
@@ -158,6 +157,6 @@ def page() -> str:
     for name, v in yours.items():
         who = "" if v.set_by == "you" else f" ({v.set_by.removeprefix('you, ')})"
         lines.append(f"| `{name}` | {v.meaning}{who} |")
-    lines += ["", "Set by SLURM, accelerate, the workflow or for the tests ([testing](testing.md)), and read: "
-              + ", ".join(f"`{name}`" for name in theirs) + "."]  # fmt: skip
+    lines += ["", f"klstudy reads {len(theirs)} more, which SLURM, accelerate, the workflow or the tests set "
+              "([testing](testing.md)); `src/klstudy/environment.py` says what each changes."]  # fmt: skip
     return "\n".join(lines) + "\n"

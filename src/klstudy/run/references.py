@@ -17,7 +17,8 @@ from pathlib import Path
 from klstudy import environment
 
 ROOT = Path(__file__).resolve().parents[3]
-GENERATED = "Written from {source} by `.venv/bin/python -m klstudy references --out-dir docs`."
+# Each page says where it comes from; this module's docstring says how to write it again.
+GENERATED = "Written from {source}."
 
 
 def _cell(text) -> str:
@@ -189,43 +190,44 @@ def _value(value) -> str:
 
 def study_grid_page(embedded_path: Path = ROOT / "config.yaml", paper_path: Path = ROOT / "config" / "paper.yaml"):
     """docs/study-grid.md: the first study of the paper's config at both scales, setting by setting (differences in
-    bold), then each other study by what it changes, from the two validated configs."""
+    bold), then a row per other study with what it changes, from the two validated configs."""
     import yaml
 
     from klstudy.config import validate_config
 
     embedded, paper = (validate_config(yaml.safe_load(p.read_text())) for p in (embedded_path, paper_path))
     lines = _header("The studies at both scales", "`config.yaml` and `config/paper.yaml`",
-                    "each study of `config.yaml` beside `config/paper.yaml`'s, the others by what they change from "
-                    "the first (in bold where the scales differ). A study trains every model × KL configuration × β × "
-                    "seed it lists (`none`: no KL, at β = 0).")  # fmt: skip
-    first = None
-    for study in paper["studies"]:
-        ours, theirs = embedded["studies"].get(study), paper["studies"][study]
-        lines += ["", f"## {study}", "", _cell(theirs.get("description", "")), ""]
-        if ours is None:
-            lines.append("The embedded config has no such study.")
+                    "each study of `config.yaml` beside `config/paper.yaml`'s (embedded / paper, in bold where the "
+                    "scales differ). A study trains every model × KL configuration × β × seed it lists (`none`: no "
+                    "KL, at β = 0).")  # fmt: skip
+    (head, *others) = paper["studies"]
+    first = {row[0]: row for row in _settings(head, embedded, paper)}
+    lines += ["", f"## {head}", "", _cell(paper["studies"][head].get("description", "")), "",
+              "| setting | embedded | paper |", "|---|---|---|"]  # fmt: skip
+    lines += [_side_by_side(*row) for row in first.values()]
+    lines += ["", "## The other studies", "", f"| study | what it is | as `{head}`, but |", "|---|---|---|"]
+    for study in others:
+        about = _cell(paper["studies"][study].get("description", ""))
+        if study not in embedded["studies"]:
+            lines.append(f"| `{study}` | {about} | the embedded config has no such study |")
             continue
-        rows = _settings(ours, theirs, embedded, paper)
-        if first is not None:
-            rows = [row for row in rows if row != first.get(row[0], row)]
-            head = next(iter(paper["studies"]))
-            lines.append(f"As `{head}`, but:" if rows else f"As `{head}` at both scales.")
-            if not rows:
-                continue
-            lines.append("")
-        else:
-            first = {row[0]: row for row in rows}
-        lines += ["| setting | embedded | paper |", "|---|---|---|"]
-        lines += [_side_by_side(*row) for row in rows]
+        changed = [row for row in _settings(study, embedded, paper) if row != first.get(row[0])]
+        lines.append(f"| `{study}` | {about} | {'; '.join(_inline(*row) for row in changed) or 'nothing'} |")
     for section, keys in EVALUATED.items():
         lines += ["", f"## {section}", "", "| setting | embedded | paper |", "|---|---|---|"]
         lines += [_side_by_side(key, embedded[section].get(key), paper[section].get(key)) for key in keys]
     return "\n".join(lines) + "\n"
 
 
-def _settings(ours: dict, theirs: dict, embedded: dict, paper: dict) -> list[tuple]:
+def _inline(key: str, embedded_value, paper_value) -> str:
+    """A setting in a study's row of docs/study-grid.md: its one value, or both scales' in bold."""
+    shown = [_cell(_value(v)) for v in (embedded_value, paper_value)]
+    return f"`{key}` {shown[0]}" if embedded_value == paper_value else f"`{key}` **{shown[0]}** / **{shown[1]}**"
+
+
+def _settings(study: str, embedded: dict, paper: dict) -> list[tuple]:
     """A study's (setting, embedded value, paper value) rows, in the order a reader compares them."""
+    ours, theirs = embedded["studies"][study], paper["studies"][study]
     rows = [(key, ours.get(key), theirs.get(key)) for key in STUDY_KEYS]
     rows += [(key, ours["train"].get(key), theirs["train"].get(key)) for key in TRAIN_KEYS]
     rows += [("health.collapse_window", ours["health"]["collapse_window"], theirs["health"]["collapse_window"])]
