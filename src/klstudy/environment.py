@@ -3,8 +3,8 @@
 Python code reads a ``KLSTUDY_*`` variable through :func:`get` (or a name declared here), which refuses a name not
 declared; tests/test_references.py fails when any file of the repository (code, scripts, Makefile, workflow) names a
 ``KLSTUDY_*`` variable not declared here, or when the page docs/environment.md is not what :func:`page` writes. The
-variables of other tools that klstudy reads (the Hub's, W&B's, SLURM's, torch's) are declared too, so that the page
-lists everything a job's behaviour depends on.
+variables of other tools that klstudy reads (the Hub's, W&B's, SLURM's, torch's) are declared too, so that this
+module lists everything a job's behaviour depends on; the page shows those a user sets.
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ def get(name: str, default: str | None = None) -> str | None:
 
 
 def page() -> str:
-    """docs/environment.md: the variables you set for a run, in a table; the tests' and those that SLURM, accelerate
-    or the workflow set, by name only (their meaning is declared above; docs/testing.md says the tests' own)."""
+    """docs/environment.md: the variables you set for a run, in a table; the others (the tests', and those SLURM,
+    accelerate or the workflow set) are declared here, and docs/testing.md says the ones a tester sets."""
     everything = {**USER, **TESTING, **OTHERS, **WORKFLOW}
     yours = {name: v for name, v in everything.items() if v.set_by.startswith("you") and "test" not in v.set_by}
     theirs = sorted(name for name in everything if name not in yours)
@@ -154,9 +154,7 @@ def page() -> str:
         "| variable | what it changes |",
         "|---|---|",
     ]
-    for name, v in yours.items():
-        who = "" if v.set_by == "you" else f" ({v.set_by.removeprefix('you, ')})"
-        lines.append(f"| `{name}` | {v.meaning}{who} |")
+    lines += [f"| `{name}` | {v.meaning} |" for name, v in yours.items()]
     lines += ["", f"klstudy reads {len(theirs)} more, which SLURM, accelerate, the workflow or the tests set "
               "([testing](testing.md)); `src/klstudy/environment.py` says what each changes."]  # fmt: skip
     return "\n".join(lines) + "\n"
