@@ -227,7 +227,7 @@ def test_the_identifier_panel_and_size_checks_catch_what_they_name(run):
 
 def test_one_colour_per_configuration_none_reused_none_a_verdicts():
     """Every configuration of the estimators the figures know (K1, K2, K3) has its own colour in the one table: toy,
-    atlas and runs alike. An estimator added later is grey until it is given colours (docs/tutorial-estimator.md)."""
+    atlas and runs alike. An estimator added later is grey until it is given colours (docs/studies.md)."""
     estimators = ("k1", "k2", "k3")
     names = [kl.NO_KL] + [f"{e}-{p}" for e in estimators for p in ("reward", "loss", "both", "advantage")]
     names += [f"{e}-loss-{g}" for e in estimators for g in kl.LOSS_GRADIENTS[1:]]

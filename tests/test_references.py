@@ -1,6 +1,6 @@
 """The references written from the code (src/klstudy/run/references.py) are what the code says: each committed page
 is what its generator writes now, every environment variable any file reads is declared in environment.py, every
-refusal of KLTrainerConfig is shown on its page and every metric KLTrainer logs is described."""
+refusal of KLTrainerConfig is a ValueError and every metric KLTrainer logs is described."""
 
 import argparse
 import inspect
@@ -80,8 +80,26 @@ def test_an_undeclared_variable_cannot_be_read():
         environment.get("KLSTUDY_" + "NO_SUCH_THING")  # split: the scan of every file above would find it
 
 
-def test_every_refusal_of_the_trainer_config_is_shown():
-    """Each `raise` of KLTrainerConfig's and KLSpec's validation runs for one of references.REFUSED."""
+# Each way KLTrainerConfig refuses a setting, shown by a setting it refuses.
+REFUSED = [
+    {"kl_estimator": "k9"},
+    {"kl_placement": "reward_and_loss"},
+    {"beta": -0.1},
+    {"kl_loss_gradient": "detached"},
+    {"kl_clamp": 0.0},
+    {"kl_placement": "reward", "kl_loss_gradient": "ratio"},
+    {"policy_loss": "gspo"},
+    {"advantage": "none"},
+    {"loss_type": "grpo"},
+    {"updates_per_batch": 0},
+    {"scale_rewards": "group"},
+    {"steps_per_generation": 3},
+]
+
+
+def test_every_refusal_of_the_trainer_config_is_a_value_error_with_a_message():
+    """Each `raise` of KLTrainerConfig's and KLSpec's validation runs for one of REFUSED, as the ValueError the page
+    promises (references.refusal fails on any setting accepted)."""
     from klstudy.train.trainer import KLTrainerConfig
 
     checks = [KLTrainerConfig.__post_init__, kl.KLSpec.__post_init__]
@@ -98,12 +116,12 @@ def test_every_refusal_of_the_trainer_config_is_shown():
 
     sys.settrace(tracer)
     try:
-        shown = references.refusals()
+        messages = [references.refusal(setting) for setting in REFUSED]
     finally:
         sys.settrace(None)
     missed = sorted(line for code, line in raises - reached)
-    assert missed == [], f"no setting of references.REFUSED reaches the raise at these lines: {missed}"
-    assert len(shown) == len(references.REFUSED)
+    assert missed == [], f"no setting of REFUSED reaches the raise at these lines: {missed}"
+    assert all(messages)
 
 
 def test_every_metric_the_trainer_logs_is_described():
@@ -142,3 +160,17 @@ def test_an_argument_without_help_is_refused():
     sub.add_parser("stage", help="a stage").add_argument("--out", required=True)
     with pytest.raises(ValueError, match="stage --out: give it a help string"):
         references.cli_page(parser)
+
+
+def test_a_make_targets_first_sentence_ends_at_a_sentences_end():
+    assert references.first_sentence("Every cell, e.g. one. `make x` does more.") == "Every cell, e.g. one."
+    assert references.first_sentence("No full stop here") == "No full stop here"
+
+
+def test_the_workflows_subcommands_are_found_in_its_rules():
+    """docs/cli.md lists apart the subcommands the rules run: the scan must find the stages, and only subcommands."""
+    from klstudy.run import cli
+
+    (commands,) = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    found = references.workflow_subcommands()
+    assert {"train", "evaluate", "prepare-data", "toy"} <= found <= set(commands.choices)

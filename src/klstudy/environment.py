@@ -3,8 +3,8 @@
 Python code reads a ``KLSTUDY_*`` variable through :func:`get` (or a name declared here), which refuses a name not
 declared; tests/test_references.py fails when any file of the repository (code, scripts, Makefile, workflow) names a
 ``KLSTUDY_*`` variable not declared here, or when the page docs/environment.md is not what :func:`page` writes. The
-variables of other tools that klstudy reads (the Hub's, W&B's, SLURM's, torch's) are declared too, so that the page
-lists everything a job's behaviour depends on.
+variables of other tools that klstudy reads (the Hub's, W&B's, SLURM's, torch's) are declared too, so that this
+module lists everything a job's behaviour depends on; the page shows those a user sets.
 """
 
 from __future__ import annotations
@@ -140,21 +140,21 @@ def get(name: str, default: str | None = None) -> str | None:
 
 
 def page() -> str:
-    """docs/environment.md: every variable, in a table for each group above."""
-    sections = [
-        ("Variables that change a run", USER),
-        ("Variables of the tests", TESTING),
-        ("Other tools' variables that klstudy reads", OTHERS),
-        ("Variables of the workflow's shell commands and the driver job", WORKFLOW),
-    ]
+    """docs/environment.md: the variables you set for a run, in a table; the others (the tests', and those SLURM,
+    accelerate or the workflow set) are declared here, and docs/testing.md says the ones a tester sets."""
+    everything = {**USER, **TESTING, **OTHERS, **WORKFLOW}
+    yours = {name: v for name, v in everything.items() if v.set_by.startswith("you") and "test" not in v.set_by}
+    theirs = sorted(name for name in everything if name not in yours)
     lines = [
         "# Environment variables",
         "",
-        "[← the manual](README.md) · every environment variable klstudy reads. Written by "
-        "`.venv/bin/python -m klstudy references --out-dir docs` from `src/klstudy/environment.py`, where each is "
-        "declared; `tests/test_references.py` fails when code reads one not declared there or this page is stale.",
+        "[← the manual](README.md) · the environment variables you may set. Written from "
+        "`src/klstudy/environment.py`, where every variable klstudy reads is declared.",
+        "",
+        "| variable | what it changes |",
+        "|---|---|",
     ]
-    for title, variables in sections:
-        lines += ["", f"## {title}", "", "| variable | set by | what it changes |", "|---|---|---|"]
-        lines += [f"| `{name}` | {v.set_by} | {v.meaning} |" for name, v in variables.items()]
+    lines += [f"| `{name}` | {v.meaning} |" for name, v in yours.items()]
+    lines += ["", f"klstudy reads {len(theirs)} more, which SLURM, accelerate, the workflow or the tests set "
+              "([testing](testing.md)); `src/klstudy/environment.py` says what each changes."]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -17,10 +17,8 @@ from pathlib import Path
 from klstudy import environment
 
 ROOT = Path(__file__).resolve().parents[3]
-GENERATED = (
-    "Written by `.venv/bin/python -m klstudy references --out-dir docs` from {source}; `tests/test_references.py` "
-    "fails when this page and the code disagree."
-)
+# Each page says where it comes from; this module's docstring says how to write it again.
+GENERATED = "Written from {source}."
 
 
 def _cell(text) -> str:
@@ -35,75 +33,50 @@ def _header(title: str, source: str, about: str) -> list[str]:
 
 
 def cli_page(parser: argparse.ArgumentParser) -> str:
-    """docs/cli.md: each subcommand of ``parser`` (cli.build_parser's), what it does, and its arguments with their
-    defaults."""
+    """docs/cli.md: each subcommand of ``parser`` (cli.build_parser's) and what it does; its arguments are its
+    ``--help``'s, and an argument without a help string is refused here, so that every ``--help`` is complete."""
     (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     helps = {choice.dest: choice.help for choice in commands._choices_actions}
-    lines = _header("The `klstudy` command", "the parsers (`src/klstudy/run/cli.py`, `stages.py`)",
-                    "every subcommand of `.venv/bin/python -m klstudy`, its arguments and their defaults.")  # fmt: skip
-    lines += [
-        "",
-        "The stages (from `toy` to `tables`) are the commands of the workflow's rules, each runnable alone; "
-        "the others run from make or by hand. `--help` after a subcommand prints the same.",
-        "",
-    ]
-    lines += [f"- [`{name}`](#{name}): {_cell(helps.get(name, ''))}" for name in commands.choices]
     for name, sub in commands.choices.items():
-        lines += ["", f"## {name}", "", _cell(helps.get(name, "")), ""]
-        rows = [a for a in sub._actions if not isinstance(a, argparse._HelpAction)]
-        if not rows:
-            lines.append("No arguments.")
-            continue
-        lines += ["| argument | default | meaning |", "|---|---|---|"]
-        for action in rows:
-            flag = ", ".join(action.option_strings) or action.dest
+        for action in sub._actions:
             if not action.help:
-                raise ValueError(f"klstudy {name} {flag}: give it a help string (docs/cli.md shows it)")
-            default = "required" if action.required else ("–" if action.default in (None, False) else action.default)
-            if isinstance(action, argparse._StoreTrueAction):
-                default = "off"
-            choices = f" One of {', '.join(map(str, action.choices))}." if action.choices else ""
-            meaning = _cell(action.help or "").rstrip(".") + ("." if choices else "")
-            lines.append(f"| `{flag}` | {_cell(default)} | {meaning}{choices} |")
+                flag = ", ".join(action.option_strings) or action.dest
+                raise ValueError(f"klstudy {name} {flag}: give it a help string (its --help shows it)")
+    rules = workflow_subcommands()
+    lines = _header("The `klstudy` command", "the parsers (`src/klstudy/run/cli.py`, `stages.py`)",
+                    "every subcommand of `.venv/bin/python -m klstudy`; `SUBCOMMAND --help` prints its arguments "
+                    "and their defaults.")  # fmt: skip
+    lines += ["", "| subcommand | what it does |", "|---|---|"]
+    lines += [f"| `{name}` | {_cell(helps.get(name, ''))} |" for name in commands.choices if name not in rules]
+    lines += ["", "The workflow's rules run the others, each runnable alone: "
+              + ", ".join(f"`{name}`" for name in commands.choices if name in rules) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def workflow_subcommands(rules: Path = ROOT / "workflow" / "rules") -> set[str]:
+    """The subcommands the workflow's rules run (`python -m klstudy NAME`)."""
+    return {name for path in rules.glob("*.smk") for name in re.findall(r"-m klstudy ([a-z][\w-]*)", path.read_text())}
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
 
-# Each way KLTrainerConfig refuses a setting, shown by a setting it refuses (run when the page is written, so the
-# message is the code's own). tests/test_references.py checks that every `raise` of its validation is reached.
-REFUSED = [
-    {"kl_estimator": "k9"},
-    {"kl_placement": "reward_and_loss"},
-    {"beta": -0.1},
-    {"kl_loss_gradient": "detached"},
-    {"kl_clamp": 0.0},
-    {"kl_placement": "reward", "kl_loss_gradient": "ratio"},
-    {"policy_loss": "gspo"},
-    {"advantage": "none"},
-    {"loss_type": "grpo"},
-    {"updates_per_batch": 0},
-    {"scale_rewards": "group"},
-    {"steps_per_generation": 3},
-]
+# A setting KLTrainerConfig refuses, shown on the page with the code's own message (tests/test_references.py checks
+# that every refusal of its validation is reached and raises ValueError).
+REFUSED_EXAMPLE = {"kl_estimator": "k9"}
 
 
-def refusals() -> list[tuple[dict, str]]:
-    """(setting, the error KLTrainerConfig raises) for each of REFUSED."""
+def refusal(setting: dict) -> str:
+    """The error KLTrainerConfig raises for ``setting``."""
     import tempfile
 
     from klstudy.train.trainer import KLTrainerConfig
 
-    found = []
     with tempfile.TemporaryDirectory() as out:
-        for setting in REFUSED:
-            try:
-                KLTrainerConfig(output_dir=out, report_to=[], **setting)
-            except ValueError as error:
-                found.append((setting, str(error)))
-            else:
-                raise AssertionError(f"KLTrainerConfig accepted {setting}, which REFUSED says it refuses")
-    return found
+        try:
+            KLTrainerConfig(output_dir=out, report_to=[], **setting)
+        except ValueError as error:
+            return str(error)
+    raise AssertionError(f"KLTrainerConfig accepted {setting}, which it should refuse")
 
 
 def own_fields(config_class) -> list[dataclasses.Field]:
@@ -113,20 +86,18 @@ def own_fields(config_class) -> list[dataclasses.Field]:
 
 
 def trainer_page() -> str:
-    """docs/trainer-config.md: KLTrainerConfig's own fields, its refusals and the metrics KLTrainer logs."""
+    """docs/trainer-config.md: KLTrainerConfig's own fields, one refusal and the metrics KLTrainer logs."""
     from klstudy.train.trainer import LOGGED_METRICS, KLTrainerConfig
 
     lines = _header("`KLTrainerConfig` and `KLTrainer`", "`src/klstudy/train/trainer.py`",
                     "the fields `KLTrainerConfig` adds to TRL's `GRPOConfig` (every other field is TRL's, with "
-                    "TRL's default), what it refuses, and what `KLTrainer` logs.")  # fmt: skip
+                    "TRL's default) and what `KLTrainer` logs.")  # fmt: skip
     lines += ["", _cell(KLTrainerConfig.__doc__), "", "## Fields", "", "| field | default | meaning |", "|---|---|---|"]
     for f in own_fields(KLTrainerConfig):
         lines.append(f"| `{f.name}` | `{f.default!r}` | {_cell(f.metadata.get('help', ''))} |")
-    lines += ["", "## What it refuses", "", "A refused setting raises `ValueError` when the config is built:", "",
-              "| setting | error |", "|---|---|"]  # fmt: skip
-    for setting, message in refusals():
-        shown = ", ".join(f"{k}={v!r}" for k, v in setting.items())
-        lines.append(f"| `{shown}` | {_cell(message)} |")
+    shown = ", ".join(f"{k}={v!r}" for k, v in REFUSED_EXAMPLE.items())
+    lines += ["", "A setting it refuses raises `ValueError` when the config is built, naming the field; "
+              f"`{shown}`, for one: {_cell(refusal(REFUSED_EXAMPLE))}"]  # fmt: skip
     lines += ["", "## Logged metrics", "",
               "Beside TRL's own (`loss`, `reward`, `completions/…`), each step logs, in `metrics.jsonl` of a cell and "
               "in TensorBoard or W&B:", "", "| metric | meaning |", "|---|---|"]  # fmt: skip
@@ -165,16 +136,27 @@ def make_reference(makefile: Path) -> tuple[dict[str, str], dict[str, tuple[str,
     return targets, variables
 
 
+def first_sentence(text: str) -> str:
+    """Up to the first full stop that ends a sentence (one followed by anything but a lower-case word)."""
+    return re.split(r"(?<=\.)\s+(?![a-z])", text, maxsplit=1)[0]
+
+
 def make_page(makefile: Path = ROOT / "Makefile") -> str:
-    """docs/make.md: every target and every variable a command line may set."""
+    """docs/make.md: every target, with the first sentence of its comment (the Makefile's comment says the rest), and
+    every variable a command line may set."""
     targets, variables = make_reference(makefile)
     lines = _header(
         "Make targets and variables",
         "the `Makefile`",
-        "every `make` target, and every variable a command line may set (`make study CORES=4`).",
+        "every `make` target, and every variable a command line may set (`make study CORES=4`). The comment above "
+        "a target in the `Makefile` says more.",
     )
+    testing = [name for name in targets if name.startswith("test") or name.endswith("-env") or name == "lint"]
     lines += ["", "## Targets", "", "| target | what it does |", "|---|---|"]
-    lines += [f"| `make {name}` | {_cell(about)} |" for name, about in targets.items()]
+    lines += [f"| `make {name}` | {_cell(first_sentence(about))} |" for name, about in targets.items()
+              if name not in testing]  # fmt: skip
+    lines += ["", "The tests, their environments and the linters, each tier on [testing](testing.md): "
+              + ", ".join(f"`make {name}`" for name in testing) + "."]  # fmt: skip
     lines += ["", "## Variables", "", "| variable | default | what it sets |", "|---|---|---|"]
     lines += [f"| `{name}` | {f'`{default}`' if default else '(empty)'} | {_cell(about)} |"
               for name, (default, about) in variables.items()]  # fmt: skip
@@ -207,42 +189,59 @@ def _value(value) -> str:
 
 
 def study_grid_page(embedded_path: Path = ROOT / "config.yaml", paper_path: Path = ROOT / "config" / "paper.yaml"):
-    """docs/study-grid.md: each study of the embedded config beside the paper's, setting by setting (differences in
-    bold), from the two validated configs."""
+    """docs/study-grid.md: the first study of the paper's config at both scales, setting by setting (differences in
+    bold), then a row per other study with what it changes, from the two validated configs."""
     import yaml
 
     from klstudy.config import validate_config
 
     embedded, paper = (validate_config(yaml.safe_load(p.read_text())) for p in (embedded_path, paper_path))
     lines = _header("The studies at both scales", "`config.yaml` and `config/paper.yaml`",
-                    "each study of the embedded config (`config.yaml`) beside the paper's (`config/paper.yaml`), "
-                    "setting by setting (a setting that differs is in bold), then what both scales evaluate. "
-                    "`vllm_importance_sampling` acts only where `generation` is `vllm`.")  # fmt: skip
-    for study in paper["studies"]:
-        ours, theirs = embedded["studies"].get(study), paper["studies"][study]
-        lines += ["", f"## {study}", "", _cell(theirs.get("description", "")), ""]
-        if ours is None:
-            lines.append("The embedded config has no such study.")
+                    "each study of `config.yaml` beside `config/paper.yaml`'s (embedded / paper, in bold where the "
+                    "scales differ). A study trains every model × KL configuration × β × seed it lists (`none`: no "
+                    "KL, at β = 0).")  # fmt: skip
+    (head, *others) = paper["studies"]
+    first = {row[0]: row for row in _settings(head, embedded, paper)}
+    lines += ["", f"## {head}", "", _cell(paper["studies"][head].get("description", "")), "",
+              "| setting | embedded | paper |", "|---|---|---|"]  # fmt: skip
+    lines += [_side_by_side(*row) for row in first.values()]
+    lines += ["", "## The other studies", "", f"| study | what it is | as `{head}`, but |", "|---|---|---|"]
+    for study in others:
+        about = _cell(paper["studies"][study].get("description", ""))
+        if study not in embedded["studies"]:
+            lines.append(f"| `{study}` | {about} | the embedded config has no such study |")
             continue
-        lines += ["| setting | embedded | paper |", "|---|---|---|"]
-        rows = [(key, ours.get(key), theirs.get(key)) for key in STUDY_KEYS]
-        rows += [(key, ours["train"].get(key), theirs["train"].get(key)) for key in TRAIN_KEYS]
-        rows += [("health.collapse_window", ours["health"]["collapse_window"], theirs["health"]["collapse_window"])]
-        rows += [("gpus", ours.get("gpus", embedded["resources"]["train"]["gpus"]),
-                  theirs.get("gpus", paper["resources"]["train"]["gpus"]))]  # fmt: skip
-        lines += [_side_by_side(*row) for row in rows]
+        changed = [row for row in _settings(study, embedded, paper) if row != first.get(row[0])]
+        lines.append(f"| `{study}` | {about} | {'; '.join(_inline(*row) for row in changed) or 'nothing'} |")
     for section, keys in EVALUATED.items():
         lines += ["", f"## {section}", "", "| setting | embedded | paper |", "|---|---|---|"]
         lines += [_side_by_side(key, embedded[section].get(key), paper[section].get(key)) for key in keys]
     return "\n".join(lines) + "\n"
 
 
-def _side_by_side(key: str, embedded_value, paper_value) -> str:
-    """A setting's row of docs/study-grid.md: both scales' values, in bold where they differ."""
+def _inline(key: str, embedded_value, paper_value) -> str:
+    """A setting in a study's row of docs/study-grid.md: its one value, or both scales' in bold."""
     shown = [_cell(_value(v)) for v in (embedded_value, paper_value)]
-    if embedded_value != paper_value:
-        shown = [f"**{v}**" for v in shown]
-    return f"| `{key}` | {shown[0]} | {shown[1]} |"
+    return f"`{key}` {shown[0]}" if embedded_value == paper_value else f"`{key}` **{shown[0]}** / **{shown[1]}**"
+
+
+def _settings(study: str, embedded: dict, paper: dict) -> list[tuple]:
+    """A study's (setting, embedded value, paper value) rows, in the order a reader compares them."""
+    ours, theirs = embedded["studies"][study], paper["studies"][study]
+    rows = [(key, ours.get(key), theirs.get(key)) for key in STUDY_KEYS]
+    rows += [(key, ours["train"].get(key), theirs["train"].get(key)) for key in TRAIN_KEYS]
+    rows += [("health.collapse_window", ours["health"]["collapse_window"], theirs["health"]["collapse_window"])]
+    rows += [("gpus", ours.get("gpus", embedded["resources"]["train"]["gpus"]),
+              theirs.get("gpus", paper["resources"]["train"]["gpus"]))]  # fmt: skip
+    return rows
+
+
+def _side_by_side(key: str, embedded_value, paper_value) -> str:
+    """A setting's row of docs/study-grid.md: both scales' values in bold where they differ, else the one value."""
+    shown = [_cell(_value(v)) for v in (embedded_value, paper_value)]
+    if embedded_value == paper_value:
+        return f"| `{key}` | {shown[0]} | same |"
+    return f"| `{key}` | **{shown[0]}** | **{shown[1]}** |"
 
 
 # ------------------------------------------------------------------------------------------------- all of them
