@@ -127,15 +127,6 @@ def test_a_claim_names_the_devices_it_could_not_get(tmp_path, monkeypatch):
         devices.parse_ids("0,1,0")
 
 
-def test_without_devices_to_share_a_job_runs_as_it_is(tmp_path):
-    code = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
-    env = {k: v for k, v in os.environ.items() if k != devices.GPUS_ENV}
-    env["CUDA_VISIBLE_DEVICES"] = "7"  # e.g. what SLURM set
-    command = [sys.executable, "-m", "klstudy.run.devices", "--count", "2", "--", sys.executable, "-c", code]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "7"
-
-
 TWO_PROCESSES = "config/accelerate/cpu-2proc.yaml"
 
 
