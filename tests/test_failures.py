@@ -1,7 +1,7 @@
 """Failures classified (klstudy.run.failures): what ended a training attempt, read from its history, decides its retry.
 
 The messages classified here are the ones Python and torch print (run in a subprocess, not typed); the whole path, a
-cell whose first attempt fails deterministically and whose retries refuse at once on one CPU, runs through Snakemake.
+cell whose first attempt fails deterministically and whose retries refuse before training, runs through Snakemake.
 """
 
 import subprocess

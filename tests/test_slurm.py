@@ -361,7 +361,7 @@ def test_a_gpu_training_job_gets_its_gpus_on_one_node_and_starts_a_process_per_g
     assert "NumNodes=1 " in shown and "Partition=gpu " in shown, shown
     assert "TresPerNode=gres:gpu:2" in shown and "JOB_GRES=gpu:2" in shown, shown
     launch = json.loads((tmp_path / cell / "summary.json").read_text())["launch"]
-    assert launch["processes"] == 2, launch  # SLURM_GPUS_ON_NODE × SLURM_JOB_NUM_NODES (klstudy.run.devices)
+    assert launch["processes"] == 2, launch  # the config's GPUs per node × nodes, which gres gave the job
 
 
 @pytest.mark.slow  # 90 s: `make test-all`

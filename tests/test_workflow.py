@@ -183,7 +183,7 @@ def test_a_study_trains_on_its_own_number_of_gpus(paper_commands):
     """config/paper.yaml: the Countdown cells launch 4 processes (studies.async_countdown.gpus), the others
     resources.train's 8; under SLURM no GPU allocator wraps them (gres gives each job its own)."""
     countdown, math_cell = paper_commands["async_countdown train"], paper_commands["async_math train"]
-    assert "--processes 4)" in countdown and "--processes 8)" in math_cell
+    assert "--num_processes 4 " in countdown and "--num_processes 8 " in math_cell
     assert "devices --count" not in countdown + math_cell
 
 
@@ -206,10 +206,7 @@ def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
         launch_config = ROOT / "config/accelerate/fsdp.yaml"
         # Each launch on one node at a port of its own; no GPU claim outside `klstudy drive --gpus`.
         claim = vllm_python
-        # --num_processes: what SLURM allocated (klstudy.run.devices --processes checks it is the config's 8).
-        processes = "$(python -m klstudy.run.devices --processes 8)"
-        launch = f"{claim} -m accelerate.commands.launch --config_file {launch_config}"
-        launch += f" --num_processes {processes}"
+        launch = f"{claim} -m accelerate.commands.launch --config_file {launch_config} --num_processes 8"
         assert f"{launch} --main_process_port 0 -m klstudy train" in out
         assert f"{claim} -m klstudy evaluate" in out
     else:
@@ -224,10 +221,8 @@ def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(tmp_path):
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
     cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
     out = snakemake(cell, "-n", "-p", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
-    # SLURM's 2 nodes × 8 GPUs, checked against the config
-    processes = "$(python -m klstudy.run.devices --processes 16)"
     assert "srun --nodes 2 --ntasks-per-node 1" in out
-    assert f"--num_processes {processes} --num_machines $SLURM_NNODES" in out
+    assert "--num_processes 16 --num_machines $SLURM_NNODES" in out  # 2 nodes × 8 GPUs
     # The command as the job's shell reads it: srun with the CPUs of each task (the job step drops SLURM_* variables,
     # so srun would give one), then one bash -c word that holds the whole launch, paths quoted inside it.
     command = shlex.split(next(line for line in out.splitlines() if "srun --nodes" in line).strip())

@@ -319,13 +319,11 @@ def train_launcher(wildcards):
     if train.get("accelerate_config") is None:
         return python
     launch_config = Path(workflow.basedir) / train["accelerate_config"]  # relative to the repository, as validated
-    # --num_processes: the GPUs the job got on each node × its nodes (accelerate reads it as the total over the
-    # nodes), from SLURM's allocation when there is one, else what the config asks (one machine, klstudy drive).
-    expected = training_processes(config, wildcards.study)
-    processes = f"$({stage_python(False)} -m klstudy.run.devices --processes {expected})"
+    # --num_processes: the config's GPUs per node × its nodes (accelerate reads it as the total over the nodes),
+    # which the job's gres (or `klstudy drive --gpus`) gives it exactly.
     launch = (
         f"{python} -m accelerate.commands.launch --config_file {shlex.quote(str(launch_config))}"
-        f" --num_processes {processes}"
+        f" --num_processes {training_processes(config, wildcards.study)}"
     )
     nodes = config["resources"]["train"]["nodes"]
     if nodes == 1:  # a free port of its own (accelerate's choice): cells on one machine must not share 29500

@@ -1,5 +1,5 @@
-"""A job's devices: its GPUs checked (require_cuda), its training processes (allocated_processes) and CPU threads
-(threads); and on one machine without a scheduler, GPUs of its own.
+"""A job's devices: its GPUs checked (require_cuda) and its CPU threads (threads); and on one machine without a
+scheduler, GPUs of its own.
 
 That last is home-made: Snakemake's ``--resources local_gpus=N`` keeps the GPU jobs within N GPUs but says no job
 which (Snakemake's issue "Handle GPU ids", open since 2020). ``klstudy drive --gpus`` sets ``KLSTUDY_GPUS`` (the ids)
@@ -98,37 +98,11 @@ def claim(count: int, ids: list[str], locks: Path) -> tuple[list[str], list[int]
     )
 
 
-def allocated_processes(expected: int, env=os.environ) -> int:
-    """The training processes a job starts: one per GPU SLURM gave it (SLURM_GPUS_ON_NODE × SLURM_JOB_NUM_NODES; in a
-    SLURM job without SLURM_GPUS_ON_NODE, the devices CUDA_VISIBLE_DEVICES names), or ``expected`` (the config's GPUs
-    × nodes) without an allocation. A different allocation is an error, not a smaller launch: the config's batch
-    layout was checked for ``expected`` processes."""
-    per_node, nodes = env.get("SLURM_GPUS_ON_NODE"), env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
-    if not per_node and env.get("SLURM_JOB_ID") and env.get("CUDA_VISIBLE_DEVICES"):
-        per_node = str(len(parse_ids(env["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES")))
-    if not per_node:
-        return expected
-    got = int(per_node) * int(nodes or 1)
-    if got != expected:
-        raise SystemExit(
-            f"klstudy.run.devices: SLURM gave this job {per_node} GPUs on each of {nodes or 1} nodes "
-            f"({got} processes), "
-            f"the config's resources.train asks for {expected}: resubmit it with the config's gres and nodes"
-        )
-    return got
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m klstudy.run.devices", description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, help="GPUs the job needs")
-    parser.add_argument(
-        "--processes", type=int, help="print the processes to launch for this many GPUs (allocated_processes)"
-    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = parser.parse_args(argv)
-    if args.processes is not None:
-        print(allocated_processes(args.processes))
-        return
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.count is None or not command or not os.environ.get(GPUS_ENV):
         parser.error(f"give --count N -- the job's command, with {GPUS_ENV} set (klstudy drive --gpus)")
