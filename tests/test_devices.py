@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config
+from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config, snakemake
 
 from klstudy.run import devices
 
@@ -125,6 +125,19 @@ def test_a_claim_names_the_devices_it_could_not_get(tmp_path, monkeypatch):
     assert devices.claim(3, ["0", "1", "2"], tmp_path)[0] == ["0", "1", "2"]  # closed: free again
     with pytest.raises(ValueError, match="twice"):
         devices.parse_ids("0,1,0")
+
+
+def test_gpu_jobs_claim_devices_only_under_drive_gpus(tmp_path, monkeypatch):
+    """The paper's training and evaluation commands start with the claim where `drive --gpus` set KLSTUDY_GPUS, and
+    run unwrapped elsewhere (under SLURM, gres gives each job its own GPUs)."""
+    cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0"
+    targets = [f"{cell}/summary.json", f"{cell.replace('runs', 'evals')}/math500.json"]
+    paper = ("-n", "-p", "--cores", "1", "--configfile", str(ROOT / "config/paper.yaml"))
+    monkeypatch.delenv(devices.GPUS_ENV, raising=False)
+    assert "klstudy.run.devices" not in snakemake(*targets, *paper, cwd=tmp_path)
+    monkeypatch.setenv(devices.GPUS_ENV, "0,1,2,3,4,5,6,7")
+    out = snakemake(*targets, *paper, cwd=tmp_path)
+    assert "-m klstudy.run.devices --count 8 --" in out and "-m klstudy.run.devices --count 1 --" in out
 
 
 TWO_PROCESSES = "config/accelerate/cpu-2proc.yaml"
