@@ -295,7 +295,7 @@ def test_an_evaluation_length_for_a_study_that_is_not_evaluated_is_refused():
 
 @pytest.mark.parametrize("cpus, local, expected", [(64, "8", 8), (64, None, 64), (3, "8", 1), (16, "4", 4)])
 def test_a_jobs_cpus_are_shared_by_the_processes_on_its_node(cpus, local, expected):
-    from klstudy.run.threads import threads_per_process
+    from klstudy.run.devices import threads_per_process
 
     assert threads_per_process(cpus, {"LOCAL_WORLD_SIZE": local} if local else {}) == expected
 

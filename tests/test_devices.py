@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config
+from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config, snakemake
 
 from klstudy.run import devices
 
@@ -127,13 +127,17 @@ def test_a_claim_names_the_devices_it_could_not_get(tmp_path, monkeypatch):
         devices.parse_ids("0,1,0")
 
 
-def test_without_devices_to_share_a_job_runs_as_it_is(tmp_path):
-    code = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
-    env = {k: v for k, v in os.environ.items() if k != devices.GPUS_ENV}
-    env["CUDA_VISIBLE_DEVICES"] = "7"  # e.g. what SLURM set
-    command = [sys.executable, "-m", "klstudy.run.devices", "--count", "2", "--", sys.executable, "-c", code]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "7"
+def test_gpu_jobs_claim_devices_only_under_drive_gpus(tmp_path, monkeypatch):
+    """The paper's training and evaluation commands start with the claim where `drive --gpus` set KLSTUDY_GPUS, and
+    run unwrapped elsewhere (under SLURM, gres gives each job its own GPUs)."""
+    cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0"
+    targets = [f"{cell}/summary.json", f"{cell.replace('runs', 'evals')}/math500.json"]
+    paper = ("-n", "-p", "--cores", "1", "--configfile", str(ROOT / "config/paper.yaml"))
+    monkeypatch.delenv(devices.GPUS_ENV, raising=False)
+    assert "klstudy.run.devices" not in snakemake(*targets, *paper, cwd=tmp_path)
+    monkeypatch.setenv(devices.GPUS_ENV, "0,1,2,3,4,5,6,7")
+    out = snakemake(*targets, *paper, cwd=tmp_path)
+    assert "-m klstudy.run.devices --count 8 --" in out and "-m klstudy.run.devices --count 1 --" in out
 
 
 TWO_PROCESSES = "config/accelerate/cpu-2proc.yaml"

@@ -1,7 +1,7 @@
 """Failures classified (klstudy.run.failures): what ended a training attempt, read from its history, decides its retry.
 
 The messages classified here are the ones Python and torch print (run in a subprocess, not typed); the whole path, a
-cell whose first attempt fails deterministically and whose retries refuse at once on one CPU, runs through Snakemake.
+cell whose first attempt fails deterministically and whose retries refuse before training, runs through Snakemake.
 """
 
 import subprocess
@@ -136,25 +136,25 @@ def test_a_cells_jobs_are_counted_across_drivers_and_slices(tmp_path, capsys):
 
 
 def test_a_cell_that_had_its_jobs_is_refused_by_the_next_driver_at_once(tmp_path):
-    """Its first attempt in this run (Snakemake's count starts again) asks one CPU for a minute and only says why."""
+    """Its first attempt in this run (Snakemake's count starts again) only says why and exits (REFUSED_RETRY)."""
     from test_workflow import training_sbatch
 
     _, resources, _ = training_sbatch(tmp_path)
-    assert resources["retry_refused"] == 0 and resources["cpus_per_task"] > 1, resources
+    assert resources["retry_refused"] == 0, resources
     history = tmp_path / "logs/attempts/train/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0.log"
     history.parent.mkdir(parents=True)
     history.write_text("".join(f"=== attempt {n}: job {n} on gpu0{n}, GPUs 0, 2026-11-27T10:0{n}:00+00:00\nValueError\n"
                                for n in range(1, 5)))  # fmt: skip
     _, resources, dry_run = training_sbatch(tmp_path)
-    assert (resources["retry_refused"], resources["cpus_per_task"], resources["runtime"]) == (1, 1, 1), resources
+    assert resources["retry_refused"] == 1, resources
     assert "last-failure --history" in dry_run and "--max-attempts 4" in dry_run
 
 
 @pytest.mark.slow  # a whole Snakemake run with retries, 60-120 s: `make test-all`; the classification: tests above
 def test_a_deterministic_failure_is_not_retried_on_gpus(tmp_path):
     """K1 in the reward generating with vLLM from an interpreter without vLLM: TRL's ImportError, the same on any
-    node. Two retries are allowed: each runs alone on one CPU for a minute (Snakemake's job line shows it), says why,
-    and fails; the cell's history keeps the one attempt that trained."""
+    node. Two retries are allowed: each says why and fails before it trains; the cell's history keeps the one attempt
+    that trained."""
     config = reduced_config()
     study = config["studies"]["onpolicy"]
     study.update(kl=["k1-reward"], betas=[0.1], seeds=[0])
@@ -179,4 +179,4 @@ def test_a_deterministic_failure_is_not_retried_on_gpus(tmp_path):
     assert len(refusals) == 2 and all("ended with an import error" in line for line in refusals), out[-4000:]
     assert all("(deterministic: not retried" in line for line in refusals), refusals
     jobs = [line for line in out.splitlines() if line.strip().startswith("resources:") and "training_slots" in line]
-    assert len(jobs) == 3 and "runtime=1," in jobs[1] and "cpus_per_task=1," in jobs[2], jobs
+    assert len(jobs) == 3 and "retry_refused=0" in jobs[0] and "retry_refused=1" in jobs[2], jobs

@@ -421,17 +421,6 @@ def test_the_docs_quote_the_computed_costs():
     assert f"`config/pilot.yaml`) {pilot_disk:.0f} GB" in docs["docs/cost.md"]
 
 
-def test_the_processes_follow_slurms_gpus_or_cuda_visible_devices():
-    """--gpus-per-node sets SLURM_GPUS_ON_NODE as --gres does; a SLURM job without it counts CUDA_VISIBLE_DEVICES."""
-    from klstudy.run.devices import allocated_processes
-
-    assert allocated_processes(8, {"SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_NUM_NODES": "2"}) == 8
-    assert allocated_processes(4, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 4
-    with pytest.raises(SystemExit, match="2 GPUs on each of 1 nodes"):
-        allocated_processes(4, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"})
-    assert allocated_processes(4, {"CUDA_VISIBLE_DEVICES": "0,1"}) == 4  # no SLURM: the config's count
-
-
 # ------------------------------------------------------------------------------------------------- slurm/driver.sbatch
 
 UUID = "0b6f1c9e-3d2a-4c1b-9f00-123456789abc"

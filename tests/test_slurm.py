@@ -361,14 +361,14 @@ def test_a_gpu_training_job_gets_its_gpus_on_one_node_and_starts_a_process_per_g
     assert "NumNodes=1 " in shown and "Partition=gpu " in shown, shown
     assert "TresPerNode=gres:gpu:2" in shown and "JOB_GRES=gpu:2" in shown, shown
     launch = json.loads((tmp_path / cell / "summary.json").read_text())["launch"]
-    assert launch["processes"] == 2, launch  # SLURM_GPUS_ON_NODE × SLURM_JOB_NUM_NODES (klstudy.run.devices)
+    assert launch["processes"] == 2, launch  # the config's GPUs per node × nodes, which gres gave the job
 
 
 @pytest.mark.slow  # 90 s: `make test-all`
 def test_a_training_job_that_sees_no_cuda_device_is_not_retried_on_gpus(cluster, tmp_path):
     """Without KLSTUDY_SIMULATED_GPUS a job given the local SLURM's GPUs (empty files) sees no CUDA device and fails
     at once (devices.require_cuda): CUDA that does not start, the same on the next node (failures.py). Its retries
-    ask one CPU for a minute, say why and fail; the cell's history keeps the one attempt that was given GPUs."""
+    say why and fail before they train; the cell's history keeps the one attempt that trained."""
     config = small_grid()
     config["resources"]["train"].update(gpus=1, cpus=1)
     config["cluster"] = {"gpu_partition": "gpu"}
@@ -384,10 +384,6 @@ def test_a_training_job_that_sees_no_cuda_device_is_not_retried_on_gpus(cluster,
     assert history.count("=== attempt ") == 1 and "sees no CUDA device" in history, history[-2000:]
     jobs = sorted(set(sacct(cluster).job_id) - before, key=int)
     assert len(jobs) == 4, jobs  # the attempt and its 3 retries (the Snakefile's, on a cluster)
-    for job in jobs[1:]:
-        shown = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "--format=AllocCPUS,Timelimit"], env=cluster,
-                               capture_output=True, text=True, check=True).stdout  # fmt: skip
-        assert shown.strip() == "1|00:01:00", shown  # the attempt asked the config's runtime, 30 minutes
     refusal = tmp_path / "logs/slurm/rule_train_rl/onpolicy_tiny_k1-reward_0.1_0" / f"{jobs[1]}.log"
     assert "CUDA that does not start" in refusal.read_text() and "(deterministic: not retried" in refusal.read_text()
 

@@ -180,11 +180,11 @@ def test_each_studys_cells_are_evaluated_at_its_own_length(paper_commands):
 
 
 def test_a_study_trains_on_its_own_number_of_gpus(paper_commands):
-    """config/paper.yaml: the Countdown cells claim and launch 4 processes (studies.async_countdown.gpus), the others
-    resources.train's 8."""
+    """config/paper.yaml: the Countdown cells launch 4 processes (studies.async_countdown.gpus), the others
+    resources.train's 8; under SLURM no GPU allocator wraps them (gres gives each job its own)."""
     countdown, math_cell = paper_commands["async_countdown train"], paper_commands["async_math train"]
-    assert "devices --count 4 --" in countdown and "--processes 4)" in countdown
-    assert "devices --count 8 --" in math_cell and "--processes 8)" in math_cell
+    assert "--num_processes 4 " in countdown and "--num_processes 8 " in math_cell
+    assert "devices --count" not in countdown + math_cell
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
@@ -204,14 +204,11 @@ def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
     if "paper" in name:
         # The launch config is the repository's (as validated), whatever directory the workflow runs in.
         launch_config = ROOT / "config/accelerate/fsdp.yaml"
-        # On one node, each GPU job first claims its own GPUs (klstudy.run.devices) and each launch its own port.
-        claim = f"{vllm_python} -m klstudy.run.devices --count {{}} -- {vllm_python}"
-        # --num_processes: what SLURM allocated (klstudy.run.devices --processes checks it is the config's 8).
-        processes = "$(python -m klstudy.run.devices --processes 8)"
-        launch = f"{claim.format(8)} -m accelerate.commands.launch --config_file {launch_config}"
-        launch += f" --num_processes {processes}"
+        # Each launch on one node at a port of its own; no GPU claim outside `klstudy drive --gpus`.
+        claim = vllm_python
+        launch = f"{claim} -m accelerate.commands.launch --config_file {launch_config} --num_processes 8"
         assert f"{launch} --main_process_port 0 -m klstudy train" in out
-        assert f"{claim.format(1)} -m klstudy evaluate" in out
+        assert f"{claim} -m klstudy evaluate" in out
     else:
         assert vllm_python not in out and "python -m klstudy train" in out and "python -m klstudy evaluate" in out
 
@@ -224,10 +221,8 @@ def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(tmp_path):
     (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
     cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
     out = snakemake(cell, "-n", "-p", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
-    # SLURM's 2 nodes × 8 GPUs, checked against the config
-    processes = "$(python -m klstudy.run.devices --processes 16)"
     assert "srun --nodes 2 --ntasks-per-node 1" in out
-    assert f"--num_processes {processes} --num_machines $SLURM_NNODES" in out
+    assert "--num_processes 16 --num_machines $SLURM_NNODES" in out  # 2 nodes × 8 GPUs
     # The command as the job's shell reads it: srun with the CPUs of each task (the job step drops SLURM_* variables,
     # so srun would give one), then one bash -c word that holds the whole launch, paths quoted inside it.
     command = shlex.split(next(line for line in out.splitlines() if "srun --nodes" in line).strip())

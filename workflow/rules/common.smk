@@ -1,6 +1,5 @@
 # Helpers shared by the rules: how a stage runs, wildcard constraints, target lists.
 
-import inspect
 import json
 import os
 import re
@@ -77,8 +76,8 @@ REQUEUE_SLICE = (
     ' run the workflow again" >&2; exit 75; fi; '
     'echo "slice: requeueing job $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID" || exit 75; sleep 300; exit 75; fi'
 )
-# A retry after a deterministic failure, or a cell past cluster.max_attempts (failures.py), runs this alone, on one
-# CPU for a minute, and fails.
+# A retry after a deterministic failure, or a cell past cluster.max_attempts (failures.py), says why and exits at once:
+# submitted as any training job (Snakemake cannot skip a retry), it holds its GPUs for seconds, not a full attempt.
 REFUSED_RETRY = (
     "if [ {resources.retry_refused} = 1 ]; then python -m klstudy last-failure --history {params.history:q}"
     f" --max-attempts {config['cluster']['max_attempts']} >&2; exit 1; fi; "
@@ -212,40 +211,22 @@ def _refused(wildcards, attempt):
     return bool(failure and failure.kind == "deterministic")
 
 
-def _call(value, wildcards, attempt):
-    """A resource's value: itself, or what its function (of wildcards, and attempt where it takes one) returns."""
-    if not callable(value):
-        return value
-    takes = inspect.signature(value).parameters
-    return value(**{name: arg for name, arg in (("wildcards", wildcards), ("attempt", attempt)) if name in takes})
-
-
 def _training_retries(resources):
-    """A training job's resources on a retry: after a deterministic failure, what a minute on one CPU needs (the job
-    only says why it is not retried); after a node failure, the same with that node excluded (sbatch --exclude)."""
-    refused = dict(runtime=1, mem_mb=1000, cpus_per_task=1, nodes=1, tasks=1, local_gpus=0, gres="", mpi="",
-                   slurm_extra="", constraint="", slurm_partition=config["cluster"]["cpu_partition"] or "")  # fmt: skip
+    """A training job's resources: SLURM's warning before its time limit (slices.py, sent to the job's steps, not
+    the plugin's batch shell); on a retry after a node failure, that node excluded (sbatch --exclude); and
+    `retry_refused`, which its shell reads (REFUSED_RETRY)."""
     extra = resources.get("slurm_extra", "")
-
-    # SLURM's warning before the time limit (slices.py), sent to the job's steps, not to the plugin's batch shell.
     warning = f"--signal=USR1@{60 * config['cluster']['save_before_limit_minutes']}"
 
     def excluding(wildcards, attempt):
         hours = config["cluster"]["exclude_node_hours"]
         nodes = failures.failed_nodes(_history(wildcards), hours) if attempt > 1 else []
         exclude = nodes and f"--exclude={','.join(nodes)}"
-        return " ".join(filter(None, [_call(extra, wildcards, attempt), warning, exclude]))
+        gpus = extra(wildcards) if callable(extra) else extra  # --gpus-per-node, with cluster.gpu_request
+        return " ".join(filter(None, [gpus, warning, exclude]))
 
-    def either(key, value):
-        def resource(wildcards, attempt):
-            return refused[key] if _refused(wildcards, attempt) else _call(value, wildcards, attempt)
-
-        return resource
-
-    wrapped = {key: either(key, value) if key in refused else value for key, value in resources.items()}
-    wrapped["slurm_extra"] = either("slurm_extra", excluding)
-    wrapped["retry_refused"] = lambda wildcards, attempt: int(_refused(wildcards, attempt))
-    return wrapped
+    refused = lambda wildcards, attempt: int(_refused(wildcards, attempt))  # noqa: E731
+    return {**resources, "slurm_extra": excluding, "retry_refused": refused}
 
 
 def job_resources(stage):
@@ -293,12 +274,11 @@ def stage_python(uses_vllm):
 
 
 def job_python(stage, uses_vllm=False, gpus=None):
-    """The interpreter of a stage's job (stage_python); a GPU job on one node first claims GPUs of its own, `gpus` or
-    the stage's (klstudy.run.devices: on one machine without a scheduler, `klstudy drive --gpus`; elsewhere it only
-    runs the job)."""
+    """The interpreter of a stage's job (stage_python); under `klstudy drive --gpus` (one machine, no scheduler), a
+    GPU job on one node first claims GPUs of its own, `gpus` or the stage's (klstudy.run.devices)."""
     python = stage_python(uses_vllm)
     spec = config["resources"][stage]
-    if not spec["gpus"] or spec["nodes"] > 1:
+    if not spec["gpus"] or spec["nodes"] > 1 or not os.environ.get("KLSTUDY_GPUS"):
         return python
     return f"{python} -m klstudy.run.devices --count {gpus or spec['gpus']} -- {python}"
 
@@ -339,13 +319,11 @@ def train_launcher(wildcards):
     if train.get("accelerate_config") is None:
         return python
     launch_config = Path(workflow.basedir) / train["accelerate_config"]  # relative to the repository, as validated
-    # --num_processes: the GPUs the job got on each node × its nodes (accelerate reads it as the total over the
-    # nodes), from SLURM's allocation when there is one, else what the config asks (one machine, klstudy drive).
-    expected = training_processes(config, wildcards.study)
-    processes = f"$({stage_python(False)} -m klstudy.run.devices --processes {expected})"
+    # --num_processes: the config's GPUs per node × its nodes (accelerate reads it as the total over the nodes),
+    # which the job's gres (or `klstudy drive --gpus`) gives it exactly.
     launch = (
         f"{python} -m accelerate.commands.launch --config_file {shlex.quote(str(launch_config))}"
-        f" --num_processes {processes}"
+        f" --num_processes {training_processes(config, wildcards.study)}"
     )
     nodes = config["resources"]["train"]["nodes"]
     if nodes == 1:  # a free port of its own (accelerate's choice): cells on one machine must not share 29500

@@ -4,10 +4,10 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     cli                the `klstudy` command line (`python -m klstudy`)
     stages             one subcommand per stage, each called by one Snakemake rule
     toy_stages         the §3 analysis's subcommands: the toy model, its fixed points, Figure 1, the atlas
-    threads            a job's torch threads: its CPUs shared by the processes of its node
     drive              `klstudy drive`: Snakemake run so that an interrupted `make study` resumes
     warm               warm workers: jobs forked from a server that imported torch, TRL and lm-eval once
-    devices            one machine's GPUs shared by a study's jobs, each on its own; a GPU job that sees none fails
+    devices            a job's GPUs and CPU threads (a GPU job that sees none fails); under `drive --gpus`, one
+                       machine's GPUs shared by a study's jobs, each on its own
     adopt              a SLURM driver's start: the jobs an earlier driver left, waited for or cancelled, never rerun
     failures           what ended a training job's attempt, and so what its retry does
     ownership          which configs' run a directory holds: an overlay cannot retrain another run's cells there
@@ -15,7 +15,6 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     preflight          `klstudy preflight`: the Hub, data, SLURM account, partitions, limits, GPUs and disk, checked
     check              a row of the preflight's table and its statuses
     cuda               the preflight's CUDA rows: the node driver's CUDA against torch's in each GPU job's environment
-    quota              the user's disk quota where results/ lies (lfs quota, quota), for the preflight's disk row
     memory_plans       the preflight's GPU memory rows: each study's vLLM engine beside training, on the cluster's GPU
     estimate           a run's peak disk and GPU-hours, from its config
     pilot              config/pilot-7b.yaml from the paper's, and `klstudy calibrate`: the grid priced at measured steps

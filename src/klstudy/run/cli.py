@@ -1,10 +1,7 @@
 """`klstudy` command line: the stages (stages.py), the study's driver (drive.py), the warm server (warm.py), a
-training job's last failure (failures.py), a SLURM driver's adoption of the jobs an
-earlier one left (adopt.py), and the generated references.
-
-Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. ``python -m klstudy
-<stage>`` runs the stage in the warm server when one serves this job, else in this process. The imports go one way:
-cli imports stages, drive and warm; drive imports warm; warm imports stages; stages imports none of them.
+training job's last failure (failures.py), a SLURM driver's adoption (adopt.py), the pilot and the generated pages.
+``python -m klstudy <stage>`` runs the stage in the warm server when one serves this job, else here. The imports go
+one way: cli imports stages, drive and warm; drive imports warm; warm imports stages.
 """
 
 from __future__ import annotations
@@ -138,14 +135,18 @@ def _calibrate(args) -> None:
     print("\n".join(pilot.calibrate(grid, tried, Path(args.results))))
 
 
+def _write(out: str | None, text: str) -> None:
+    """A generated page or config: to ``--out``, or printed."""
+    if out:
+        Path(out).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
 def _pilot_config(args) -> None:
     from klstudy.run import pilot
 
-    text = pilot.config_text(pilot.pilot_7b(pilot.paper_config()))
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    _write(args.out, pilot.config_text(pilot.pilot_7b(pilot.paper_config())))
 
 
 def _last_failure(args) -> None:
@@ -159,11 +160,7 @@ def _last_failure(args) -> None:
 def _config_reference(args) -> None:
     from klstudy.run import config_reference
 
-    text = config_reference.reference()
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    _write(args.out, config_reference.reference())
 
 
 def _references(args) -> None:
@@ -176,11 +173,7 @@ def _references(args) -> None:
 def _paper_settings(args) -> None:
     from klstudy.run import paper_settings
 
-    text = paper_settings.page(paper_settings.load())
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    _write(args.out, paper_settings.page(paper_settings.load()))
 
 
 def _explain(args) -> None:

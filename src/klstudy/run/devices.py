@@ -1,21 +1,13 @@
-"""The GPUs of one machine, shared by the jobs of a study without a scheduler: each job runs on devices of its own.
+"""A job's devices: its GPUs checked (require_cuda) and its CPU threads (threads); and on one machine without a
+scheduler, GPUs of its own.
 
-Snakemake's local execution counts resources (``--resources local_gpus=N`` keeps the GPU jobs running at once within N
-GPUs) but does not say which GPU a job gets (Snakemake's issue "Handle GPU ids", open since 2020), so every job would
-see every device. ``klstudy drive --gpus`` (drive.py) gives Snakemake the count and sets two variables for the jobs:
-``KLSTUDY_GPUS``, the device ids to share, and ``KLSTUDY_GPU_LOCKS``, a directory. Each GPU job's command starts with
-
-    python -m klstudy.run.devices --count N -- <the job's command>
-
-which takes an exclusive ``flock`` on ``<locks>/gpu-<id>.lock`` for N ids that no running job holds, sets
-``CUDA_VISIBLE_DEVICES`` to them and replaces itself (exec) with the job's command, which keeps the locks as open
-descriptors. However the job ends (it finishes, fails, or is killed by Snakemake, Ctrl-C or SIGKILL), the kernel
-closes its descriptors and the devices are free at once: nothing to clean, nothing that outlives a job, no server.
-Because Snakemake never runs more GPUs' worth of jobs than there are ids, a job always finds enough free ones; one
-that does not (another driver sharing the devices with another lock directory) fails, naming them.
-
-Without ``KLSTUDY_GPUS`` (under SLURM, which sets ``CUDA_VISIBLE_DEVICES`` itself, or on a CPU) the command runs as
-it is. Rendezvous ports are accelerate's: ``--main_process_port 0`` picks a free one per launch (workflow/rules).
+That last is home-made: Snakemake's ``--resources local_gpus=N`` keeps the GPU jobs within N GPUs but says no job
+which (Snakemake's issue "Handle GPU ids", open since 2020). ``klstudy drive --gpus`` sets ``KLSTUDY_GPUS`` (the ids)
+and ``KLSTUDY_GPU_LOCKS`` (a directory), and only then does each GPU job's command start with
+``python -m klstudy.run.devices --count N -- <command>``, which takes an exclusive ``flock`` on
+``<locks>/gpu-<id>.lock`` for N ids no running job holds, sets ``CUDA_VISIBLE_DEVICES`` and execs the command, which
+keeps the locks: however the job ends, the kernel frees them. Under SLURM, gres gives each job its own GPUs and no
+command is wrapped.
 """
 
 from __future__ import annotations
@@ -56,6 +48,20 @@ def require_cuda(env=os.environ) -> None:
     )
 
 
+def threads(count: int | None, env=os.environ) -> None:
+    """torch's threads: the job's CPUs shared by the processes `accelerate launch` started on this node (8 ranks of a
+    64-CPU job take 8 each, not 64). First, a job given GPUs that sees none fails (require_cuda)."""
+    import torch
+
+    require_cuda(env)
+    if count:
+        torch.set_num_threads(threads_per_process(count, env))
+
+
+def threads_per_process(cpus: int, env=os.environ) -> int:
+    return max(1, cpus // int(env.get("LOCAL_WORLD_SIZE") or 1))  # LOCAL_WORLD_SIZE: accelerate's, 1 outside it
+
+
 def parse_ids(text: str, source: str = GPUS_ENV) -> list[str]:
     """``"0,1,3"`` -> ``["0", "1", "3"]``: device ids as CUDA_VISIBLE_DEVICES names them; ``source`` for errors."""
     ids = [part.strip() for part in text.split(",") if part.strip()]
@@ -92,46 +98,17 @@ def claim(count: int, ids: list[str], locks: Path) -> tuple[list[str], list[int]
     )
 
 
-def allocated_processes(expected: int, env=os.environ) -> int:
-    """The training processes a job starts: one per GPU SLURM gave it (SLURM_GPUS_ON_NODE × SLURM_JOB_NUM_NODES; in a
-    SLURM job without SLURM_GPUS_ON_NODE, the devices CUDA_VISIBLE_DEVICES names), or ``expected`` (the config's GPUs
-    × nodes) without an allocation. A different allocation is an error, not a smaller launch: the config's batch
-    layout was checked for ``expected`` processes."""
-    per_node, nodes = env.get("SLURM_GPUS_ON_NODE"), env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
-    if not per_node and env.get("SLURM_JOB_ID") and env.get("CUDA_VISIBLE_DEVICES"):
-        per_node = str(len(parse_ids(env["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES")))
-    if not per_node:
-        return expected
-    got = int(per_node) * int(nodes or 1)
-    if got != expected:
-        raise SystemExit(
-            f"klstudy.run.devices: SLURM gave this job {per_node} GPUs on each of {nodes or 1} nodes "
-            f"({got} processes), "
-            f"the config's resources.train asks for {expected}: resubmit it with the config's gres and nodes"
-        )
-    return got
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m klstudy.run.devices", description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, help="GPUs the job needs")
-    parser.add_argument(
-        "--processes", type=int, help="print the processes to launch for this many GPUs (allocated_processes)"
-    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = parser.parse_args(argv)
-    if args.processes is not None:
-        print(allocated_processes(args.processes))
-        return
-    if args.count is None:
-        parser.error("give --count or --processes")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("give the job's command after --")
-    if os.environ.get(GPUS_ENV) and args.count > 0:
-        devices, _ = claim(args.count, parse_ids(os.environ[GPUS_ENV]), Path(os.environ[LOCKS_ENV]))
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-        print(f"klstudy.run.devices: GPUs {','.join(devices)} (pid {os.getpid()})", file=sys.stderr, flush=True)
+    if args.count is None or not command or not os.environ.get(GPUS_ENV):
+        parser.error(f"give --count N -- the job's command, with {GPUS_ENV} set (klstudy drive --gpus)")
+    devices, _ = claim(args.count, parse_ids(os.environ[GPUS_ENV]), Path(os.environ[LOCKS_ENV]))
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    print(f"klstudy.run.devices: GPUs {','.join(devices)} (pid {os.getpid()})", file=sys.stderr, flush=True)
     os.execvp(command[0], command)
 
 

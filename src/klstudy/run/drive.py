@@ -1,27 +1,21 @@
 """The study's driver: `make study` runs Snakemake under it, so that an interrupted study resumes with `make study`.
 
-    klstudy drive [--warm] -- snakemake --cores all --keep-going --rerun-incomplete
+    klstudy drive [--warm] [--gpus IDS] -- snakemake --cores all --keep-going --rerun-incomplete
 
-A plain `snakemake` stopped by Ctrl-C, SIGTERM or SIGKILL leaves what the next run refuses, and the driver handles each
-with a mechanism the kernel or Snakemake already has (no daemon, no polling):
+A plain `snakemake` stopped by Ctrl-C, SIGTERM or SIGKILL leaves what the next run refuses; the driver meets each with
+the kernel's or Snakemake's own mechanism:
 
-- **Snakemake's lock** (``.snakemake/locks``) outlives a Snakemake killed before it could release it, and the next run
-  stops with a LockException. The driver holds a kernel lock (``flock``) on ``.snakemake/klstudy-driver.lock`` and
-  passes it to Snakemake, so the lock is held exactly as long as the driver or its Snakemake lives, and the kernel
-  drops it on any death. A driver that gets it knows that no other driver's Snakemake is alive in this directory:
-  Snakemake locks found then are stale, and it releases them (``snakemake --unlock``). A second driver in the same
-  directory waits for the first. (A bare ``snakemake`` started by hand beside it is not covered: it takes no flock.)
-- **Outputs of interrupted jobs** are marked incomplete: ``--rerun-incomplete`` (the Makefile passes it) reruns those
-  jobs, and a training cell resumes from its last checkpoint.
-- **Jobs orphaned by a Snakemake killed with SIGKILL** would go on writing beside their reruns. Snakemake runs in a
-  process group of its own; once it has exited, the driver kills what is left of that group.
-- **Ctrl-C and SIGTERM** reach Snakemake as from a terminal: SIGINT to its whole group, SIGTERM to Snakemake, which
-  then finishes its running jobs. The driver waits for it to exit. (Python's ``subprocess.call`` would kill it with
-  SIGKILL on KeyboardInterrupt, before Snakemake releases its lock: what made an interrupted warm study fail to resume.)
-- **A driver killed with SIGKILL**: the kernel sends its Snakemake and its warm server SIGTERM (``PR_SET_PDEATHSIG``).
+- Snakemake's lock outlives a Snakemake killed before it could release it. The driver holds a kernel ``flock`` on
+  ``.snakemake/klstudy-driver.lock`` and passes it to Snakemake, so the kernel drops it when both are gone; a driver
+  that gets it knows Snakemake locks found then are stale, and releases them (``snakemake --unlock``).
+- Interrupted jobs' outputs are incomplete: ``--rerun-incomplete`` reruns them; a cell resumes from its checkpoint.
+- Jobs orphaned by a Snakemake killed with SIGKILL: Snakemake runs in a process group of its own, which the driver
+  kills once Snakemake has exited.
+- Ctrl-C reaches Snakemake's group as from a terminal, SIGTERM Snakemake alone (it finishes its running jobs); the
+  driver waits for it (``subprocess.call`` would SIGKILL it first, leaving its lock). A driver killed with SIGKILL
+  sends its Snakemake and warm server SIGTERM (``PR_SET_PDEATHSIG``).
 
-With ``--gpus`` (one machine with GPUs and no scheduler), Snakemake gets ``--resources local_gpus=<number of
-devices>`` and every GPU job claims devices of its own (devices.py).
+``--warm``: jobs run in a warm server (warm.py); ``--gpus``: each GPU job on devices of its own (devices.py).
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
-"""What a run costs, computed from its config: the peak disk under results/ and the GPU-hours.
-
-Both need each model's size (``models.<name>.parameters_b``); a model without it is left out and named. `klstudy
-preflight` prints them, and so does the dry run of `snakemake --profile slurm -n`.
-
-Disk (bytes per parameter, as Trainer and FSDP write them): a final model and each Fig. 12 snapshot in bf16 (2; float32
-snapshots 4), a base model (2), a training checkpoint in float32 with Adam's two moments (12), three checkpoints per
-training cell (`save_total_limit` 2, and Trainer writes the next one before it deletes the oldest). Every final model
-and snapshot stays; checkpoints exist only while a cell trains, so at most ``cluster.training_slots`` cells hold them at
-once (the largest models' cells, at worst), unless ``delete_checkpoints`` is false, and then every cell keeps two. A
-cell that stops early (collapsed, diverged) keeps its last checkpoint: where its study's collapse rule is on
-(``health.collapse_window`` > 0), the peak counts one for each cell of the configurations the paper reports collapsing
-(STOPS_EARLY); any other such cell adds one. Given the cells already finished and the models already staged, the same
-sum is what a run still has to write (the preflight's disk row).
-
-GPU-hours: an estimate, not a bound: the FLOPs with every response at ``max_response_tokens``, each divided by the
-sustained throughput of its phase (``cluster.gpu_tflops``: TFLOP/s per GPU for generation, scoring and the update).
-A training step's (prompt + response) token costs 2·N FLOPs to generate (N parameters), 2·N per scoring pass (two: the
-reference's and the sampling policy's log-probabilities) and 6·N to train on (forward and backward). An evaluation
-token costs 2·N of generation; a Fig. 12 token 2·N of generation and two scoring passes. The default scoring and update
-throughputs were measured (docs/paper-scale.md); generation's, vLLM's, was not. Inside training, each cell also
-evaluates held-out pass@1 before its first step and every ``eval_every`` steps (``heldout_prompts`` of the held-out
-set, or all of it; ``heldout_samples`` responses each when sampled, one when greedy; every response at its maximum
-length, at generation's throughput), and writes a checkpoint (policy and Adam's state, 12 bytes a parameter) every
-``checkpoint_every`` steps at WRITE_BANDWIDTH, all its GPUs idle meanwhile. Each is its own line.
+"""What a run costs, computed from its config: the peak disk under results/ and the GPU-hours, each model sized by
+``models.<name>.parameters_b`` (a model without it is left out and named). The sums are docs/running.md's (**Disk**,
+**GPU-hours**) and docs/cost.md's; `klstudy preflight` and the dry run of `snakemake --profile slurm -n` print them.
 """
 
 from __future__ import annotations

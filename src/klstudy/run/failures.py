@@ -3,9 +3,8 @@ what its retry therefore does (workflow/rules/common.smk, `klstudy last-failure`
 
     deterministic  out of GPU memory (torch's or vLLM's), a module that does not import, a config refused, CUDA that
                    does not start (a torch build the driver cannot run, a job that sees no CUDA device): the same job
-                   fails the same way on the next node. Not retried: Snakemake, which retries by count alone, submits
-                   a one-CPU, one-minute job that fails at once naming the first failure, instead of 8 GPUs to fail
-                   again.
+                   fails the same way on the next node. Not retried: Snakemake retries by count alone, so the retry's
+                   shell names the failure and exits before it trains (common.smk's REFUSED_RETRY).
     node           the node or its GPUs (an ECC error, a busy or failed driver, an Xid, a collective that failed):
                    retried on another node (sbatch --exclude=<the node>) for cluster.exclude_node_hours.
     other          anything else (a kill, a time limit, an error not listed): retried as it was.

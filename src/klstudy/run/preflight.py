@@ -1,21 +1,7 @@
 """`klstudy preflight`: what a run needs from the hub, its data and the cluster, checked on the login node before any
-job is submitted, in one table with a remedy per failing row.
-
-- hub: every hub model and dataset of the config can be downloaded with this machine's token (huggingface_hub's
-  ``auth_check``; a revision other than main with ``repo_info``); each of the hub's errors becomes one sentence.
-- sources: every dataset and model with ``local_dir`` has it.
-- SLURM (skipped where there is no ``sinfo``: a local run): the account, the QOS, the profile's jobs against the
-  per-user submit limit, each kind of job's partition(s), its runtime against the partition's MaxTime and the QOS's
-  MaxWall, GPUs of the asked kind in the GPU partition, and a node with them that has the job's memory and CPUs.
-- GPU memory (memory_plans.py): each study's colocated vLLM engine beside training, per model, on one GPU of
-  cluster.gpu_model; a plan in which not one sequence fits fails.
-- CUDA (skipped where no job asks for a GPU): torch's CUDA in each environment of the run's GPU jobs (this one, and
-  `vllm_python` where a job runs vLLM) against the CUDA that this node's driver supports (nvidia-smi); skipped
-  without nvidia-smi (a login node: run the preflight on a GPU node through srun to compare them).
-- disk: free space under results/ against what the run still writes at its peak (estimate.py; the whole peak is
-  printed with the GPU-hours).
-
-`snakemake --profile slurm` runs it (the Snakefile's ``onstart``) unless ``--config preflight=False``.
+job is submitted, in one table with a remedy per failing row (the rows: docs/running.md, **The preflight**). The
+GPU memory rows are memory_plans.py's, the CUDA rows cuda.py's. `snakemake --profile slurm` runs it (the Snakefile's
+``onstart``) unless ``--config preflight=False``.
 """
 
 from __future__ import annotations
@@ -29,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klstudy.config import REPO_ROOT, RUN_DIR, all_cells, train_gpus
-from klstudy.run import cuda, estimate, memory_plans, quota
+from klstudy.run import cuda, estimate, memory_plans
 from klstudy.run.check import FAIL, OK, SKIP, WARN, Check
 
 # ------------------------------------------------------------------------------------------------------------ the hub
@@ -508,25 +494,19 @@ def still_to_write(config: dict, root: Path) -> tuple[estimate.Estimate, int]:
     return left, len(finished)
 
 
-def disk_check(config: dict, root: Path, quota_of=quota.user_quota) -> Check:
-    """What the run still writes under results/ (still_to_write) against the file system's free space and, where a
-    tool says it, the user's quota there (quota.py)."""
+def disk_check(config: dict, root: Path) -> Check:
+    """What the run still writes under results/ (still_to_write) against the file system's free space. The quota is
+    not read (each site has its own tool): the row says which to ask."""
     left, finished = still_to_write(config, root)
     where = root / "results"
-    existing = next(p for p in [where, *where.parents] if p.exists())
-    free, found = shutil.disk_usage(existing).free, quota_of(existing)
-    cells = len(all_cells(config))
+    free = shutil.disk_usage(next(p for p in [where, *where.parents] if p.exists())).free
     detail = (f"{free / estimate.GB:,.0f} GB free, {left.total / estimate.GB:,.0f} GB still to write at the peak"
-              f" ({finished} of {cells} cells finished){left.note()}; ") + (
-        f"{found.left / estimate.GB:,.0f} GB left of your quota ({found.tool})" if found
-        else "no quota tool answered (lfs quota, quota): check your site's by hand"
-    )  # fmt: skip
-    if min(free, found.left if found else free) >= left.total:
+              f" ({finished} of {len(all_cells(config))} cells finished){left.note()}; your quota is not read: "
+              "lfs quota -u $USER <mount>, quota -s or mmlsquota must show room for it")  # fmt: skip
+    if free >= left.total:
         return Check("disk under results/", OK, detail)
-    return Check(
-        "disk under results/", FAIL, detail,
-        "free space (or quota), lower cluster.training_slots, or link results/ to a larger file system",
-    )  # fmt: skip
+    return Check("disk under results/", FAIL, detail,
+                 "free space, lower cluster.training_slots, or link results/ to a larger file system")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------------ together

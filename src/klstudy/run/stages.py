@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from klstudy.run import toy_stages
-from klstudy.run.threads import local_processes, threads_per_process
-from klstudy.run.threads import threads as _threads
+from klstudy.run.devices import threads as _threads
+from klstudy.run.devices import threads_per_process
 
 
 def _prepare_data(args):
@@ -75,7 +75,7 @@ def _train(args):
     _threads(args.threads)
     if args.threads and os.environ.get("LOCAL_RANK", "0") == "0":  # once a node
         print(f"CPU threads per process: {threads_per_process(args.threads)} ({args.threads} CPUs over "
-              f"{local_processes()} processes on this node)", flush=True)  # fmt: skip
+              f"{os.environ.get('LOCAL_WORLD_SIZE', 1)} processes on this node)", flush=True)  # fmt: skip
     summary = cell.run(
         json.loads(args.settings),
         Path(args.model),

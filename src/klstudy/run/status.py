@@ -1,14 +1,5 @@
-"""`klstudy status`: where the grid stands, from its files alone.
-
-One row per cell of the config's grid: ``ok``, ``collapsed`` or ``diverged`` (its summary.json), ``running`` (step N
-of M from its newest metrics line or complete checkpoint, and how long ago it last wrote; "between slices" where its
-job requeued itself, train/slices.py), ``failed`` (its job log
-ends in an error and it has no summary; the error line is shown) or ``missing``; then the evaluations, Fig. 12
-tables and figures done out of those expected. It only reads files (no Snakemake, no scheduler, no torch), so it is
-safe on a login node while SLURM runs the grid.
-
-A job killed without a word in its log (the OOM killer, a node failure) reads as ``running`` with a growing age:
-the age column is there to tell.
+"""`klstudy status`: where the grid stands, from its files alone (no Snakemake, no scheduler, no torch), so safe on a
+login node while SLURM runs the grid. The states: docs/running.md, **Where it stands**.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from klstudy.run.threads import threads as _threads
+from klstudy.run.devices import threads as _threads
 
 
 def _toy(args):

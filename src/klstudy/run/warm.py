@@ -1,19 +1,12 @@
-"""Warm workers: the embedded study's jobs start from an interpreter that has already imported torch and the rest.
+"""Warm workers: the embedded study's jobs fork from a server that has imported torch, TRL and lm-eval once.
 
-Every job is a ``python -m klstudy <stage>`` process, and importing torch, transformers, TRL and lm-eval takes about
-7 s of a 20-30 s job on a CPU (docs/cost.md). ``python -m klstudy drive --warm -- <command>`` (what ``make study``
-runs; drive.py) imports them once in a server, then runs the command with ``KLSTUDY_WARM_SOCKET`` set. Each job's
-``python -m klstudy`` then hands its arguments, working directory, environment and standard streams to the server,
-which forks a child that runs the stage, as ``stages.run`` runs it in a cold process, and sends back its exit status:
-
-    job (snakemake's shell)  --argv, cwd, env, fds 0-2-->  server  --fork-->  child: stages.run(argv); exit status
-                             <--------------------------- exit status ------/
-
-A job that loses its caller (Snakemake killed it, or Ctrl-C) is killed with its process group: the child watches
-the connection. A job runs cold, as without a server, when ``KLSTUDY_WARM_SOCKET`` is unset or nothing answers, under
-another interpreter (the vLLM environment's), or under ``accelerate launch``/``torchrun`` (``WORLD_SIZE`` set: each
-rank must be the process its launcher started). Snakemake's ``benchmark`` files then time the job correctly (wall
-seconds), but their CPU and memory columns see only the small process that waited for it.
+Importing them takes about 7 s of a 20-30 s job on a CPU (docs/cost.md). ``klstudy drive --warm`` (``make study``)
+starts the server and sets ``KLSTUDY_WARM_SOCKET``; a job's ``python -m klstudy <stage>`` then hands its arguments,
+directory, environment and standard streams (SCM_RIGHTS) to the server, which forks a child that runs the stage as a
+cold process would, and waits for its exit status. A child dies with its process group when its caller goes (Snakemake
+killed it, Ctrl-C). A job runs cold where no server answers, under another interpreter (the vLLM environment's: the
+server refuses it), or under ``accelerate launch``/``torchrun`` (``WORLD_SIZE``: each rank stays its launcher's).
+Snakemake's ``benchmark`` files then time a job's wall seconds, but their CPU and memory columns see only its caller.
 """
 
 from __future__ import annotations
@@ -35,26 +28,11 @@ from pathlib import Path
 SOCKET_ENV = "KLSTUDY_WARM_SOCKET"
 # What a job would otherwise import itself: the training, evaluation, divergence, toy and figure stages' libraries.
 PRELOAD = (
-    "torch",
-    "transformers",
-    "trl",
-    "accelerate",
-    "datasets",
-    "lm_eval",
-    "lm_eval.models.huggingface",
-    "pandas",
-    "klstudy.report.figures.paper",
-    "klstudy.report.figures.training",
-    "klstudy.report.figures.forest",
-    "klstudy.report.figures.toy",
-    "klstudy.report.figures.atlas",
-    "klstudy.train.cell",
-    "klstudy.train.trainer",
-    "klstudy.evaluate.harness",
-    "klstudy.evaluate.divergence",
-    "klstudy.analysis.toy",
-    "klstudy.report.aggregate",
-)
+    "torch transformers trl accelerate datasets lm_eval lm_eval.models.huggingface pandas klstudy.train.cell "
+    "klstudy.train.trainer klstudy.evaluate.harness klstudy.evaluate.divergence klstudy.analysis.toy "
+    "klstudy.report.aggregate klstudy.report.figures.paper klstudy.report.figures.training "
+    "klstudy.report.figures.forest klstudy.report.figures.toy klstudy.report.figures.atlas"
+).split()
 _HEADER = struct.Struct("!Q")  # length of the JSON request that follows
 _STATUS = struct.Struct("!i")  # the job's exit status
 REFUSED = -(2**31)  # the server would not run this job: run it cold
@@ -188,12 +166,9 @@ def _run_stage(argv: list[str]) -> int:
 
 @contextlib.contextmanager
 def server(log: Path, ready_timeout: float = 300.0, env: dict | None = None, preexec_fn=None):
-    """A warm server for the block (its output in ``log``): yields ``env`` (default: this process's) with
-    ``KLSTUDY_WARM_SOCKET`` set,
-    under which ``python -m klstudy`` jobs run in it; stops it after. In a process group of its own, so that a Ctrl-C
-    meant for the jobs leaves it serving until the block ends; ``preexec_fn``: e.g. drive.die_with_parent.
-
-    If the server does not come up, the environment has no socket and jobs run cold, with a warning: it only saves time.
+    """A warm server for the block, its output in ``log``: yields ``env`` (default: this process's) with
+    ``KLSTUDY_WARM_SOCKET`` set, or without it (jobs run cold) if it does not come up. In a process group of its own,
+    so that a Ctrl-C meant for the jobs leaves it serving until the block ends; ``preexec_fn``: drive.die_with_parent.
     """
     folder = tempfile.mkdtemp(prefix="klstudy-warm-")
     path = os.path.join(folder, "socket")

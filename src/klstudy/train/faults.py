@@ -1,5 +1,4 @@
-"""Fault injection for the resume tests: a training process that kills, stops or warns itself at a step, as SLURM,
-the OOM killer or a hung node would end it."""
+"""Fault injection for the resume tests: a training process that kills, stops or warns itself at a step."""
 
 from __future__ import annotations
 
@@ -10,16 +9,10 @@ from transformers import TrainerCallback
 
 
 class FaultAtStep(TrainerCallback):
-    """Fault injection for resume tests, from the environment:
-
-    - ``KLSTUDY_KILL_AT_STEP=N``: SIGKILL this process once step N is logged. Nothing is flushed or saved on the way
-      out, exactly as when SLURM or the OOM killer ends a job.
-    - ``KLSTUDY_STOP_AT_STEP=N``: SIGSTOP it once a checkpoint at or after step N is complete, in a run that did not
-      resume: a job that hangs until its time limit ends it, however fast it trained; the retry, which resumes from
-      that checkpoint, runs on.
-    - ``KLSTUDY_WARN_AT_STEP=N``: SIGUSR1 as step N begins, in a run that did not resume: SLURM's warning before
-      the time limit (slices.py) during a known step.
-    """
+    """From the environment: ``KLSTUDY_KILL_AT_STEP=N`` SIGKILLs the process once step N is logged (nothing flushed,
+    as SLURM or the OOM killer ends it); ``KLSTUDY_STOP_AT_STEP=N`` SIGSTOPs it once a checkpoint at or after step N
+    is complete (a hang until the time limit); ``KLSTUDY_WARN_AT_STEP=N`` sends SIGUSR1 as step N begins (SLURM's
+    warning, slices.py). The last two only in a run that did not resume."""
 
     VARIABLES = {"KLSTUDY_KILL_AT_STEP": signal.SIGKILL, "KLSTUDY_STOP_AT_STEP": signal.SIGSTOP,
                  "KLSTUDY_WARN_AT_STEP": signal.SIGUSR1}  # fmt: skip

@@ -1,17 +1,6 @@
-"""Slices: a training cell longer than its job's time limit runs as the same job, requeued as often as it needs, by
-SLURM's own mechanism.
-
-A training job asks SLURM for SIGUSR1 before its time limit (sbatch --signal=USR1@<cluster.save_before_limit_minutes>,
-workflow/rules/common.smk). Without B:, SLURM signals every process of the job's steps: the trainer, and Snakemake's
-job process, its shell, tee and the launcher around it, which ignore the signal (the Snakefile sets it ignored in
-Snakemake's process, and an ignored signal stays ignored in every child). The trainer (install()) finishes the
-training step it is in, saves a checkpoint, leaves SLICE_ENDED in its checkpoint directory and exits; the rule's
-shell (common.smk's REQUEUE_SLICE) sees the mark and runs `scontrol requeue $SLURM_JOB_ID`. The job starts again
-under the same id with its full time limit and resumes from that checkpoint; Snakemake, which sees one job pending
-again, counts no failure, so a slice is never one of the attempts a cell gets.
-
-The reserve must hold the longest training step and a checkpoint. Outside SLURM nothing sends the signal: nothing is
-sliced and no process is added.
+"""Slices: a training cell longer than its job's time limit, run as one job that SLURM requeues (docs/running.md,
+**Cells longer than a time limit**). The trainer catches SLURM's SIGUSR1 (install), saves at the end of the step it
+is in and leaves SLICE_ENDED; the rule's shell (common.smk's REQUEUE_SLICE) then runs `scontrol requeue`.
 """
 
 from __future__ import annotations
