@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 
 from snakemake.settings.types import DeploymentMethod
 
@@ -26,7 +27,7 @@ from klstudy.config import (
     training_processes,
 )
 from klstudy.figure_plan import CLAIMS_FIGURE, claims_figures, training_figures
-from klstudy.run import failures
+from klstudy.run import adopt, failures
 from klstudy.run.estimate import gpu_resources
 from klstudy.run.preflight import runtime_cap
 
@@ -77,6 +78,40 @@ REQUEUE_SLICE = (
     ' run the workflow again" >&2; exit 75; fi; '
     'echo "slice: requeueing job $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID" || exit 75; sleep 300; exit 75; fi'
 )
+# ---- Adoption (adopt.py, train.smk's adopted_train_rl): the training jobs an earlier Snakemake of this directory left
+# in the queue, {cell's wildcard values: job id}; asked of squeue once, by the main Snakemake, where there is a squeue.
+ADOPTED = (
+    adopt.left_training_jobs(Path.cwd(), all_cells(config))
+    if workflow.is_main_process and shutil.which("squeue")
+    else {}
+)
+
+
+def adopted_job(wildcards):
+    """The SLURM job an adopted cell waits for."""
+    return ADOPTED[tuple(wildcards[key] for key in CELL_WILDCARDS)]
+
+
+def only_adopted(wildcards):
+    """adopted_train_rl's input: none for an adopted cell; for any other an error, so that Snakemake makes the cell
+    with train_rl (a rule whose input function fails is passed over for the next rule that makes the file: dag.py)."""
+    if tuple(wildcards[key] for key in CELL_WILDCARDS) not in ADOPTED:
+        raise ValueError("no training job of this cell is left in the queue")
+    return []
+
+
+# Waits while the job is in the queue (a requeued slice pends, then runs again under its id), polling squeue as the
+# SLURM plugin itself does; a job that left it shows no state, or a final one for a few minutes (MinJobAge).
+ADOPTED_WAIT = (
+    'echo "adopted: waiting for job {params.job} of {wildcards.study}/{wildcards.model}/{wildcards.kl}/'
+    'beta~{wildcards.beta}/seed~{wildcards.seed}"; while true; do '
+    '_state=$(squeue --noheader --jobs {params.job} --format=%T 2>/dev/null || true); case "$_state" in '
+    "PENDING|RUNNING|CONFIGURING|COMPLETING|SUSPENDED|REQUEUE*|RESIZING|SIGNALING|STAGE_OUT|STOPPED|PREEMPTED) "
+    'sleep "${{KLSTUDY_ADOPT_POLL:-60}}";; *) break;; esac; done; echo "adopted: job {params.job} left the queue"'
+)
+# ---- end of adoption
+
+
 # A retry after a deterministic failure, or a cell past cluster.max_attempts (failures.py), runs this alone, on one
 # CPU for a minute, and fails.
 REFUSED_RETRY = (

@@ -8,7 +8,7 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     drive              `klstudy drive`: Snakemake run so that an interrupted `make study` resumes
     warm               warm workers: jobs forked from a server that imported torch, TRL and lm-eval once
     devices            one machine's GPUs shared by a study's jobs, each on its own; a GPU job that sees none fails
-    adopt              a SLURM driver's start: the jobs an earlier driver left, waited for or cancelled, never rerun
+    adopt              the training jobs an earlier Snakemake of this directory left in the queue, for this one to adopt
     failures           what ended a training job's attempt, and so what its retry does
     ownership          which configs' run a directory holds: an overlay cannot retrain another run's cells there
     status             `klstudy status`: where the grid stands, from its files alone

@@ -1,6 +1,5 @@
 """`klstudy` command line: the stages (stages.py), the study's driver (drive.py), the warm server (warm.py), a
-training job's last failure (failures.py), a SLURM driver's adoption of the jobs an
-earlier one left (adopt.py), and the generated references.
+training job's last failure (failures.py) and the generated references.
 
 Every stage can be run (and debugged) without Snakemake; the rules only wire paths together. ``python -m klstudy
 <stage>`` runs the stage in the warm server when one serves this job, else in this process. The imports go one way:
@@ -51,11 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
     failure.add_argument("--history", required=True, help="the cell's logs/attempts/train/<cell>.log")
     failure.add_argument("--max-attempts", type=int, help="cluster.max_attempts: say so when the cell has had them")
     failure.set_defaults(run=_last_failure)
-    adopting = commands.add_parser(
-        "adopt", help="a driver's start: wait for the jobs an earlier one left running, cancel pending ones (adopt.py)"
-    )
-    adopting.add_argument("--poll", type=float, default=30, help="seconds between two looks at the queue")
-    adopting.set_defaults(run=_adopt)
     calibration = commands.add_parser(
         "calibrate", help="the grid's GPU-hours per study at the step times a finished pilot measured (pilot.py)"
     )
@@ -118,14 +112,6 @@ def _warm_serve(args) -> None:
     from klstudy.run import warm
 
     warm.serve(args.socket)
-
-
-def _adopt(args) -> None:
-    import os
-
-    from klstudy.run import adopt
-
-    adopt.adopt(Path.cwd(), os.environ.get("SLURM_JOB_ID"), poll=args.poll)
 
 
 def _calibrate(args) -> None:
