@@ -44,7 +44,10 @@ def test_only_snakemakes_training_jobs_from_this_directory_are_adopted_in_any_st
     squeue = lambda command, **_: SimpleNamespace(stdout="\n".join(lines) + "\n")  # noqa: E731
     cells = [dict(study="onpolicy", model="tiny", kl="k1-reward", beta=0.1, seed=seed) for seed in (0, 1)]
     adopted = adopt.left_training_jobs(tmp_path, cells, run=squeue)
-    assert adopted == {("onpolicy", "tiny", "k1-reward", "0.1", "0"): "1", ("onpolicy", "tiny", "k1-reward", "0.1", "1"): "2"}
+    assert adopted == {
+        ("onpolicy", "tiny", "k1-reward", "0.1", "0"): "1",
+        ("onpolicy", "tiny", "k1-reward", "0.1", "1"): "2",
+    }
 
 
 FAKE_SQUEUE = """#!/bin/sh
