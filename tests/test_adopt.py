@@ -132,7 +132,8 @@ def test_the_adopted_cell_keeps_what_its_job_writes_and_waits_while_the_other_ce
         assert run.wait(timeout=300) == 0, "".join(output)[-3000:]
         reader.join(timeout=10)
     log = "".join(output)
-    assert log.count("rule train_rl:") == 1 and "adopted: job 41 left the queue" in log, log[-3000:]
+    waited = (tmp_path / "logs/train/onpolicy/tiny/k1-reward/beta~0.1/seed~0.adopted.log").read_text()
+    assert log.count("rule train_rl:") == 1 and "adopted: job 41 left the queue" in waited, log[-3000:]
     assert json.loads((cell0 / "summary.json").read_text()) == {"status": "ok"}
     assert (cell0 / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
     assert not (tmp_path / "logs/attempts/train/onpolicy/tiny/k1-reward/beta~0.1/seed~0.log").exists()

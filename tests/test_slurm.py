@@ -471,11 +471,11 @@ def slice_and_hold(env, workdir: Path, job: str, seed: int, deadline: float) -> 
 
 @pytest.mark.slow  # about 8 minutes: `make test-all`
 def test_a_drivers_successor_adopts_its_jobs_and_submits_new_cells_at_once(cluster, tmp_path):
-    """slurm/driver.sbatch runs Snakemake as a SLURM job, at most two cells training (cluster.training_slots). While
-    seed 0 trains (suspended, so that it outlasts what follows on any machine) and seed 1's job has requeued itself
-    for its next slice (held pending), the driver's time limit comes: it submits its successor and ends, leaving both
-    in the queue. With three slots now, the successor adopts both and submits seed 2 while they are still there. Each
-    cell is trained by one job, seed 1's under its first id, requeued; nothing is cancelled."""
+    """slurm/driver.sbatch runs Snakemake as a SLURM job, at most two of three cells training (cluster.training_slots).
+    While one trains (suspended, so that it outlasts what follows on any machine) and the other's job has requeued
+    itself for its next slice (held pending), the driver's time limit comes: it submits its successor and ends, leaving
+    both in the queue. With three slots now, the successor adopts both and submits the third cell while they are still
+    there. Each cell is trained by one job, the sliced one's under its first id, requeued; nothing is cancelled."""
     config = small_grid(cells=3, steps=1500)
     for spec in config["resources"].values():
         spec["cpus"] = 1
@@ -489,9 +489,11 @@ def test_a_drivers_successor_adopts_its_jobs_and_submits_new_cells_at_once(clust
     first = submit_driver(cluster, tmp_path, cells)
     wait_for("two cells training", lambda: len(running_jobs(cluster, tmp_path, "train_rl")) == 2, deadline)
     jobs = rule_jobs(cluster, tmp_path, "train_rl")
-    seed0, seed1 = (jobs.job_id[jobs.wildcards.str.endswith(f"_{seed}")].item() for seed in (0, 1))
-    subprocess.run(["scontrol", "suspend", seed0], env=cluster, check=True)
-    slice_and_hold(cluster, tmp_path, seed1, 1, deadline)
+    seed_of = dict(zip(jobs.job_id, jobs.wildcards.str.rsplit("_", n=1).str[-1].astype(int), strict=True))
+    running, sliced = sorted(seed_of, key=int)
+    running_seed, sliced_seed = seed_of[running], seed_of[sliced]
+    subprocess.run(["scontrol", "suspend", running], env=cluster, check=True)
+    slice_and_hold(cluster, tmp_path, sliced, sliced_seed, deadline)
 
     elapsed = subprocess.run(["squeue", "-h", "-j", first, "-o", "%M"], env=cluster, capture_output=True,
                              text=True).stdout.strip()  # fmt: skip
@@ -501,23 +503,25 @@ def test_a_drivers_successor_adopts_its_jobs_and_submits_new_cells_at_once(clust
     wait_for("the first driver's end", lambda: job_state(cluster, first) == "COMPLETED", deadline)
     successor = re.search(r"successor job (\d+) submitted", (tmp_path / "logs" / f"driver-{first}.log").read_text())
     assert successor, (tmp_path / "logs" / f"driver-{first}.log").read_text()[-3000:]
-    wait_for("seed 2 submitted", lambda: len(rule_jobs(cluster, tmp_path, "train_rl")) == 3, deadline)
-    assert (squeue_state(cluster, seed0), squeue_state(cluster, seed1)) == ("SUSPENDED", "PENDING")  # still there
-    subprocess.run(["scontrol", "resume", seed0], env=cluster, check=True)
-    subprocess.run(["scontrol", "release", seed1], env=cluster, check=True)
+    wait_for("the third cell submitted", lambda: len(rule_jobs(cluster, tmp_path, "train_rl")) == 3, deadline)
+    assert (squeue_state(cluster, running), squeue_state(cluster, sliced)) == ("SUSPENDED", "PENDING")  # still there
+    subprocess.run(["scontrol", "resume", running], env=cluster, check=True)
+    subprocess.run(["scontrol", "release", sliced], env=cluster, check=True)
 
     wait_for("the successor's end", lambda: job_state(cluster, successor[1]) not in ("RUNNING", "PENDING", ""),
              deadline)  # fmt: skip
     log = (tmp_path / "logs" / f"driver-{successor[1]}.log").read_text()
     assert job_state(cluster, successor[1]) == "COMPLETED", log[-5000:]
-    assert all(f"adopted: job {job} left the queue" in log for job in (seed0, seed1)), log[-5000:]
+    for job in (running, sliced):  # each waited for by the successor
+        adopted = tmp_path / f"logs/train/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed_of[job]}.adopted.log"
+        assert f"adopted: job {job} left the queue" in adopted.read_text(), log[-3000:]
     assert all(json.loads(cell.read_text())["status"] == "ok" for cell in cells)
     jobs = rule_jobs(cluster, tmp_path, "train_rl")
     assert len(jobs) == 3 and set(jobs.state) == {"COMPLETED"}, jobs  # one job per cell, none cancelled
-    runs = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", seed1, "--format=State"], env=cluster,
+    runs = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", sliced, "--format=State"], env=cluster,
                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
     assert runs == ["REQUEUED", "COMPLETED"], runs
-    for seed, job, starts in ((0, seed0, 1), (1, seed1, 2)):  # the attempt log: each start of the job, no other job
+    for seed, job, starts in ((running_seed, running, 1), (sliced_seed, sliced, 2)):  # each start of its one job
         history = tmp_path / f"logs/attempts/train/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}.log"
         headers = [line for line in history.read_text().splitlines() if line.startswith("=== attempt")]
         assert len(headers) == starts and all(f"job {job} on" in header for header in headers), headers

@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 
 from snakemake.settings.types import DeploymentMethod
 
@@ -79,12 +80,20 @@ REQUEUE_SLICE = (
     'echo "slice: requeueing job $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID" || exit 75; sleep 300; exit 75; fi'
 )
 # ---- Adoption (adopt.py, train.smk's adopted_train_rl): the training jobs an earlier Snakemake of this directory left
-# in the queue, {cell's wildcard values: job id}; asked of squeue once, by the main Snakemake, where there is a squeue.
-ADOPTED = (
-    adopt.left_training_jobs(Path.cwd(), all_cells(config))
-    if workflow.is_main_process and shutil.which("squeue")
-    else {}
-)
+# in the queue, {cell's wildcard values: job id}, asked of squeue once by the main Snakemake. A squeue that does not
+# answer (SLURM's commands without a cluster) adopts nothing, saying so on a cluster run; the driver does not start.
+def left_training_jobs():
+    if not (workflow.is_main_process and shutil.which("squeue")):
+        return {}
+    try:
+        return adopt.left_training_jobs(Path.cwd(), all_cells(config))
+    except (OSError, subprocess.CalledProcessError) as error:
+        if workflow.global_resources["_nodes"].value is not None:  # --jobs: a run that submits to a cluster
+            print(f"klstudy: squeue did not answer ({error}): no job left in the queue is adopted", file=sys.stderr)
+        return {}
+
+
+ADOPTED = left_training_jobs()
 
 
 def adopted_job(wildcards):
@@ -94,7 +103,7 @@ def adopted_job(wildcards):
 
 def only_adopted(wildcards):
     """adopted_train_rl's input: none for an adopted cell; for any other an error, so that Snakemake makes the cell
-    with train_rl (a rule whose input function fails is passed over for the next rule that makes the file: dag.py)."""
+    with train_rl (it passes over a rule whose input function fails, for the next that makes the file, in dag.py)."""
     if tuple(wildcards[key] for key in CELL_WILDCARDS) not in ADOPTED:
         raise ValueError("no training job of this cell is left in the queue")
     return []
@@ -103,11 +112,12 @@ def only_adopted(wildcards):
 # Waits while the job is in the queue (a requeued slice pends, then runs again under its id), polling squeue as the
 # SLURM plugin itself does; a job that left it shows no state, or a final one for a few minutes (MinJobAge).
 ADOPTED_WAIT = (
-    'echo "adopted: waiting for job {params.job} of {wildcards.study}/{wildcards.model}/{wildcards.kl}/'
+    '{{ echo "adopted: waiting for job {params.job} of {wildcards.study}/{wildcards.model}/{wildcards.kl}/'
     'beta~{wildcards.beta}/seed~{wildcards.seed}"; while true; do '
     '_state=$(squeue --noheader --jobs {params.job} --format=%T 2>/dev/null || true); case "$_state" in '
     "PENDING|RUNNING|CONFIGURING|COMPLETING|SUSPENDED|REQUEUE*|RESIZING|SIGNALING|STAGE_OUT|STOPPED|PREEMPTED) "
-    'sleep "${{KLSTUDY_ADOPT_POLL:-60}}";; *) break;; esac; done; echo "adopted: job {params.job} left the queue"'
+    'sleep "${{KLSTUDY_ADOPT_POLL:-60}}";; *) break;; esac; done; echo "adopted: job {params.job} left the queue"; }}'
+    " > {log} 2>&1"
 )
 # ---- end of adoption
 
@@ -188,6 +198,11 @@ CELL_WILDCARDS = ("study", "model", "kl", "beta", "seed")
 def cell_config(wildcards):
     """What `klstudy train --settings` gets (config.cell_settings)."""
     return cell_settings(config, **{key: wildcards[key] for key in CELL_WILDCARDS})
+
+
+def training_param(wildcards):
+    """The one param Snakemake records for a cell (train.smk): what it trains."""
+    return json.dumps(training_settings(cell_config(wildcards)), sort_keys=True)
 
 
 def run_outputs():

@@ -16,10 +16,6 @@ TRAIN_OUTPUT = dict(
 # Snakemake records only `training` (what the cell trains: config.training_settings); the operational settings, the
 # launcher line (absolute paths) and the paths are Unrecorded (common.smk), so changing them reruns no finished cell
 # (docs/running.md, "What reruns a finished cell").
-def training_param(wildcards):
-    return json.dumps(training_settings(cell_config(wildcards)), sort_keys=True)
-
-
 rule train_rl:
     """Train one cell; a diverged or collapsed run ends early with its status in summary.json, not as a failure."""
     input:
@@ -54,7 +50,7 @@ rule train_rl:
 # without them fails in this run (the next run trains it on from its checkpoint). Its outputs are update(): Snakemake
 # removes a job's existing outputs before it starts, and the adopted job is still writing metrics.jsonl. Its input and
 # params are train_rl's, so that what Snakemake records for the cell is the same; no log or benchmark of its own, which
-# would replace the training's.
+# would replace the training's, but a log of its own.
 rule adopted_train_rl:
     input:
         **TRAIN_INPUT,
@@ -64,6 +60,8 @@ rule adopted_train_rl:
     params:
         training=training_param,
         job=lambda wildcards: Unrecorded(adopted_job(wildcards)),
+    log:
+        f"logs/train/{RUN_PATH}.adopted.log",
     localrule: True
     retries: 0
     resources:
