@@ -101,12 +101,14 @@ def adopted_job(wildcards):
     return ADOPTED[tuple(wildcards[key] for key in CELL_WILDCARDS)]
 
 
+# adopted_train_rl's input for a cell with no job in the queue: a file that nothing makes, so that Snakemake passes
+# that rule over (a missing input) for the next that makes the cell's files, train_rl.
+NOT_ADOPTED = ".snakemake/klstudy: no training job of this cell is left in the queue"
+
+
 def only_adopted(wildcards):
-    """adopted_train_rl's input: none for an adopted cell; for any other an error, so that Snakemake makes the cell
-    with train_rl (it passes over a rule whose input function fails, for the next that makes the file, in dag.py)."""
-    if tuple(wildcards[key] for key in CELL_WILDCARDS) not in ADOPTED:
-        raise ValueError("no training job of this cell is left in the queue")
-    return []
+    """adopted_train_rl's input: none for an adopted cell, NOT_ADOPTED for any other."""
+    return [] if tuple(wildcards[key] for key in CELL_WILDCARDS) in ADOPTED else [NOT_ADOPTED]
 
 
 # Waits while the job is in the queue (a requeued slice pends, then runs again under its id), polling squeue as the
