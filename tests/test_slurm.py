@@ -469,14 +469,14 @@ def slice_and_hold(env, workdir: Path, job: str, seed: int, deadline: float) -> 
     subprocess.run(["scontrol", "hold", job], env=env, check=True)
 
 
-@pytest.mark.slow  # about 8 minutes: `make test-all`
+@pytest.mark.slow  # minutes: `make test-all`
 def test_a_drivers_successor_adopts_its_jobs_and_submits_new_cells_at_once(cluster, tmp_path):
     """slurm/driver.sbatch runs Snakemake as a SLURM job, at most two of three cells training (cluster.training_slots).
     While one trains (suspended, so that it outlasts what follows on any machine) and the other's job has requeued
     itself for its next slice (held pending), the driver's time limit comes: it submits its successor and ends, leaving
     both in the queue. With three slots now, the successor adopts both and submits the third cell while they are still
     there. Each cell is trained by one job, the sliced one's under its first id, requeued; nothing is cancelled."""
-    config = small_grid(cells=3, steps=1500)
+    config = small_grid(cells=3, steps=400)  # the test suspends and holds jobs: their length needs no margin
     for spec in config["resources"].values():
         spec["cpus"] = 1
     like_a_clone(tmp_path, config)
