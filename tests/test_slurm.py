@@ -5,8 +5,9 @@ clone whose config/paper.yaml is the reduced embedded study, with the local clus
 job must show in `sacct` and every output must equal a local run's. Then a training job is killed by SLURM at its time
 limit once it has saved a checkpoint, resubmitted by the profile's `retries` within its partition's MaxTime, and
 resumes from its checkpoint to the metrics of an uninterrupted run. A training job asking for GPUs gets them on one
-node and starts a process per GPU; the preflight's SLURM rows pass and fail against the local cluster; and the
-driver, run as a SLURM job (slurm/driver.sbatch), killed and resubmitted, finishes the grid. Needs root (the script
+node and starts a process per GPU; the preflight's SLURM rows pass and fail against the local cluster; and a driver
+run as a SLURM job (slurm/driver.sbatch) brought to its time limit leaves its jobs to its successor, which adopts
+them and submits a new cell at once. Needs root (the script
 installs slurm-wlm, slurmdbd, munge and MariaDB if missing); `make test-slurm` runs it (marker `slurm`).
 """
 
