@@ -49,8 +49,8 @@ rule train_rl:
 # submitted. Then the job's outputs are the cell's: Snakemake checks them as for any job, and a cell whose job ended
 # without them fails in this run (the next run trains it on from its checkpoint). Its outputs are update(): Snakemake
 # removes a job's existing outputs before it starts, and the adopted job is still writing metrics.jsonl. Its input and
-# params are train_rl's, so that what Snakemake records for the cell is the same; no log or benchmark of its own, which
-# would replace the training's, but a log of its own.
+# params are train_rl's, so that what Snakemake records for the cell is the same; its log is its own (the training's
+# would be deleted before it starts), and it has no benchmark (it would replace the training's).
 rule adopted_train_rl:
     input:
         **TRAIN_INPUT,
