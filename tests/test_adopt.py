@@ -29,8 +29,10 @@ def queue_line(job, state, workdir, name=RUN, comment=SEED0):
 
 
 def test_only_snakemakes_training_jobs_from_this_directory_are_adopted_in_any_state(tmp_path):
+    """squeue's %Z is the physical directory: a Snakemake started through a symbolic link finds its jobs there."""
     other = tmp_path / "other"
     other.mkdir()
+    (tmp_path / "link").symlink_to(tmp_path)
     lines = [
         queue_line("1", "RUNNING", tmp_path),
         queue_line("2", "PENDING", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_1")),  # a requeued slice
@@ -43,7 +45,7 @@ def test_only_snakemakes_training_jobs_from_this_directory_are_adopted_in_any_st
     ]
     squeue = lambda command, **_: SimpleNamespace(stdout="\n".join(lines) + "\n")  # noqa: E731
     cells = [dict(study="onpolicy", model="tiny", kl="k1-reward", beta=0.1, seed=seed) for seed in (0, 1)]
-    adopted = adopt.left_training_jobs(tmp_path, cells, run=squeue)
+    adopted = adopt.left_training_jobs(tmp_path / "link", cells, run=squeue)
     assert adopted == {
         ("onpolicy", "tiny", "k1-reward", "0.1", "0"): "1",
         ("onpolicy", "tiny", "k1-reward", "0.1", "1"): "2",
@@ -140,3 +142,17 @@ def test_the_adopted_cell_keeps_what_its_job_writes_and_waits_while_the_other_ce
     # What Snakemake recorded for the adopted cell is what it records for a trained one: nothing reruns.
     again = subprocess.run([*command, "-n"], env={**env, "PATH": os.environ["PATH"]}, capture_output=True, text=True)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
+
+
+def test_a_driver_does_not_start_while_squeue_does_not_answer(tmp_path):
+    """Without the queue, Snakemake could not adopt what is in it and would train those cells a second time."""
+    from test_preflight import fake_slurm
+
+    env, log = fake_slurm(tmp_path, "")
+    (tmp_path / "bin" / "squeue").write_text(
+        "#!/usr/bin/env bash\necho 'squeue: error: cannot reach slurmctld' >&2\nexit 1\n"
+    )
+    done = subprocess.run(["bash", str(ROOT / "slurm/driver.sbatch")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "squeue does not answer" in done.stderr, done.stderr
+    assert not log.exists(), "Snakemake not started"
