@@ -85,7 +85,7 @@ stage: $(INSTALLED)
 	$(BIN)/snakemake stage --cores 2 --configfile $(DRIVER_CONFIG)
 
 ## The driver (Snakemake with the SLURM profile) as a long, cheap CPU job: slurm/driver.sbatch. At its time limit it
-## submits its successor (same flags), which adopts the jobs still running; after any other end, submit it again.
+## submits its successor (same flags), which adopts the training jobs still queued; after any other end, submit it again.
 ## SBATCH_FLAGS="--account=A --partition=P --time=2-00:00:00"; MAIL=you@example.org: a mail when a driver fails.
 ## Its config is config/paper.yaml unless CONFIG is given (the embedded default is no cluster run).
 driver: $(INSTALLED)

@@ -1,95 +1,158 @@
-"""A driver's adoption of the jobs an earlier driver left (klstudy.run.adopt), against a scripted queue.
+"""A Snakemake that finds training jobs of an earlier one in the queue adopts them (klstudy.run.adopt, train.smk).
 
-The whole path, a driver at its time limit whose successor adopts two training cells, runs under a real SLURM in
-test_slurm.py; here each step's decision: which jobs are Snakemake's, which are cancelled, waited for, kept.
+Here against a scripted `squeue` on PATH: which jobs are this directory's, and a real Snakemake run in which the
+adopted cell waits for its job and keeps what that job wrote while the other cell is trained. The same under a real
+SLURM, across two drivers, is test_slurm.py's succession test.
 """
 
-import base64
 import json
+import os
+import stat
 import subprocess
+import threading
+import time
+from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
+import yaml
+from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config
 
 from klstudy.run import adopt
 
 RUN = "klstudy_0b6f4a8e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+SEED0 = "rule_train_rl_wildcards_onpolicy_tiny_k1-reward_0.1_0"
 
 
-def queue_line(job, state, workdir, name=RUN, comment="rule_train_rl_wildcards_onpolicy_tiny_k1-reward_0.1_0"):
+def queue_line(job, state, workdir, name=RUN, comment=SEED0):
     return f"{job}|{state}|{name}|{workdir}|{comment}"
 
 
-class Cluster:
-    """squeue answers one scripted queue per look; sacct a final state per job; scancel is recorded."""
-
-    def __init__(self, looks, states):
-        self.looks, self.states, self.cancelled = list(looks), states, []
-
-    def __call__(self, command, **_):
-        if command[0] == "squeue":
-            lines = self.looks.pop(0) if len(self.looks) > 1 else self.looks[0]
-            return SimpleNamespace(stdout="\n".join(lines) + "\n", returncode=0)
-        if command[0] == "sacct":
-            return SimpleNamespace(stdout=self.states.get(command[command.index("-j") + 1], "") + "\n", returncode=0)
-        if command[0] == "scancel":
-            self.cancelled += command[1:]
-            return SimpleNamespace(returncode=0)
-        raise AssertionError(command)
-
-
-def test_only_snakemakes_jobs_from_this_directory_are_found(tmp_path):
+def test_only_snakemakes_training_jobs_from_this_directory_are_adopted_in_any_state(tmp_path):
+    """squeue's %Z is the physical directory: a Snakemake started through a symbolic link finds its jobs there."""
     other = tmp_path / "other"
     other.mkdir()
+    (tmp_path / "link").symlink_to(tmp_path)
     lines = [
         queue_line("1", "RUNNING", tmp_path),
-        queue_line("2", "RUNNING", other),  # another clone's
-        queue_line("3", "RUNNING", tmp_path, name="interactive"),  # a job submitted by hand
-        queue_line("4", "PENDING", tmp_path, comment="my own"),
-        queue_line("5", "RUNNING", tmp_path, name="klstudy-driver", comment=""),  # this driver
+        queue_line("2", "PENDING", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_1")),  # a requeued slice
+        queue_line("3", "RUNNING", other),  # another clone's
+        queue_line("4", "RUNNING", tmp_path, name="interactive"),  # a job submitted by hand
+        queue_line("5", "PENDING", tmp_path, comment="my own"),
+        queue_line("6", "RUNNING", tmp_path, name="klstudy-driver", comment=""),  # the driver
+        queue_line("7", "RUNNING", tmp_path, comment="rule_evaluate_cell_wildcards_onpolicy_tiny_k1-reward_0.1_0"),
+        queue_line("8", "RUNNING", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_9")),  # a cell not in the config
     ]
-    found = adopt.left_jobs(tmp_path, me="5", run=Cluster([lines], {}))
-    assert [job.id for job in found] == ["1"]
+    squeue = lambda command, **_: SimpleNamespace(stdout="\n".join(lines) + "\n")  # noqa: E731
+    cells = [dict(study="onpolicy", model="tiny", kl="k1-reward", beta=0.1, seed=seed) for seed in (0, 1)]
+    adopted = adopt.left_training_jobs(tmp_path / "link", cells, run=squeue)
+    assert adopted == {
+        ("onpolicy", "tiny", "k1-reward", "0.1", "0"): "1",
+        ("onpolicy", "tiny", "k1-reward", "0.1", "1"): "2",
+    }
 
 
-def _marker(workdir, output, job):
-    path = workdir / ".snakemake" / "incomplete" / base64.urlsafe_b64encode(output.encode()).decode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"external_jobid": job}))
+FAKE_SQUEUE = """#!/bin/sh
+# squeue --me --format=...: the queue this test scripts; squeue --jobs ID --format=%T: ID's state, from a file.
+case "$*" in
+  *--me*) cat "{queue}" ;;
+  *--jobs*) cat "{state}" ;;
+esac
+"""
+
+
+def two_cells(tmp_path: Path) -> Path:
+    config = reduced_config()
+    study = config["studies"]["onpolicy"]
+    study.update(kl=["k1-reward"], betas=[0.1], seeds=[0, 1])
+    study["train"].update(steps=2, eval_every=2, checkpoint_every=2)
+    config["studies"] = {"onpolicy": study}
+    config["evaluation"]["studies"] = {}
+    config["divergence"].update(study="onpolicy", kl=["k1-reward"], steps=[0])
+    config["figures"] = {}
+    config["claims"] = claims_it_can_test(config)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
     return path
 
 
-def test_running_jobs_are_waited_for_pending_ones_cancelled_and_completed_outputs_kept(tmp_path):
-    looks = [
-        [queue_line("11", "RUNNING", tmp_path), queue_line("12", "RUNNING", tmp_path),
-         queue_line("13", "PENDING", tmp_path)],
-        [queue_line("11", "RUNNING", tmp_path), queue_line("12", "PENDING", tmp_path)],  # 12 requeued: a slice's end
-        [],
-    ]  # fmt: skip
-    cluster = Cluster(looks, {"11": "COMPLETED", "12": "CANCELLED by 0", "13": "CANCELLED by 0"})
-    kept = _marker(tmp_path, "results/runs/a/summary.json", "11")
-    rerun = _marker(tmp_path, "results/runs/b/summary.json", "12")
-    said, slept = [], []
-    adopt.adopt(tmp_path, me="9", poll=7, run=cluster, sleep=slept.append, say=said.append)
-    assert cluster.cancelled == ["13", "12"] and slept == [7, 7]
-    assert not kept.exists() and rerun.exists()  # Snakemake keeps 11's output and runs 12's job again
-    text = "\n".join(said)
-    assert text.count("still runs: waiting for it, untouched") == 2
-    assert "job 11 completed results/runs/a/summary.json: kept" in text
-    assert "job 12 (rule_train_rl" in text and "did not complete: Snakemake runs it again" in text
+def with_queue(tmp_path: Path, state: str) -> dict:
+    """An environment whose squeue shows seed 0's training job 41 from ``tmp_path``, in ``state``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "queue").write_text(queue_line("41", state, tmp_path) + "\n")
+    (tmp_path / "state").write_text(state + "\n")
+    squeue = bin_dir / "squeue"
+    squeue.write_text(FAKE_SQUEUE.format(queue=tmp_path / "queue", state=tmp_path / "state"))
+    squeue.chmod(squeue.stat().st_mode | stat.S_IEXEC)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KLSTUDY_ADOPT_POLL": "0.5"}
 
 
-def test_a_long_output_name_is_read_back_from_its_split_marker(tmp_path):
-    output = "results/" + "x" * 400 + "/summary.json"
-    b64 = base64.urlsafe_b64encode(output.encode()).decode()
-    chunks = [b64[i : i + 254] for i in range(0, len(b64), 254)]  # as Snakemake's FilePersistence splits a name
-    path = tmp_path.joinpath(".snakemake", "incomplete", *("@" + chunk for chunk in chunks[:-1]), chunks[-1])
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"external_jobid": "5"}))
-    assert adopt.markers(tmp_path) == {path: "5"} and adopt.output_of(path, tmp_path) == output
+CELL = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~{}"
 
 
-def test_the_driver_script_adopts_and_resubmits_itself_at_its_limit():
-    from workflow_helpers import ROOT
+def test_a_dry_run_plans_the_adopted_cell_as_a_wait_and_every_other_cell_as_training(tmp_path):
+    config = two_cells(tmp_path)
+    env = with_queue(tmp_path, "PENDING")  # a requeued slice: adopted as a running job is
+    command = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores", "2", "-n",
+               *(f"{CELL.format(seed)}/summary.json" for seed in (0, 1)), "--configfile", str(config)]  # fmt: skip
+    plan = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    out = plan.stdout + plan.stderr
+    assert "rule adopted_train_rl:" in out and "seed~0/summary.json" in out.split("rule adopted_train_rl:")[1][:600]
+    assert out.count("rule train_rl:") == 1 and "seed~1/summary.json" in out.split("rule train_rl:")[1][:600]
 
-    script = (ROOT / "slurm" / "driver.sbatch").read_text()
-    assert "-m klstudy adopt" in script and "--dependency=afterany" in script and "#SBATCH --time=1-00:00:00" in script
-    assert subprocess.run(["bash", "-n", str(ROOT / "slurm" / "driver.sbatch")]).returncode == 0
+
+@pytest.mark.workflow  # a Snakemake run that trains one cell (about 50 s)
+def test_the_adopted_cell_keeps_what_its_job_writes_and_waits_while_the_other_cell_trains(tmp_path):
+    """Seed 0's job is 'running' (the scripted queue) and has written two metrics lines; the run must leave them,
+    train seed 1 meanwhile, and take seed 0's outputs once the job leaves the queue, training nothing for it."""
+    config = two_cells(tmp_path)
+    env = with_queue(tmp_path, "RUNNING")
+    cell0, cell1 = (tmp_path / CELL.format(seed) for seed in (0, 1))
+    cell0.mkdir(parents=True)
+    (cell0 / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    command = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores", "2",
+               *(f"{CELL.format(seed)}/summary.json" for seed in (0, 1)), "--configfile", str(config)]  # fmt: skip
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as run:
+        output = []
+        reader = threading.Thread(target=lambda: output.extend(run.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 600
+        while not (cell1 / "summary.json").exists():  # the other cell trains while seed 0 waits
+            assert run.poll() is None, "".join(output)[-3000:]
+            assert time.monotonic() < deadline, "seed 1 never trained"
+            time.sleep(0.5)
+        assert run.poll() is None and not (cell0 / "summary.json").exists(), "seed 0 must still wait for its job"
+        assert (cell0 / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n', "what the job wrote is kept"
+        # The adopted job ends: its outputs, then it leaves the queue.
+        for name in ("final", "snapshots"):
+            (cell0 / name).mkdir()
+        (cell0 / "heldout.jsonl").write_text("")
+        (cell0 / "summary.json").write_text(json.dumps({"status": "ok"}))
+        (tmp_path / "state").write_text("")
+        assert run.wait(timeout=300) == 0, "".join(output)[-3000:]
+        reader.join(timeout=10)
+    log = "".join(output)
+    waited = (tmp_path / "logs/train/onpolicy/tiny/k1-reward/beta~0.1/seed~0.adopted.log").read_text()
+    assert log.count("rule train_rl:") == 1 and "adopted: job 41 left the queue" in waited, log[-3000:]
+    assert json.loads((cell0 / "summary.json").read_text()) == {"status": "ok"}
+    assert (cell0 / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+    assert not (tmp_path / "logs/attempts/train/onpolicy/tiny/k1-reward/beta~0.1/seed~0.log").exists()
+    # What Snakemake recorded for the adopted cell is what it records for a trained one: nothing reruns.
+    again = subprocess.run([*command, "-n"], env={**env, "PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
+
+
+def test_a_driver_does_not_start_while_squeue_does_not_answer(tmp_path):
+    """Without the queue, Snakemake could not adopt what is in it and would train those cells a second time."""
+    from test_preflight import fake_slurm
+
+    env, log = fake_slurm(tmp_path, "")
+    (tmp_path / "bin" / "squeue").write_text(
+        "#!/usr/bin/env bash\necho 'squeue: error: cannot reach slurmctld' >&2\nexit 1\n"
+    )
+    done = subprocess.run(["bash", str(ROOT / "slurm/driver.sbatch")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "squeue does not answer" in done.stderr, done.stderr
+    assert not log.exists(), "Snakemake not started"

@@ -337,7 +337,8 @@ def test_batch_std_takes_the_last_two_dimensions_as_the_batch():
 
 @pytest.mark.parametrize("name", ["rloo", "grpo", "group_std", "batch_std", "loo_std"])
 def test_every_normalisation_is_zero_mean_and_increasing_in_the_own_reward(name):
-    """What the tabular fixed-point derivation of docs/record/atlas-derivations.md needs of an advantage: Σ_i A_i = 0 in each group (RLOO
+    """What the tabular fixed-point derivation of docs/record/atlas-derivations.md needs of an
+    advantage: Σ_i A_i = 0 in each group (RLOO
     and loo_std: not in a group), and A_1 strictly increasing in R_1 with the others fixed."""
     generator = torch.Generator().manual_seed(1)
     others = torch.rand(200, 1, 3, generator=generator, dtype=torch.float64)

@@ -76,7 +76,9 @@ def test_every_row_is_on_the_page_with_its_keys(mapping):
     for row in mapping["settings"]:
         shown = paper_settings.grouped(row, studies)
         assert all(f"`{key}`" in text for key, _ in shown), row["where"]
-        paths = [(path, value) for key, value in shown for path in paper_settings.expand(key.replace("studies.*.", every))]
+        paths = [
+            (path, value) for key, value in shown for path in paper_settings.expand(key.replace("studies.*.", every))
+        ]
         assert sorted(map(repr, paths)) == sorted(map(repr, paper_settings.keys_and_values(row))), row["where"]
 
 

@@ -5,8 +5,9 @@ clone whose config/paper.yaml is the reduced embedded study, with the local clus
 job must show in `sacct` and every output must equal a local run's. Then a training job is killed by SLURM at its time
 limit once it has saved a checkpoint, resubmitted by the profile's `retries` within its partition's MaxTime, and
 resumes from its checkpoint to the metrics of an uninterrupted run. A training job asking for GPUs gets them on one
-node and starts a process per GPU; the preflight's SLURM rows pass and fail against the local cluster; and the
-driver, run as a SLURM job (slurm/driver.sbatch), killed and resubmitted, finishes the grid. Needs root (the script
+node and starts a process per GPU; the preflight's SLURM rows pass and fail against the local cluster; and a driver
+run as a SLURM job (slurm/driver.sbatch) brought to its time limit leaves its jobs to its successor, which adopts
+them and submits a new cell at once. Needs root (the script
 installs slurm-wlm, slurmdbd, munge and MariaDB if missing); `make test-slurm` runs it (marker `slurm`).
 """
 
@@ -447,37 +448,77 @@ def running_jobs(env, workdir: Path, rule: str) -> list[str]:
     return sorted(jobs[jobs.state == "RUNNING"].job_id)
 
 
-@pytest.mark.slow  # 360 s: `make test-all`
-def test_a_driver_at_its_time_limit_leaves_its_cells_training_and_its_successor_adopts_them(cluster, tmp_path):
-    """slurm/driver.sbatch runs Snakemake as a SLURM job. While two cells train, its time limit is brought within
-    SLURM's five-minute warning: it submits its successor and ends, leaving both jobs running. The successor adopts
-    them: it waits, untouched, and Snakemake then keeps what they completed. Each cell trained once, by one job,
-    never cancelled."""
-    config = small_grid(cells=2, steps=1500)
+def squeue_state(env, job: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def slice_and_hold(env, workdir: Path, job: str, seed: int, deadline: float) -> None:
+    """SLURM's warning to ``job`` (as in the slice test): it saves and requeues itself; held once pending, so that it
+    is still a pending requeued job when the next driver starts."""
+    checkpoints = workdir / f"results/checkpoints/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}"
+    metrics = workdir / f"results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}/metrics.jsonl"
+    wait_for("a step trained", lambda: metrics.exists() and metrics.read_text().strip(), deadline)  # it listens
+    subprocess.run(["scancel", "--signal=USR1", job], env=env, check=True)
+    wait_for("the slice's end", lambda: (checkpoints / SLICE_ENDED).exists(), deadline)
+    wait_for("the requeued job pending", lambda: squeue_state(env, job) == "PENDING", deadline)
+    subprocess.run(["scontrol", "hold", job], env=env, check=True)
+
+
+@pytest.mark.slow  # minutes: `make test-all`
+def test_a_drivers_successor_adopts_its_jobs_and_submits_new_cells_at_once(cluster, tmp_path):
+    """slurm/driver.sbatch runs Snakemake as a SLURM job, at most two of three cells training (cluster.training_slots).
+    While one trains (suspended, so that it outlasts what follows on any machine) and the other's job has requeued
+    itself for its next slice (held pending), the driver's time limit comes: it submits its successor and ends, leaving
+    both in the queue. With three slots now, the successor adopts both and submits the third cell while they are still
+    there. Each cell is trained by one job, the sliced one's under its first id, requeued; nothing is cancelled."""
+    config = small_grid(cells=3, steps=400)  # the test suspends and holds jobs: their length needs no margin
     for spec in config["resources"].values():
         spec["cpus"] = 1
-    config["cluster"] = {"cpu_partition": "shared"}  # two jobs to a core: the driver and two cells on two cores
     like_a_clone(tmp_path, config)
+    cluster_yaml = tmp_path / "config" / "cluster.yaml"  # the cluster's names, set once (docs/running.md)
+    cluster_yaml.unlink()
+    cluster_yaml.write_text(yaml.safe_dump({"cluster": {"cpu_partition": "shared", "training_slots": 2}}))
     (tmp_path / "logs").mkdir()
-    cells = [tmp_path / f"results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}/summary.json" for seed in (0, 1)]
+    cells = [tmp_path / f"results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}/summary.json" for seed in range(3)]
     deadline = time.monotonic() + HARD_LIMIT
     first = submit_driver(cluster, tmp_path, cells)
     wait_for("two cells training", lambda: len(running_jobs(cluster, tmp_path, "train_rl")) == 2, deadline)
-    training = running_jobs(cluster, tmp_path, "train_rl")
+    jobs = rule_jobs(cluster, tmp_path, "train_rl")
+    seed_of = dict(zip(jobs.job_id, jobs.wildcards.str.rsplit("_", n=1).str[-1].astype(int), strict=True))
+    running, sliced = sorted(seed_of, key=int)
+    running_seed, sliced_seed = seed_of[running], seed_of[sliced]
+    subprocess.run(["scontrol", "suspend", running], env=cluster, check=True)
+    slice_and_hold(cluster, tmp_path, sliced, sliced_seed, deadline)
+
     elapsed = subprocess.run(["squeue", "-h", "-j", first, "-o", "%M"], env=cluster, capture_output=True,
                              text=True).stdout.strip()  # fmt: skip
     minutes = sum(int(part) * 60**i for i, part in enumerate(reversed(elapsed.split(":")))) // 60 + 4
     subprocess.run(["scontrol", "update", f"JobId={first}", f"TimeLimit={minutes}"], env=cluster, check=True)
+    cluster_yaml.write_text(yaml.safe_dump({"cluster": {"cpu_partition": "shared", "training_slots": 3}}))
     wait_for("the first driver's end", lambda: job_state(cluster, first) == "COMPLETED", deadline)
-    log = (tmp_path / "logs" / f"driver-{first}.log").read_text()
-    successor = re.search(r"successor job (\d+) submitted", log)
-    assert successor, log[-3000:]
-    assert running_jobs(cluster, tmp_path, "train_rl") == training, "the cells train on, untouched"
+    successor = re.search(r"successor job (\d+) submitted", (tmp_path / "logs" / f"driver-{first}.log").read_text())
+    assert successor, (tmp_path / "logs" / f"driver-{first}.log").read_text()[-3000:]
+    wait_for("the third cell submitted", lambda: len(rule_jobs(cluster, tmp_path, "train_rl")) == 3, deadline)
+    assert (squeue_state(cluster, running), squeue_state(cluster, sliced)) == ("SUSPENDED", "PENDING")  # still there
+    subprocess.run(["scontrol", "resume", running], env=cluster, check=True)
+    subprocess.run(["scontrol", "release", sliced], env=cluster, check=True)
+
     wait_for("the successor's end", lambda: job_state(cluster, successor[1]) not in ("RUNNING", "PENDING", ""),
              deadline)  # fmt: skip
     log = (tmp_path / "logs" / f"driver-{successor[1]}.log").read_text()
     assert job_state(cluster, successor[1]) == "COMPLETED", log[-5000:]
-    assert log.count("still runs: waiting for it, untouched") == 2, log[-5000:]
+    for job in (running, sliced):  # each waited for by the successor
+        adopted = tmp_path / f"logs/train/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed_of[job]}.adopted.log"
+        assert f"adopted: job {job} left the queue" in adopted.read_text(), log[-3000:]
     assert all(json.loads(cell.read_text())["status"] == "ok" for cell in cells)
     jobs = rule_jobs(cluster, tmp_path, "train_rl")
-    assert sorted(jobs.job_id) == training and set(jobs.state) == {"COMPLETED"}, jobs  # each cell once
+    assert len(jobs) == 3 and set(jobs.state) == {"COMPLETED"}, jobs  # one job per cell, none cancelled
+    runs = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", sliced, "--format=State"], env=cluster,
+                          capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert runs == ["REQUEUED", "COMPLETED"], runs
+    for seed, job, starts in ((running_seed, running, 1), (sliced_seed, sliced, 2)):  # each start of its one job
+        history = tmp_path / f"logs/attempts/train/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}.log"
+        headers = [line for line in history.read_text().splitlines() if line.startswith("=== attempt")]
+        assert len(headers) == starts and all(f"job {job} on" in header for header in headers), headers

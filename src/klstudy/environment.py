@@ -93,7 +93,7 @@ OTHERS = {
     "WANDB_ENTITY": Variable("you", "the W&B entity when `studies.<study>.train.wandb` names none"),
     "XDG_CACHE_HOME": Variable("you", "the cache directory the wheel cache goes under (default ~/.cache)"),
     "CUDA_VISIBLE_DEVICES": Variable("SLURM, or you", "the GPUs a job sees; `make study` shares these among its jobs"),
-    "SLURM_JOB_ID": Variable("SLURM", "the driver's own job, which `klstudy adopt` leaves alone"),
+    "SLURM_JOB_ID": Variable("SLURM", "the driver's own job (slurm/driver.sbatch): its time limit and successor"),
     "SLURM_GPUS_ON_NODE": Variable("SLURM", "the GPUs a job has on each node: its training processes per node"),
     "SLURM_JOB_NUM_NODES": Variable("SLURM", "the job's nodes (SLURM_NNODES in older releases)"),
     "SLURM_NNODES": Variable("SLURM", "the job's nodes, where SLURM_JOB_NUM_NODES is not set"),

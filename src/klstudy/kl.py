@@ -50,7 +50,8 @@ whose expectation is Σ_t E_{y<t}[∇KL(π(·|y<t) ‖ π_ref(·|y<t))] with the
 gradient of the reverse KL of each token, not of the sequence. The sequence-level gradient also has
 E[∇log π_t · Σ_{s>t} K1_s], what token t does to the KL of the tokens after it, which no per-token term
 carries; so they are unbiased for T = 1 and biased for longer sequences wherever a token changes the
-distribution of the later ones (measured exactly in toy.py; docs/record/analysis-methods.md, "The KL losses frameworks ship").
+distribution of the later ones (measured exactly in toy.py;
+docs/record/analysis-methods.md, "The KL losses frameworks ship").
 
 A grid names a configuration ``<estimator>-<placement>`` (``k1-reward``), ``<estimator>-<placement>-<loss
 gradient>`` for a loss term differentiated otherwise than path-wise (``k3-loss-ratio``), or ``none`` (the

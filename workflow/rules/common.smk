@@ -4,6 +4,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import subprocess
 
 from snakemake.settings.types import DeploymentMethod
 
@@ -25,7 +27,7 @@ from klstudy.config import (
     training_processes,
 )
 from klstudy.figure_plan import CLAIMS_FIGURE, claims_figures, training_figures
-from klstudy.run import failures
+from klstudy.run import adopt, failures
 from klstudy.run.estimate import gpu_resources
 from klstudy.run.preflight import runtime_cap
 
@@ -76,6 +78,53 @@ REQUEUE_SLICE = (
     ' run the workflow again" >&2; exit 75; fi; '
     'echo "slice: requeueing job $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID" || exit 75; sleep 300; exit 75; fi'
 )
+
+
+# ---- Adoption (adopt.py, train.smk's adopted_train_rl): the training jobs an earlier Snakemake of this directory left
+# in the queue, {cell's wildcard values: job id}, asked of squeue once by the main Snakemake. A squeue that does not
+# answer (SLURM's commands without a cluster) adopts nothing, saying so on a cluster run; the driver does not start.
+def left_training_jobs():
+    if not (workflow.is_main_process and shutil.which("squeue")):
+        return {}
+    try:
+        return adopt.left_training_jobs(Path.cwd(), all_cells(config))
+    except (OSError, subprocess.CalledProcessError) as error:
+        if workflow.global_resources["_nodes"].value is not None:  # --jobs: a run that submits to a cluster
+            print(f"klstudy: squeue did not answer ({error}): no job left in the queue is adopted", file=sys.stderr)
+        return {}
+
+
+ADOPTED = left_training_jobs()
+
+
+def adopted_job(wildcards):
+    """The SLURM job an adopted cell waits for."""
+    return ADOPTED[tuple(wildcards[key] for key in CELL_WILDCARDS)]
+
+
+# adopted_train_rl's input for a cell with no job in the queue: a file that nothing makes, so that Snakemake passes
+# that rule over (a missing input) for the next that makes the cell's files, train_rl.
+NOT_ADOPTED = ".snakemake/klstudy: no training job of this cell is left in the queue"
+
+
+def only_adopted(wildcards):
+    """adopted_train_rl's input: none for an adopted cell, NOT_ADOPTED for any other."""
+    return [] if tuple(wildcards[key] for key in CELL_WILDCARDS) in ADOPTED else [NOT_ADOPTED]
+
+
+# Waits while the job is in the queue (a requeued slice pends, then runs again under its id), polling squeue as the
+# SLURM plugin itself does; a job that left it shows no state, or a final one for a few minutes (MinJobAge).
+ADOPTED_WAIT = (
+    '{{ echo "adopted: waiting for job {params.job} of {wildcards.study}/{wildcards.model}/{wildcards.kl}/'
+    'beta~{wildcards.beta}/seed~{wildcards.seed}"; while true; do '
+    '_state=$(squeue --noheader --jobs {params.job} --format=%T 2>/dev/null || true); case "$_state" in '
+    "PENDING|RUNNING|CONFIGURING|COMPLETING|SUSPENDED|REQUEUE*|RESIZING|SIGNALING|STAGE_OUT|STOPPED|PREEMPTED) "
+    'sleep "${{KLSTUDY_ADOPT_POLL:-60}}";; *) break;; esac; done; echo "adopted: job {params.job} left the queue"; }}'
+    " > {log} 2>&1"
+)
+# ---- end of adoption
+
+
 # A retry after a deterministic failure, or a cell past cluster.max_attempts (failures.py), says why and exits at once:
 # submitted as any training job (Snakemake cannot skip a retry), it holds its GPUs for seconds, not a full attempt.
 REFUSED_RETRY = (
@@ -152,6 +201,11 @@ CELL_WILDCARDS = ("study", "model", "kl", "beta", "seed")
 def cell_config(wildcards):
     """What `klstudy train --settings` gets (config.cell_settings)."""
     return cell_settings(config, **{key: wildcards[key] for key in CELL_WILDCARDS})
+
+
+def training_param(wildcards):
+    """The one param Snakemake records for a cell (train.smk): what it trains."""
+    return json.dumps(training_settings(cell_config(wildcards)), sort_keys=True)
 
 
 def run_outputs():

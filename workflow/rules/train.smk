@@ -1,23 +1,29 @@
 # §4: RL fine-tuning, one job per grid cell (study × model × KL configuration × β × seed).
 
-
+TRAIN_INPUT = dict(
+    model="results/models/{model}",
+    train_data=lambda wildcards: data_file(config["studies"][wildcards.study]["train_data"]),
+    heldout_data=lambda wildcards: data_file(config["studies"][wildcards.study]["heldout_data"]),
+)
+# metrics.jsonl and heldout.jsonl grow while the cell trains; final/, snapshots/ and summary.json appear at its end.
+TRAIN_OUTPUT = dict(
+    metrics=f"{RUN_DIR}/metrics.jsonl",
+    heldout=f"{RUN_DIR}/heldout.jsonl",
+    summary=f"{RUN_DIR}/summary.json",
+    final=directory(f"{RUN_DIR}/final"),
+    snapshots=directory(f"{RUN_DIR}/snapshots"),
+)
+# Snakemake records only `training` (what the cell trains: config.training_settings); the operational settings, the
+# launcher line (absolute paths) and the paths are Unrecorded (common.smk), so changing them reruns no finished cell
+# (docs/running.md, "What reruns a finished cell").
 rule train_rl:
     """Train one cell; a diverged or collapsed run ends early with its status in summary.json, not as a failure."""
     input:
-        model="results/models/{model}",
-        train_data=lambda wildcards: data_file(config["studies"][wildcards.study]["train_data"]),
-        heldout_data=lambda wildcards: data_file(config["studies"][wildcards.study]["heldout_data"]),
+        **TRAIN_INPUT,
     output:
-        metrics=f"{RUN_DIR}/metrics.jsonl",
-        heldout=f"{RUN_DIR}/heldout.jsonl",
-        summary=f"{RUN_DIR}/summary.json",
-        final=directory(f"{RUN_DIR}/final"),
-        snapshots=directory(f"{RUN_DIR}/snapshots"),
-    # Snakemake records only `training` (what the cell trains: config.training_settings); the operational settings,
-    # the launcher line (absolute paths) and the paths are Unrecorded (common.smk), so changing them reruns no
-    # finished cell (docs/running.md, "What reruns a finished cell").
+        **TRAIN_OUTPUT,
     params:
-        training=lambda wildcards: json.dumps(training_settings(cell_config(wildcards)), sort_keys=True),
+        training=training_param,
         settings=lambda wildcards: Unrecorded(json.dumps(cell_config(wildcards))),
         launcher=lambda wildcards: Unrecorded(train_launcher(wildcards)),
         out=unrecorded_path(RUN_DIR),
@@ -36,3 +42,34 @@ rule train_rl:
     # A job that stops on SLURM's warning before its time limit (slices.py) leaves the cell unfinished: requeued.
     shell:
         TRAIN_SHELL
+
+
+# A cell whose train_rl job an earlier Snakemake of this directory left in the queue, running or pending (common.smk,
+# ADOPTED): made here, on the submit host, by waiting for that job to leave the queue, while every other cell is
+# submitted. Then the job's outputs are the cell's: Snakemake checks them as for any job, and a cell whose job ended
+# without them fails in this run (the next run trains it on from its checkpoint). Its outputs are update(): Snakemake
+# removes a job's existing outputs before it starts, and the adopted job is still writing metrics.jsonl. Its input and
+# params are train_rl's, so that what Snakemake records for the cell is the same; its log is its own (the training's
+# would be deleted before it starts), and it has no benchmark (it would replace the training's).
+rule adopted_train_rl:
+    input:
+        **TRAIN_INPUT,
+        adopted=only_adopted,
+    output:
+        **{name: update(path) for name, path in TRAIN_OUTPUT.items()},
+    params:
+        training=training_param,
+        job=lambda wildcards: Unrecorded(adopted_job(wildcards)),
+    log:
+        f"logs/train/{RUN_PATH}.adopted.log",
+    localrule: True
+    retries: 0
+    resources:
+        training_slots=1,  # it stands for the adopted job, which holds one
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        ADOPTED_WAIT
+
+
+ruleorder: adopted_train_rl > train_rl

@@ -18,7 +18,8 @@ and any advantage that sums to zero in a group has E[A_1 | R_1] = c_G(p)·(R_1 �
 of the expected update is c_G(p)·∇p, while the KL term is the normalisation's own. So the setting's fixed point at β
 is the RLOO fixed point (c = 1) at β / c_G(p_end): RLOO c = 1, group mean c = (G − 1)/G, batch std (many groups)
 c = (G − 1)/(G·σ), σ = √(p(1 − p)), group std c_G(p) = E[A_1 | R_1 = 1]/(1 − p), which is 1/√2 at G = 2 for every p
-and lies in [1.39, 1.50] at G = 4 (1.3995 at p = 1/2; docs/record/atlas-derivations.md derives it). NeMo-RL's loo_std is not zero-sum,
+and lies in [1.39, 1.50] at G = 4 (1.3995 at p = 1/2;
+docs/record/atlas-derivations.md derives it). NeMo-RL's loo_std is not zero-sum,
 but E[A_1 | R_1] is affine in the binary R_1 all the same: c = E[A_1 | R_1 = 1] − E[A_1 | R_1 = 0], the mean of the
 reciprocal of the others' std (+ 1e-6; 1 where they agree). ``task_scale`` computes c_G(p) from kl.ADVANTAGES.
 """

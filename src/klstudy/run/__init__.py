@@ -8,7 +8,7 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     warm               warm workers: jobs forked from a server that imported torch, TRL and lm-eval once
     devices            a job's GPUs and CPU threads (a GPU job that sees none fails); under `drive --gpus`, one
                        machine's GPUs shared by a study's jobs, each on its own
-    adopt              a SLURM driver's start: the jobs an earlier driver left, waited for or cancelled, never rerun
+    adopt              the training jobs an earlier Snakemake of this directory left in the queue, for this one to adopt
     failures           what ended a training job's attempt, and so what its retry does
     ownership          which configs' run a directory holds: an overlay cannot retrain another run's cells there
     status             `klstudy status`: where the grid stands, from its files alone

@@ -1,7 +1,7 @@
 """`klstudy` command line: the stages (stages.py), the study's driver (drive.py), the warm server (warm.py), a
-training job's last failure (failures.py), a SLURM driver's adoption (adopt.py), the pilot and the generated pages.
-``python -m klstudy <stage>`` runs the stage in the warm server when one serves this job, else here. The imports go
-one way: cli imports stages, drive and warm; drive imports warm; warm imports stages.
+training job's last failure (failures.py), the pilot and the generated pages. ``python -m klstudy <stage>`` runs the
+stage in the warm server when one serves this job, else here. The imports go one way: cli imports stages, drive and
+warm; drive imports warm; warm imports stages.
 """
 
 from __future__ import annotations
@@ -48,11 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     failure.add_argument("--history", required=True, help="the cell's logs/attempts/train/<cell>.log")
     failure.add_argument("--max-attempts", type=int, help="cluster.max_attempts: say so when the cell has had them")
     failure.set_defaults(run=_last_failure)
-    adopting = commands.add_parser(
-        "adopt", help="a driver's start: wait for the jobs an earlier one left running, cancel pending ones (adopt.py)"
-    )
-    adopting.add_argument("--poll", type=float, default=30, help="seconds between two looks at the queue")
-    adopting.set_defaults(run=_adopt)
     calibration = commands.add_parser(
         "calibrate", help="the grid's GPU-hours per study at the step times a finished pilot measured (pilot.py)"
     )
@@ -115,14 +110,6 @@ def _warm_serve(args) -> None:
     from klstudy.run import warm
 
     warm.serve(args.socket)
-
-
-def _adopt(args) -> None:
-    import os
-
-    from klstudy.run import adopt
-
-    adopt.adopt(Path.cwd(), os.environ.get("SLURM_JOB_ID"), poll=args.poll)
 
 
 def _calibrate(args) -> None:

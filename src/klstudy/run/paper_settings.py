@@ -171,7 +171,10 @@ def grouped(row: dict, studies: list[str]) -> list[tuple[str, object]]:
         if names == [None]:
             shown.append((rest, values[(rest, _)]))
             continue
-        which = "*" if sorted(names) == sorted(studies) else names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
+        if sorted(names) == sorted(studies):
+            which = "*"
+        else:
+            which = names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
         shown.append((f"studies.{which}.{rest}", values[(rest, _)]))
     return shown
 
