@@ -202,9 +202,9 @@ def test_below_the_frontier_is_zero_on_the_optimum_and_positive_off_it():
 
 
 def test_the_summary_reads_each_presets_row_at_each_beta():
-    """The summary the run's atlas.md (docs/atlas/atlas.md) leads with: the grid's β, the preset's own β and the field's range,
-    each read from
-    its own row (a resolved ratio, a bound beyond the curve, a drift, an unsettled flow, the clamp's mark)."""
+    """The summary the run's atlas.md (docs/atlas/atlas.md) leads with: the grid's β, the preset's own β and the
+    field's range, each read from its own row (a resolved ratio, a bound beyond the curve, a drift, an unsettled flow,
+    the clamp's mark)."""
     import pandas as pd
 
     section = {"presets": ["verl-0.7-kl-loss"], "betas": [1.0], "frameworks_betas": [0.001, 0.01, 0.04]}
