@@ -79,8 +79,8 @@ def toy_end_points():
              for c in ("none", "k1-loss") for b in on]  # fmt: skip
     fronts = pd.DataFrame({"family": "tabular", "kl": [0.0, 0.3, 2.5], "reward": [0.2, 0.5, 1.0]})
     agreed = pd.DataFrame({"family": "tabular", "mode": "on-policy", "config": ["k3-loss"] * 2 + ["k1-loss"] * 2,
-                           "beta": [1.0, 3.0] * 2, "mc_kl": [0.6, 0.1, 2.4, 2.3], "mc_kl_se": 0.01,
-                           "kl": [0.6, 0.1, 2.74, 2.74]})  # fmt: skip
+                           "beta": [1.0, 3.0] * 2, "mc_kl": [0.61, 0.098, 2.4, 2.3], "mc_kl_se": 0.01,
+                           "kl": [0.6, 0.1, 2.74, 2.74], "status": ["stable"] * 2 + ["drifts"] * 2})  # fmt: skip
     return pd.DataFrame(rows), fronts, agreed, section
 
 
@@ -309,14 +309,20 @@ def test_a_forest_that_mixes_runs_names_each_claim_s_run(run):
         plt.close(fig)
 
 
-def test_coinciding_toy_lines_are_drawn_once_and_named_together():
+def test_coinciding_toy_lines_are_drawn_once_their_markers_alternating():
+    """Figure 1: lines within COINCIDE draw one line, its markers alternating between the configurations, each named
+    once in the legend; the end points: one line named for all, the same in every panel."""
     fig, caption = toy_figures.draw_fig01(*toy_results())
-    labels = {line.get_label() for line in fig.axes[0].lines}
-    assert "K3 in loss = K1 in loss" in labels and "K1 in reward" not in labels
+    lines = fig.axes[0].lines
+    members = {encoding.GID.match(line.get_gid())["kl"]: len(line.get_xdata()) for line in lines
+               if line.get_label() == "_member"}  # fmt: skip
+    assert sum(line.get_label() == "_group" for line in lines) == 2
+    assert members == {"k3-reward": 3, "k3-loss": 2, "k1-loss": 1}
+    assert not [t for t in fig.legends[0].get_texts() if "=" in t.get_text()]
     assert "Exactly unbiased, not drawn on the log axis: K1 in reward." in caption
     plt.close(fig)
     fig, _ = toy_figures.draw_toy_fixed_points(*toy_end_points())
-    labels = [line.get_label() for line in fig.axes[0].lines if not line.get_label().startswith("_")]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "K1 in reward = K3 in reward and loss" in labels and "K1 in reward" not in labels
     plt.close(fig)
 

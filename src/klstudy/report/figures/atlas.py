@@ -16,6 +16,7 @@ from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, finish, table
 from klstudy.report.figures.encoding import (
     FULL_WIDTH,
+    UNSETTLED_MARKERS,
     config_colour,
     key_handles,
     kl_label,
@@ -24,7 +25,7 @@ from klstudy.report.figures.encoding import (
     style_of,
     tag,
 )
-from klstudy.report.figures.toy import coinciding
+from klstudy.report.figures.toy import coinciding, draw_coinciding
 
 NORMALISATION_NAMES = {"rloo": "RLOO", "grpo": "− group mean (Dr. GRPO)", "group_std": "÷ group std (GRPO)",
                        "batch_std": "÷ batch std (TRL batch)", "loo_std": "RLOO ÷ the others' std (NeMo-RL)",
@@ -66,10 +67,11 @@ def _is_preset(rows: pd.DataFrame) -> pd.Series:
 
 
 def _bounds(rows: pd.DataFrame) -> pd.Series:
-    """curve_beta_min/β for the stable end points without a β_eff beyond the family's optima (NaN elsewhere)."""
+    """curve_beta_min/β where a stable end point has no β_eff, its KL beyond the family's optima, and that bound says
+    something (below 1: weaker than asked by at least this much); NaN elsewhere."""
     beyond = rows.get("beyond_curve", pd.Series(False, index=rows.index)).fillna(False).astype(bool)
-    bounded = (rows.status == "stable") & rows.beta_eff_ratio.isna() & beyond
-    return (rows.curve_beta_min / rows.beta).where(bounded) if bounded.any() else pd.Series(np.nan, index=rows.index)
+    bound = rows.curve_beta_min / rows.beta
+    return bound.where((rows.status == "stable") & rows.beta_eff_ratio.isna() & beyond & (bound < 1))
 
 
 def _draw_point(ax, at: float, ratio: float, bound: float, config: str, axis: str):
@@ -83,9 +85,18 @@ def _draw_point(ax, at: float, ratio: float, bound: float, config: str, axis: st
     return tag(line, config, None, "marker") if np.isfinite(ratio) else line
 
 
+def _stops(ax, xs, rows: pd.DataFrame, config: str) -> None:
+    """Where a line has neither a β_eff nor an arrow, why, on the panel's bottom edge in its colour: ▶ drifts, ✚ still
+    moving, × stable but no β_eff found and no bound under 1 to draw (the table has each row)."""
+    missing = rows.beta_eff_ratio.isna().to_numpy() & rows.bound.isna().to_numpy()
+    for x, status in zip(np.asarray(xs)[missing], rows.status[missing], strict=True):
+        ax.plot(x, 0.03, transform=ax.get_xaxis_transform(), linestyle="", markersize=4, color=config_colour(config),
+                marker=UNSETTLED_MARKERS.get(status, "x"), label="_stop", clip_on=False)  # fmt: skip
+
+
 def _log_axis(axes: list, axis: str) -> None:
     """β_eff/β on one log scale for these panels, 1 inside, every drawn value inside."""
-    values = [v for ax in axes for line in ax.get_lines()
+    values = [v for ax in axes for line in ax.get_lines() if line.get_label() != "_stop"
               for v in np.asarray(line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float)]  # fmt: skip
     values = [v for v in values if np.isfinite(v) and v > 0]
     low, high = min([*values, 1.0]) / 1.6, max([*values, 1.0]) * 1.6
@@ -108,41 +119,41 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
     points = points[points.beta.isin(betas)]
     families = list(dict.fromkeys(points.family))
     fig, axes = plt.subplots(2 * len(families), len(betas), figsize=(FULL_WIDTH, 9.0), squeeze=False, sharey="row",
-                             layout="constrained")  # fmt: skip
-    caption, quoted = Caption(), []
+                             layout="constrained", height_ratios=[1, 1.3] * len(families))  # fmt: skip
+    caption, quoted, unsettled = Caption(), [], []
     for f, family in enumerate(families):
         mine = points[points.family == family]
-        quoted += _presets_row(axes[2 * f], mine[_is_preset(mine)], presets, betas, family, caption)
+        unsettled += _presets_row(axes[2 * f], mine[_is_preset(mine)], presets, betas, family, caption, quoted)
         _grid_row(axes[2 * f + 1], mine[~_is_preset(mine)], betas, family)
     for f in range(len(families)):
         _log_axis(list(axes[2 * f]), "x")
         _log_axis(list(axes[2 * f + 1]), "y")
-    tagged = [encoding.GID.match(line.get_gid() or "") for ax in axes.ravel() for line in ax.get_lines()]
-    drawn = list(dict.fromkeys(match["kl"] for match in tagged if match))
     bound = plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKERS["y"], label="no β_eff: below the bound")
-    fig.legend(handles=key_handles(drawn, []) + [bound], loc="outside lower center", ncols=3)  # β heads each column
+    fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + [bound], loc="outside lower center", ncols=3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     caption.add(
         "**How strongly each setup practitioners run regularises (toy model of §3.3, exact).** β_eff is the β whose "
         "optimum of J_β has the setup's KL to the reference; below the dashed 1 a setup regularises more weakly than "
         f"asked. Per policy family, at T = {caption.number(int(points['T'].iloc[0]))} tokens: the frameworks' "
         "presets as their code ships them (a row per group that ends alike), then each KL configuration over the "
-        "advantage normalisations and G, a column per β. An arrow: no β_eff, β_eff/β lies below where it is drawn; no "
-        "point: no stable end point (a preset with none at any β has no row; the table below).",
+        "advantage normalisations and G (RLOO's update does not depend on G), a column per β. An arrow: no β_eff, "
+        "β_eff/β below where it is drawn; no point: no fixed point (the table below)."
+        + "".join(f" {name}: {status} at every β." for name, status in unsettled),
         table(["family, preset", "β_eff/β at the largest β"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
-def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: str, caption: Caption) -> list:
+def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: str, caption: Caption,
+                 quoted: list) -> list:  # fmt: skip
     """A panel per β, a row per group of presets that end alike at every β, named on the left in its KL
-    configuration's colour; returns the table rows of the values at the largest β."""
+    configuration's colour; adds to ``quoted`` the values at the largest β; returns the rows with no end point at
+    any β (name, status), which keep their row, empty."""
     rows = rows.assign(bound=_bounds(rows))
     ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound"]].to_numpy(dtype=float).ravel()
             for s, g in rows.groupby("setting", sort=False)}  # fmt: skip
-    groups = [g for g in coinciding(ends) if np.isfinite(ends[g[0]]).any()]
+    groups = coinciding(ends)
     names = [" = ".join(dict.fromkeys(setting_name(rows[rows.setting == s].iloc[0], presets) for s in g))
              for g in groups]
-    quoted = []
     for ax, beta in zip(axes, betas, strict=True):
         for y, group in enumerate(groups):
             at = rows[(rows.setting == group[0]) & (rows.beta == beta)]
@@ -159,27 +170,46 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
     axes[0].set_ylabel(f"{family} presets")
     for tick, group in zip(axes[0].get_yticklabels(), groups, strict=True):
         tick.set_color(config_colour(rows[rows.setting == group[0]].config.iloc[0]))
-    return quoted
+    empty = [(f"{family}, {names[y]}", rows[rows.setting == g[0]].status.mode().iloc[0])
+             for y, g in enumerate(groups) if not np.isfinite(ends[g[0]]).any()]  # fmt: skip
+    return [(caption.design(name), status) for name, status in empty]
+
+
+def _places(rows: pd.DataFrame) -> dict:
+    """The x of each (normalisation, G): G's that end alike for every configuration and β (RLOO's) share one, the
+    normalisations a gap apart so that lines break between them."""
+    places, x = {}, 0
+    for normalisation, mine in rows.groupby("normalisation", sort=False):
+        ends = {g: at.sort_values(["config", "beta"]).beta_eff_ratio.to_numpy(dtype=float)
+                for g, at in mine.groupby("group", sort=True)}  # fmt: skip
+        for same in coinciding(ends):
+            places.update({(normalisation, g): x for g in same})
+            x += 1
+        x += 1
+    return places
 
 
 def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
-    """A panel per β: x each normalisation (named on top) and G, a line per normalisation and configuration (lines
-    that coincide overlap; their markers differ)."""
+    """A panel per β: x each normalisation (named on top) and G, a line per configuration broken between
+    normalisations; configurations equal at every x draw one line whose markers alternate (draw_coinciding)."""
     rows = rows.assign(bound=_bounds(rows)).sort_values(["normalisation", "group"], kind="stable")
-    categories = list(dict.fromkeys(zip(rows.normalisation, rows.group, strict=True)))
-    configs = list(dict.fromkeys(rows.config))  # each shifted a little along x, so that points on top of others show
+    places = _places(rows)
+    configs = list(dict.fromkeys(rows.config))
     for ax, beta in zip(axes, betas, strict=True):
-        for (config, _), at in rows[rows.beta == beta].groupby(["config", "normalisation"], sort=False):
-            shift = encoding.dodge(configs.index(config), len(configs), 0.6)
-            xs = [categories.index(c) + shift for c in zip(at.normalisation, at.group, strict=True)]
-            tag(ax.plot(xs, at.beta_eff_ratio, color=config_colour(config), linewidth=0.9, markersize=4,
-                        label=kl_label(config), **marker_of(config))[0], config, None, "marker")  # fmt: skip
+        lines = {}
+        for config, at in rows[rows.beta == beta].groupby("config", sort=False):
+            xs = [places[c] for c in zip(at.normalisation, at.group, strict=True)]
+            lines[config] = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
+                range(max(places.values()) + 1))  # fmt: skip
             for x, bound in zip(xs, at.bound, strict=True):
-                _draw_point(ax, x, np.nan, bound, config, "y")
-        names = list(dict.fromkeys(n for n, _ in categories))
-        ax.set_xticks(range(len(categories)), [f"{g}" for _, g in categories])
+                _draw_point(ax, x + encoding.dodge(configs.index(config), len(configs), 0.6), np.nan, bound, config, "y")
+        draw_coinciding(ax, lines, lambda x, i, n: x + encoding.dodge(i, n, 0.6))
+        ticks = sorted(set(places.values()))
+        ax.set_xticks(ticks, [",".join(str(g) for (_, g), x in places.items() if x == t) if sum(
+            v == t for v in places.values()) == 1 else "" for t in ticks])  # fmt: skip
         top = ax.secondary_xaxis("top")
-        top.set_xticks([np.mean([i for i, c in enumerate(categories) if c[0] == n]) for n in names],
+        names = list(dict.fromkeys(n for n, _ in places))
+        top.set_xticks([np.mean([x for (n, _), x in places.items() if n == name]) for name in names],
                        [AXIS_NAMES.get(n, n) for n in names], rotation=90, fontsize=7)  # fmt: skip
         top.tick_params(length=0)
         ax.set(title=f"β = {beta:g}", xlabel="G")
@@ -188,12 +218,13 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
 
 
 def length_figure(length: pd.DataFrame, section: dict | None = None):
-    """β_eff/β against T, a panel per family and normalisation, a line per setting and β, each shifted a little in T."""
+    """β_eff/β against T, a panel per family and normalisation, a line per setting and β, each shifted a little in T;
+    where a line has no value, why, on the bottom edge (_stops)."""
     presets = presets_of(section or {})
     options = (section or {}).get("length") or {}
     rows = length[length.beta.isin(options["betas"])] if options.get("betas") else length
     panels = list(dict.fromkeys(zip(rows.family, rows.normalisation, strict=True)))
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(FULL_WIDTH, 3.4), squeeze=False, sharey=True,
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(FULL_WIDTH, 3.6), squeeze=False, sharey=True,
                              layout="constrained")  # fmt: skip
     caption, quoted, names = Caption(), [], {}
     for ax, (family, normalisation) in zip(axes[0], panels, strict=False):
@@ -202,11 +233,12 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
             group = group.sort_values("T").assign(T=lambda g, k=k: g["T"] + encoding.dodge(k, len(lines), 0.4))
             first = group.iloc[0]
             name = setting_name(first, presets).split(", ÷")[0].split(", −")[0].split(", RLOO")[0]
-            names.setdefault(name, first.config)
+            names.setdefault(first.config, []).append(name) if name not in names.get(first.config, []) else None
             line = tag(ax.plot(group["T"], group.beta_eff_ratio, markersize=3, label="_setting",
                                **style_of(first.config, beta))[0], first.config, beta)  # fmt: skip
             for t, bound in zip(group["T"], group.bound, strict=True):
                 _draw_point(ax, t, np.nan, bound, first.config, "y")
+            _stops(ax, group["T"], group, first.config)
             finite = np.flatnonzero(np.isfinite(group.beta_eff_ratio.to_numpy(dtype=float)))
             if len(finite):
                 quoted.append([f"{family}, {AXIS_NAMES.get(normalisation, normalisation)}", caption.design(name),
@@ -218,16 +250,21 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("β_eff / β")
     _log_axis(list(axes[0]), "y")
-    handles = [plt.Line2D([], [], color=config_colour(c), label=n, **marker_of(c))
-               for n, c in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
-    fig.legend(handles=handles, loc="outside lower center", ncols=3)
+    handles = [plt.Line2D([], [], color=config_colour(c), label="; ".join(n), **marker_of(c))
+               for c, n in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
+    handles += [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for m, w in
+                ((BOUND_MARKERS["y"], "no β_eff: below the bound"), (">", "drifts"), ("P", "still moving"),
+                 ("x", "no β_eff found, no bound"))]  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncols=4)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
     caption.add(
         "**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
         f"ceil({fraction} × T) ones in T tokens; below the dashed 1 a setup regularises more weakly than asked. A "
         "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration) and "
-        "β (line style). An arrow: no β_eff at that T, β_eff/β lies below where it is drawn.",
+        "β (line style). Where a line has no value: an arrow where β_eff/β lies below a bound under 1, drawn at the "
+        "bound; else a mark on the bottom edge says why: ▶ drifts, ✚ still moving, × stable, but no β_eff found and no "
+        "bound under 1 (the length table has each row).",
         table(["panel", "setting", "β", "first T", "last T"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 

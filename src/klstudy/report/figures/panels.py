@@ -97,9 +97,9 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
 
 
 def draw_base_point(ax, mean: float, se: float):
-    """The base model's one measurement at step 0: a grey diamond with its ±1 se."""
-    bars = ax.errorbar([0], [mean], yerr=[[se], [se]] if np.isfinite(se) else None, fmt="D", color=BASE_COLOUR,
-                       markersize=5, capsize=0, zorder=5, label="base model (step 0)")  # fmt: skip
+    """The base model's one measurement at step 0: a grey star with its ±1 se."""
+    bars = ax.errorbar([0], [mean], yerr=[[se], [se]] if np.isfinite(se) else None, fmt="*", color=BASE_COLOUR,
+                       markersize=7, capsize=0, zorder=5, label="base model (step 0)")  # fmt: skip
     bars.lines[0].set_gid("reference base")
     return bars.lines[0]
 

@@ -28,7 +28,7 @@ from klstudy.report.figures.encoding import (
     study_name,
     task_name,
 )
-from klstudy.report.figures.panels import PANELS, SEEDS_WITHOUT_BAND, share_y
+from klstudy.report.figures.panels import MULTIPLE_CHOICE_PREFIX, PANELS, SEEDS_WITHOUT_BAND, share_y
 
 LETTERS = "abcdefgh"
 
@@ -138,6 +138,10 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
         + "; ".join(lines)[:1].upper() + "; ".join(lines)[1:]
         + ". " + (" ".join(f"({LETTERS[i]}) {d}." for i, d in enumerate(designs)) if 1 < len(designs) == len(kept)
                   else "; ".join(designs)[:1].upper() + "; ".join(designs)[1:] + ".")
+        + (" Answers are sampled and read from the text, one that cannot be read counting as wrong: a "
+           "multiple-choice task can score below chance (its line)." if any(
+               p["kind"] == "bars" for _, p, _, _ in kept) and any(t.startswith(MULTIPLE_CHOICE_PREFIX)
+                                                                    for t in config["evaluation"]["tasks"]) else "")
         + (" Not drawn: " + caption.design("; ".join(dropped)) + "." if dropped else "")
         + (caption.design(f" The claims table: {summary[0].removeprefix('claims: ')} (the claims forests).")
            if summary else ""),
