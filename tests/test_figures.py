@@ -281,7 +281,7 @@ def test_past_a_dozen_seed_lines_a_panel_draws_the_means_and_each_seed_s_end():
     config = study_config(4)
     tables = study_tables(config)
     heldout = tables["heldout"][tables["heldout"].study == "onpolicy"]
-    assert heldout.groupby(["kl", "beta"]).seed.nunique().sum() > panels.MAX_SEED_LINES  # the case under test
+    assert heldout.groupby(["kl", "beta"]).seed.nunique().sum() > encoding.MAX_SEED_LINES  # the case under test
     fig, ax = plt.subplots()
     panels.curves_panel(ax, {"kind": "curves", "study": "onpolicy", "model": "tiny"}, config, tables)
     ends = [c for c in ax.collections if c.get_label() == "_seed ends"]

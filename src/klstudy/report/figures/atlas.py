@@ -14,17 +14,7 @@ from matplotlib import ticker
 from klstudy.frameworks import presets_of  # not analysis.atlas, which imports torch
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, finish, table
-from klstudy.report.figures.encoding import (
-    FULL_WIDTH,
-    UNSETTLED_MARKERS,
-    config_colour,
-    key_handles,
-    kl_label,
-    marker_of,
-    save,
-    style_of,
-    tag,
-)
+from klstudy.report.figures.encoding import config_colour, key_handles, kl_label, marker_of, save, style_of, tag
 from klstudy.report.figures.toy import coinciding, draw_coinciding
 
 NORMALISATION_NAMES = {"rloo": "RLOO", "grpo": "− group mean (Dr. GRPO)", "group_std": "÷ group std (GRPO)",
@@ -85,13 +75,21 @@ def _draw_point(ax, at: float, ratio: float, bound: float, config: str, axis: st
     return tag(line, config, None, "marker") if np.isfinite(ratio) else line
 
 
-def _stops(ax, xs, rows: pd.DataFrame, config: str) -> None:
-    """Where a line has neither a β_eff nor an arrow, why, on the panel's bottom edge in its colour: ▶ drifts, ✚ still
-    moving, × stable but no β_eff found and no bound under 1 to draw (the table has each row)."""
+def _stops(ax, places, rows: pd.DataFrame, config: str, axis: str = "y") -> None:
+    """Where a setup has neither a β_eff nor an arrow, why, in its colour on the panel's edge (bottom; on the presets'
+    rows, left): ▶ drifts, ✚ still moving, × stable but no β_eff found and no bound under 1 (the table has each)."""
     missing = rows.beta_eff_ratio.isna().to_numpy() & rows.bound.isna().to_numpy()
-    for x, status in zip(np.asarray(xs)[missing], rows.status[missing], strict=True):
-        ax.plot(x, 0.03, transform=ax.get_xaxis_transform(), linestyle="", markersize=4, color=config_colour(config),
-                marker=UNSETTLED_MARKERS.get(status, "x"), label="_stop", clip_on=False)  # fmt: skip
+    for at, status in zip(np.asarray(places)[missing], rows.status[missing], strict=True):
+        xy, edge = ((at, 0.03), ax.get_xaxis_transform()) if axis == "y" else ((0.03, at), ax.get_yaxis_transform())
+        ax.plot(*xy, transform=edge, linestyle="", markersize=4, color=config_colour(config), label="_stop",
+                marker=encoding.UNSETTLED_MARKERS.get(status, "x"), clip_on=False)  # fmt: skip
+
+
+def _mark_handles() -> list:
+    """The legend's entries for what a setup without a β_eff draws (BOUND_MARKERS, _stops)."""
+    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for m, w in
+            ((BOUND_MARKERS["y"], "no β_eff: below the bound"), (">", "drifts"), ("P", "still moving"),
+             ("x", "no β_eff found, no bound"))]  # fmt: skip
 
 
 def _log_axis(axes: list, axis: str) -> None:
@@ -118,8 +116,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
     betas = (section or {}).get("betas") or sorted(points.beta.unique())
     points = points[points.beta.isin(betas)]
     families = list(dict.fromkeys(points.family))
-    fig, axes = plt.subplots(2 * len(families), len(betas), figsize=(FULL_WIDTH, 9.0), squeeze=False, sharey="row",
-                             layout="constrained", height_ratios=[1, 1.3] * len(families))  # fmt: skip
+    fig, axes = plt.subplots(2 * len(families), len(betas), figsize=(encoding.FULL_WIDTH, 9.0), squeeze=False,
+                             sharey="row", layout="constrained", height_ratios=[1, 1.3] * len(families))  # fmt: skip
     caption, quoted, unsettled = Caption(), [], []
     for f, family in enumerate(families):
         mine = points[points.family == family]
@@ -128,8 +126,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
     for f in range(len(families)):
         _log_axis(list(axes[2 * f]), "x")
         _log_axis(list(axes[2 * f + 1]), "y")
-    bound = plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKERS["y"], label="no β_eff: below the bound")
-    fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + [bound], loc="outside lower center", ncols=3)
+    fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), loc="outside lower center",
+               ncols=3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     caption.add(
         "**How strongly each setup practitioners run regularises (toy model of §3.3, exact).** β_eff is the β whose "
@@ -137,7 +135,7 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         f"asked. Per policy family, at T = {caption.number(int(points['T'].iloc[0]))} tokens: the frameworks' "
         "presets as their code ships them (a row per group that ends alike), then each KL configuration over the "
         "advantage normalisations and G (RLOO's update does not depend on G), a column per β. An arrow: no β_eff, "
-        "β_eff/β below where it is drawn; no point: no fixed point (the table below)."
+        "β_eff/β below where it is drawn; on a panel's edge, why a setup has none (▶ ✚ ×; the table below)."
         + "".join(f" {name}: {status} at every β." for name, status in unsettled),
         table(["family, preset", "β_eff/β at the largest β"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
@@ -148,8 +146,8 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
     """A panel per β, a row per group of presets that end alike at every β, named on the left in its KL
     configuration's colour; adds to ``quoted`` the values at the largest β; returns the rows with no end point at
     any β (name, status), which keep their row, empty."""
-    rows = rows.assign(bound=_bounds(rows))
-    ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound"]].to_numpy(dtype=float).ravel()
+    rows = rows.assign(bound=_bounds(rows), state=pd.factorize(rows.status)[0])  # alike: in status too
+    ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound", "state"]].to_numpy(dtype=float).ravel()
             for s, g in rows.groupby("setting", sort=False)}  # fmt: skip
     groups = coinciding(ends)
     names = [" = ".join(dict.fromkeys(setting_name(rows[rows.setting == s].iloc[0], presets) for s in g))
@@ -157,6 +155,7 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
     for ax, beta in zip(axes, betas, strict=True):
         for y, group in enumerate(groups):
             at = rows[(rows.setting == group[0]) & (rows.beta == beta)]
+            _stops(ax, [y] * len(at), at, rows[rows.setting == group[0]].config.iloc[0], "x")
             at = at[["beta_eff_ratio", "bound", "config"]].to_numpy()[0] if len(at) else (np.nan, np.nan, "")
             line = _draw_point(ax, y, float(at[0]), float(at[1]), at[2], "x")
             if line is not None and beta == betas[-1] and np.isfinite(float(at[0])):
@@ -171,7 +170,7 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
     for tick, group in zip(axes[0].get_yticklabels(), groups, strict=True):
         tick.set_color(config_colour(rows[rows.setting == group[0]].config.iloc[0]))
     empty = [(f"{family}, {names[y]}", rows[rows.setting == g[0]].status.mode().iloc[0])
-             for y, g in enumerate(groups) if not np.isfinite(ends[g[0]]).any()]  # fmt: skip
+             for y, g in enumerate(groups) if not np.isfinite(ends[g[0]].reshape(-1, 3)[:, :2]).any()]  # fmt: skip
     return [(caption.design(name), status) for name, status in empty]
 
 
@@ -201,8 +200,10 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
             xs = [places[c] for c in zip(at.normalisation, at.group, strict=True)]
             lines[config] = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
                 range(max(places.values()) + 1))  # fmt: skip
+            shift = encoding.dodge(configs.index(config), len(configs), 0.6)
             for x, bound in zip(xs, at.bound, strict=True):
-                _draw_point(ax, x + encoding.dodge(configs.index(config), len(configs), 0.6), np.nan, bound, config, "y")
+                _draw_point(ax, x + shift, np.nan, bound, config, "y")
+            _stops(ax, np.array(xs) + shift, at, config)
         draw_coinciding(ax, lines, lambda x, i, n: x + encoding.dodge(i, n, 0.6))
         ticks = sorted(set(places.values()))
         ax.set_xticks(ticks, [",".join(str(g) for (_, g), x in places.items() if x == t) if sum(
@@ -224,7 +225,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     options = (section or {}).get("length") or {}
     rows = length[length.beta.isin(options["betas"])] if options.get("betas") else length
     panels = list(dict.fromkeys(zip(rows.family, rows.normalisation, strict=True)))
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(FULL_WIDTH, 3.6), squeeze=False, sharey=True,
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(encoding.FULL_WIDTH, 3.6), squeeze=False, sharey=True,
                              layout="constrained")  # fmt: skip
     caption, quoted, names = Caption(), [], {}
     for ax, (family, normalisation) in zip(axes[0], panels, strict=False):
@@ -252,10 +253,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     _log_axis(list(axes[0]), "y")
     handles = [plt.Line2D([], [], color=config_colour(c), label="; ".join(n), **marker_of(c))
                for c, n in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
-    handles += [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for m, w in
-                ((BOUND_MARKERS["y"], "no β_eff: below the bound"), (">", "drifts"), ("P", "still moving"),
-                 ("x", "no β_eff found, no bound"))]  # fmt: skip
-    fig.legend(handles=handles, loc="outside lower center", ncols=4)
+    fig.legend(handles=handles + _mark_handles(), loc="outside lower center", ncols=4)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
     caption.add(

@@ -13,21 +13,9 @@ import pandas as pd
 from klstudy import figure_plan
 from klstudy.figure_plan import is_result
 from klstudy.kl import NO_KL
+from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import PIPELINE_CHECK, Caption, finish, table
-from klstudy.report.figures.encoding import (
-    CLAIM_COLUMNS,
-    FULL_WIDTH,
-    VERDICT_COLOURS,
-    beta_hatch,
-    design_text,
-    key_handles,
-    legend_below,
-    name_data,
-    save,
-    scale_text,
-    study_name,
-    task_name,
-)
+from klstudy.report.figures.encoding import beta_hatch, design_text, name_data, save, scale_text, study_name, task_name
 from klstudy.report.figures.panels import MULTIPLE_CHOICE_PREFIX, PANELS, SEEDS_WITHOUT_BAND, share_y
 
 LETTERS = "abcdefgh"
@@ -36,7 +24,7 @@ LETTERS = "abcdefgh"
 def panel_claims(claims: pd.DataFrame | None, panel: dict, config: dict) -> pd.DataFrame:
     """The claims table's rows about what a panel draws (figure_plan.panel_claims), at its model and a β it draws."""
     if claims is None or claims.empty:
-        return pd.DataFrame(columns=CLAIM_COLUMNS)
+        return pd.DataFrame(columns=encoding.CLAIM_COLUMNS)
     betas = [float(b) for b in panel.get("betas", config["studies"][panel["study"]]["betas"])]
     rows = claims[claims.claim.isin(figure_plan.panel_claims(config, panel))]
     beta = pd.to_numeric(rows.beta, errors="coerce")
@@ -45,7 +33,7 @@ def panel_claims(claims: pd.DataFrame | None, panel: dict, config: dict) -> pd.D
 
 def verdicts_text(rows: pd.DataFrame) -> str:
     """A panel's title line: 'claims: 0 of 4 shown'."""
-    judged = rows[rows.verdict.isin(VERDICT_COLOURS)]
+    judged = rows[rows.verdict.isin(encoding.VERDICT_COLOURS)]
     if rows.empty:
         return ""
     if judged.empty:
@@ -95,7 +83,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     panels = spec["panels"]
     columns = 1 if len(panels) == 1 or any(p["kind"] == "bars" for p in panels) else 2
     rows = math.ceil(len(panels) / columns)
-    width = FULL_WIDTH
+    width = encoding.FULL_WIDTH
     fig, axes = plt.subplots(rows, columns, figsize=(width, 2.4 * rows + 1.2), squeeze=False, layout="constrained")
     axes = list(axes.ravel())
     for ax in axes[len(panels) :]:
@@ -126,7 +114,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     designs = list(dict.fromkeys(caption.design(", ".join(filter(None, [n, design_text(config, p["study"], n)])))
                                  for n, (_, p, _, _) in zip(names, kept, strict=True)))  # fmt: skip
     checks = [f"({LETTERS[i]})" for i, (_, _, d, _) in enumerate(kept) if d.seeds == {1} and len(kept) > 1]
-    legend_below(fig, _legend(kept, config))
+    encoding.legend_below(fig, _legend(kept, config))
     dropped = [f"{panel_title(p, config)}: {d.empty}" for p, d in zip(panels, drawn, strict=True) if d.empty]
     summary = [verdicts_text(pd.DataFrame(verdict_rows))] if verdict_rows else []
     lines = [f"({LETTERS[i]}) {line}" for i, line in enumerate(lines)] if len(set(lines)) > 1 else lines[:1]
@@ -160,7 +148,8 @@ def _legend(kept, config: dict) -> list:
         betas += [float(b) for b in panel.get("betas", spec["betas"]) if panel["kind"] != "kl_vs_beta"]
         labelled.update(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
     betas = sorted(set(betas)) if any(k != NO_KL for k in kls) else []
-    handles = key_handles(kls, [] if all(p["kind"] == "bars" for _, p, _, _ in kept) else betas)  # no β line drawn
+    no_lines = all(p["kind"] == "bars" for _, p, _, _ in kept)  # no β line drawn
+    handles = encoding.key_handles(kls, [] if no_lines else betas)
     if any(panel["kind"] == "bars" for _, panel, _, _ in kept):
         handles += [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="0.2", hatch=beta_hatch(b),
                                   label=f"bars: β = {b:g}") for b in betas]  # fmt: skip

@@ -11,22 +11,9 @@ import pandas as pd
 from matplotlib import ticker
 
 from klstudy.kl import PATHWISE, exactly_zero
+from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, finish
-from klstudy.report.figures.encoding import (
-    COINCIDE,
-    FULL_WIDTH,
-    GAP_FLOOR,
-    UNSETTLED_MARKERS,
-    config_colour,
-    dodge,
-    drawn_configs,
-    key_handles,
-    kl_label,
-    marker_of,
-    save,
-    style_of,
-    tag,
-)
+from klstudy.report.figures.encoding import config_colour, dodge, key_handles, kl_label, marker_of, save, style_of, tag
 
 
 def coinciding(series: dict[str, np.ndarray]) -> list[list[str]]:
@@ -34,7 +21,7 @@ def coinciding(series: dict[str, np.ndarray]) -> list[list[str]]:
     groups: list[list[str]] = []
     for key, values in series.items():
         home = next((g for g in groups if len(series[g[0]]) == len(values) and np.allclose(
-            series[g[0]], values, rtol=COINCIDE, atol=1e-9, equal_nan=True)), None)  # fmt: skip
+            series[g[0]], values, rtol=encoding.COINCIDE, atol=1e-9, equal_nan=True)), None)  # fmt: skip
         if home is None:
             groups.append([key])
         else:
@@ -65,7 +52,7 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
     unbiased = set(tests.config[tests.get("exact_unbiased", pd.Series(False, index=tests.index)) == True])  # noqa: E712
     settings = list(dict.fromkeys(results.setting))
     rows = [("squared_bias", "a"), ("squared_bias", "b"), ("variance", "a"), ("variance", "b")]
-    fig, axes = plt.subplots(len(rows), len(settings), figsize=(FULL_WIDTH, 8.4), squeeze=False, sharex="col",
+    fig, axes = plt.subplots(len(rows), len(settings), figsize=(encoding.FULL_WIDTH, 8.4), squeeze=False, sharex="col",
                              sharey="row", layout="constrained")  # fmt: skip
     for col, setting in enumerate(settings):
         for row, (metric, param) in enumerate(rows):
@@ -87,7 +74,7 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
         ys = [y for ax in row for line in ax.get_lines() for y in line.get_ydata() if y > 0]
         row[0].set_ylim(min(ys, default=0.1) / 3, max(ys, default=1.0) * 3)
     floor = plt.Rectangle((0, 0), 1, 1, color="0.88", label="Monte Carlo noise floor")
-    fig.legend(handles=key_handles(drawn_configs(fig), []) + [floor], loc="outside lower center", ncols=3)
+    fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + [floor], loc="outside lower center", ncols=3)
     fig.suptitle("Bias and variance of KL-gradient estimates in the toy model (§3.3)")
     caption = Caption()
     n = caption.number
@@ -152,7 +139,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
             for c, g in points.groupby("config", sort=False)}  # fmt: skip
     groups = coinciding(ends)
     mc = agreed[(agreed["mode"] == "on-policy") & (agreed.status == "stable")]
-    fig, axes = plt.subplots(1, len(families) + bool(len(mc)), figsize=(FULL_WIDTH, 5.6), squeeze=False,
+    fig, axes = plt.subplots(1, len(families) + bool(len(mc)), figsize=(encoding.FULL_WIDTH, 5.6), squeeze=False,
                              layout="constrained")  # fmt: skip
     axes = axes[0]
     for ax, family in zip(axes, families, strict=False):
@@ -162,8 +149,8 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     seen = {}
     for line in (line for ax in axes for line in ax.get_lines() if not line.get_label().startswith("_")):
         seen.setdefault(line.get_label(), line)
-    unsettled = [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=f"{s}: no fixed point (where it stopped)")
-                 for s, m in UNSETTLED_MARKERS.items()]  # fmt: skip
+    unsettled = [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=f"{s}: no fixed point (where stopped)")
+                 for s, m in encoding.UNSETTLED_MARKERS.items()]  # fmt: skip
     fig.legend(handles=[*seen.values(), *unsettled], loc="outside lower center", ncols=2)
     fig.suptitle("Where each KL configuration's training ends, against the optimum of J_β (toy model)")
     caption = Caption()
@@ -183,7 +170,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
 
 
 def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str, groups: list[list[str]]) -> None:
-    on_optimum = points[(points.status == "stable") & (points.objective_gap < GAP_FLOOR)]
+    on_optimum = points[(points.status == "stable") & (points.objective_gap < encoding.GAP_FLOOR)]
     curve = pd.concat([front[["kl", "reward"]], on_optimum[["kl", "reward"]]]).sort_values("kl")
     ax.plot(curve.kl, curve.reward, color="black", lw=2.2, alpha=0.25, label="optimum of J_β over β", zorder=1,
             gid="reference")  # fmt: skip
@@ -199,8 +186,8 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
                 names[0], None, "marker")  # fmt: skip
         for status, at in group[group.status != "stable"].groupby("status"):
             at = at.drop_duplicates(["kl", "reward"])  # no KL ignores β: its rows are one point
-            tag(ax.plot(at.kl, at.reward, linestyle="", marker=UNSETTLED_MARKERS.get(status, "x"), markersize=6,
-                        color=style["color"], zorder=5, label=label if stable.empty else "_unsettled")[0],
+            tag(ax.plot(at.kl, at.reward, linestyle="", marker=encoding.UNSETTLED_MARKERS.get(status, "x"),
+                        markersize=6, color=style["color"], zorder=5, label=label if stable.empty else "_unsettled")[0],
                 names[0], None, "band")  # fmt: skip
     ax.set_title(f"{family} policy (exact)")
     ax.set_xlabel("KL(π‖π_ref) at the end point")
