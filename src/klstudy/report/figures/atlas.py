@@ -118,10 +118,10 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
     families = list(dict.fromkeys(points.family))
     fig, axes = plt.subplots(2 * len(families), len(betas), figsize=(encoding.FULL_WIDTH, 9.0), squeeze=False,
                              sharey="row", layout="constrained", height_ratios=[1, 1.3] * len(families))  # fmt: skip
-    caption, quoted, unsettled = Caption(), [], []
+    caption, quoted = Caption(), []
     for f, family in enumerate(families):
         mine = points[points.family == family]
-        unsettled += _presets_row(axes[2 * f], mine[_is_preset(mine)], presets, betas, family, caption, quoted)
+        _presets_row(axes[2 * f], mine[_is_preset(mine)], presets, betas, family, caption, quoted)
         _grid_row(axes[2 * f + 1], mine[~_is_preset(mine)], betas, family)
     for f in range(len(families)):
         _log_axis(list(axes[2 * f]), "x")
@@ -135,17 +135,14 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         f"asked. Per policy family, at T = {caption.number(int(points['T'].iloc[0]))} tokens: the frameworks' "
         "presets as their code ships them (a row per group that ends alike), then each KL configuration over the "
         "advantage normalisations and G (RLOO's update does not depend on G), a column per β. An arrow: no β_eff, "
-        "β_eff/β below where it is drawn; on a panel's edge, why a setup has none (▶ ✚ ×; the table below)."
-        + "".join(f" {name}: {status} at every β." for name, status in unsettled),
+        "β_eff/β below where it is drawn; on a panel's edge, why a setup has none (▶ ✚ ×; the table below).",
         table(["family, preset", "β_eff/β at the largest β"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
-def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: str, caption: Caption,
-                 quoted: list) -> list:  # fmt: skip
+def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: str, caption: Caption, quoted: list):
     """A panel per β, a row per group of presets that end alike at every β, named on the left in its KL
-    configuration's colour; adds to ``quoted`` the values at the largest β; returns the rows with no end point at
-    any β (name, status), which keep their row, empty."""
+    configuration's colour; adds to ``quoted`` the values at the largest β."""
     rows = rows.assign(bound=_bounds(rows), state=pd.factorize(rows.status)[0])  # alike: in status too
     ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound", "state"]].to_numpy(dtype=float).ravel()
             for s, g in rows.groupby("setting", sort=False)}  # fmt: skip
@@ -169,9 +166,6 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
     axes[0].set_ylabel(f"{family} presets")
     for tick, group in zip(axes[0].get_yticklabels(), groups, strict=True):
         tick.set_color(config_colour(rows[rows.setting == group[0]].config.iloc[0]))
-    empty = [(f"{family}, {names[y]}", rows[rows.setting == g[0]].status.mode().iloc[0])
-             for y, g in enumerate(groups) if not np.isfinite(ends[g[0]].reshape(-1, 3)[:, :2]).any()]  # fmt: skip
-    return [(caption.design(name), status) for name, status in empty]
 
 
 def _places(rows: pd.DataFrame) -> dict:

@@ -36,6 +36,15 @@ def group_label(names: list[str]) -> str:
     return f"{kl_label(names[0])} = {len(names) - 1} more (the caption names them)"
 
 
+def short_names(names: list[str]) -> str:
+    """'K2 in loss; K1/K3 in loss, ratio-weighted': configurations alike but in their estimator named together."""
+    estimators: dict[str, list[str]] = {}
+    for name in names:
+        estimator, _, rest = kl_label(name).partition(" ")
+        estimators.setdefault(rest, []).append(estimator)
+    return "; ".join(f"{'/'.join(e)} {rest}" for rest, e in estimators.items())
+
+
 # Figure 1 (§3.3).
 
 
@@ -84,8 +93,8 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
                for s in settings if s in (definitions or {})]  # fmt: skip
     caption.add(
         caption.design("**Bias and variance of KL-gradient estimates (the paper's Figure 1, §3.3).** ") +
-        "The gradient of KL(π‖π_ref) with respect to the policy's logit a and its dependence b on the previous "
-        "token, against the sequence length T. Top two rows: the squared bias, exact by enumeration, over the Monte "
+        "The gradient of KL(π‖π_ref) in the policy's logit a and its weight b on the previous token, against "
+        "the length T. Top two rows: the squared bias, exact by enumeration, over the Monte "
         f"Carlo noise floor (grey, {n(trials)} trials). Bottom two rows: the Monte Carlo variance; its ±1 se, "
         f"±{n(100 * np.sqrt(2 / (trials - 1)), '.0f')} %, is thinner than the line, so no band is drawn.",
         ("Settings: " + "; ".join(defined) + ".") if defined else "",
@@ -164,7 +173,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         + (f" Right: {n(section['monte_carlo']['seeds'])} on-policy seeds per stable end point, their mean KL at the "
            "end over the exact one's, ±1 se, in its line's colour and its own marker: on 1 they agree." if len(mc)
            else "")
-        + "".join(" One line: " + "; ".join(kl_label(c) for c in names) + "." for names in groups if len(names) > 3)
+        + "".join(f" One line: {short_names(names)}." for names in groups if len(names) > 3)
         + " The table below: every end point.")  # fmt: skip
     return fig, finish(fig, caption)
 
