@@ -17,10 +17,6 @@ from klstudy.report.figures.captions import Caption, finish, table
 from klstudy.report.figures.encoding import config_colour, key_handles, kl_label, marker_of, save, style_of, tag
 from klstudy.report.figures.toy import coinciding, draw_coinciding
 
-NORMALISATION_NAMES = {"rloo": "RLOO", "grpo": "− group mean (Dr. GRPO)", "group_std": "÷ group std (GRPO)",
-                       "batch_std": "÷ batch std (TRL batch)", "loo_std": "RLOO ÷ the others' std (NeMo-RL)",
-                       "none": "no baseline", "group_whiten": "− group mean, whitened (OpenRLHF)",
-                       "whiten": "whitened, no baseline (OpenRLHF)"}  # fmt: skip
 AXIS_NAMES = {"rloo": "RLOO", "grpo": "− mean", "group_std": "÷ group std", "batch_std": "÷ batch std",
               "loo_std": "LOO ÷ std", "none": "none", "group_whiten": "− mean, whitened",
               "whiten": "whitened"}  # fmt: skip
@@ -43,17 +39,11 @@ def preset_name(name: str, preset: dict | None = None) -> str:
 
 
 def setting_name(setting, presets: dict | None = None) -> str:
-    """'K3 in loss, ÷ group std (GRPO), G = 8'; 'K3 in loss, RLOO' (its update does not depend on G); a preset by
-    its framework."""
+    """A preset by its framework ('TRL 1.10–1.16'); a grid's setting by its KL configuration (its normalisation and
+    G are the panel's or the axis')."""
     preset = setting.get("preset")
-    if isinstance(preset, str) and preset:
-        return preset_name(preset, (presets or {}).get(preset))
-    words = f"{kl_label(setting['config'])}, {NORMALISATION_NAMES.get(setting['normalisation'])}"
-    return words if setting["normalisation"] == "rloo" else f"{words}, G = {int(setting['group'])}"
-
-
-def _is_preset(rows: pd.DataFrame) -> pd.Series:
-    return rows.get("preset", pd.Series(np.nan, index=rows.index)).fillna("").astype(str) != ""
+    return preset_name(preset, (presets or {}).get(preset)) if isinstance(preset, str) and preset else kl_label(
+        setting["config"])
 
 
 def _bounds(rows: pd.DataFrame) -> pd.Series:
@@ -121,8 +111,9 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
     caption, quoted = Caption(), []
     for f, family in enumerate(families):
         mine = points[points.family == family]
-        _presets_row(axes[2 * f], mine[_is_preset(mine)], presets, betas, family, caption, quoted)
-        _grid_row(axes[2 * f + 1], mine[~_is_preset(mine)], betas, family)
+        preset = mine.get("preset", pd.Series(np.nan, index=mine.index)).fillna("").astype(str) != ""
+        _presets_row(axes[2 * f], mine[preset], presets, betas, family, caption, quoted)
+        _grid_row(axes[2 * f + 1], mine[~preset], betas, family)
     for f in range(len(families)):
         _log_axis(list(axes[2 * f]), "x")
         _log_axis(list(axes[2 * f + 1]), "y")
@@ -227,7 +218,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         for k, ((_, beta), group) in enumerate(lines := list(mine.groupby(["setting", "beta"], sort=False))):
             group = group.sort_values("T").assign(T=lambda g, k=k: g["T"] + encoding.dodge(k, len(lines), 0.4))
             first = group.iloc[0]
-            name = setting_name(first, presets).split(", ÷")[0].split(", −")[0].split(", RLOO")[0]
+            name = setting_name(first, presets)
             names.setdefault(first.config, []).append(name) if name not in names.get(first.config, []) else None
             line = tag(ax.plot(group["T"], group.beta_eff_ratio, markersize=3, label="_setting",
                                **style_of(first.config, beta))[0], first.config, beta)  # fmt: skip
@@ -262,8 +253,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
 
 
 def draw(points: pd.DataFrame, length: pd.DataFrame, png, section: dict | None = None, *, beta_min: float) -> str:
-    """figure(), written to ``png`` (a PDF beside it), and length_figure() beside it (its PNG, PDF and caption);
-    returns the atlas's caption (the table's Markdown, figures/atlas.md, opens with it)."""
+    """figure() to ``png`` and length_figure() beside it, with PDFs (and its caption); returns the atlas's caption."""
     fig, text = figure(points, section, beta_min=beta_min)
     save(fig, png)
     length_fig, length_text = length_figure(length, section)

@@ -36,10 +36,10 @@ CONFIG_COLOURS = {
     "k2-reward": ("#CC6677", "rose"), "k2-loss": ("#882255", "wine"), "k2-both": ("#44AA99", "teal"),
     "k2-advantage": ("#DDCC77", "sand"), "k1-loss-ratio": ("#77AADD", "light blue"),
     "k1-loss-score": ("#004488", "dark blue"), "k1-loss-st": ("#99DDFF", "pale cyan"),
-    "k1-loss-isst": ("#BBCC33", "pear"), "k3-loss-ratio": ("#EE3377", "magenta"),
-    "k3-loss-score": ("#33BBEE", "cyan"), "k3-loss-st": ("#663333", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"),
-    "k2-loss-ratio": ("#AAAA00", "mustard"), "k2-loss-score": ("#FFAABB", "light pink"),
-    "k2-loss-st": ("#225555", "dark teal"), "k2-loss-isst": ("#994455", "dark rose"),
+    "k1-loss-isst": ("#BBCC33", "pear"), "k3-loss-ratio": ("#EE3377", "magenta"), "k3-loss-score": ("#33BBEE", "cyan"),
+    "k3-loss-st": ("#663333", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"), "k2-loss-ratio": ("#AAAA00", "mustard"),
+    "k2-loss-score": ("#FFAABB", "light pink"), "k2-loss-st": ("#225555", "dark teal"),
+    "k2-loss-isst": ("#994455", "dark rose"),
 }  # fmt: skip
 BASE_COLOUR = "0.55"  # the base model (no RL)
 UNLISTED_COLOUR = "0.4"  # a configuration CONFIG_COLOURS does not list
@@ -63,9 +63,7 @@ UNTESTED_COLOUR = "0.7"  # "no prediction": an interval without a verdict
 
 def config_colour(kl_config: str) -> str:
     """The colour of a KL configuration in every figure ("base": the base model)."""
-    if kl_config == "base":
-        return BASE_COLOUR
-    return CONFIG_COLOURS.get(kl_config, (UNLISTED_COLOUR, ""))[0]
+    return BASE_COLOUR if kl_config == "base" else CONFIG_COLOURS.get(kl_config, (UNLISTED_COLOUR, ""))[0]
 
 
 def _beta_style(beta) -> tuple:
@@ -127,10 +125,8 @@ def expected_style(gid: str) -> dict | None:
                         hollow=marker.get("markerfacecolor") == "white")  # fmt: skip
     if part in ("line", "key"):
         expected["linestyle"] = beta_linestyle(beta)
-    if part == "bar":
-        expected["hatch"] = beta_hatch(beta)
-    if part == "bar_no_template":
-        expected["hatch"] = NO_TEMPLATE_HATCH
+    if part.startswith("bar"):
+        expected["hatch"] = NO_TEMPLATE_HATCH if part == "bar_no_template" else beta_hatch(beta)
     return expected
 
 

@@ -68,9 +68,7 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
     config = yaml.safe_load((tables / "config.yaml").read_text())
     drawn = []
 
-    def want(name: str) -> bool:
-        return wanted is None or name in wanted
-
+    want = lambda name: wanted is None or name in wanted  # a figure the folder ships
     if (tables / "cells.csv").is_file():
         read = aggregate.read_tables(tables)
         claims = read_claims(tables / "claims.csv") if (tables / "claims.csv").is_file() else None

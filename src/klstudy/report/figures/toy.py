@@ -22,18 +22,14 @@ def coinciding(series: dict[str, np.ndarray]) -> list[list[str]]:
     for key, values in series.items():
         home = next((g for g in groups if len(series[g[0]]) == len(values) and np.allclose(
             series[g[0]], values, rtol=encoding.COINCIDE, atol=1e-9, equal_nan=True)), None)  # fmt: skip
-        if home is None:
-            groups.append([key])
-        else:
-            home.append(key)
+        groups.append([key]) if home is None else home.append(key)
     return groups
 
 
 def group_label(names: list[str]) -> str:
     """"K1 in reward = K3 in reward and loss"; past three names, the first and a count (the caption names all)."""
-    if len(names) <= 3:
-        return " = ".join(kl_label(n) for n in names)
-    return f"{kl_label(names[0])} = {len(names) - 1} more (the caption names them)"
+    return " = ".join(kl_label(n) for n in names) if len(names) <= 3 else (
+        f"{kl_label(names[0])} = {len(names) - 1} more (the caption names them)")
 
 
 def short_names(names: list[str]) -> str:
