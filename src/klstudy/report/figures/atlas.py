@@ -92,7 +92,7 @@ def _log_axis(axes: list, axis: str) -> None:
         getattr(ax, f"set_{axis}scale")("log")
         getattr(ax, f"set_{axis}lim")(low, high)
         scale = ax.yaxis if axis == "y" else ax.xaxis
-        scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5) if high / low < 100 else (1,)))
+        scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5) if high / low < 1000 else (1,)))
         scale.set_major_formatter(ticker.FormatStrFormatter("%g"))
         scale.set_minor_formatter(ticker.NullFormatter())
         (ax.axvline if axis == "x" else ax.axhline)(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
