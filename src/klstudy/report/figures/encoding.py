@@ -28,18 +28,18 @@ mpl.rcParams.update(FONTS)
 
 # One colour per KL configuration, none reused, hues far apart among the configurations drawn together (the
 # on-policy grid, Figure 1's nine, the atlas's eight); marker shape and fill say placement and estimator without
-# colour. Green and red are the verdicts'.
+# colour. Green and red are the verdicts'. Every hex has a letter: one of digits alone reads as an issue number.
 CONFIG_COLOURS = {
     NO_KL: ("black", "black"), "k1-reward": ("#0072B2", "blue"), "k1-loss": ("#56B4E9", "sky blue"),
-    "k1-both": ("#AA4499", "purple"), "k1-advantage": ("#332288", "indigo"), "k3-reward": ("#E69F00", "orange"),
-    "k3-loss": ("#8C510A", "brown"), "k3-both": ("#999933", "olive"), "k3-advantage": ("#D55E00", "vermilion"),
-    "k2-reward": ("#CC6677", "rose"), "k2-loss": ("#882255", "wine"), "k2-both": ("#44AA99", "teal"),
+    "k1-both": ("#AA4499", "purple"), "k1-advantage": ("#33228A", "indigo"), "k3-reward": ("#E69F00", "orange"),
+    "k3-loss": ("#8C510A", "brown"), "k3-both": ("#99993A", "olive"), "k3-advantage": ("#D55E00", "vermilion"),
+    "k2-reward": ("#CC6677", "rose"), "k2-loss": ("#88225A", "wine"), "k2-both": ("#44AA99", "teal"),
     "k2-advantage": ("#DDCC77", "sand"), "k1-loss-ratio": ("#77AADD", "light blue"),
-    "k1-loss-score": ("#004488", "dark blue"), "k1-loss-st": ("#99DDFF", "pale cyan"),
+    "k1-loss-score": ("#00448A", "dark blue"), "k1-loss-st": ("#99DDFF", "pale cyan"),
     "k1-loss-isst": ("#BBCC33", "pear"), "k3-loss-ratio": ("#EE3377", "magenta"), "k3-loss-score": ("#33BBEE", "cyan"),
-    "k3-loss-st": ("#663333", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"), "k2-loss-ratio": ("#AAAA00", "mustard"),
-    "k2-loss-score": ("#FFAABB", "light pink"), "k2-loss-st": ("#225555", "dark teal"),
-    "k2-loss-isst": ("#994455", "dark rose"),
+    "k3-loss-st": ("#66333A", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"), "k2-loss-ratio": ("#AAAA00", "mustard"),
+    "k2-loss-score": ("#FFAABB", "light pink"), "k2-loss-st": ("#22555A", "dark teal"),
+    "k2-loss-isst": ("#99445A", "dark rose"),
 }  # fmt: skip
 BASE_COLOUR = "0.55"  # the base model (no RL)
 UNLISTED_COLOUR = "0.4"  # a configuration CONFIG_COLOURS does not list
