@@ -34,9 +34,6 @@ def formatted(value: float, style: str) -> str:
 class CaptionText(str):
     """A caption, with what it read from artists (``read``: artist, index, axis, style, text) and ``declared``."""
 
-    read: list
-    declared: list
-
 
 class Caption:
     """A figure's caption, written as the figure is drawn."""

@@ -73,12 +73,8 @@ def _beta_style(beta) -> tuple:
     return BETA_STYLES[min(BETA_STYLES, key=lambda b: abs(math.log(b) - math.log(float(beta))))]
 
 
-def beta_linestyle(beta):
-    return _beta_style(beta)[0]
-
-
-def beta_hatch(beta) -> str:
-    return _beta_style(beta)[1]
+beta_linestyle = lambda beta: _beta_style(beta)[0]  # β's line style (BETA_STYLES)
+beta_hatch = lambda beta: _beta_style(beta)[1]  # β's hatch on bars
 
 
 NO_TEMPLATE_HATCH = "**"  # the base model's bars without its chat template (Figs. 5, 10): a hatch no β uses

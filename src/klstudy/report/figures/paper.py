@@ -15,7 +15,7 @@ from klstudy.figure_plan import is_result
 from klstudy.kl import NO_KL
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import PIPELINE_CHECK, Caption, finish, table
-from klstudy.report.figures.encoding import beta_hatch, design_text, name_data, save, scale_text, study_name, task_name
+from klstudy.report.figures.encoding import beta_hatch, design_text, key_handles, name_data, scale_text, study_name
 from klstudy.report.figures.panels import MULTIPLE_CHOICE_PREFIX, PANELS, SEEDS_WITHOUT_BAND, share_y
 
 LETTERS = "abcdefgh"
@@ -48,7 +48,7 @@ def panel_description(panel: dict, config: dict) -> str:
     study = config["studies"][panel["study"]]
     kind = panel["kind"]
     if kind == "curves":
-        return f"held-out pass@1 on {task_name(config, study['heldout_data'])}"
+        return f"held-out pass@1 on {encoding.task_name(config, study['heldout_data'])}"
     if kind == "bars":
         base = " (and, starred, without its chat template)" if panel.get("base_without_template") else ""
         return f"lm-eval mean@{config['evaluation']['k']} of the final policy per task, beside the base model{base}"
@@ -56,7 +56,7 @@ def panel_description(panel: dict, config: dict) -> str:
         return "KL(π_sampling‖π_ref), the K3 estimate on the sampled batches" + (
             f", the mean of the last {study.get('final_steps', 5)} steps" if kind == "kl_vs_beta" else "")
     what = "forward KL(π_ref‖π_θ)" if panel["metric"] == "forward_kl" else "token entropy of π_θ"
-    return f"{what}, {task_name(config, panel['task'])}"
+    return f"{what}, {encoding.task_name(config, panel['task'])}"
 
 
 def noise_text(seeds: set[int]) -> str:
@@ -148,8 +148,7 @@ def _legend(kept, config: dict) -> list:
         betas += [float(b) for b in panel.get("betas", spec["betas"]) if panel["kind"] != "kl_vs_beta"]
         labelled.update(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
     betas = sorted(set(betas)) if any(k != NO_KL for k in kls) else []
-    no_lines = all(p["kind"] == "bars" for _, p, _, _ in kept)  # no β line drawn
-    handles = encoding.key_handles(kls, [] if no_lines else betas)
+    handles = key_handles(kls, [] if all(p["kind"] == "bars" for _, p, _, _ in kept) else betas)  # no β line drawn
     if any(panel["kind"] == "bars" for _, panel, _, _ in kept):
         handles += [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="0.2", hatch=beta_hatch(b),
                                   label=f"bars: β = {b:g}") for b in betas]  # fmt: skip
@@ -160,4 +159,4 @@ def _legend(kept, config: dict) -> list:
 def paper_figure(name: str, config: dict, tables: dict, png: Path, claims: pd.DataFrame | None = None) -> None:
     """draw_paper_figure, written to ``png`` (a PDF and the caption, <name>.md, beside it)."""
     fig, text = draw_paper_figure(name, config, tables, claims)
-    save(fig, png, text)
+    encoding.save(fig, png, text)

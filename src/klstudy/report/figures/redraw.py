@@ -27,9 +27,8 @@ def readme(config: dict, drawn: list[str] | None = None, link: str | None = None
                  *[Path(t).name for t in claims_figures(config)]]  # fmt: skip
     results = [n for n in drawn if n in EXACT or is_result(config, n)]
     checks = [n for n in drawn if n not in results]
-    head = (f"# The figures of this folder\n\nHow to read them: [the conventions]({link}).\n" if link
-            else conventions(config))
-    parts = [head]
+    parts = [f"# The figures of this folder\n\nHow to read them: [the conventions]({link}).\n" if link
+             else conventions(config)]  # fmt: skip
     if results:
         parts.append("Results (a comparison in them can be told from noise at this scale):\n\n"
                      + "\n".join(f"- [{n}]({n}.png)" for n in results) + "\n")  # fmt: skip

@@ -128,8 +128,7 @@ def _bias_panel(ax, rows: pd.DataFrame) -> None:
 
 
 def toy_fixed_points_figure(points, fronts, agreed, section: dict, png: Path) -> str:
-    """draw_toy_fixed_points, written to ``png`` (a PDF beside it); returns the caption (the table's Markdown
-    carries it)."""
+    """draw_toy_fixed_points to ``png`` (a PDF beside it); returns the caption (the table's Markdown has it)."""
     fig, text = draw_toy_fixed_points(points, fronts, agreed, section)
     save(fig, png)
     return text
