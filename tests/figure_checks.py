@@ -19,7 +19,16 @@ from matplotlib.text import Text
 from rendered import _texts, problems
 
 from klstudy.report.figures import encoding
-from klstudy.report.figures.captions import numbers_in
+from klstudy.report.figures.captions import GREEK, numbers_in
+
+MATH_SUBSCRIPT = re.compile(r"\$_(?:\{\\mathregular\{(\w+)\}\}|\\(theta|beta|pi))\$")  # captions.as_math's
+
+
+def image_texts(fig) -> list[str]:
+    """Every visible text of a figure, its subscripts written back as the code writes them (π_ref)."""
+    names = {v.lstrip("\\"): k for k, v in GREEK.items()}
+    return [" ".join(MATH_SUBSCRIPT.sub(lambda m: "_" + (m[1] or names[m[2]]), t.get_text()).split())
+            for t in fig.findobj(Text) if t.get_visible() and t.get_text()]  # fmt: skip
 
 
 def _hex(colour) -> str:

@@ -17,6 +17,7 @@ from docutils.core import publish_parts
 from figure_checks import (
     every_problem,
     identifier_problems,
+    image_texts,
     ink_problems,
     panel_problems,
     size_problems,
@@ -79,8 +80,8 @@ def toy_end_points():
              for c in ("none", "k1-loss") for b in on]  # fmt: skip
     fronts = pd.DataFrame({"family": "tabular", "kl": [0.0, 0.3, 2.5], "reward": [0.2, 0.5, 1.0]})
     agreed = pd.DataFrame({"family": "tabular", "mode": "on-policy", "config": ["k3-loss"] * 2 + ["k1-loss"] * 2,
-                           "beta": [1.0, 3.0] * 2, "mc_kl": [0.6, 0.1, 2.4, 2.3], "mc_kl_se": 0.01,
-                           "kl": [0.6, 0.1, 2.74, 2.74]})  # fmt: skip
+                           "beta": [1.0, 3.0] * 2, "mc_kl": [0.61, 0.098, 2.4, 2.3], "mc_kl_se": 0.01,
+                           "kl": [0.6, 0.1, 2.74, 2.74], "status": ["stable"] * 2 + ["drifts"] * 2})  # fmt: skip
     return pd.DataFrame(rows), fronts, agreed, section
 
 
@@ -142,7 +143,7 @@ def texts_naming(figures, names: set[str]) -> list[str]:
     """The image texts and captions of ``figures`` that name one of ``names`` other than as a stand-in's role."""
     found = []
     for name, fig, caption in figures:
-        for text in [*captions.image_texts(fig), str(caption)]:
+        for text in [*image_texts(fig), str(caption)]:
             text = re.sub(r"[\w ²]+'s role", "", " ".join(text.split()))
             found += [f"{name}: {text[:80]!r}" for role in names if re.search(rf"(?<![\w]){re.escape(role)}", text)]
     return found
@@ -157,7 +158,7 @@ def test_labels_name_the_data_the_run_used(run, figures):
     hub = {**run[0], "data": {**run[0]["data"], **PAPER_DATA}}
     drawn = [(n, *paper.draw_paper_figure(n, hub, run[1], run[2]))
              for n in ("fig07_async", "fig05_eval_k1_reward_vs_k3_loss")]
-    named = " ".join(t for _, fig, _ in drawn for t in captions.image_texts(fig))
+    named = " ".join(t for _, fig, _ in drawn for t in image_texts(fig))
     assert "MATH500" in named and "MMLU college physics" in named and "role" not in named
     for _, fig, _ in drawn:
         plt.close(fig)
@@ -281,7 +282,7 @@ def test_past_a_dozen_seed_lines_a_panel_draws_the_means_and_each_seed_s_end():
     config = study_config(4)
     tables = study_tables(config)
     heldout = tables["heldout"][tables["heldout"].study == "onpolicy"]
-    assert heldout.groupby(["kl", "beta"]).seed.nunique().sum() > panels.MAX_SEED_LINES  # the case under test
+    assert heldout.groupby(["kl", "beta"]).seed.nunique().sum() > encoding.MAX_SEED_LINES  # the case under test
     fig, ax = plt.subplots()
     panels.curves_panel(ax, {"kind": "curves", "study": "onpolicy", "model": "tiny"}, config, tables)
     ends = [c for c in ax.collections if c.get_label() == "_seed ends"]
@@ -309,14 +310,20 @@ def test_a_forest_that_mixes_runs_names_each_claim_s_run(run):
         plt.close(fig)
 
 
-def test_coinciding_toy_lines_are_drawn_once_and_named_together():
+def test_coinciding_toy_lines_are_drawn_once_their_markers_alternating():
+    """Figure 1: lines within COINCIDE draw one line, its markers alternating between the configurations, each named
+    once in the legend; the end points: one line named for all, the same in every panel."""
     fig, caption = toy_figures.draw_fig01(*toy_results())
-    labels = {line.get_label() for line in fig.axes[0].lines}
-    assert "K3 in loss = K1 in loss" in labels and "K1 in reward" not in labels
+    lines = fig.axes[0].lines
+    members = {encoding.GID.match(line.get_gid())["kl"]: len(line.get_xdata()) for line in lines
+               if line.get_label() == "_member"}  # fmt: skip
+    assert sum(line.get_label() == "_group" for line in lines) == 2
+    assert members == {"k3-reward": 3, "k3-loss": 2, "k1-loss": 1}
+    assert not [t for t in fig.legends[0].get_texts() if "=" in t.get_text()]
     assert "Exactly unbiased, not drawn on the log axis: K1 in reward." in caption
     plt.close(fig)
     fig, _ = toy_figures.draw_toy_fixed_points(*toy_end_points())
-    labels = [line.get_label() for line in fig.axes[0].lines if not line.get_label().startswith("_")]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "K1 in reward = K3 in reward and loss" in labels and "K1 in reward" not in labels
     plt.close(fig)
 
@@ -328,7 +335,7 @@ def test_a_preset_is_named_by_its_framework_without_identifiers():
         {"presets": ["trl-1.9", "verl-0.7-kl-loss", "skyrl-k2-proposal"]}).items()}  # fmt: skip
     assert shipped == {"trl-1.9": "TRL 0.26–1.9", "verl-0.7-kl-loss": "verl 0.7 KL loss",
                        "skyrl-k2-proposal": "SkyRL 0.3 K2 proposal"}  # fmt: skip
-    assert set(kl.ADVANTAGES) <= set(atlas_figures.NORMALISATION_NAMES) & set(atlas_figures.AXIS_NAMES)
+    assert set(kl.ADVANTAGES) <= set(atlas_figures.AXIS_NAMES)
 
 
 # ---------------------------------------------------------------------------------------------------------

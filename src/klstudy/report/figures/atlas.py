@@ -14,22 +14,9 @@ from matplotlib import ticker
 from klstudy.frameworks import presets_of  # not analysis.atlas, which imports torch
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, finish, table
-from klstudy.report.figures.encoding import (
-    FULL_WIDTH,
-    config_colour,
-    key_handles,
-    kl_label,
-    marker_of,
-    save,
-    style_of,
-    tag,
-)
-from klstudy.report.figures.toy import coinciding
+from klstudy.report.figures.encoding import config_colour, key_handles, kl_label, marker_of, save, style_of, tag
+from klstudy.report.figures.toy import coinciding, draw_coinciding
 
-NORMALISATION_NAMES = {"rloo": "RLOO", "grpo": "− group mean (Dr. GRPO)", "group_std": "÷ group std (GRPO)",
-                       "batch_std": "÷ batch std (TRL batch)", "loo_std": "RLOO ÷ the others' std (NeMo-RL)",
-                       "none": "no baseline", "group_whiten": "− group mean, whitened (OpenRLHF)",
-                       "whiten": "whitened, no baseline (OpenRLHF)"}  # fmt: skip
 AXIS_NAMES = {"rloo": "RLOO", "grpo": "− mean", "group_std": "÷ group std", "batch_std": "÷ batch std",
               "loo_std": "LOO ÷ std", "none": "none", "group_whiten": "− mean, whitened",
               "whiten": "whitened"}  # fmt: skip
@@ -52,24 +39,19 @@ def preset_name(name: str, preset: dict | None = None) -> str:
 
 
 def setting_name(setting, presets: dict | None = None) -> str:
-    """'K3 in loss, ÷ group std (GRPO), G = 8'; 'K3 in loss, RLOO' (its update does not depend on G); a preset by
-    its framework."""
+    """A preset by its framework ('TRL 1.10–1.16'); a grid's setting by its KL configuration (its normalisation and
+    G are the panel's or the axis')."""
     preset = setting.get("preset")
-    if isinstance(preset, str) and preset:
-        return preset_name(preset, (presets or {}).get(preset))
-    words = f"{kl_label(setting['config'])}, {NORMALISATION_NAMES.get(setting['normalisation'])}"
-    return words if setting["normalisation"] == "rloo" else f"{words}, G = {int(setting['group'])}"
-
-
-def _is_preset(rows: pd.DataFrame) -> pd.Series:
-    return rows.get("preset", pd.Series(np.nan, index=rows.index)).fillna("").astype(str) != ""
+    return preset_name(preset, (presets or {}).get(preset)) if isinstance(preset, str) and preset else kl_label(
+        setting["config"])
 
 
 def _bounds(rows: pd.DataFrame) -> pd.Series:
-    """curve_beta_min/β for the stable end points without a β_eff beyond the family's optima (NaN elsewhere)."""
+    """curve_beta_min/β where a stable end point has no β_eff, its KL beyond the family's optima, and that bound says
+    something (below 1: weaker than asked by at least this much); NaN elsewhere."""
     beyond = rows.get("beyond_curve", pd.Series(False, index=rows.index)).fillna(False).astype(bool)
-    bounded = (rows.status == "stable") & rows.beta_eff_ratio.isna() & beyond
-    return (rows.curve_beta_min / rows.beta).where(bounded) if bounded.any() else pd.Series(np.nan, index=rows.index)
+    bound = rows.curve_beta_min / rows.beta
+    return bound.where((rows.status == "stable") & rows.beta_eff_ratio.isna() & beyond & (bound < 1))
 
 
 def _draw_point(ax, at: float, ratio: float, bound: float, config: str, axis: str):
@@ -83,9 +65,26 @@ def _draw_point(ax, at: float, ratio: float, bound: float, config: str, axis: st
     return tag(line, config, None, "marker") if np.isfinite(ratio) else line
 
 
+def _stops(ax, places, rows: pd.DataFrame, config: str, axis: str = "y") -> None:
+    """Where a setup has neither a β_eff nor an arrow, why, in its colour on the panel's edge (bottom; on the presets'
+    rows, left): ▶ drifts, ✚ still moving, × stable but no β_eff found and no bound under 1 (the table has each)."""
+    missing = rows.beta_eff_ratio.isna().to_numpy() & rows.bound.isna().to_numpy()
+    for at, status in zip(np.asarray(places)[missing], rows.status[missing], strict=True):
+        xy, edge = ((at, 0.03), ax.get_xaxis_transform()) if axis == "y" else ((0.03, at), ax.get_yaxis_transform())
+        ax.plot(*xy, transform=edge, linestyle="", markersize=4, color=config_colour(config), label="_stop",
+                marker=encoding.UNSETTLED_MARKERS.get(status, "x"), clip_on=False)  # fmt: skip
+
+
+def _mark_handles() -> list:
+    """The legend's entries for what a setup without a β_eff draws (BOUND_MARKERS, _stops)."""
+    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for m, w in
+            ((BOUND_MARKERS["y"], "no β_eff: below the bound"), (">", "drifts"), ("P", "still moving"),
+             ("x", "no β_eff found, no bound"))]  # fmt: skip
+
+
 def _log_axis(axes: list, axis: str) -> None:
     """β_eff/β on one log scale for these panels, 1 inside, every drawn value inside."""
-    values = [v for ax in axes for line in ax.get_lines()
+    values = [v for ax in axes for line in ax.get_lines() if line.get_label() != "_stop"
               for v in np.asarray(line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float)]  # fmt: skip
     values = [v for v in values if np.isfinite(v) and v > 0]
     low, high = min([*values, 1.0]) / 1.6, max([*values, 1.0]) * 1.6
@@ -93,7 +92,7 @@ def _log_axis(axes: list, axis: str) -> None:
         getattr(ax, f"set_{axis}scale")("log")
         getattr(ax, f"set_{axis}lim")(low, high)
         scale = ax.yaxis if axis == "y" else ax.xaxis
-        scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5) if high / low < 100 else (1,)))
+        scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5) if high / low < 1000 else (1,)))
         scale.set_major_formatter(ticker.FormatStrFormatter("%g"))
         scale.set_minor_formatter(ticker.NullFormatter())
         (ax.axvline if axis == "x" else ax.axhline)(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
@@ -107,45 +106,44 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
     betas = (section or {}).get("betas") or sorted(points.beta.unique())
     points = points[points.beta.isin(betas)]
     families = list(dict.fromkeys(points.family))
-    fig, axes = plt.subplots(2 * len(families), len(betas), figsize=(FULL_WIDTH, 9.0), squeeze=False, sharey="row",
-                             layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(2 * len(families), len(betas), figsize=(encoding.FULL_WIDTH, 9.0), squeeze=False,
+                             sharey="row", layout="constrained", height_ratios=[1, 1.3] * len(families))  # fmt: skip
     caption, quoted = Caption(), []
     for f, family in enumerate(families):
         mine = points[points.family == family]
-        quoted += _presets_row(axes[2 * f], mine[_is_preset(mine)], presets, betas, family, caption)
-        _grid_row(axes[2 * f + 1], mine[~_is_preset(mine)], betas, family)
+        preset = mine.get("preset", pd.Series(np.nan, index=mine.index)).fillna("").astype(str) != ""
+        _presets_row(axes[2 * f], mine[preset], presets, betas, family, caption, quoted)
+        _grid_row(axes[2 * f + 1], mine[~preset], betas, family)
     for f in range(len(families)):
         _log_axis(list(axes[2 * f]), "x")
         _log_axis(list(axes[2 * f + 1]), "y")
-    tagged = [encoding.GID.match(line.get_gid() or "") for ax in axes.ravel() for line in ax.get_lines()]
-    drawn = list(dict.fromkeys(match["kl"] for match in tagged if match))
-    bound = plt.Line2D([], [], color="0.3", linestyle="", marker=BOUND_MARKERS["y"], label="no β_eff: below the bound")
-    fig.legend(handles=key_handles(drawn, []) + [bound], loc="outside lower center", ncols=3)  # β heads each column
+    fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), loc="outside lower center",
+               ncols=3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     caption.add(
         "**How strongly each setup practitioners run regularises (toy model of §3.3, exact).** β_eff is the β whose "
         "optimum of J_β has the setup's KL to the reference; below the dashed 1 a setup regularises more weakly than "
         f"asked. Per policy family, at T = {caption.number(int(points['T'].iloc[0]))} tokens: the frameworks' "
         "presets as their code ships them (a row per group that ends alike), then each KL configuration over the "
-        "advantage normalisations and G, a column per β. An arrow: no β_eff, β_eff/β lies below where it is drawn; no "
-        "point: no stable end point (a preset with none at any β has no row; the table below).",
+        "advantage normalisations and G (RLOO's update does not depend on G), a column per β. An arrow: no β_eff, "
+        "β_eff/β below where it is drawn; on a panel's edge, why a setup has none (▶ ✚ ×; the table below).",
         table(["family, preset", "β_eff/β at the largest β"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
-def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: str, caption: Caption) -> list:
+def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: str, caption: Caption, quoted: list):
     """A panel per β, a row per group of presets that end alike at every β, named on the left in its KL
-    configuration's colour; returns the table rows of the values at the largest β."""
-    rows = rows.assign(bound=_bounds(rows))
-    ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound"]].to_numpy(dtype=float).ravel()
+    configuration's colour; adds to ``quoted`` the values at the largest β."""
+    rows = rows.assign(bound=_bounds(rows), state=pd.factorize(rows.status)[0])  # alike: in status too
+    ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound", "state"]].to_numpy(dtype=float).ravel()
             for s, g in rows.groupby("setting", sort=False)}  # fmt: skip
-    groups = [g for g in coinciding(ends) if np.isfinite(ends[g[0]]).any()]
+    groups = coinciding(ends)
     names = [" = ".join(dict.fromkeys(setting_name(rows[rows.setting == s].iloc[0], presets) for s in g))
              for g in groups]
-    quoted = []
     for ax, beta in zip(axes, betas, strict=True):
         for y, group in enumerate(groups):
             at = rows[(rows.setting == group[0]) & (rows.beta == beta)]
+            _stops(ax, [y] * len(at), at, rows[rows.setting == group[0]].config.iloc[0], "x")
             at = at[["beta_eff_ratio", "bound", "config"]].to_numpy()[0] if len(at) else (np.nan, np.nan, "")
             line = _draw_point(ax, y, float(at[0]), float(at[1]), at[2], "x")
             if line is not None and beta == betas[-1] and np.isfinite(float(at[0])):
@@ -159,27 +157,45 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
     axes[0].set_ylabel(f"{family} presets")
     for tick, group in zip(axes[0].get_yticklabels(), groups, strict=True):
         tick.set_color(config_colour(rows[rows.setting == group[0]].config.iloc[0]))
-    return quoted
+
+
+def _places(rows: pd.DataFrame) -> dict:
+    """The x of each (normalisation, G): G's that end alike for every configuration and β (RLOO's) share one, the
+    normalisations a gap apart so that lines break between them."""
+    places, x = {}, 0
+    for normalisation, mine in rows.groupby("normalisation", sort=False):
+        ends = {g: at.sort_values(["config", "beta"]).beta_eff_ratio.to_numpy(dtype=float)
+                for g, at in mine.groupby("group", sort=True)}  # fmt: skip
+        for same in coinciding(ends):
+            places.update({(normalisation, g): x for g in same})
+            x += 1
+        x += 1
+    return places
 
 
 def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
-    """A panel per β: x each normalisation (named on top) and G, a line per normalisation and configuration (lines
-    that coincide overlap; their markers differ)."""
+    """A panel per β: x each normalisation (named on top) and G, a line per configuration broken between
+    normalisations; configurations equal at every x draw one line whose markers alternate (draw_coinciding)."""
     rows = rows.assign(bound=_bounds(rows)).sort_values(["normalisation", "group"], kind="stable")
-    categories = list(dict.fromkeys(zip(rows.normalisation, rows.group, strict=True)))
-    configs = list(dict.fromkeys(rows.config))  # each shifted a little along x, so that points on top of others show
+    places = _places(rows)
+    configs = list(dict.fromkeys(rows.config))
     for ax, beta in zip(axes, betas, strict=True):
-        for (config, _), at in rows[rows.beta == beta].groupby(["config", "normalisation"], sort=False):
+        lines = {}
+        for config, at in rows[rows.beta == beta].groupby("config", sort=False):
+            xs = [places[c] for c in zip(at.normalisation, at.group, strict=True)]
+            lines[config] = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
+                range(max(places.values()) + 1))  # fmt: skip
             shift = encoding.dodge(configs.index(config), len(configs), 0.6)
-            xs = [categories.index(c) + shift for c in zip(at.normalisation, at.group, strict=True)]
-            tag(ax.plot(xs, at.beta_eff_ratio, color=config_colour(config), linewidth=0.9, markersize=4,
-                        label=kl_label(config), **marker_of(config))[0], config, None, "marker")  # fmt: skip
             for x, bound in zip(xs, at.bound, strict=True):
-                _draw_point(ax, x, np.nan, bound, config, "y")
-        names = list(dict.fromkeys(n for n, _ in categories))
-        ax.set_xticks(range(len(categories)), [f"{g}" for _, g in categories])
+                _draw_point(ax, x + shift, np.nan, bound, config, "y")
+            _stops(ax, np.array(xs) + shift, at, config)
+        draw_coinciding(ax, lines, lambda x, i, n: x + encoding.dodge(i, n, 0.6))
+        ticks = sorted(set(places.values()))
+        ax.set_xticks(ticks, [",".join(str(g) for (_, g), x in places.items() if x == t) if sum(
+            v == t for v in places.values()) == 1 else "" for t in ticks])  # fmt: skip
         top = ax.secondary_xaxis("top")
-        top.set_xticks([np.mean([i for i, c in enumerate(categories) if c[0] == n]) for n in names],
+        names = list(dict.fromkeys(n for n, _ in places))
+        top.set_xticks([np.mean([x for (n, _), x in places.items() if n == name]) for name in names],
                        [AXIS_NAMES.get(n, n) for n in names], rotation=90, fontsize=7)  # fmt: skip
         top.tick_params(length=0)
         ax.set(title=f"β = {beta:g}", xlabel="G")
@@ -188,12 +204,13 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
 
 
 def length_figure(length: pd.DataFrame, section: dict | None = None):
-    """β_eff/β against T, a panel per family and normalisation, a line per setting and β, each shifted a little in T."""
+    """β_eff/β against T, a panel per family and normalisation, a line per setting and β, each shifted a little in T;
+    where a line has no value, why, on the bottom edge (_stops)."""
     presets = presets_of(section or {})
     options = (section or {}).get("length") or {}
     rows = length[length.beta.isin(options["betas"])] if options.get("betas") else length
     panels = list(dict.fromkeys(zip(rows.family, rows.normalisation, strict=True)))
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(FULL_WIDTH, 3.4), squeeze=False, sharey=True,
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(encoding.FULL_WIDTH, 3.6), squeeze=False, sharey=True,
                              layout="constrained")  # fmt: skip
     caption, quoted, names = Caption(), [], {}
     for ax, (family, normalisation) in zip(axes[0], panels, strict=False):
@@ -201,12 +218,13 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         for k, ((_, beta), group) in enumerate(lines := list(mine.groupby(["setting", "beta"], sort=False))):
             group = group.sort_values("T").assign(T=lambda g, k=k: g["T"] + encoding.dodge(k, len(lines), 0.4))
             first = group.iloc[0]
-            name = setting_name(first, presets).split(", ÷")[0].split(", −")[0].split(", RLOO")[0]
-            names.setdefault(name, first.config)
+            name = setting_name(first, presets)
+            names.setdefault(first.config, []).append(name) if name not in names.get(first.config, []) else None
             line = tag(ax.plot(group["T"], group.beta_eff_ratio, markersize=3, label="_setting",
                                **style_of(first.config, beta))[0], first.config, beta)  # fmt: skip
             for t, bound in zip(group["T"], group.bound, strict=True):
                 _draw_point(ax, t, np.nan, bound, first.config, "y")
+            _stops(ax, group["T"], group, first.config)
             finite = np.flatnonzero(np.isfinite(group.beta_eff_ratio.to_numpy(dtype=float)))
             if len(finite):
                 quoted.append([f"{family}, {AXIS_NAMES.get(normalisation, normalisation)}", caption.design(name),
@@ -218,23 +236,24 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("β_eff / β")
     _log_axis(list(axes[0]), "y")
-    handles = [plt.Line2D([], [], color=config_colour(c), label=n, **marker_of(c))
-               for n, c in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
-    fig.legend(handles=handles, loc="outside lower center", ncols=3)
+    handles = [plt.Line2D([], [], color=config_colour(c), label="; ".join(n), **marker_of(c))
+               for c, n in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
+    fig.legend(handles=handles + _mark_handles(), loc="outside lower center", ncols=4)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
     caption.add(
         "**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
         f"ceil({fraction} × T) ones in T tokens; below the dashed 1 a setup regularises more weakly than asked. A "
         "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration) and "
-        "β (line style). An arrow: no β_eff at that T, β_eff/β lies below where it is drawn.",
+        "β (line style). Where a line has no value: an arrow where β_eff/β lies below a bound under 1, drawn at the "
+        "bound; else a mark on the bottom edge says why: ▶ drifts, ✚ still moving, × stable, but no β_eff found and no "
+        "bound under 1 (the length table has each row).",
         table(["panel", "setting", "β", "first T", "last T"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
 def draw(points: pd.DataFrame, length: pd.DataFrame, png, section: dict | None = None, *, beta_min: float) -> str:
-    """figure(), written to ``png`` (a PDF beside it), and length_figure() beside it (its PNG, PDF and caption);
-    returns the atlas's caption (the table's Markdown, figures/atlas.md, opens with it)."""
+    """figure() to ``png`` and length_figure() beside it, with PDFs (and its caption); returns the atlas's caption."""
     fig, text = figure(points, section, beta_min=beta_min)
     save(fig, png)
     length_fig, length_text = length_figure(length, section)

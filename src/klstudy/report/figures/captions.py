@@ -27,22 +27,12 @@ def numbers_in(text: str) -> list[str]:
     return [n.replace("−", "-") for n in NUMBER.findall(text)]
 
 
-def read_artist(artist, index: int = -1, axis: str = "y") -> float:
-    """The coordinate a caption quotes: a line's index-th y (or x)."""
-    if not isinstance(artist, Line2D):
-        raise TypeError(f"a caption reads lines, not {type(artist).__name__}")
-    return float(np.asarray(artist.get_ydata() if axis == "y" else artist.get_xdata(), dtype=float)[index])
-
-
 def formatted(value: float, style: str) -> str:
     return "n/a" if pd.isna(value) else f"{value:{style}}".replace("-", "−")
 
 
 class CaptionText(str):
     """A caption, with what it read from artists (``read``: artist, index, axis, style, text) and ``declared``."""
-
-    read: list
-    declared: list
 
 
 class Caption:
@@ -54,8 +44,10 @@ class Caption:
         self.declared: list[str] = []
 
     def value(self, artist, index: int = -1, style: str = ".2f", axis: str = "y") -> str:
-        """The number an artist draws, as the caption prints it (recorded with the artist)."""
-        text = formatted(read_artist(artist, index, axis), style)
+        """The number a line draws, its index-th y (or x), as the caption prints it (recorded with the line)."""
+        if not isinstance(artist, Line2D):
+            raise TypeError(f"a caption reads lines, not {type(artist).__name__}")
+        text = formatted(float(np.asarray(artist.get_ydata() if axis == "y" else artist.get_xdata())[index]), style)
         self.read.append((artist, index, axis, style, text))
         return text
 
@@ -87,7 +79,6 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 # Subscripts written with an underscore in the figures' code (π_ref, J_β): drawn as true subscripts (mathtext).
 SUBSCRIPT = re.compile(r"(?<=[πJEβ])_(ref|sampling|old|end|optimum|eff|θ|β|π)(?![\w])")
-MATH_SUBSCRIPT = re.compile(r"\$_(?:\{\\mathregular\{(\w+)\}\}|\\(theta|beta|pi))\$")
 GREEK = {"θ": r"\theta", "β": r"\beta", "π": r"\pi"}
 
 
@@ -96,17 +87,6 @@ def as_math(text: str) -> str:
     if "$" in text:
         return text
     return SUBSCRIPT.sub(lambda m: f"$_{GREEK[m[1]]}$" if m[1] in GREEK else f"$_{{\\mathregular{{{m[1]}}}}}$", text)
-
-
-def plain(text: str) -> str:
-    """as_math undone: 'π$_{\\mathregular{ref}}$' → 'π_ref'."""
-    names = {v.lstrip("\\"): k for k, v in GREEK.items()}
-    return MATH_SUBSCRIPT.sub(lambda m: "_" + (m[1] or names[m[2]]), text)
-
-
-def image_texts(fig) -> list[str]:
-    """Every visible text of a figure, subscripts written back as π_ref (plain)."""
-    return [" ".join(plain(t.get_text()).split()) for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
 
 
 def finish(fig, caption: Caption) -> CaptionText:

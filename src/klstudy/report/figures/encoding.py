@@ -26,20 +26,20 @@ mpl.rcParams.update(FONTS)
 
 # The style table.
 
-# One colour per KL configuration, none reused: a hue family per estimator (K1 blues, K3 oranges and browns, K2
-# purples), the placements and the frameworks' loss gradients shades of it; green and red are the verdicts'.
+# One colour per KL configuration, none reused, hues far apart among the configurations drawn together (the
+# on-policy grid, Figure 1's nine, the atlas's eight); marker shape and fill say placement and estimator without
+# colour. Green and red are the verdicts'. Every hex has a letter: one of digits alone reads as an issue number.
 CONFIG_COLOURS = {
     NO_KL: ("black", "black"), "k1-reward": ("#0072B2", "blue"), "k1-loss": ("#56B4E9", "sky blue"),
-    "k1-both": ("#1D3F6E", "navy"), "k1-advantage": ("#3A2A8C", "indigo"),
-    "k1-loss-ratio": ("#7FA7C9", "steel blue"), "k1-loss-score": ("#00A3A3", "teal"),
-    "k1-loss-st": ("#2F5F8F", "slate blue"), "k1-loss-isst": ("#B3D7F0", "pale blue"),
-    "k3-reward": ("#E69F00", "orange"), "k3-loss": ("#8C510A", "brown"), "k3-both": ("#F5D08A", "sand"),
-    "k3-advantage": ("#B35806", "burnt orange"), "k3-loss-ratio": ("#D95F02", "vermilion"),
-    "k3-loss-score": ("#C9A227", "mustard"), "k3-loss-st": ("#5A3A1A", "dark brown"),
-    "k3-loss-isst": ("#FDB863", "apricot"), "k2-reward": ("#CC79A7", "pink"), "k2-loss": ("#7B2D64", "plum"),
-    "k2-both": ("#E8B5D3", "light pink"), "k2-advantage": ("#9970AB", "lavender"),
-    "k2-loss-ratio": ("#B0417F", "magenta"), "k2-loss-score": ("#5E3C99", "violet"),
-    "k2-loss-st": ("#40004B", "aubergine"), "k2-loss-isst": ("#C2A5CF", "lilac"),
+    "k1-both": ("#AA4499", "purple"), "k1-advantage": ("#33228A", "indigo"), "k3-reward": ("#E69F00", "orange"),
+    "k3-loss": ("#8C510A", "brown"), "k3-both": ("#99993A", "olive"), "k3-advantage": ("#D55E00", "vermilion"),
+    "k2-reward": ("#CC6677", "rose"), "k2-loss": ("#88225A", "wine"), "k2-both": ("#44AA99", "teal"),
+    "k2-advantage": ("#DDCC77", "sand"), "k1-loss-ratio": ("#77AADD", "light blue"),
+    "k1-loss-score": ("#00448A", "dark blue"), "k1-loss-st": ("#99DDFF", "pale cyan"),
+    "k1-loss-isst": ("#BBCC33", "pear"), "k3-loss-ratio": ("#EE3377", "magenta"), "k3-loss-score": ("#33BBEE", "cyan"),
+    "k3-loss-st": ("#66333A", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"), "k2-loss-ratio": ("#AAAA00", "mustard"),
+    "k2-loss-score": ("#FFAABB", "light pink"), "k2-loss-st": ("#22555A", "dark teal"),
+    "k2-loss-isst": ("#99445A", "dark rose"),
 }  # fmt: skip
 BASE_COLOUR = "0.55"  # the base model (no RL)
 UNLISTED_COLOUR = "0.4"  # a configuration CONFIG_COLOURS does not list
@@ -56,15 +56,14 @@ BETA_STYLE_WORDS = {0.005: "sparse dots, small rings", 0.01: "sparse dashes, cro
                     0.1: "dashed, rising diagonals", 0.3: "dash-dot-dot, falling diagonals", 1.0: "dotted, large rings",
                     3.0: "paired dashes, diagonal crosses", 10.0: "long dashes, level lines"}  # fmt: skip
 NO_KL_STYLE = ("-", "")  # β = 0: solid, unhatched
+UNSETTLED_MARKERS = {"drifts": ">", "still moving": "P"}  # the toy model and atlas: no fixed point where it stopped
 VERDICT_COLOURS = {"shown": "#009E73", "contradicted": "#CC3311", "not shown": "0.45"}
 UNTESTED_COLOUR = "0.7"  # "no prediction": an interval without a verdict
 
 
 def config_colour(kl_config: str) -> str:
     """The colour of a KL configuration in every figure ("base": the base model)."""
-    if kl_config == "base":
-        return BASE_COLOUR
-    return CONFIG_COLOURS.get(kl_config, (UNLISTED_COLOUR, ""))[0]
+    return BASE_COLOUR if kl_config == "base" else CONFIG_COLOURS.get(kl_config, (UNLISTED_COLOUR, ""))[0]
 
 
 def _beta_style(beta) -> tuple:
@@ -74,12 +73,8 @@ def _beta_style(beta) -> tuple:
     return BETA_STYLES[min(BETA_STYLES, key=lambda b: abs(math.log(b) - math.log(float(beta))))]
 
 
-def beta_linestyle(beta):
-    return _beta_style(beta)[0]
-
-
-def beta_hatch(beta) -> str:
-    return _beta_style(beta)[1]
+beta_linestyle = lambda beta: _beta_style(beta)[0]  # β's line style (BETA_STYLES)
+beta_hatch = lambda beta: _beta_style(beta)[1]  # β's hatch on bars
 
 
 NO_TEMPLATE_HATCH = "**"  # the base model's bars without its chat template (Figs. 5, 10): a hatch no β uses
@@ -126,10 +121,8 @@ def expected_style(gid: str) -> dict | None:
                         hollow=marker.get("markerfacecolor") == "white")  # fmt: skip
     if part in ("line", "key"):
         expected["linestyle"] = beta_linestyle(beta)
-    if part == "bar":
-        expected["hatch"] = beta_hatch(beta)
-    if part == "bar_no_template":
-        expected["hatch"] = NO_TEMPLATE_HATCH
+    if part.startswith("bar"):
+        expected["hatch"] = NO_TEMPLATE_HATCH if part == "bar_no_template" else beta_hatch(beta)
     return expected
 
 
@@ -247,6 +240,12 @@ def key_handles(kls: list[str], betas: list[float]) -> list:
     handles += [tag(plt.Line2D([], [], color="0.3", linestyle=beta_linestyle(b), label=f"β = {b:g}"), NO_KL, b, "key")
                 for b in betas if b]  # fmt: skip
     return handles
+
+
+def drawn_configs(fig) -> list[str]:
+    """The configurations a figure's tagged artists are drawn for, in the order drawn."""
+    tagged = [GID.match(line.get_gid() or "") for ax in fig.axes for line in ax.get_lines()]
+    return list(dict.fromkeys(match["kl"] for match in tagged if match))
 
 
 def legend_below(fig, handles: list, columns: int | None = None) -> None:

@@ -12,16 +12,9 @@ import pandas as pd
 
 from klstudy.claims_rule import critical_value
 from klstudy.figure_plan import CLAIMS_FIGURE, is_result, testable_by_design
+from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import PIPELINE_CHECK, PREDICTED_WORDS, Caption, claim_beta, claim_words, finish
-from klstudy.report.figures.encoding import (
-    FULL_WIDTH,
-    MAX_HEIGHT,
-    UNTESTED_COLOUR,
-    VERDICT_COLOURS,
-    save,
-    scale_text,
-    study_name,
-)
+from klstudy.report.figures.encoding import FULL_WIDTH, MAX_HEIGHT, UNTESTED_COLOUR, save, scale_text, study_name
 
 METRICS = {  # a metric's forest: its title, its units
     "final_kl": ("the KL to the reference at the end of training", "KL(π_sampling‖π_ref) at the end, nats"),
@@ -83,7 +76,7 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
     words, unit = METRICS.get(metric, (metric, metric))
     title = f"Claims on {words}"
     fig.suptitle(f"{title}: effect ± critical·se")
-    handles = [plt.Line2D([], [], color=c, marker="o", label=v) for v, c in VERDICT_COLOURS.items()
+    handles = [plt.Line2D([], [], color=c, marker="o", label=v) for v, c in encoding.VERDICT_COLOURS.items()
                if v in set(rows.verdict)]  # fmt: skip
     if rows.critical.isna().any():
         handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", linewidth=0.9, label="no prediction"))
@@ -174,7 +167,7 @@ def _view(rows: list[dict], metric: str, trend: bool) -> tuple[float, float]:
 
 
 def _draw_row(ax, y: float, row: dict, metric: str, trend: bool, view: tuple[float, float]) -> None:
-    colour = VERDICT_COLOURS.get(str(row["verdict"]), UNTESTED_COLOUR)
+    colour = encoding.VERDICT_COLOURS.get(str(row["verdict"]), UNTESTED_COLOUR)
     if pd.notna(row.get("margin")):
         ax.fill_betweenx([y - 0.4, y + 0.4], -row["margin"], row["margin"], color=MARGIN_COLOUR, linewidth=0)
     if pd.isna(row.get("effect")):
@@ -202,7 +195,7 @@ def _right_text(row: dict) -> tuple[str, str]:
     units = f"{units:g}" if isinstance(units, float) else str(units)
     parts.append(f"{units} questions × {int(seeds)} seeds" if row.get("pair_by") == "questions" and pd.notna(seeds)
                  else f"{units} seeds")  # fmt: skip
-    colour = VERDICT_COLOURS.get(str(row["verdict"]), UNTESTED_COLOUR)
+    colour = encoding.VERDICT_COLOURS.get(str(row["verdict"]), UNTESTED_COLOUR)
     return " · ".join(parts), colour if colour != UNTESTED_COLOUR else "0.4"
 
 

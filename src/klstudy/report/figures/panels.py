@@ -13,21 +13,8 @@ import pandas as pd
 
 from klstudy.kl import NO_KL
 from klstudy.report.aggregate import final_values, mean_and_se, step_values, trailing_mean
-from klstudy.report.figures.encoding import (
-    BASE_COLOUR,
-    MAX_SEED_LINES,
-    NO_TEMPLATE_HATCH,
-    VERDICT_COLOURS,
-    beta_hatch,
-    config_colour,
-    dodge,
-    kl_label,
-    marker_of,
-    step_axis,
-    style_of,
-    tag,
-    task_name,
-)
+from klstudy.report.figures import encoding
+from klstudy.report.figures.encoding import beta_hatch, dodge, kl_label, marker_of, step_axis, style_of, tag, task_name
 
 SEEDS_WITHOUT_BAND = 4  # up to this many seeds each is drawn and no ±1 se band is (a band of few seeds looks sure)
 NOT_OK = {"collapsed": "x", "diverged": "X", "missing": "."}
@@ -62,7 +49,7 @@ def status_suffix(group: pd.DataFrame) -> str:
 
 def seed_ends(ax, x: float, values, kl_config: str, beta) -> None:
     """Each seed's last value as a dot at x: what a panel draws instead of seed lines past MAX_SEED_LINES."""
-    tag(ax.scatter(np.full(len(values), x), values, s=9, color=config_colour(kl_config), edgecolors="white",
+    tag(ax.scatter(np.full(len(values), x), values, s=9, color=encoding.config_colour(kl_config), edgecolors="white",
                    linewidths=0.4, zorder=4, label="_seed ends"), kl_config, beta, "band")  # fmt: skip
 
 
@@ -97,9 +84,9 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
 
 
 def draw_base_point(ax, mean: float, se: float):
-    """The base model's one measurement at step 0: a grey diamond with its ±1 se."""
-    bars = ax.errorbar([0], [mean], yerr=[[se], [se]] if np.isfinite(se) else None, fmt="D", color=BASE_COLOUR,
-                       markersize=5, capsize=0, zorder=5, label="base model (step 0)")  # fmt: skip
+    """The base model's one measurement at step 0: a grey star with its ±1 se."""
+    bars = ax.errorbar([0], [mean], yerr=[[se], [se]] if np.isfinite(se) else None, fmt="*", color=encoding.BASE_COLOUR,
+                       markersize=7, capsize=0, zorder=5, label="base model (step 0)")  # fmt: skip
     bars.lines[0].set_gid("reference base")
     return bars.lines[0]
 
@@ -124,7 +111,7 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
     base = base_heldout(tables["heldout"], config, panel["model"], data)
     series = list(cells.groupby(["study", "kl", "beta"], sort=False))
     every = study["train"].get("eval_every", 10)
-    each_seed = heldout.groupby(["study", "kl", "beta"]).seed.nunique().sum() <= MAX_SEED_LINES
+    each_seed = heldout.groupby(["study", "kl", "beta"]).seed.nunique().sum() <= encoding.MAX_SEED_LINES
     values = []
     for i, ((name, kl_config, beta), group) in enumerate(series):
         label = kl_label(kl_config, None if kl_config == NO_KL else beta) + status_suffix(group)
@@ -182,9 +169,9 @@ def bars_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         x = np.arange(len(tasks)) + dodge(g, len(groups), 0.8)
         errors = [s[1] if seeds == 1 or seeds > SEEDS_WITHOUT_BAND else np.nan for s in stats]
         part = "bar_no_template" if label == NO_TEMPLATE_LABEL else "bar"
-        hatch = NO_TEMPLATE_HATCH if part == "bar_no_template" else (
+        hatch = encoding.NO_TEMPLATE_HATCH if part == "bar_no_template" else (
             "" if kl_config == "base" else beta_hatch(0 if kl_config == NO_KL else beta))  # fmt: skip
-        bars = ax.bar(x, [s[0] for s in stats], width, color=config_colour(kl_config), edgecolor="0.2",
+        bars = ax.bar(x, [s[0] for s in stats], width, color=encoding.config_colour(kl_config), edgecolor="0.2",
                       linewidth=0.5, hatch=hatch, label=label)  # fmt: skip
         if any(np.isfinite(errors)):
             ax.errorbar(x, [s[0] for s in stats], yerr=errors, fmt="none", ecolor="0.15", capsize=0, linewidth=0.8)
@@ -262,7 +249,7 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                              columns=["beta", "mean", "se", "n"])  # fmt: skip
         shift = 0.0 if kl_config == NO_KL else dodge(i - (NO_KL in configs), len(configs) - (NO_KL in configs), 0.7)
         x = np.array([position.get(b, 0) for b in stats.beta]) + shift
-        colour = config_colour(kl_config)
+        colour = encoding.config_colour(kl_config)
         line = ax.plot(x, stats["mean"], color=colour, linestyle="", markersize=5, label=kl_label(kl_config),
                        **marker_of(kl_config))[0]  # fmt: skip
         tag(line, kl_config, None, "marker")
@@ -282,7 +269,7 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
                 verdicts = set(against[np.isclose(against.beta.astype(float), point.beta)].verdict)
                 for verdict in verdicts & {"shown", "contradicted"}:
                     ax.plot(point.x, point.mean, marker="o", markersize=9, markerfacecolor="none", linestyle="",
-                            markeredgewidth=1.4, color=VERDICT_COLOURS[verdict], zorder=4,
+                            markeredgewidth=1.4, color=encoding.VERDICT_COLOURS[verdict], zorder=4,
                             label=f"ring: {verdict} against no KL")  # fmt: skip
         drawn.seeds.update(stats.n)
     ax.set_xticks([0, *position.values()], ["no KL", *[f"{b:g}" for b in betas]])

@@ -13,22 +13,10 @@ import pandas as pd
 from klstudy import figure_plan
 from klstudy.figure_plan import is_result
 from klstudy.kl import NO_KL
+from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import PIPELINE_CHECK, Caption, finish, table
-from klstudy.report.figures.encoding import (
-    CLAIM_COLUMNS,
-    FULL_WIDTH,
-    VERDICT_COLOURS,
-    beta_hatch,
-    design_text,
-    key_handles,
-    legend_below,
-    name_data,
-    save,
-    scale_text,
-    study_name,
-    task_name,
-)
-from klstudy.report.figures.panels import PANELS, SEEDS_WITHOUT_BAND, share_y
+from klstudy.report.figures.encoding import beta_hatch, design_text, key_handles, name_data, scale_text, study_name
+from klstudy.report.figures.panels import MULTIPLE_CHOICE_PREFIX, PANELS, SEEDS_WITHOUT_BAND, share_y
 
 LETTERS = "abcdefgh"
 
@@ -36,7 +24,7 @@ LETTERS = "abcdefgh"
 def panel_claims(claims: pd.DataFrame | None, panel: dict, config: dict) -> pd.DataFrame:
     """The claims table's rows about what a panel draws (figure_plan.panel_claims), at its model and a β it draws."""
     if claims is None or claims.empty:
-        return pd.DataFrame(columns=CLAIM_COLUMNS)
+        return pd.DataFrame(columns=encoding.CLAIM_COLUMNS)
     betas = [float(b) for b in panel.get("betas", config["studies"][panel["study"]]["betas"])]
     rows = claims[claims.claim.isin(figure_plan.panel_claims(config, panel))]
     beta = pd.to_numeric(rows.beta, errors="coerce")
@@ -45,7 +33,7 @@ def panel_claims(claims: pd.DataFrame | None, panel: dict, config: dict) -> pd.D
 
 def verdicts_text(rows: pd.DataFrame) -> str:
     """A panel's title line: 'claims: 0 of 4 shown'."""
-    judged = rows[rows.verdict.isin(VERDICT_COLOURS)]
+    judged = rows[rows.verdict.isin(encoding.VERDICT_COLOURS)]
     if rows.empty:
         return ""
     if judged.empty:
@@ -60,7 +48,7 @@ def panel_description(panel: dict, config: dict) -> str:
     study = config["studies"][panel["study"]]
     kind = panel["kind"]
     if kind == "curves":
-        return f"held-out pass@1 on {task_name(config, study['heldout_data'])}"
+        return f"held-out pass@1 on {encoding.task_name(config, study['heldout_data'])}"
     if kind == "bars":
         base = " (and, starred, without its chat template)" if panel.get("base_without_template") else ""
         return f"lm-eval mean@{config['evaluation']['k']} of the final policy per task, beside the base model{base}"
@@ -68,7 +56,7 @@ def panel_description(panel: dict, config: dict) -> str:
         return "KL(π_sampling‖π_ref), the K3 estimate on the sampled batches" + (
             f", the mean of the last {study.get('final_steps', 5)} steps" if kind == "kl_vs_beta" else "")
     what = "forward KL(π_ref‖π_θ)" if panel["metric"] == "forward_kl" else "token entropy of π_θ"
-    return f"{what}, {task_name(config, panel['task'])}"
+    return f"{what}, {encoding.task_name(config, panel['task'])}"
 
 
 def noise_text(seeds: set[int]) -> str:
@@ -95,7 +83,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     panels = spec["panels"]
     columns = 1 if len(panels) == 1 or any(p["kind"] == "bars" for p in panels) else 2
     rows = math.ceil(len(panels) / columns)
-    width = FULL_WIDTH
+    width = encoding.FULL_WIDTH
     fig, axes = plt.subplots(rows, columns, figsize=(width, 2.4 * rows + 1.2), squeeze=False, layout="constrained")
     axes = list(axes.ravel())
     for ax in axes[len(panels) :]:
@@ -126,7 +114,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     designs = list(dict.fromkeys(caption.design(", ".join(filter(None, [n, design_text(config, p["study"], n)])))
                                  for n, (_, p, _, _) in zip(names, kept, strict=True)))  # fmt: skip
     checks = [f"({LETTERS[i]})" for i, (_, _, d, _) in enumerate(kept) if d.seeds == {1} and len(kept) > 1]
-    legend_below(fig, _legend(kept, config))
+    encoding.legend_below(fig, _legend(kept, config))
     dropped = [f"{panel_title(p, config)}: {d.empty}" for p, d in zip(panels, drawn, strict=True) if d.empty]
     summary = [verdicts_text(pd.DataFrame(verdict_rows))] if verdict_rows else []
     lines = [f"({LETTERS[i]}) {line}" for i, line in enumerate(lines)] if len(set(lines)) > 1 else lines[:1]
@@ -138,6 +126,10 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
         + "; ".join(lines)[:1].upper() + "; ".join(lines)[1:]
         + ". " + (" ".join(f"({LETTERS[i]}) {d}." for i, d in enumerate(designs)) if 1 < len(designs) == len(kept)
                   else "; ".join(designs)[:1].upper() + "; ".join(designs)[1:] + ".")
+        + (" Answers are sampled and read from the text, one that cannot be read counting as wrong: a "
+           "multiple-choice task can score below chance (its line)." if any(
+               p["kind"] == "bars" for _, p, _, _ in kept) and any(t.startswith(MULTIPLE_CHOICE_PREFIX)
+                                                                    for t in config["evaluation"]["tasks"]) else "")
         + (" Not drawn: " + caption.design("; ".join(dropped)) + "." if dropped else "")
         + (caption.design(f" The claims table: {summary[0].removeprefix('claims: ')} (the claims forests).")
            if summary else ""),
@@ -167,4 +159,4 @@ def _legend(kept, config: dict) -> list:
 def paper_figure(name: str, config: dict, tables: dict, png: Path, claims: pd.DataFrame | None = None) -> None:
     """draw_paper_figure, written to ``png`` (a PDF and the caption, <name>.md, beside it)."""
     fig, text = draw_paper_figure(name, config, tables, claims)
-    save(fig, png, text)
+    encoding.save(fig, png, text)

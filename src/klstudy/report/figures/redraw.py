@@ -27,9 +27,8 @@ def readme(config: dict, drawn: list[str] | None = None, link: str | None = None
                  *[Path(t).name for t in claims_figures(config)]]  # fmt: skip
     results = [n for n in drawn if n in EXACT or is_result(config, n)]
     checks = [n for n in drawn if n not in results]
-    head = (f"# The figures of this folder\n\nHow to read them: [the conventions]({link}).\n" if link
-            else conventions(config))
-    parts = [head]
+    parts = [f"# The figures of this folder\n\nHow to read them: [the conventions]({link}).\n" if link
+             else conventions(config)]  # fmt: skip
     if results:
         parts.append("Results (a comparison in them can be told from noise at this scale):\n\n"
                      + "\n".join(f"- [{n}]({n}.png)" for n in results) + "\n")  # fmt: skip
@@ -68,9 +67,7 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
     config = yaml.safe_load((tables / "config.yaml").read_text())
     drawn = []
 
-    def want(name: str) -> bool:
-        return wanted is None or name in wanted
-
+    want = lambda name: wanted is None or name in wanted  # a figure the folder ships
     if (tables / "cells.csv").is_file():
         read = aggregate.read_tables(tables)
         claims = read_claims(tables / "claims.csv") if (tables / "claims.csv").is_file() else None

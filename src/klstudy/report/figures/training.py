@@ -9,20 +9,10 @@ import numpy as np
 
 from klstudy.figure_plan import is_result, training_reference
 from klstudy.kl import NO_KL
+from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import PIPELINE_CHECK, Caption, finish, table
-from klstudy.report.figures.encoding import (
-    FULL_WIDTH,
-    SINGLE_COLUMN,
-    design_text,
-    key_handles,
-    kl_label,
-    legend_below,
-    save,
-    scale_text,
-    step_axis,
-    study_name,
-)
-from klstudy.report.figures.panels import MAX_SEED_LINES, async_text, smoothed_series
+from klstudy.report.figures.encoding import design_text, key_handles, kl_label, save, scale_text, step_axis, study_name
+from klstudy.report.figures.panels import async_text, smoothed_series
 
 # What is logged, on the sampling policy's batch (with several updates a batch or a lag it is not π_θ).
 TRAINING_METRICS = {"task_reward": "task reward (batch mean)", "kl_k3": "KL(π_sampling‖π_ref), nats",
@@ -39,12 +29,12 @@ def draw_training_figure(study: str, config: dict, tables: dict):
     betas = [float(b) for b in spec["betas"]] if has_kl else [0.0]
     window = spec.get("final_steps", 5)
     metrics = [m for m in TRAINING_METRICS if m in training] or list(TRAINING_METRICS)
-    width = FULL_WIDTH if len(betas) > 1 else SINGLE_COLUMN
+    width = encoding.FULL_WIDTH if len(betas) > 1 else encoding.SINGLE_COLUMN
     fig, axes = plt.subplots(len(metrics), len(betas), figsize=(width, 1.8 * len(metrics) + 1.3), squeeze=False,
                              sharex=True, sharey="row", layout="constrained")  # fmt: skip
     caption, values = Caption(), []
     columns = [training[(training.kl == NO_KL) | np.isclose(training.beta, beta)] for beta in betas]
-    each_seed = max(c.groupby(["kl", "beta"]).seed.nunique().sum() for c in columns) <= MAX_SEED_LINES
+    each_seed = max(c.groupby(["kl", "beta"]).seed.nunique().sum() for c in columns) <= encoding.MAX_SEED_LINES
     for col, (beta, rows) in enumerate(zip(betas, columns, strict=True)):
         for row, metric in enumerate(metrics):
             ax = axes[row, col]
@@ -68,7 +58,7 @@ def draw_training_figure(study: str, config: dict, tables: dict):
             handle.set_label(f"{kl_label(reference)}: the claims' baseline")
     seeds_key = ("thin: each step as logged, each seed", {"linewidth": 0.5}) if each_seed else (
         "dot: each seed's end (trailing mean)", {"marker": "o", "linestyle": "", "markersize": 3})
-    legend_below(fig, keys + [plt.Line2D([], [], color="0.4", label=seeds_key[0], **seeds_key[1]), plt.Line2D(
+    encoding.legend_below(fig, keys + [plt.Line2D([], [], color="0.4", label=seeds_key[0], **seeds_key[1]), plt.Line2D(
         [], [], color="0.4", linewidth=1.6, label=f"thick: mean over seeds of the trailing {window}-step mean")])
     name = study_name(config, study)
     fig.suptitle(f"Training dynamics: {name}", wrap=True)
