@@ -25,15 +25,20 @@ TOLERANCE = 0.05  # as explain.STRENGTH_TOLERANCE: a factor this close to 1 is t
 PAGES = (ROOT / "docs" / "analysis.md",)
 BEGIN, END = "<!-- the answer table: begin -->", "<!-- the answer table: end -->"
 CLAMP_MARK = "†"  # as the atlas's page: the preset's clamp binds at that end point, which then depends on the path
-FOOTNOTE = (f"{CLAMP_MARK}: the clamp binds at that end point, which then depends on the path "
-            "([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate)); not resolved: no β_eff ([glossary](glossary.md#β-β_eff)).")
+FOOTNOTE = (
+    f"{CLAMP_MARK}: the clamp binds at that end point, which then depends on the path "
+    "([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate)); not resolved: no β_eff "
+    "([glossary](glossary.md#β-β_eff)). A row in full, with the release's other presets: "
+    f"`{COMMAND} --framework verl --version 0.7.0` (its framework and version)."
+)
 # Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
 # advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
 SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', advantage='rloo'")}
 
 
-def ratio_at(atlas: pd.DataFrame, config: str, normalisation: str, group: int, beta: float,
-             preset: str | None = None) -> tuple[str, int]:
+def ratio_at(
+    atlas: pd.DataFrame, config: str, normalisation: str, group: int, beta: float, preset: str | None = None
+) -> tuple[str, int]:
     """(β_eff/β in words, CLAMP_MARK where the clamp binds; the G it was read at) of a setting in the atlas's run at
     ``beta``: "–" where not resolved; the nearest G the atlas has where it lacks ``group``; ``preset``'s own row (its
     clamp) where the run has one."""
@@ -65,7 +70,7 @@ def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None
     unbiased = [(c, s) for c, s in offered if explain.unbiased(explain.kl_gradient_bias(c, toy_section))]
     if not unbiased:
         kinds = sorted({c for c, _ in offered})
-        answer = f"none: every KL it offers has a biased gradient ({', '.join(kinds)})"
+        answer = f"none: its KLs ({', '.join(kinds)}) have biased gradients"
         if preset.framework not in SUBCLASS:
             return answer
         config, normalisation, words = SUBCLASS[preset.framework]
@@ -107,7 +112,6 @@ def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
             "release": f"{p.framework} {p.version}", "default (advantages, G)": f"{default} ({p.normalisation}, "
             f"G = {p.group})", "β_eff/β of the default": amounts,
             "recommended KL at your β (unbiased gradient)": recommended(p, atlas, toy_section, name),
-            "explain it": f"`{COMMAND} --framework {p.framework} --version {p.version.split('–')[-1]}`",
         })  # fmt: skip
     return pd.DataFrame(rows)
 
