@@ -54,6 +54,11 @@ def ratio_at(
     return words + (CLAMP_MARK if row.clamp_binds > 0 else ""), int(nearest)
 
 
+def _resolved(ratio: str) -> str:
+    """A ratio_at cell in words: "not resolved" for "–", its CLAMP_MARK kept."""
+    return "not resolved" + ratio[1:] if ratio[0] == "–" else ratio
+
+
 def _strength(ratios: list[str], at: str) -> str:
     """β_eff/β at the field's and a strong β, and the advice to set another β where either is not the asked."""
     words = f"β_eff/β {' / '.join(ratios)} at β = {FIELD_BETA:g} / {STRONG_BETA:g} ({at})"
@@ -100,14 +105,12 @@ def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
         if p.default_beta:
             default = f"on: {p.kl}, β = {p.default_beta:g}"
             ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.default_beta, name)
-            amounts = ratio + (" (not resolved)" if ratio[0] == "–" else "") + f" at β = {p.default_beta:g}"
+            amounts = f"{_resolved(ratio)} at β = {p.default_beta:g}"
         else:
             default, amounts = f"off (β = 0); turned on: {p.kl}", "– (off)"
             if p.recipe_beta:
                 ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
-                amounts += f"; at its example script's β {p.recipe_beta:g}: " + (
-                    "not resolved" if ratio[0] == "–" else ratio
-                )
+                amounts += f"; at its example script's β {p.recipe_beta:g}: {_resolved(ratio)}"
         rows.append({
             "release": f"{p.framework} {p.version}", "default (advantages, G)": f"{default} ({p.normalisation}, "
             f"G = {p.group})", "β_eff/β of the default": amounts,
