@@ -16,12 +16,25 @@ def test_the_analysis_page_holds_the_answer_table_the_code_writes(expected):
         assert answer.between_marks(page.read_text()) == expected.strip(), (
             f"{page}: python -m klstudy.analysis.answer --write"
         )
-    assert expected.count("\n") == 1 + sum(p.is_default and p.status == "release" for p in answer.PRESETS.values())
+    rows = [line for line in expected.splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + sum(p.is_default and p.status == "release" for p in answer.PRESETS.values())
 
 
 def test_a_framework_without_an_unbiased_kl_says_so_and_one_with_the_std_off_names_the_switch(expected):
     rows = expected.splitlines()
     trl = next(r for r in rows if r.startswith("| TRL 1.10.0"))
     verl = next(r for r in rows if r.startswith("| verl 0.7.0"))
-    assert "none: every KL it offers has a biased gradient" in trl and "off (β = 0)" in trl
+    assert "none: its KLs (k3-loss-ratio) have biased gradients" in trl and "off (β = 0)" in trl
     assert "algorithm.norm_adv_by_std_in_grpo=False" in verl and "β_eff/β 1.00 / 1.00" in verl
+
+
+def test_a_value_where_the_clamp_binds_is_marked_and_trl_users_are_pointed_to_kltrainer(expected):
+    """OpenRLHF's default binds its ±10 clamp at β = 0.01 in the atlas's run (atlas.csv's clamp_binds > 0); AReaL's
+    at β = 0.1 does not. TRL's GRPOTrainer offers no unbiased KL; the subclass does, at the strength asked."""
+    rows = expected.splitlines()
+    openrlhf = next(r for r in rows if r.startswith("| OpenRLHF 0.11.0"))
+    areal = next(r for r in rows if r.startswith("| AReaL 1.0.4"))
+    trl = next(r for r in rows if r.startswith("| TRL 1.10.0"))
+    assert f"0.40{answer.CLAMP_MARK} at β = 0.01" in openrlhf and answer.CLAMP_MARK not in areal
+    assert "`KLTrainer`" in trl and "k1-reward" in trl and "β_eff/β 1.00 / 1.00" in trl
+    assert expected.rstrip().endswith(answer.FOOTNOTE)

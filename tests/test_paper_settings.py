@@ -180,6 +180,6 @@ def test_the_saving_the_unbiased_row_weighs_is_the_estimates(mapping, paper_conf
     total = estimate.gpu_hours(paper_config).parts["training"]
     saved = total - estimate.gpu_hours(trimmed).parts["training"]
     row = next(row for row in mapping["settings"] if row.get("key") == "studies.unbiased.kl")
-    assert f"about {saved:.0f} GPU-hours, {100 * saved / total:.0f} % of the training estimate" in " ".join(
+    assert f"about {saved:.0f} GPU-hours, {100 * saved / total:.1f} % of the training estimate" in " ".join(
         row["reading"].split()
     )

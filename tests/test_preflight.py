@@ -403,8 +403,9 @@ def test_the_driver_skips_it_saying_what_it_skips(capsys):
 def test_the_docs_quote_the_computed_costs():
     """The peak disk and GPU-hours that docs/running.md, docs/cost.md and the README quote are estimate.py's."""
     pilot = validate_config(yaml.safe_load((ROOT / "config/pilot.yaml").read_text()))
+    pilot_7b = validate_config(yaml.safe_load((ROOT / "config/pilot-7b.yaml").read_text()))
     disk = {n: estimate.peak_disk(paper(training_slots=n)).total / 1e12 for n in (1, 8, 16)}
-    hours = estimate.gpu_hours(paper()).total
+    hours = estimate.gpu_hours(paper())
     docs = {p: " ".join((ROOT / p).read_text().split()) for p in ("README.md", "docs/running.md", "docs/cost.md")}
     assert f"{disk[8]:.1f} TB with 8 training at once" in docs["README.md"]
     assert (
@@ -412,11 +413,11 @@ def test_the_docs_quote_the_computed_costs():
         in (docs["docs/cost.md"])
     )
     assert f"{disk[8]:.1f} TB at 8 slots" in docs["docs/running.md"]
-    assert f"about {round(hours, -3):,.0f} GPU-hours at the schema's throughputs" in docs["docs/running.md"]
     pilot_disk, pilot_hours = estimate.peak_disk(pilot).total / 1e9, estimate.gpu_hours(pilot).total
     assert (
-        f"about {pilot_hours:.1f} GPU-hours at the assumed throughput and {pilot_disk:.0f} GB"
-        in docs["docs/running.md"]
+        f"the paper's grid about {round(hours.total, -2):,.0f} ({round(hours.parts['training'], -2):,.0f} of them "
+        f"training), the 7-8B pilot {estimate.gpu_hours(pilot_7b).total:.0f}, the 0.5B pilot {pilot_hours:.1f}."
+        in docs["docs/cost.md"]
     )
     assert f"`config/pilot.yaml`) {pilot_disk:.0f} GB" in docs["docs/cost.md"]
 

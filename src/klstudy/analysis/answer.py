@@ -24,70 +24,97 @@ FIELD_BETA, STRONG_BETA = 0.04, 1.0  # the β each ratio is read at: one the fie
 TOLERANCE = 0.05  # as explain.STRENGTH_TOLERANCE: a factor this close to 1 is the strength asked
 PAGES = (ROOT / "docs" / "analysis.md",)
 BEGIN, END = "<!-- the answer table: begin -->", "<!-- the answer table: end -->"
+CLAMP_MARK = "†"  # as the atlas's page: the preset's clamp binds at that end point, which then depends on the path
+FOOTNOTE = (
+    f"{CLAMP_MARK}: the clamp binds at that end point, which then depends on the path "
+    "([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate)); not resolved: no β_eff "
+    "([glossary](glossary.md#β-β_eff)). A row in full, with the release's other presets: "
+    f"`{COMMAND} --framework verl --version 0.7.0` (its framework and version)."
+)
+# Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
+# advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
+SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', advantage='rloo'")}
 
 
-def ratio_at(atlas: pd.DataFrame, config: str, normalisation: str, group: int, beta: float) -> tuple[float, int]:
-    """(β_eff/β, the G it was read at) of a setting in the atlas's run at ``beta`` (NaN: not resolved); the nearest
-    G the atlas has where it lacks ``group``."""
+def ratio_at(
+    atlas: pd.DataFrame, config: str, normalisation: str, group: int, beta: float, preset: str | None = None
+) -> tuple[str, int]:
+    """(β_eff/β in words, CLAMP_MARK where the clamp binds; the G it was read at) of a setting in the atlas's run at
+    ``beta``: "–" where not resolved; the nearest G the atlas has where it lacks ``group``; ``preset``'s own row (its
+    clamp) where the run has one."""
     rows = atlas[(atlas.family == FAMILY) & (atlas.config == config) & (atlas.normalisation == normalisation)
                  & (atlas.beta == beta)]  # fmt: skip
     if rows.empty:
-        return float("nan"), group
+        return "–", group
+    if preset and (rows.preset == preset).any():
+        rows = rows[rows.preset == preset]
     nearest = rows.group.iloc[(rows.group - group).abs().argsort().iloc[0]]
     row = rows[rows.group == nearest].iloc[0]
-    return (float(row.beta_eff_ratio) if row.resolution == "β_eff" else float("nan")), int(nearest)
+    words = f"{row.beta_eff_ratio:.2f}" if row.resolution == "β_eff" else "–"
+    return words + (CLAMP_MARK if row.clamp_binds > 0 else ""), int(nearest)
 
 
-def _ratio_words(ratios: list[float]) -> str:
-    return " / ".join("–" if r != r else f"{r:.2f}" for r in ratios)
+def _resolved(ratio: str) -> str:
+    """A ratio_at cell in words: "not resolved" for "–", its CLAMP_MARK kept."""
+    return "not resolved" + ratio[1:] if ratio[0] == "–" else ratio
 
 
-def recommended(preset, atlas: pd.DataFrame, toy_section: dict) -> str:
+def _strength(ratios: list[str], at: str) -> str:
+    """β_eff/β at the field's and a strong β, and the advice to set another β where either is not the asked."""
+    words = f"β_eff/β {' / '.join(ratios)} at β = {FIELD_BETA:g} / {STRONG_BETA:g} ({at})"
+    asked = all(r[0] != "–" and abs(float(r.rstrip(CLAMP_MARK)) - 1) <= TOLERANCE for r in ratios)
+    return words if asked else words + ": set the β explain computes"
+
+
+def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None = None) -> str:
     """The unbiased setting ``preset``'s framework offers (its std off where it can), with β_eff/β at the field's
-    and a strong β, and the β to set for the strength asked."""
+    and a strong β, and the β to set for the strength asked; ``name``, the preset's in PRESETS."""
     from klstudy.analysis import explain
 
     offered = [(preset.kl, "its default")] + OFFERS.get(preset.framework, [])
     unbiased = [(c, s) for c, s in offered if explain.unbiased(explain.kl_gradient_bias(c, toy_section))]
     if not unbiased:
         kinds = sorted({c for c, _ in offered})
-        return f"none: every KL it offers has a biased gradient ({', '.join(kinds)})"
+        answer = f"none: its KLs ({', '.join(kinds)}) have biased gradients"
+        if preset.framework not in SUBCLASS:
+            return answer
+        config, normalisation, words = SUBCLASS[preset.framework]
+        via = "in klstudy's `KLTrainer` (TRL 1.16.0, [tutorial](tutorial-kltrainer.md))"
+        return f"{answer}; {via}: {config} ({_setting(atlas, config, normalisation, words, preset, name)}"
     config, switch = unbiased[0]
     normalisation, words = preset.normalisation, switch
     if preset.framework in STD_OFF and config.endswith("-reward"):
         normalisation, words = "grpo", f"{switch}, {STD_OFF[preset.framework]}"
-    read = [ratio_at(atlas, config, normalisation, preset.group, b) for b in (FIELD_BETA, STRONG_BETA)]
-    ratios, group = [r for r, _ in read], read[0][1]
+    return f"{config} ({_setting(atlas, config, normalisation, words, preset, name)}"
+
+
+def _setting(atlas: pd.DataFrame, config: str, normalisation: str, words: str, preset, name: str | None) -> str:
+    """How to ask for ``config`` and, read at ``preset``'s G, its β_eff/β: the text after the KL's name."""
+    own = name if config == preset.kl and normalisation == preset.normalisation else None
+    read = [ratio_at(atlas, config, normalisation, preset.group, b, own) for b in (FIELD_BETA, STRONG_BETA)]
+    group = read[0][1]
     at = f"G = {group}" + ("" if group == preset.group else f", the atlas's nearest to {preset.group}")
-    strength = f"β_eff/β {_ratio_words(ratios)} at β = {FIELD_BETA:g} / {STRONG_BETA:g} ({at})"
-    if any(r != r or abs(r - 1) > TOLERANCE for r in ratios):
-        strength += ": set the β explain computes"
-    return f"{config} ({words}, advantages {normalisation}): {strength}"
+    return f"{words}, advantages {normalisation}): {_strength([r for r, _ in read], at)}"
 
 
 def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
     rows = []
-    for p in PRESETS.values():
+    for name, p in PRESETS.items():
         if not p.is_default or p.status != "release":
             continue
         if p.default_beta:
             default = f"on: {p.kl}, β = {p.default_beta:g}"
-            ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.default_beta)
-            amounts = (
-                _ratio_words([ratio]) + (" (not resolved)" if ratio != ratio else "") + f" at β = {p.default_beta:g}"
-            )
+            ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.default_beta, name)
+            amounts = f"{_resolved(ratio)} at β = {p.default_beta:g}"
         else:
             default, amounts = f"off (β = 0); turned on: {p.kl}", "– (off)"
             if p.recipe_beta:
-                ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta)
-                amounts += f"; at its recipe's β {p.recipe_beta:g}: " + (
-                    _ratio_words([ratio]) if ratio == ratio else "not resolved"
-                )
+                ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
+                amounts += f"; at its example script's β {p.recipe_beta:g}: {_resolved(ratio)}"
         rows.append({
             "release": f"{p.framework} {p.version}", "default (advantages, G)": f"{default} ({p.normalisation}, "
             f"G = {p.group})", "β_eff/β of the default": amounts,
-            "recommended KL at your β (unbiased gradient)": recommended(p, atlas, toy_section),
-            "explain it": f"`{COMMAND} --framework {p.framework} --version {p.version.split('–')[-1]}`",
+            "recommended KL at your β (unbiased gradient)": recommended(p, atlas, toy_section, name),
         })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -96,7 +123,7 @@ def markdown(atlas_path: Path = ATLAS, config_path: Path = ROOT / "config.yaml")
     from klstudy.config import validate_config
 
     toy = validate_config(yaml.safe_load(Path(config_path).read_text()))["toy"]
-    return table(pd.read_csv(atlas_path), toy).to_markdown(index=False)
+    return table(pd.read_csv(atlas_path), toy).to_markdown(index=False) + "\n\n" + FOOTNOTE
 
 
 def between_marks(page: str) -> str:

@@ -215,7 +215,8 @@ def page(mapping: dict) -> str:
             f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. "
             "Every other row is what `config/paper.yaml` runs."
             if pending
-            else "**No known difference is left unresolved**: every row is what `config/paper.yaml` runs."
+            else "Every row is what `config/paper.yaml` runs; where its runs still differ: "
+            "[differences](differences.md)."
         ),
         "",
     ]
