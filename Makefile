@@ -105,6 +105,14 @@ TIERS := deep workflow multiprocess real docs slurm vllm frameworks gpu slow
 empty :=
 FAST_TIER = $(subst ~, ,$(subst $(empty) , and ,$(addprefix not~,$(TIERS))))
 
+## The fast tier's core, which CI runs under each other Python that pyproject.toml admits (3.12, 3.13): every module
+## imports, the mathematics (kl.py, the toy), config validation, rewards and answer reading, the trainer against stock
+## TRL and hand-computed estimates, one tiny cell through `klstudy train`. About a minute.
+CORE_TESTS := tests/test_imports.py tests/test_kl.py tests/test_toy.py tests/test_config.py tests/test_rewards.py \
+	tests/test_trainer.py
+test-core: $(INSTALLED)
+	$(BIN)/pytest -m "$(FAST_TIER)" $(CORE_TESTS)
+
 ## The deep tier: the fast tier's parts in depth. Every path of the trainer beyond its comparisons with stock TRL
 ## (policy losses, RLOO and whitening, asynchronous levels, the reference, LoRA, bfloat16; `klstudy train` killed and
 ## resumed, sliced), the claims rule's error rates on simulated results, the Fig. 12 estimators against enumeration,
