@@ -6,9 +6,8 @@ import pkgutil
 
 import pytest
 
-import klstudy
-
-MODULES = sorted(m.name for m in pkgutil.walk_packages(klstudy.__path__, "klstudy.") if m.name != "klstudy.__main__")
+PACKAGE = importlib.import_module("klstudy")
+MODULES = sorted(m.name for m in pkgutil.walk_packages(PACKAGE.__path__, "klstudy.") if not m.name.endswith("__main__"))
 
 
 @pytest.mark.parametrize("name", MODULES)
