@@ -18,7 +18,7 @@ VLLM_FLAVOUR ?= auto
 # more pip flags, e.g. --no-compile: no .pyc written ahead (CI's throwaway venvs: half the install's CPU)
 PIP_FLAGS ?=
 
-.PHONY: venv study status preflight stage driver test test-deep test-workflow test-multiprocess test-real test-docs test-slurm \
+.PHONY: venv study status preflight stage driver test test-core test-deep test-workflow test-multiprocess test-real test-docs test-slurm \
 	test-all test-gpu test-vllm vllm-env frameworks-env test-frameworks lint clean
 
 ## The project's venv (.venv) from the pinned dependencies (requirements.lock); `PYTHON=` picks the interpreter.
@@ -95,8 +95,7 @@ driver: $(INSTALLED)
 ## The fast tier: the mathematics (kl, the toy, the fixed points), the trainer against stock TRL, config validation,
 ## rewards and answer reading on the real fixtures, the claims rule, every figure of a synthetic study, the run
 ## layer's decisions and one tiny cell trained end to end; every test that carries none of the tiers' markers below.
-## About 5 minutes on 2 cores; safe for any user, and what CI runs under every other admitted Python
-## (`make test PYTHON=python3.12 VENV=.venv-3.12`). The slower tiers and what each covers: docs/testing.md.
+## About 5 minutes on 2 cores; safe for any user. The slower tiers and what each covers: docs/testing.md.
 test: $(INSTALLED)
 	$(BIN)/pytest -m "$(FAST_TIER)"
 
@@ -104,6 +103,15 @@ test: $(INSTALLED)
 TIERS := deep workflow multiprocess real docs slurm vllm frameworks gpu slow
 empty :=
 FAST_TIER = $(subst ~, ,$(subst $(empty) , and ,$(addprefix not~,$(TIERS))))
+
+## The fast tier's core, which CI runs under each other Python that pyproject.toml admits (3.12, 3.13): every module
+## imports, the mathematics (kl.py, the toy), config validation, rewards and answer reading, the trainer against stock
+## TRL and hand-computed estimates, one tiny cell through `klstudy train`. About a minute
+## (`make test-core PYTHON=python3.12 VENV=.venv-3.12`, after `make venv` with the same two).
+CORE_TESTS := tests/test_imports.py tests/test_kl.py tests/test_toy.py tests/test_config.py tests/test_rewards.py \
+	tests/test_trainer.py
+test-core: $(INSTALLED)
+	$(BIN)/pytest -m "$(FAST_TIER)" $(CORE_TESTS)
 
 ## The deep tier: the fast tier's parts in depth. Every path of the trainer beyond its comparisons with stock TRL
 ## (policy losses, RLOO and whitening, asynchronous levels, the reference, LoRA, bfloat16; `klstudy train` killed and

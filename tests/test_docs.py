@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from snakemake.utils import update_config
+from workflow_helpers import expected_jobs, job_counts
 
 from klstudy.run import config_reference
 
@@ -229,7 +231,8 @@ def test_the_slurm_commands_run_snakemake_from_the_main_environment():
 
 def test_the_papers_dry_run_is_the_documented_one(tmp_path):
     """The dry run of docs/running.md, on config/paper.yaml as the profile selects it, in an empty directory: it
-    lists the paper's grid, and every job that runs vLLM starts with the vLLM environment's interpreter."""
+    lists the paper's grid (the suite's one dry run of config/paper.yaml whole: its job counts are the config's), and
+    every job that runs vLLM starts with the vLLM environment's interpreter."""
     dry_run = next(c for c in slurm_commands() if re.search(r"\s-n(\s|$)", c))
     words = shlex.split(dry_run)
     if not (ROOT / words[0]).exists():
@@ -241,6 +244,10 @@ def test_the_papers_dry_run_is_the_documented_one(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout + run.stderr
     paper = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    merged = {}
+    for name in words[words.index("--configfile") + 1 : words.index("-n")]:  # the paper's, then config/cluster.yaml
+        update_config(merged, yaml.safe_load((ROOT / name).read_text()))
+    assert job_counts(out) == expected_jobs(merged)
     vllm = str(ROOT / paper.get("vllm_python", ".venv-vllm/bin/python"))
     commands = [line.split("Shell command: ", 1)[1] for line in out.splitlines() if "Shell command: " in line]
     train = [c for c in commands if " -m klstudy train " in c]

@@ -1,12 +1,15 @@
-"""An interrupted study resumes with the same command (drive.py): `klstudy drive -- snakemake ...`, as `make study`
-runs it, is stopped at a moment of the reduced study (Ctrl-C, SIGTERM or SIGKILL of the driver, or SIGKILL of its
-Snakemake), warm and cold; the same command run again must finish with the results of an uninterrupted run, with no
-hand step and nothing of the first run left behind."""
+"""A killed workflow resumes with the same command (drive.py): `klstudy drive -- snakemake ...`, as `make study` runs
+it, has its Snakemake killed (SIGKILL) while a cell of the reduced study trains; the same command run again must
+finish the cell as an uninterrupted run did, with no hand step and nothing of the first run left behind.
+
+The suite's one killed-workflow resume test. Snakemake killed is the hardest of the interruptions the driver handles
+(drive.py's docstring): it leaves its lock, its incomplete outputs and the job it started, where Ctrl-C and SIGTERM
+let it clean up. The cell-level resume (a killed `klstudy train` restarts from its checkpoint) is
+tests/test_trainer.py's."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,24 +18,24 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from workflow_helpers import ROOT, SNAKEMAKE, assert_same_results
+from workflow_helpers import ROOT, SNAKEMAKE
+
+from klstudy.data import staging
+from klstudy.train.cell import MEASURED_COLUMNS
 
 pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
 
-# When to interrupt: once the first file matching the pattern exists under the run's directory. A job's log is
-# opened when the job starts, so "training" is while a cell trains (its start-up included) and "evaluation" while a
-# model is scored; the reduced study's cells are seconds long, so a checkpoint would be too brief an event to catch.
-MOMENTS = {
-    "staging": "results/data/*.jsonl",  # the first jobs
-    "training": "logs/train/**/*.log",
-    "evaluation": "logs/evaluate/**/*.log",
-}
+CELL = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0"
+# A job's log is opened when the job starts: once the cell's exists, the cell is training (its start-up included).
+TRAINING = "logs/train/onpolicy/**/*.log"
 
 
-def drive_command(workdir: Path, warm: bool) -> list[str]:
-    study = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--configfile", "config.yaml", "--cores", "2",
-             "--keep-going", "--rerun-incomplete"]  # fmt: skip
-    return [sys.executable, "-m", "klstudy", "drive", *(["--warm"] if warm else []), "--", *study]
+def drive_command() -> list[str]:
+    """The driver, and the one cell as Snakemake's target (its staging and base model first): the reduced study's
+    every other job would add minutes and nothing the interruption tests."""
+    study = [SNAKEMAKE, f"{CELL}/summary.json", "--snakefile", str(ROOT / "Snakefile"), "--configfile", "config.yaml",
+             "--cores", "2", "--keep-going", "--rerun-incomplete"]  # fmt: skip
+    return [sys.executable, "-m", "klstudy", "drive", "--", *study]
 
 
 def wait_for(workdir: Path, pattern: str, process: subprocess.Popen, timeout: float = 600) -> None:
@@ -43,17 +46,10 @@ def wait_for(workdir: Path, pattern: str, process: subprocess.Popen, timeout: fl
         time.sleep(0.2)
 
 
-def interrupt(process: subprocess.Popen, how: str) -> None:
-    if how == "ctrl-c":  # a terminal sends SIGINT to its foreground group: the driver's (make's, in `make study`)
-        os.killpg(process.pid, signal.SIGINT)
-    elif how == "sigterm":
-        process.send_signal(signal.SIGTERM)
-    elif how == "kill-driver":
-        process.kill()
-    elif how == "kill-snakemake":
-        snakemake = [p for p in psutil.Process(process.pid).children() if "snakemake" in " ".join(p.cmdline())]
-        assert len(snakemake) == 1
-        snakemake[0].kill()
+def kill_snakemake(driver: subprocess.Popen) -> None:
+    snakemake = [p for p in psutil.Process(driver.pid).children() if "snakemake" in " ".join(p.cmdline())]
+    assert len(snakemake) == 1
+    snakemake[0].kill()
 
 
 def leftovers(workdir: Path) -> list[str]:
@@ -68,49 +64,29 @@ def leftovers(workdir: Path) -> list[str]:
     return found
 
 
-def run_interrupted_then_again(reduced_run, tmp_path, moment: str, how: str, warm: bool) -> str:
+def rows(path: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in MEASURED_COLUMNS} for row in staging.read_jsonl(path)]
+
+
+def test_a_study_whose_snakemake_was_killed_during_training_finishes_with_the_same_command(reduced_run, tmp_path):
     reference, config = reduced_run
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    command = drive_command(tmp_path, warm)
     log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_for(tmp_path, MOMENTS[moment], first)
-    interrupt(first, how)
+    first = subprocess.Popen(drive_command(), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)  # fmt: skip
+    wait_for(tmp_path, TRAINING, first)
+    kill_snakemake(first)
     first.wait(timeout=600)
     log.close()
-    assert "(100%) done" not in (tmp_path / "first.log").read_text(), "the interruption came after the study ended"
+    assert "(100%) done" not in (tmp_path / "first.log").read_text(), "the kill came after the cell had finished"
 
-    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
-    assert again.returncode == 0, (
-        (tmp_path / "first.log").read_text()[-3000:] + again.stdout[-3000:] + again.stderr[-5000:]
-    )
+    again = subprocess.run(drive_command(), cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, (tmp_path / "first.log").read_text()[-3000:] + output[-5000:]
+    assert "releasing the lock of an interrupted Snakemake" in output  # it could not release its own: found stale
     deadline = time.monotonic() + 60  # a job killed with its caller may take a moment to be reaped
     while leftovers(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not leftovers(tmp_path)
-    assert_same_results(reference, tmp_path, config)
-    return again.stdout + again.stderr
-
-
-@pytest.mark.slow  # 100-160 s: `make test-all` (CI's time; the other interruptions below are slow too)
-def test_ctrl_c_during_training_then_the_same_command_finishes_the_study(reduced_run, tmp_path):
-    """What a user met: Ctrl-C during `make study` (warm), then `make study` again."""
-    output = run_interrupted_then_again(reduced_run, tmp_path, "training", "ctrl-c", warm=True)
-    assert "IncompleteFilesException" not in output and "LockException" not in output
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "moment, how, warm",
-    [
-        ("staging", "ctrl-c", False),
-        ("training", "kill-driver", True),
-        ("training", "kill-snakemake", False),
-        ("evaluation", "sigterm", True),
-        ("evaluation", "kill-snakemake", True),
-    ],
-)
-def test_an_interrupted_study_resumes(reduced_run, tmp_path, moment, how, warm):
-    output = run_interrupted_then_again(reduced_run, tmp_path, moment, how, warm)
-    if how == "kill-snakemake":  # it could not release its lock: the driver found it stale
-        assert "releasing the lock of an interrupted Snakemake" in output
+    for name in ("metrics.jsonl", "heldout.jsonl"):  # what the uninterrupted study's run of the cell wrote
+        assert rows(tmp_path / CELL / name) == rows(reference / CELL / name), name

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 from snakemake.utils import update_config
-from workflow_helpers import ROOT, job_counts, snakemake
+from workflow_helpers import ROOT, expected_jobs, forest_metrics, job_counts, snakemake
 
 from klstudy.claims_rule import VERDICTS
 from klstudy.train import models
@@ -18,77 +18,10 @@ from klstudy.train import models
 pytestmark = pytest.mark.workflow  # the end-to-end workflow tier: `make test-workflow` (docs/testing.md)
 
 
-def expected_jobs(config: dict) -> dict:
-    """Job counts per rule, computed from the config independently of the workflow's helpers."""
-    trained = evaluated = 0
-    for study, spec in config["studies"].items():
-        per_config = {kl: (1 if kl == "none" else len(spec["betas"])) * len(spec["seeds"]) for kl in spec["kl"]}
-        trained += len(spec["models"]) * sum(per_config.values())
-        if study in config["evaluation"]["studies"]:
-            evaluated += len(spec["models"]) * sum(per_config[kl] for kl in config["evaluation"]["studies"][study])
-    per_model = config["evaluation"].get("jobs", "per_task") == "per_model"
-    tasks = 1 if per_model else len(config["evaluation"]["tasks"])  # evaluation jobs per model
-    base_models = {m for s in config["evaluation"]["studies"] for m in config["studies"][s]["models"]}
-    div = config["divergence"]
-    div_models = div.get("models") or config["studies"][div["study"]]["models"]
-    fixed_points = config["toy"].get("fixed_points", {})  # every key has a default: the two families, MC on tabular
-    monte_carlo = fixed_points.get("monte_carlo", {})
-    return {
-        "toy_bias_variance": len(config["toy"]["settings"]),
-        "toy_unbiasedness": 1,
-        "fig01": 1,
-        "toy_fixed_points": len(fixed_points.get("families", ["tabular", "parametric"])),
-        "toy_monte_carlo": 2 * len(monte_carlo.get("families", ["tabular"])),  # on- and off-policy
-        "toy_fixed_points_report": 1,
-        # the atlas: one job per family and one for the length sweep, then its report
-        "toy_atlas": len(config["toy"].get("atlas", {}).get("families", ["tabular", "parametric"])) + 1,
-        "toy_atlas_report": 1,
-        "prepare_data": len(config["data"]),
-        "base_model": len(config["models"]),
-        "train_rl": trained,
-        "evaluate_cell": evaluated * tasks,
-        "evaluate_base": len(base_models) * 2 * tasks,
-        "divergence": len(div_models) * len(div["kl"]) * len(div["betas"]) * len(div["seeds"]) * len(div["tasks"]),
-        "aggregate": 1,
-        "figure": len(config["figures"]),
-        "claims_figure": len(_forest_metrics(config)),
-        "training_figure": len(_training_studies(config)),
-        "figures_readme": 1,
-        "study_tables": 1,
-        "all": 1,
-    }
-
-
-def _forest_metrics(config: dict) -> set[str]:
-    """The metrics with a claim of two paired seeds or more: a forest each."""
-    metrics = set()
-    for claim in config["claims"].values():
-        seeds = set(config["studies"][claim["study"]]["seeds"])
-        if claim["baseline"] != "base":
-            seeds &= set(config["studies"][claim.get("baseline_study", claim["study"])]["seeds"])
-        if claim["metric"] in ("forward_kl", "entropy"):
-            seeds &= set(config["divergence"]["seeds"])
-        metrics |= {claim["metric"]} if len(seeds) > 1 else set()
-    return metrics
-
-
-def _training_studies(config: dict) -> list[str]:
-    """The studies with a training figure: not trained on their lag alone, and with no KL or a claim's baseline."""
-    drawn = []
-    for study, spec in config["studies"].items():
-        train = spec["train"]
-        lag_only = train.get("async_level", 0) and train["steps"] <= train["async_level"] + 1
-        baselines = {c["baseline"] for c in config["claims"].values()
-                     if c["study"] == study and c.get("baseline_study", study) == study}  # fmt: skip
-        if not lag_only and ("none" in spec["kl"] or baselines & set(spec["kl"])):
-            drawn.append(study)
-    return drawn
-
-
-@pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
-def test_dry_run_job_counts_match_the_grid(name, tmp_path):
-    config = yaml.safe_load((ROOT / name).read_text())
-    counts = job_counts(snakemake("-n", "--cores", "1", "--configfile", str(ROOT / name), cwd=tmp_path))
+def test_dry_run_job_counts_match_the_grid(tmp_path):
+    """config.yaml's; config/paper.yaml's is the documented dry run (test_docs.py, the documentation tier)."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    counts = job_counts(snakemake("-n", "--cores", "1", "--configfile", str(ROOT / "config.yaml"), cwd=tmp_path))
     assert counts == expected_jobs(config)
 
 
@@ -143,7 +76,7 @@ def test_the_default_base_model_is_staged_from_its_pinned_copy(tmp_path):
     assert f"pinned copy of {ROOT / pinned['path']}" in log and "warm start step" not in log
 
 
-# Cells of config/paper.yaml whose jobs' commands two tests read, from one dry run (building the paper's DAG is slow).
+# Cells of config/paper.yaml whose jobs' commands three tests read, from one dry run (building the paper's DAG is slow).
 PAPER_TARGETS = {
     "async_math eval": "results/evals/async_math/qwen2.5-7b/k1-reward/beta~0.005/seed~0/math500.json",
     "onpolicy eval": "results/evals/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/math500.json",
@@ -151,6 +84,7 @@ PAPER_TARGETS = {
     "async_countdown train": "results/runs/async_countdown/qwen3-4b-instruct-2507/k1-reward/beta~0.005/seed~0/"
     "summary.json",
     "async_math train": "results/runs/async_math/qwen2.5-7b/k1-reward/beta~0.005/seed~0/summary.json",
+    "onpolicy train": "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json",
 }
 
 
@@ -187,40 +121,35 @@ def test_a_study_trains_on_its_own_number_of_gpus(paper_commands):
     assert "devices --count" not in countdown + math_cell
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "config/paper.yaml"])
-def test_jobs_that_run_vllm_use_the_vllm_environment(name, tmp_path):
+def test_jobs_that_run_vllm_use_the_vllm_environment(paper_commands, tmp_path):
     """At paper scale, generation in training and evaluation run vLLM: those jobs use the interpreter of the vLLM
     environment (`make vllm-env`), under `accelerate launch` for training; the embedded study runs neither."""
-    targets = [
-        "results/runs/onpolicy/{model}/k1-reward/beta~0.1/seed~0/summary.json",
-        "results/evals/onpolicy/{model}/k1-reward/beta~0.1/seed~0/math500.json",
-    ]
-    model = "qwen2.5-7b" if "paper" in name else "tiny"
-    out = snakemake(
-        *[t.format(model=model) for t in targets], "-n", "-p", "--cores", "1", "--configfile", str(ROOT / name),
-        cwd=tmp_path,
-    )  # fmt: skip
     vllm_python = str(ROOT / ".venv-vllm/bin/python")
-    if "paper" in name:
-        # The launch config is the repository's (as validated), whatever directory the workflow runs in.
-        launch_config = ROOT / "config/accelerate/fsdp.yaml"
-        # Each launch on one node at a port of its own; no GPU claim outside `klstudy drive --gpus`.
-        claim = vllm_python
-        launch = f"{claim} -m accelerate.commands.launch --config_file {launch_config} --num_processes 8"
-        assert f"{launch} --main_process_port 0 -m klstudy train" in out
-        assert f"{claim} -m klstudy evaluate" in out
-    else:
-        assert vllm_python not in out and "python -m klstudy train" in out and "python -m klstudy evaluate" in out
+    # The launch config is the repository's (as validated), whatever directory the workflow runs in.
+    launch_config = ROOT / "config/accelerate/fsdp.yaml"
+    # Each launch on one node at a port of its own; no GPU claim outside `klstudy drive --gpus`.
+    launch = f"{vllm_python} -m accelerate.commands.launch --config_file {launch_config} --num_processes 8"
+    assert f"{launch} --main_process_port 0 -m klstudy train" in paper_commands["onpolicy train"]
+    assert f"{vllm_python} -m klstudy evaluate" in paper_commands["onpolicy eval"]
+    targets = [
+        "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~0/summary.json",
+        "results/evals/onpolicy/tiny/k1-reward/beta~0.1/seed~0/math500.json",
+    ]
+    out = snakemake(*targets, "-n", "-p", "--cores", "1", "--configfile", str(ROOT / "config.yaml"), cwd=tmp_path)
+    assert vllm_python not in out and "python -m klstudy train" in out and "python -m klstudy evaluate" in out
 
 
-def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(tmp_path):
+@pytest.fixture(scope="module")
+def two_node_job(tmp_path_factory) -> tuple[list[str], dict, str]:
+    """A paper training job with resources.train.nodes = 2, H100s and a QOS: the words of its sbatch line, its
+    resources and its dry run (one dry run for the three tests that read them)."""
+    return training_sbatch(tmp_path_factory.mktemp("two_nodes"), nodes=2, gpu_model="h100", qos="long")
+
+
+def test_a_training_job_on_two_nodes_starts_a_process_per_gpu_of_both(two_node_job):
     """resources.train.nodes = 2: one `accelerate launch` per node through srun, 16 processes in all (accelerate's
     --num_processes is the total over the nodes; the launch config's 8 would leave half the GPUs idle)."""
-    config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
-    config["resources"]["train"]["nodes"] = 2
-    (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
-    cell = "results/runs/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0/summary.json"
-    out = snakemake(cell, "-n", "-p", "--cores", "1", "--configfile", str(tmp_path / "paper.yaml"), cwd=tmp_path)
+    out = two_node_job[2]
     assert "srun --nodes 2 --ntasks-per-node 1" in out
     assert "--num_processes 16 --num_machines $SLURM_NNODES" in out  # 2 nodes × 8 GPUs
     # The command as the job's shell reads it: srun with the CPUs of each task (the job step drops SLURM_* variables,
@@ -248,7 +177,7 @@ def test_end_to_end_outputs(reduced_run):
         for ext in ("png", "pdf"):
             assert (workdir / "figures" / f"{name}.{ext}").stat().st_size > 0, name
     # One seed: no claim is testable, so no claims forest (it would draw untestable points); README.md says so.
-    assert not list((workdir / "figures").glob("claims_forest*")) and not _forest_metrics(config)
+    assert not list((workdir / "figures").glob("claims_forest*")) and not forest_metrics(config)
     readme = (workdir / "figures" / "README.md").read_text()
     assert "Pipeline checks (drawn by every run; nothing in them is testable" in readme
     for name in ("table1", "table2", "evaluation_differences", "evaluations"):
@@ -380,11 +309,11 @@ def training_sbatch(tmp_path, nodes: int = 1, **cluster) -> tuple[list[str], dic
     return (get_submit_command(job, params) + set_gres_string(job)).split(), resources, out  # as run_job joins them
 
 
-def test_the_sbatch_line_of_a_two_node_training_job_asks_gpus_per_node(tmp_path):
+def test_the_sbatch_line_of_a_two_node_training_job_asks_gpus_per_node(two_node_job):
     """The local SLURM has one node, so a job on two cannot run here: the sbatch line that the SLURM plugin builds from
     the resources Snakemake gives a training job with resources.train.nodes = 2 asks for 8 GPUs on each of 2 nodes
     (--gres, per node; not --gpus, per job) and one task per node (the rule's srun starts a launch on each)."""
-    words, resources, _ = training_sbatch(tmp_path, nodes=2, gpu_model="h100")
+    words, resources, _ = two_node_job
     assert {"--gres=gpu:h100:8", "--nodes=2", "--ntasks=2", "-t", "2880"} <= set(words), words
     assert not any(w.startswith(("--gpus", "--ntasks-per-gpu")) for w in words), words
     assert resources["slurm_partition"] == "gpu", resources
@@ -406,12 +335,11 @@ def test_a_gpu_name_the_plugin_refuses_fails_the_config_and_gpus_per_node_sends_
     assert not any(w.startswith(("--gres", "--gpus=")) for w in words), words
     words, _, _ = training_sbatch(tmp_path, nodes=2, gpu_request="gpus-per-node")
     assert {"--gpus-per-node=8", "--nodes=2", "--ntasks=2"} <= set(words), words
+    assert "--qos" not in " ".join(words), "no qos unless the config names one"
 
 
-def test_the_qos_is_asked_by_every_job(tmp_path):
-    words, resources, _ = training_sbatch(tmp_path, qos="long")
-    assert "--qos=long" in words, words
-    assert "--qos" not in " ".join(training_sbatch(tmp_path)[0]), "no qos unless the config names one"
+def test_the_qos_is_asked_by_every_job(two_node_job):
+    assert "--qos=long" in two_node_job[0], two_node_job[0]
 
 
 def test_training_slots_cap_the_cells_training_at_once(tmp_path):
@@ -526,9 +454,11 @@ def test_the_slurm_test_counts_every_rule_that_is_submitted():
     from test_slurm import SUBMITTED_RULES
 
     snakefiles = [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]
-    rules = {m for path in snakefiles for m in re.findall(r"^rule (\w+):", path.read_text(), re.M)}
+    blocks = [b for path in snakefiles for b in re.split(r"^(?=rule \w+:)", path.read_text(), flags=re.M)]
+    rules = {m.group(1): block for block in blocks if (m := re.match(r"rule (\w+):", block))}
     local = re.search(r"^localrules:\n((?:\s+\w+,?\n)+)", (ROOT / "Snakefile").read_text(), re.M).group(1)
-    assert set(SUBMITTED_RULES) == rules - set(re.findall(r"\w+", local))
+    local = set(re.findall(r"\w+", local)) | {rule for rule, block in rules.items() if "localrule: True" in block}
+    assert set(SUBMITTED_RULES) == set(rules) - local
 
 
 def test_calibrate_reads_the_cells_a_run_finished(reduced_run):

@@ -52,6 +52,73 @@ def job_counts(output: str) -> dict:
     return {m[0]: int(m[1]) for m in re.findall(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
 
 
+def expected_jobs(config: dict) -> dict:
+    """Job counts per rule, computed from the config independently of the workflow's helpers."""
+    trained = evaluated = 0
+    for study, spec in config["studies"].items():
+        per_config = {kl: (1 if kl == "none" else len(spec["betas"])) * len(spec["seeds"]) for kl in spec["kl"]}
+        trained += len(spec["models"]) * sum(per_config.values())
+        if study in config["evaluation"]["studies"]:
+            evaluated += len(spec["models"]) * sum(per_config[kl] for kl in config["evaluation"]["studies"][study])
+    per_model = config["evaluation"].get("jobs", "per_task") == "per_model"
+    tasks = 1 if per_model else len(config["evaluation"]["tasks"])  # evaluation jobs per model
+    base_models = {m for s in config["evaluation"]["studies"] for m in config["studies"][s]["models"]}
+    div = config["divergence"]
+    div_models = div.get("models") or config["studies"][div["study"]]["models"]
+    fixed_points = config["toy"].get("fixed_points", {})  # every key has a default: the two families, MC on tabular
+    monte_carlo = fixed_points.get("monte_carlo", {})
+    return {
+        "toy_bias_variance": len(config["toy"]["settings"]),
+        "toy_unbiasedness": 1,
+        "fig01": 1,
+        "toy_fixed_points": len(fixed_points.get("families", ["tabular", "parametric"])),
+        "toy_monte_carlo": 2 * len(monte_carlo.get("families", ["tabular"])),  # on- and off-policy
+        "toy_fixed_points_report": 1,
+        # the atlas: one job per family and one for the length sweep, then its report
+        "toy_atlas": len(config["toy"].get("atlas", {}).get("families", ["tabular", "parametric"])) + 1,
+        "toy_atlas_report": 1,
+        "prepare_data": len(config["data"]),
+        "base_model": len(config["models"]),
+        "train_rl": trained,
+        "evaluate_cell": evaluated * tasks,
+        "evaluate_base": len(base_models) * 2 * tasks,
+        "divergence": len(div_models) * len(div["kl"]) * len(div["betas"]) * len(div["seeds"]) * len(div["tasks"]),
+        "aggregate": 1,
+        "figure": len(config["figures"]),
+        "claims_figure": len(forest_metrics(config)),
+        "training_figure": len(training_studies(config)),
+        "figures_readme": 1,
+        "study_tables": 1,
+        "all": 1,
+    }
+
+
+def forest_metrics(config: dict) -> set[str]:
+    """The metrics with a claim of two paired seeds or more: a forest each."""
+    metrics = set()
+    for claim in config["claims"].values():
+        seeds = set(config["studies"][claim["study"]]["seeds"])
+        if claim["baseline"] != "base":
+            seeds &= set(config["studies"][claim.get("baseline_study", claim["study"])]["seeds"])
+        if claim["metric"] in ("forward_kl", "entropy"):
+            seeds &= set(config["divergence"]["seeds"])
+        metrics |= {claim["metric"]} if len(seeds) > 1 else set()
+    return metrics
+
+
+def training_studies(config: dict) -> list[str]:
+    """The studies with a training figure: not trained on their lag alone, and with no KL or a claim's baseline."""
+    drawn = []
+    for study, spec in config["studies"].items():
+        train = spec["train"]
+        lag_only = train.get("async_level", 0) and train["steps"] <= train["async_level"] + 1
+        baselines = {c["baseline"] for c in config["claims"].values()
+                     if c["study"] == study and c.get("baseline_study", study) == study}  # fmt: skip
+        if not lag_only and ("none" in spec["kl"] or baselines & set(spec["kl"])):
+            drawn.append(study)
+    return drawn
+
+
 def claims_it_can_test(config: dict) -> dict:
     """The config's claims that its (reduced) grid can still test: a claim naming a study or configuration the
     grid no longer has is refused by validation, as a user's would be. The grid is validated once, each claim
