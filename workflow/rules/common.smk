@@ -81,16 +81,23 @@ REQUEUE_SLICE = (
 
 
 # ---- Adoption (adopt.py, train.smk's adopted_train_rl): the training jobs an earlier Snakemake of this directory left
-# in the queue, {cell's wildcard values: job id}, asked of squeue once by the main Snakemake. A squeue that does not
-# answer (SLURM's commands without a cluster) adopts nothing, saying so on a cluster run; the driver does not start.
+# in the queue, {cell's wildcard values: job id}, asked of squeue once by the main Snakemake. Without an answer, a run
+# that submits stops before its first job (the Snakefile's onstart: which executor runs is not known yet here), as it
+# would train those cells a second time; a dry run or one machine's run adopts nothing.
+SQUEUE_FAILED = None
+
+
 def left_training_jobs():
+    global SQUEUE_FAILED
     if not (workflow.is_main_process and shutil.which("squeue")):
         return {}
     try:
         return adopt.left_training_jobs(Path.cwd(), all_cells(config))
     except (OSError, subprocess.CalledProcessError) as error:
-        if workflow.global_resources["_nodes"].value is not None:  # --jobs: a run that submits to a cluster
-            print(f"klstudy: squeue did not answer ({error}): no job left in the queue is adopted", file=sys.stderr)
+        said = (getattr(error, "stderr", None) or str(error)).strip().splitlines() or [""]
+        SQUEUE_FAILED = f"squeue did not answer ({said[-1]})"
+        if workflow.global_resources["_nodes"].value is not None:  # --jobs: a cluster's run, or its dry run
+            print(f"klstudy: {SQUEUE_FAILED}: no job left in the queue is adopted", file=sys.stderr)
         return {}
 
 
@@ -113,14 +120,10 @@ def only_adopted(wildcards):
 
 
 # Waits while the job is in the queue (a requeued slice pends, then runs again under its id), polling squeue as the
-# SLURM plugin itself does; a job that left it shows no state, or a final one for a few minutes (MinJobAge).
+# SLURM plugin itself does; an squeue that fails is asked again (adopt.left_queue).
 ADOPTED_WAIT = (
     '{{ echo "adopted: waiting for job {params.job} of {wildcards.study}/{wildcards.model}/{wildcards.kl}/'
-    'beta~{wildcards.beta}/seed~{wildcards.seed}"; while true; do '
-    '_state=$(squeue --noheader --jobs {params.job} --format=%T 2>/dev/null || true); case "$_state" in '
-    "PENDING|RUNNING|CONFIGURING|COMPLETING|SUSPENDED|REQUEUE*|RESIZING|SIGNALING|STAGE_OUT|STOPPED|PREEMPTED) "
-    'sleep "${{KLSTUDY_ADOPT_POLL:-60}}";; *) break;; esac; done; echo "adopted: job {params.job} left the queue"; }}'
-    " > {log} 2>&1"
+    'beta~{wildcards.beta}/seed~{wildcards.seed}"; python -m klstudy.run.adopt {params.job}; }} > {log} 2>&1'
 )
 # ---- end of adoption
 
