@@ -24,8 +24,8 @@ RUN = "klstudy_0b6f4a8e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
 SEED0 = "rule_train_rl_wildcards_onpolicy_tiny_k1-reward_0.1_0"
 
 
-def queue_line(job, state, workdir, name=RUN, comment=SEED0):
-    return f"{job}|{state}|{name}|{workdir}|{comment}"
+def queue_line(job, workdir, name=RUN, comment=SEED0):
+    return f"{job}|{name}|{workdir}|{comment}"
 
 
 def test_only_snakemakes_training_jobs_from_this_directory_are_adopted_in_any_state(tmp_path):
@@ -34,14 +34,14 @@ def test_only_snakemakes_training_jobs_from_this_directory_are_adopted_in_any_st
     other.mkdir()
     (tmp_path / "link").symlink_to(tmp_path)
     lines = [
-        queue_line("1", "RUNNING", tmp_path),
-        queue_line("2", "PENDING", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_1")),  # a requeued slice
-        queue_line("3", "RUNNING", other),  # another clone's
-        queue_line("4", "RUNNING", tmp_path, name="interactive"),  # a job submitted by hand
-        queue_line("5", "PENDING", tmp_path, comment="my own"),
-        queue_line("6", "RUNNING", tmp_path, name="klstudy-driver", comment=""),  # the driver
-        queue_line("7", "RUNNING", tmp_path, comment="rule_evaluate_cell_wildcards_onpolicy_tiny_k1-reward_0.1_0"),
-        queue_line("8", "RUNNING", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_9")),  # a cell not in the config
+        queue_line("1", tmp_path),
+        queue_line("2", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_1")),  # a requeued slice
+        queue_line("3", other),  # another clone's
+        queue_line("4", tmp_path, name="interactive"),  # a job submitted by hand
+        queue_line("5", tmp_path, comment="my own"),
+        queue_line("6", tmp_path, name="klstudy-driver", comment=""),  # the driver
+        queue_line("7", tmp_path, comment="rule_evaluate_cell_wildcards_onpolicy_tiny_k1-reward_0.1_0"),
+        queue_line("8", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_9")),  # a cell not in the config
     ]
     asked = []
     squeue = lambda command, **_: asked.append(command) or SimpleNamespace(stdout="\n".join(lines) + "\n")  # noqa: E731
@@ -112,7 +112,7 @@ def with_queue(tmp_path: Path, state: str) -> dict:
     """An environment whose squeue shows seed 0's training job 41 from ``tmp_path``, in ``state``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (tmp_path / "queue").write_text(queue_line("41", state, tmp_path) + "\n")
+    (tmp_path / "queue").write_text(queue_line("41", tmp_path) + "\n")
     (tmp_path / "state").write_text(state + "\n")
     squeue = bin_dir / "squeue"
     squeue.write_text(FAKE_SQUEUE.format(queue=tmp_path / "queue", state=tmp_path / "state"))

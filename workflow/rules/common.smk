@@ -109,14 +109,14 @@ def adopted_job(wildcards):
     return ADOPTED[tuple(wildcards[key] for key in CELL_WILDCARDS)]
 
 
-# adopted_train_rl's input for a cell with no job in the queue: a file that nothing makes, so that Snakemake passes
-# that rule over (a missing input) for the next that makes the cell's files, train_rl.
-NOT_ADOPTED = ".snakemake/klstudy: no training job of this cell is left in the queue"
+# adopted_train_rl's and refused_train_rl's input for a cell that is not theirs: a file that nothing makes, so that
+# Snakemake passes the rule over (a missing input) for the next that makes the cell's files, and at last train_rl.
+UNMADE = ".snakemake/klstudy: a file that nothing makes"
 
 
 def only_adopted(wildcards):
-    """adopted_train_rl's input: none for an adopted cell, NOT_ADOPTED for any other."""
-    return [] if tuple(wildcards[key] for key in CELL_WILDCARDS) in ADOPTED else [NOT_ADOPTED]
+    """adopted_train_rl's input: none for an adopted cell, UNMADE for any other."""
+    return [] if tuple(wildcards[key] for key in CELL_WILDCARDS) in ADOPTED else [UNMADE]
 
 
 # Waits while the job is in the queue (a requeued slice pends, then runs again under its id), polling squeue as the
@@ -128,8 +128,9 @@ ADOPTED_WAIT = (
 # ---- end of adoption
 
 
-# A retry after a deterministic failure, or a cell past cluster.max_attempts (failures.py), says why and exits at once:
-# submitted as any training job (Snakemake cannot skip a retry), it holds its GPUs for seconds, not a full attempt.
+# A retry within a run after a deterministic failure, or once the cell has had cluster.max_attempts jobs (failures.py),
+# says why and exits at once: Snakemake retries by count alone, so it is submitted, as the smallest job
+# (_training_retries). Before a run, such a cell is not submitted at all (train.smk's refused_train_rl).
 REFUSED_RETRY = (
     "if [ {resources.retry_refused} = 1 ]; then python -m klstudy last-failure --history {params.history:q}"
     f" --max-attempts {config['cluster']['max_attempts']} >&2; exit 1; fi; "
@@ -244,14 +245,14 @@ def retry_runtime(stage):
 CLUSTER_TRAIN_RETRIES = 3
 
 
-def _study_gpus(wildcards):
+def _study_gpus(wildcards, attempt=1):
     """GPUs per node of a training job: its study's (studies.<study>.gpus, else resources.train.gpus)."""
     return train_gpus(config, wildcards.study)
 
 
 def _train_gpu_resource(key):
     """A training job's GPU request (gres or slurm_extra) for its study's GPUs."""
-    return lambda wildcards: gpu_resources(_study_gpus(wildcards), config["cluster"])[key]
+    return lambda wildcards, attempt=1: gpu_resources(_study_gpus(wildcards), config["cluster"])[key]
 
 
 def _history(wildcards):
@@ -259,19 +260,36 @@ def _history(wildcards):
 
 
 def _refused(wildcards, attempt):
-    """Whether this is a retry of a training cell whose last attempt failed deterministically, or a cell that has had
-    cluster.max_attempts SLURM jobs, counted in its history whichever driver submitted them (failures.py)."""
+    """Whether a training cell's job is refused: the cell has had cluster.max_attempts SLURM jobs, counted in its history
+    whichever driver submitted them, or its last attempt failed deterministically (failures.py), on the cluster or, on
+    a retry, in this run (one machine's runs start again)."""
     history = _history(wildcards)
-    if failures.jobs(history) >= config["cluster"]["max_attempts"]:
-        return True
-    failure = failures.previous_failure(history) if attempt > 1 else None
-    return bool(failure and failure.kind == "deterministic")
+    failure = failures.previous_failure(history)
+    deterministic = failure and failure.kind == "deterministic" and (attempt > 1 or failure.job != "local")
+    return bool(deterministic) or failures.jobs(history) >= config["cluster"]["max_attempts"]
+
+
+def only_refused(wildcards):
+    """refused_train_rl's input: none for a cell refused before its first job, UNMADE for any other."""
+    return [] if _refused(wildcards, 1) else [UNMADE]
+
+
+def _unless_refused(value, refused_value):
+    """A training job's resource: ``refused_value`` for a refused retry (None drops it), else ``value``."""
+
+    def resource(wildcards, attempt):
+        if _refused(wildcards, attempt):
+            return refused_value
+        return value(wildcards, attempt) if callable(value) else value
+
+    return resource
 
 
 def _training_retries(resources):
     """A training job's resources: SLURM's warning before its time limit (slices.py, sent to the job's steps, not
     the plugin's batch shell); on a retry after a node failure, that node excluded (sbatch --exclude); and
-    `retry_refused`, which its shell reads (REFUSED_RETRY)."""
+    `retry_refused`, which its shell reads (REFUSED_RETRY). A refused retry is the smallest job: one CPU, 1 GB, five
+    minutes, no GPU, the CPU partition (or the cluster's default); its account and QOS are kept."""
     extra = resources.get("slurm_extra", "")
     warning = f"--signal=USR1@{60 * config['cluster']['save_before_limit_minutes']}"
 
@@ -282,8 +300,10 @@ def _training_retries(resources):
         gpus = extra(wildcards) if callable(extra) else extra  # --gpus-per-node, with cluster.gpu_request
         return " ".join(filter(None, [gpus, warning, exclude]))
 
-    refused = lambda wildcards, attempt: int(_refused(wildcards, attempt))  # noqa: E731
-    return {**resources, "slurm_extra": excluding, "retry_refused": refused}
+    smallest = dict(runtime=5, mem_mb=1000, cpus_per_task=1, nodes=1, slurm_partition=config["cluster"]["cpu_partition"],
+                    retry_refused=1, training_slots=1, **{key: resources.get(key) for key in ("slurm_account", "qos")})
+    ask = {**resources, "slurm_extra": excluding, "retry_refused": 0}
+    return {key: _unless_refused(value, smallest.get(key)) for key, value in ask.items()}
 
 
 def job_resources(stage):

@@ -20,7 +20,6 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -30,35 +29,23 @@ CELL_WILDCARDS = ("study", "model", "kl", "beta", "seed")  # in the order of RUN
 FINAL = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 
 
-@dataclass(frozen=True)
-class Job:
-    id: str
-    state: str
-    comment: str  # rule_<rule>[_wildcards_...]: which job of the workflow it is
-
-
-def left_jobs(workdir: Path, run=subprocess.run) -> list[Job]:
-    """Snakemake's jobs of this user submitted from ``workdir`` still in the queue, in any state, in any partition
-    (--all: a hidden one's too)."""
-    shown = run(["squeue", "--noheader", "--me", "--all", "--format=%i|%T|%j|%Z|%k"], capture_output=True, text=True,
-                check=True).stdout  # fmt: skip
-    here, found = os.path.realpath(workdir), []
-    for line in shown.splitlines():
-        job, state, name, directory, comment = (line.split("|", 4) + [""] * 5)[:5]
-        if os.path.realpath(directory) == here and UUID.search(name) and comment.startswith("rule_"):
-            found.append(Job(job, state, comment))
-    return found
-
-
 def training_comment(cell: dict) -> str:
     """The SLURM plugin's comment on a cell's train_rl job."""
     return "rule_train_rl_wildcards_" + "_".join(str(cell[key]) for key in CELL_WILDCARDS)
 
 
 def left_training_jobs(workdir: Path, cells: list[dict], run=subprocess.run) -> dict[tuple, str]:
-    """{a cell's wildcard values (CELL_WILDCARDS, as strings): the id of its train_rl job left in the queue}."""
+    """{a cell's wildcard values (CELL_WILDCARDS, as strings): the id of its train_rl job that a Snakemake of this user
+    submitted from ``workdir`` and is still in the queue}, in any state and partition (--all: a hidden one's too)."""
     by_comment = {training_comment(cell): tuple(str(cell[key]) for key in CELL_WILDCARDS) for cell in cells}
-    return {by_comment[job.comment]: job.id for job in left_jobs(workdir, run) if job.comment in by_comment}
+    shown = run(["squeue", "--noheader", "--me", "--all", "--format=%i|%j|%Z|%k"], capture_output=True, text=True,
+                check=True).stdout  # fmt: skip
+    here, found = os.path.realpath(workdir), {}
+    for line in shown.splitlines():
+        job, name, directory, comment = (line.split("|", 3) + [""] * 4)[:4]
+        if os.path.realpath(directory) == here and UUID.search(name) and comment in by_comment:
+            found[by_comment[comment]] = job
+    return found
 
 
 def left_queue(job: str, run=subprocess.run) -> bool:
