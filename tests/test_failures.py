@@ -186,6 +186,7 @@ def test_a_retry_after_a_deterministic_failure_in_the_run_is_the_smallest_job(tm
     first = planned(paper_dry_run(tmp_path, ("local", "ValueError")), "train_rl")
     retry = planned(paper_dry_run(tmp_path, ("local", "OutOfMemoryError: x"), args=["--attempt", "2"]), "train_rl")
     assert "retry_refused=0" in first and "gres=gpu:8" in first and "cpus_per_task=64" in first, first
+    assert "--open-mode=append" in first, "a requeued slice's SLURM log is appended to"
     resources = _Resources((key, int(value) if value.isdigit() else value)
                            for key, value in (item.split("=", 1) for item in retry.split(", ")))  # fmt: skip
     assert resources["retry_refused"] == 1 and not {"gres", "slurm_extra", "constraint", "local_gpus"} & resources.keys()

@@ -287,11 +287,12 @@ def _unless_refused(value, refused_value):
 
 def _training_retries(resources):
     """A training job's resources: SLURM's warning before its time limit (slices.py, sent to the job's steps, not
-    the plugin's batch shell); on a retry after a node failure, that node excluded (sbatch --exclude); and
+    the plugin's batch shell) and its log appended to, not replaced, when the job requeues itself (the plugin's
+    <rule>/<cell>/%j.log keeps its name); on a retry after a node failure, that node excluded (sbatch --exclude); and
     `retry_refused`, which its shell reads (REFUSED_RETRY). A refused retry is the smallest job: one CPU, 1 GB, five
     minutes, no GPU, the CPU partition (or the cluster's default); its account and QOS are kept."""
     extra = resources.get("slurm_extra", "")
-    warning = f"--signal=USR1@{60 * config['cluster']['save_before_limit_minutes']}"
+    warning = f"--signal=USR1@{60 * config['cluster']['save_before_limit_minutes']} --open-mode=append"
 
     def excluding(wildcards, attempt):
         hours = config["cluster"]["exclude_node_hours"]
