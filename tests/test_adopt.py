@@ -197,7 +197,7 @@ def test_a_cluster_run_submits_nothing_while_squeue_does_not_answer(tmp_path):
     env = with_queue(tmp_path, "RUNNING")
     bin_dir = tmp_path / "bin"
     (bin_dir / "squeue").write_text("#!/bin/sh\necho 'squeue: error: Unable to contact slurm controller' >&2\nexit 1\n")
-    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'submitted'}\necho 1\n")
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "submitted"}\necho 1\n')
     (bin_dir / "sbatch").chmod(0o755)
     command = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--executor", "slurm",
                "--jobs", "2", f"{CELL.format(1)}/summary.json", "--configfile", str(config), "--config",

@@ -189,7 +189,8 @@ def test_a_retry_after_a_deterministic_failure_in_the_run_is_the_smallest_job(tm
     assert "--open-mode=append" in first, "a requeued slice's SLURM log is appended to"
     resources = _Resources((key, int(value) if value.isdigit() else value)
                            for key, value in (item.split("=", 1) for item in retry.split(", ")))  # fmt: skip
-    assert resources["retry_refused"] == 1 and not {"gres", "slurm_extra", "constraint", "local_gpus"} & resources.keys()
+    assert resources["retry_refused"] == 1, resources
+    assert not {"gres", "slurm_extra", "constraint", "local_gpus"} & resources.keys(), "no GPU asked"
     assert (resources["slurm_partition"], resources["slurm_account"]) == ("cpu", "lab"), resources
     job = type("Job", (), {"resources": resources, "threads": 64})()
     params = dict(run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=None)

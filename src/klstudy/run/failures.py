@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-HEADER = re.compile(r"^=== attempt (\d+): job (\S+) on (\S+), GPUs (\S+), (\S+)$")  # common.smk's ATTEMPT_HEADER
+HEADER = re.compile(r"^=== attempt (\d+): job (\S+) on (\S+), GPUs (\S+), (\S+)$", re.M)  # common.smk's ATTEMPT_HEADER
 RETRY = {
     "deterministic": "not retried: it fails the same way on any node; fix it, move the history away and run again",
     "node": "retried on another node",
@@ -85,15 +85,9 @@ def classify(output: str) -> tuple[str, str, str]:
 
 def attempts(history: str) -> list[tuple[re.Match, str]]:
     """(header, output) of each attempt in a history, oldest first."""
-    found, current = [], None
-    for line in history.splitlines():
-        header = HEADER.match(line)
-        if header:
-            current = [header, []]
-            found.append(current)
-        elif current:
-            current[1].append(line)
-    return [(header, "\n".join(lines)) for header, lines in found]
+    headers = list(HEADER.finditer(history))
+    ends = [header.start() for header in headers[1:]] + [len(history)]
+    return [(header, history[header.end() : end].strip("\n")) for header, end in zip(headers, ends, strict=True)]
 
 
 def failures(history_path: Path) -> list[Failure]:
@@ -116,8 +110,7 @@ def _parsed(path: str, mtime_ns: int, size: int) -> tuple[Failure, ...]:
 
 def previous_failure(history_path: Path) -> Failure | None:
     """What ended the last attempt in the history, or None where there is none."""
-    found = failures(history_path)
-    return found[-1] if found else None
+    return (failures(history_path) or [None])[-1]
 
 
 def failed_nodes(history_path: Path, hours: float, now: float | None = None) -> list[str]:
@@ -141,6 +134,6 @@ def report(history_path: Path, max_attempts: int = 0) -> str:
     failure = previous_failure(history_path)
     said = f"{failure.describe()} ({failure.kind}: {RETRY[failure.kind]})" if failure else "no attempt recorded"
     if max_attempts and jobs(history_path) >= max_attempts:
-        return (f"{history_path}: {jobs(history_path)} jobs, the most cluster.max_attempts ({max_attempts}) allows; "
-                f"the last {said}. Once its cause is fixed, move the history away (or raise the key) to train it again")
+        said = f"{jobs(history_path)} jobs, the most cluster.max_attempts ({max_attempts}) allows; the last {said}"
+        return f"{history_path}: {said}. Once its cause is fixed, move the history away (or raise the key) to go on"
     return said if failure else f"{history_path}: {said}"
