@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # Snakemake's --cores: how many CPUs local jobs may use together
 CORES ?= all
-# the config file(s) of `study`, `status`, `preflight` (default config.yaml), `stage` and `driver` (config/paper.yaml)
+# the config file(s) of `study`, `status`, `preflight` (config.yaml), `stage`, `driver` (paper.yaml; + cluster.yaml)
 CONFIG ?= config.yaml
 # the vLLM venv
 VLLM_VENV ?= .venv-vllm
@@ -71,23 +71,29 @@ status: $(INSTALLED)
 preflight: $(INSTALLED)
 	$(BIN)/python -m klstudy preflight --config $(CONFIG)
 
-# `driver`'s sbatch flags, e.g. "--account=A --partition=P --time=2-00:00:00"
+# `driver`'s sbatch flags beyond config/cluster.yaml's account and partition (these win), e.g. "--time=2-00:00:00"
 SBATCH_FLAGS ?=
 # `driver`: an address that gets a mail when a driver fails
 MAIL ?=
-DRIVER_FLAGS = $(SBATCH_FLAGS) $(if $(MAIL),--mail-type=FAIL --mail-user=$(MAIL))
-DRIVER_CONFIG = $(if $(filter command line environment,$(origin CONFIG)),$(CONFIG),config/paper.yaml config/cluster.yaml)
+# the driver's account and partition: config/cluster.yaml's account and cpu_partition (SBATCH_FLAGS, after, win)
+CLUSTER_FLAGS = $(shell $(BIN)/python -c 'import yaml; c = yaml.safe_load(open("config/cluster.yaml"))["cluster"]; \
+	print(*(f"--{flag}={c[key]}" for flag, key in (("account", "account"), ("partition", "cpu_partition")) if c[key]))')
+DRIVER_FLAGS = $(CLUSTER_FLAGS) $(SBATCH_FLAGS) $(if $(MAIL),--mail-type=FAIL --mail-user=$(MAIL))
+GIVEN_CONFIG = $(if $(filter command line environment,$(origin CONFIG)),$(CONFIG),config/paper.yaml)
+DRIVER_CONFIG = $(filter-out config/cluster.yaml,$(GIVEN_CONFIG)) config/cluster.yaml
 
 ## Every dataset and base model of the config (the inputs of every job), on the login node where the hub is reachable:
 ## the driver job sets HF_HUB_OFFLINE=1, as compute nodes often have no network, and refuses to start without them.
-## Its config is config/paper.yaml unless CONFIG is given. No SLURM: staging runs here, with two cores.
+## Its config is config/paper.yaml unless CONFIG is given, with config/cluster.yaml after it. No SLURM: staging runs
+## here, with two cores.
 stage: $(INSTALLED)
 	$(BIN)/snakemake stage --cores 2 --configfile $(DRIVER_CONFIG)
 
 ## The driver (Snakemake with the SLURM profile) as a long, cheap CPU job: slurm/driver.sbatch. At its time limit it
 ## submits its successor (same flags), which adopts the training jobs still queued; after any other end, submit it again.
-## SBATCH_FLAGS="--account=A --partition=P --time=2-00:00:00"; MAIL=you@example.org: a mail when a driver fails.
-## Its config is config/paper.yaml unless CONFIG is given (the embedded default is no cluster run).
+## Its account and partition are config/cluster.yaml's account and cpu_partition; SBATCH_FLAGS="--time=2-00:00:00"
+## adds or overrides flags; MAIL=you@example.org: a mail when a driver fails. Its config is config/paper.yaml unless
+## CONFIG is given (the embedded default is no cluster run), with config/cluster.yaml after it.
 driver: $(INSTALLED)
 	mkdir -p logs
 	CONFIG="$(DRIVER_CONFIG)" KLSTUDY_DRIVER_FLAGS="$(DRIVER_FLAGS)" sbatch $(DRIVER_FLAGS) slurm/driver.sbatch

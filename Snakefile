@@ -57,6 +57,10 @@ onstart:
     if workflow.non_local_exec:
         from klstudy.run.preflight import run_before_submitting
 
+        if SQUEUE_FAILED:  # common.smk: the jobs left in the queue are unknown, and would be trained a second time
+            raise SystemExit(f"klstudy: {SQUEUE_FAILED}: not submitting, since a training job of this directory still"
+                             " in the queue would be trained a second time; run again once squeue answers")
+
         train_rl = workflow.get_rule("train_rl")
         train_rl.restart_times = max(CLUSTER_TRAIN_RETRIES, workflow.execution_settings.retries)
 

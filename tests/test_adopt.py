@@ -24,8 +24,8 @@ RUN = "klstudy_0b6f4a8e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
 SEED0 = "rule_train_rl_wildcards_onpolicy_tiny_k1-reward_0.1_0"
 
 
-def queue_line(job, state, workdir, name=RUN, comment=SEED0):
-    return f"{job}|{state}|{name}|{workdir}|{comment}"
+def queue_line(job, workdir, name=RUN, comment=SEED0):
+    return f"{job}|{name}|{workdir}|{comment}"
 
 
 def test_only_snakemakes_training_jobs_from_this_directory_are_adopted_in_any_state(tmp_path):
@@ -34,22 +34,54 @@ def test_only_snakemakes_training_jobs_from_this_directory_are_adopted_in_any_st
     other.mkdir()
     (tmp_path / "link").symlink_to(tmp_path)
     lines = [
-        queue_line("1", "RUNNING", tmp_path),
-        queue_line("2", "PENDING", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_1")),  # a requeued slice
-        queue_line("3", "RUNNING", other),  # another clone's
-        queue_line("4", "RUNNING", tmp_path, name="interactive"),  # a job submitted by hand
-        queue_line("5", "PENDING", tmp_path, comment="my own"),
-        queue_line("6", "RUNNING", tmp_path, name="klstudy-driver", comment=""),  # the driver
-        queue_line("7", "RUNNING", tmp_path, comment="rule_evaluate_cell_wildcards_onpolicy_tiny_k1-reward_0.1_0"),
-        queue_line("8", "RUNNING", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_9")),  # a cell not in the config
+        queue_line("1", tmp_path),
+        queue_line("2", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_1")),  # a requeued slice
+        queue_line("3", other),  # another clone's
+        queue_line("4", tmp_path, name="interactive"),  # a job submitted by hand
+        queue_line("5", tmp_path, comment="my own"),
+        queue_line("6", tmp_path, name="klstudy-driver", comment=""),  # the driver
+        queue_line("7", tmp_path, comment="rule_evaluate_cell_wildcards_onpolicy_tiny_k1-reward_0.1_0"),
+        queue_line("8", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_9")),  # a cell not in the config
     ]
-    squeue = lambda command, **_: SimpleNamespace(stdout="\n".join(lines) + "\n")  # noqa: E731
+    asked = []
+    squeue = lambda command, **_: asked.append(command) or SimpleNamespace(stdout="\n".join(lines) + "\n")  # noqa: E731
     cells = [dict(study="onpolicy", model="tiny", kl="k1-reward", beta=0.1, seed=seed) for seed in (0, 1)]
     adopted = adopt.left_training_jobs(tmp_path / "link", cells, run=squeue)
+    assert "--all" in asked[0], "a hidden partition's jobs are listed too"
     assert adopted == {
         ("onpolicy", "tiny", "k1-reward", "0.1", "0"): "1",
         ("onpolicy", "tiny", "k1-reward", "0.1", "1"): "2",
     }
+
+
+def answers(squeue, sacct=(1, "")):
+    """A scripted squeue --jobs and sacct: (exit status, stdout or stderr) each."""
+
+    def run(command, **_):
+        code, text = squeue if command[0] == "squeue" else sacct
+        return SimpleNamespace(returncode=code, stdout=text if code == 0 else "", stderr="" if code == 0 else text)
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "squeue, sacct, gone",
+    [
+        ((0, "RUNNING\n"), None, False),
+        ((0, "REQUEUE_HOLD\n"), None, False),
+        ((0, "PREEMPTED\n"), None, False),  # with --requeue it goes back to the queue
+        ((0, "COMPLETED\n"), None, True),  # ended, within MinJobAge
+        ((0, ""), None, True),  # squeue answers without it
+        ((1, "slurm_load_jobs error: Invalid job id specified"), None, True),
+        ((1, "slurm_load_jobs error: Socket timed out on send/recv operation"), (0, "RUNNING\n"), False),
+        ((1, "slurm_load_jobs error: Socket timed out on send/recv operation"), (0, "CANCELLED by 1000\n"), True),
+        ((1, "slurm_load_jobs error: Unable to contact slurm controller"), (1, "sacct: error: no accounting"), False),
+    ],
+)
+def test_an_adopted_job_is_gone_only_when_squeue_does_not_know_it_or_slurm_shows_it_ended(squeue, sacct, gone):
+    """An squeue that fails is never read as a job that left: the cell would fail, its backup put back over the
+    metrics the live job writes."""
+    assert adopt.left_queue("41", run=answers(squeue, sacct or (1, "sacct not asked"))) is gone
 
 
 FAKE_SQUEUE = """#!/bin/sh
@@ -80,7 +112,7 @@ def with_queue(tmp_path: Path, state: str) -> dict:
     """An environment whose squeue shows seed 0's training job 41 from ``tmp_path``, in ``state``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (tmp_path / "queue").write_text(queue_line("41", state, tmp_path) + "\n")
+    (tmp_path / "queue").write_text(queue_line("41", tmp_path) + "\n")
     (tmp_path / "state").write_text(state + "\n")
     squeue = bin_dir / "squeue"
     squeue.write_text(FAKE_SQUEUE.format(queue=tmp_path / "queue", state=tmp_path / "state"))
@@ -156,3 +188,20 @@ def test_a_driver_does_not_start_while_squeue_does_not_answer(tmp_path):
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1 and "squeue does not answer" in done.stderr, done.stderr
     assert not log.exists(), "Snakemake not started"
+
+
+def test_a_cluster_run_submits_nothing_while_squeue_does_not_answer(tmp_path):
+    """The Snakefile itself stops (onstart, before the first submission), whoever starts it: a run that could not
+    list the jobs in the queue would submit a second job for each cell still training."""
+    config = two_cells(tmp_path)
+    env = with_queue(tmp_path, "RUNNING")
+    bin_dir = tmp_path / "bin"
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho 'squeue: error: Unable to contact slurm controller' >&2\nexit 1\n")
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "submitted"}\necho 1\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    command = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--executor", "slurm",
+               "--jobs", "2", f"{CELL.format(1)}/summary.json", "--configfile", str(config), "--config",
+               "preflight=False"]  # fmt: skip
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "squeue did not answer (squeue: error: Unable to contact" in run.stderr, run.stderr
+    assert "not submitting" in run.stderr and not (tmp_path / "submitted").exists()

@@ -4,6 +4,7 @@ The messages classified here are the ones Python and torch print (run in a subpr
 cell whose first attempt fails deterministically and whose retries refuse before training, runs through Snakemake.
 """
 
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config
+from workflow_helpers import ROOT, SNAKEMAKE, claims_it_can_test, reduced_config, snakemake
 
 from klstudy.run import failures
 
@@ -135,19 +136,91 @@ def test_a_cells_jobs_are_counted_across_drivers_and_slices(tmp_path, capsys):
     assert "attempt 5 on gpu04 ended with an error not classified" in said, said
 
 
-def test_a_cell_that_had_its_jobs_is_refused_by_the_next_driver_at_once(tmp_path):
-    """Its first attempt in this run (Snakemake's count starts again) only says why and exits (REFUSED_RETRY)."""
-    from test_workflow import training_sbatch
+PAPER_CELL = "onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0"
 
-    _, resources, _ = training_sbatch(tmp_path)
-    assert resources["retry_refused"] == 0, resources
-    history = tmp_path / "logs/attempts/train/onpolicy/qwen2.5-7b/k1-reward/beta~0.1/seed~0.log"
-    history.parent.mkdir(parents=True)
-    history.write_text("".join(f"=== attempt {n}: job {n} on gpu0{n}, GPUs 0, 2026-11-27T10:0{n}:00+00:00\nValueError\n"
-                               for n in range(1, 5)))  # fmt: skip
-    _, resources, dry_run = training_sbatch(tmp_path)
+
+def paper_dry_run(tmp_path, *attempts: tuple[str, str], args=()) -> str:
+    """A dry run of one paper training cell whose history holds ``attempts`` (job id, output) at the cluster's names."""
+    config = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    config["cluster"].update(account="lab", cpu_partition="cpu", gpu_partition="gpu")
+    (tmp_path / "paper.yaml").write_text(yaml.safe_dump(config))
+    path = tmp_path / f"logs/attempts/train/{PAPER_CELL}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"=== attempt {n}: job {job} on gpu0{n}, GPUs 0, 2026-11-27T10:0{n}:00+00:00\n{out}\n"
+                            for n, (job, out) in enumerate(attempts, 1)))  # fmt: skip
+    return snakemake(f"results/runs/{PAPER_CELL}/summary.json", "-n", "-p", "--cores", "1", "--configfile",
+                     str(tmp_path / "paper.yaml"), *args, cwd=tmp_path)  # fmt: skip
+
+
+def planned(out: str, rule: str) -> str:
+    """The resources line of ``rule``'s job in a dry run, or "" where it plans none."""
+    found = re.search(rf"rule {rule}:.*?\n\s+resources: (.*?)\n", out, re.S)
+    return found.group(1) if found else ""
+
+
+@pytest.mark.parametrize(
+    "attempts, refused",
+    [
+        ([(str(n), "ValueError") for n in range(1, 5)], True),  # cluster.max_attempts (4) jobs
+        ([("81", "ValueError"), ("92", "torch.OutOfMemoryError: CUDA out of memory.")], True),
+        ([("81", "slice: requeueing job 81")] * 4 + [("92", "ValueError")], False),  # 2 jobs: slices are one job
+        ([("local", "torch.OutOfMemoryError: CUDA out of memory.")], False),  # one machine's run starts again
+    ],
+)
+def test_a_refused_cell_is_failed_on_the_submit_host_and_never_submitted(tmp_path, attempts, refused):
+    """A cell capped across drivers, or whose last SLURM attempt failed deterministically, is made by the local rule
+    refused_train_rl, which fails naming why (last-failure); the others are submitted as train_rl."""
+    out = paper_dry_run(tmp_path, *attempts)
+    assert bool(planned(out, "refused_train_rl")) is refused and bool(planned(out, "train_rl")) is not refused, out
+    if refused:
+        assert "last-failure --history" in out and "--max-attempts 4" in out
+
+
+def test_a_retry_after_a_deterministic_failure_in_the_run_is_the_smallest_job(tmp_path):
+    """Snakemake retries by count alone: the retry is submitted, but with one CPU, 1 GB, five minutes and no GPU, in
+    the CPU partition, where its shell names the failure and exits (REFUSED_RETRY). --attempt 2: its resources."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from test_workflow import _Resources
+
+    first = planned(paper_dry_run(tmp_path, ("local", "ValueError")), "train_rl")
+    retry = planned(paper_dry_run(tmp_path, ("local", "OutOfMemoryError: x"), args=["--attempt", "2"]), "train_rl")
+    assert "retry_refused=0" in first and "gres=gpu:8" in first and "cpus_per_task=64" in first, first
+    assert "--open-mode=append" in first, "a requeued slice's SLURM log is appended to"
+    resources = _Resources((key, int(value) if value.isdigit() else value)
+                           for key, value in (item.split("=", 1) for item in retry.split(", ")))  # fmt: skip
     assert resources["retry_refused"] == 1, resources
-    assert "last-failure --history" in dry_run and "--max-attempts 4" in dry_run
+    assert not {"gres", "slurm_extra", "constraint", "local_gpus"} & resources.keys(), "no GPU asked"
+    assert (resources["slurm_partition"], resources["slurm_account"]) == ("cpu", "lab"), resources
+    job = type("Job", (), {"resources": resources, "threads": 64})()
+    params = dict(run_uuid="u", slurm_logfile="log", comment_str="c", account="", partition="", workdir=None)
+    words = (get_submit_command(job, params) + set_gres_string(job)).split()
+    assert {"--cpus-per-task=1", "--mem", "1000", "-t", "5"} <= set(words), words
+    assert not any("gpu" in word for word in words), words
+
+
+@pytest.mark.workflow  # stages the tiny inputs, then a local job that fails at once (about 30 s)
+def test_the_refusal_names_the_failure_and_leaves_what_the_cell_wrote(tmp_path):
+    config = reduced_config()
+    study = config["studies"]["onpolicy"]
+    study.update(kl=["k1-reward"], betas=[0.1], seeds=[0])
+    config.update(studies={"onpolicy": study}, figures={})
+    config["evaluation"]["studies"] = {}
+    config["divergence"].update(study="onpolicy", kl=["k1-reward"], steps=[0])
+    config["claims"] = claims_it_can_test(config)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cell = "onpolicy/tiny/k1-reward/beta~0.1/seed~0"
+    (tmp_path / f"logs/attempts/train/{cell}.log").parent.mkdir(parents=True)
+    (tmp_path / f"logs/attempts/train/{cell}.log").write_text(history(("gpu07", "ImportError: no vllm")))
+    (tmp_path / f"results/runs/{cell}").mkdir(parents=True)
+    (tmp_path / f"results/runs/{cell}/metrics.jsonl").write_text('{"step": 1}\n')
+    run = subprocess.run([SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores",
+                          "2", f"results/runs/{cell}/summary.json", "--configfile", str(tmp_path / "config.yaml")],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and "rule refused_train_rl:" in out and "rule train_rl:" not in out, out[-3000:]
+    assert "attempt 1 on gpu07 ended with an import error: ImportError: no vllm (deterministic: not retried" in out
+    assert (tmp_path / f"results/runs/{cell}/metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
 @pytest.mark.slow  # a whole Snakemake run with retries, 60-120 s: `make test-all`; the classification: tests above

@@ -99,3 +99,27 @@ def test_the_job_requeues_itself_when_the_trainer_left_the_slice_mark(paper_trai
 def test_the_profile_submits_requeueable_jobs():
     profile = yaml.safe_load((ROOT / "slurm" / "profile.yaml").read_text())
     assert profile["slurm-requeue"] is True
+
+
+def test_a_cell_resumes_only_with_the_settings_its_checkpoints_were_trained_with(tmp_path):
+    """Each slice reads the config again: one edited while the grid runs must not change a cell halfway. A change of
+    an operational key (checkpoint_every) resumes; of a training key, the job fails naming it (a config refused)."""
+    from klstudy.config import cell_settings, load_schema, validate_config
+    from klstudy.run import failures
+    from klstudy.train.cell import check_trained_with
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    validate_config(config, load_schema(ROOT / "workflow/schemas/config.schema.yaml"))
+    cell = cell_settings(config, "onpolicy", "tiny", "k1-reward", 0.1, 0)
+    check_trained_with(cell, tmp_path, resuming=False, write=True)  # a fresh run records them
+    cell["train"]["checkpoint_every"] += 1
+    check_trained_with(cell, tmp_path, resuming=True, write=True)
+    cell["train"]["learning_rate"] *= 2
+    cell["health"]["max_kl"] += 1
+    with pytest.raises(SystemExit) as refused:
+        check_trained_with(cell, tmp_path, resuming=True, write=True)
+    said = str(refused.value)
+    assert "config key health.max_kl, train.learning_rate changed since" in said and f"delete {tmp_path}" in said
+    assert failures.classify(said)[:2] == ("deterministic", "a config refused"), said
+    check_trained_with(cell, tmp_path, resuming=False, write=True)  # a fresh run (checkpoints deleted) starts over
+    check_trained_with(cell, tmp_path, resuming=True, write=False)

@@ -81,16 +81,23 @@ REQUEUE_SLICE = (
 
 
 # ---- Adoption (adopt.py, train.smk's adopted_train_rl): the training jobs an earlier Snakemake of this directory left
-# in the queue, {cell's wildcard values: job id}, asked of squeue once by the main Snakemake. A squeue that does not
-# answer (SLURM's commands without a cluster) adopts nothing, saying so on a cluster run; the driver does not start.
+# in the queue, {cell's wildcard values: job id}, asked of squeue once by the main Snakemake. Without an answer, a run
+# that submits stops before its first job (the Snakefile's onstart: which executor runs is not known yet here), as it
+# would train those cells a second time; a dry run or one machine's run adopts nothing.
+SQUEUE_FAILED = None
+
+
 def left_training_jobs():
+    global SQUEUE_FAILED
     if not (workflow.is_main_process and shutil.which("squeue")):
         return {}
     try:
         return adopt.left_training_jobs(Path.cwd(), all_cells(config))
     except (OSError, subprocess.CalledProcessError) as error:
-        if workflow.global_resources["_nodes"].value is not None:  # --jobs: a run that submits to a cluster
-            print(f"klstudy: squeue did not answer ({error}): no job left in the queue is adopted", file=sys.stderr)
+        said = (getattr(error, "stderr", None) or str(error)).strip().splitlines() or [""]
+        SQUEUE_FAILED = f"squeue did not answer ({said[-1]})"
+        if workflow.global_resources["_nodes"].value is not None:  # --jobs: a cluster's run, or its dry run
+            print(f"klstudy: {SQUEUE_FAILED}: no job left in the queue is adopted", file=sys.stderr)
         return {}
 
 
@@ -102,31 +109,28 @@ def adopted_job(wildcards):
     return ADOPTED[tuple(wildcards[key] for key in CELL_WILDCARDS)]
 
 
-# adopted_train_rl's input for a cell with no job in the queue: a file that nothing makes, so that Snakemake passes
-# that rule over (a missing input) for the next that makes the cell's files, train_rl.
-NOT_ADOPTED = ".snakemake/klstudy: no training job of this cell is left in the queue"
+# adopted_train_rl's and refused_train_rl's input for a cell that is not theirs: a file that nothing makes, so that
+# Snakemake passes the rule over (a missing input) for the next that makes the cell's files, and at last train_rl.
+UNMADE = ".snakemake/klstudy: a file that nothing makes"
 
 
 def only_adopted(wildcards):
-    """adopted_train_rl's input: none for an adopted cell, NOT_ADOPTED for any other."""
-    return [] if tuple(wildcards[key] for key in CELL_WILDCARDS) in ADOPTED else [NOT_ADOPTED]
+    """adopted_train_rl's input: none for an adopted cell, UNMADE for any other."""
+    return [] if tuple(wildcards[key] for key in CELL_WILDCARDS) in ADOPTED else [UNMADE]
 
 
 # Waits while the job is in the queue (a requeued slice pends, then runs again under its id), polling squeue as the
-# SLURM plugin itself does; a job that left it shows no state, or a final one for a few minutes (MinJobAge).
+# SLURM plugin itself does; an squeue that fails is asked again (adopt.left_queue).
 ADOPTED_WAIT = (
     '{{ echo "adopted: waiting for job {params.job} of {wildcards.study}/{wildcards.model}/{wildcards.kl}/'
-    'beta~{wildcards.beta}/seed~{wildcards.seed}"; while true; do '
-    '_state=$(squeue --noheader --jobs {params.job} --format=%T 2>/dev/null || true); case "$_state" in '
-    "PENDING|RUNNING|CONFIGURING|COMPLETING|SUSPENDED|REQUEUE*|RESIZING|SIGNALING|STAGE_OUT|STOPPED|PREEMPTED) "
-    'sleep "${{KLSTUDY_ADOPT_POLL:-60}}";; *) break;; esac; done; echo "adopted: job {params.job} left the queue"; }}'
-    " > {log} 2>&1"
+    'beta~{wildcards.beta}/seed~{wildcards.seed}"; python -m klstudy.run.adopt {params.job}; }} > {log} 2>&1'
 )
 # ---- end of adoption
 
 
-# A retry after a deterministic failure, or a cell past cluster.max_attempts (failures.py), says why and exits at once:
-# submitted as any training job (Snakemake cannot skip a retry), it holds its GPUs for seconds, not a full attempt.
+# A retry within a run after a deterministic failure, or once the cell has had cluster.max_attempts jobs (failures.py),
+# says why and exits at once: Snakemake retries by count alone, so it is submitted, as the smallest job
+# (_training_retries). Before a run, such a cell is not submitted at all (train.smk's refused_train_rl).
 REFUSED_RETRY = (
     "if [ {resources.retry_refused} = 1 ]; then python -m klstudy last-failure --history {params.history:q}"
     f" --max-attempts {config['cluster']['max_attempts']} >&2; exit 1; fi; "
@@ -241,14 +245,14 @@ def retry_runtime(stage):
 CLUSTER_TRAIN_RETRIES = 3
 
 
-def _study_gpus(wildcards):
+def _study_gpus(wildcards, attempt=1):
     """GPUs per node of a training job: its study's (studies.<study>.gpus, else resources.train.gpus)."""
     return train_gpus(config, wildcards.study)
 
 
 def _train_gpu_resource(key):
     """A training job's GPU request (gres or slurm_extra) for its study's GPUs."""
-    return lambda wildcards: gpu_resources(_study_gpus(wildcards), config["cluster"])[key]
+    return lambda wildcards, attempt=1: gpu_resources(_study_gpus(wildcards), config["cluster"])[key]
 
 
 def _history(wildcards):
@@ -256,21 +260,39 @@ def _history(wildcards):
 
 
 def _refused(wildcards, attempt):
-    """Whether this is a retry of a training cell whose last attempt failed deterministically, or a cell that has had
-    cluster.max_attempts SLURM jobs, counted in its history whichever driver submitted them (failures.py)."""
+    """Whether a training cell's job is refused: the cell has had cluster.max_attempts SLURM jobs, counted in its history
+    whichever driver submitted them, or its last attempt failed deterministically (failures.py), on the cluster or, on
+    a retry, in this run (one machine's runs start again)."""
     history = _history(wildcards)
-    if failures.jobs(history) >= config["cluster"]["max_attempts"]:
-        return True
-    failure = failures.previous_failure(history) if attempt > 1 else None
-    return bool(failure and failure.kind == "deterministic")
+    failure = failures.previous_failure(history)
+    deterministic = failure and failure.kind == "deterministic" and (attempt > 1 or failure.job != "local")
+    return bool(deterministic) or failures.jobs(history) >= config["cluster"]["max_attempts"]
+
+
+def only_refused(wildcards):
+    """refused_train_rl's input: none for a cell refused before its first job, UNMADE for any other."""
+    return [] if _refused(wildcards, 1) else [UNMADE]
+
+
+def _unless_refused(value, refused_value):
+    """A training job's resource: ``refused_value`` for a refused retry (None drops it), else ``value``."""
+
+    def resource(wildcards, attempt):
+        if _refused(wildcards, attempt):
+            return refused_value
+        return value(wildcards, attempt) if callable(value) else value
+
+    return resource
 
 
 def _training_retries(resources):
     """A training job's resources: SLURM's warning before its time limit (slices.py, sent to the job's steps, not
-    the plugin's batch shell); on a retry after a node failure, that node excluded (sbatch --exclude); and
-    `retry_refused`, which its shell reads (REFUSED_RETRY)."""
+    the plugin's batch shell) and its log appended to, not replaced, when the job requeues itself (the plugin's
+    <rule>/<cell>/%j.log keeps its name); on a retry after a node failure, that node excluded (sbatch --exclude); and
+    `retry_refused`, which its shell reads (REFUSED_RETRY). A refused retry is the smallest job: one CPU, 1 GB, five
+    minutes, no GPU, the CPU partition (or the cluster's default); its account and QOS are kept."""
     extra = resources.get("slurm_extra", "")
-    warning = f"--signal=USR1@{60 * config['cluster']['save_before_limit_minutes']}"
+    warning = f"--signal=USR1@{60 * config['cluster']['save_before_limit_minutes']} --open-mode=append"
 
     def excluding(wildcards, attempt):
         hours = config["cluster"]["exclude_node_hours"]
@@ -279,8 +301,10 @@ def _training_retries(resources):
         gpus = extra(wildcards) if callable(extra) else extra  # --gpus-per-node, with cluster.gpu_request
         return " ".join(filter(None, [gpus, warning, exclude]))
 
-    refused = lambda wildcards, attempt: int(_refused(wildcards, attempt))  # noqa: E731
-    return {**resources, "slurm_extra": excluding, "retry_refused": refused}
+    smallest = dict(runtime=5, mem_mb=1000, cpus_per_task=1, nodes=1, slurm_partition=config["cluster"]["cpu_partition"],
+                    retry_refused=1, training_slots=1, **{key: resources.get(key) for key in ("slurm_account", "qos")})
+    ask = {**resources, "slurm_extra": excluding, "retry_refused": 0}
+    return {key: _unless_refused(value, smallest.get(key)) for key, value in ask.items()}
 
 
 def job_resources(stage):

@@ -72,4 +72,29 @@ rule adopted_train_rl:
         ADOPTED_WAIT
 
 
-ruleorder: adopted_train_rl > train_rl
+# A cell refused before its first job (common.smk's _refused: it has had cluster.max_attempts jobs, or its last attempt
+# on the cluster failed deterministically): made here, on the submit host, by failing with that reason, so that no job
+# is submitted. Its input, params and update() outputs are adopted_train_rl's, for the same reasons: a finished cell
+# does not rerun for it, and its failure removes nothing the cell's jobs wrote.
+rule refused_train_rl:
+    input:
+        **TRAIN_INPUT,
+        refused=only_refused,
+    output:
+        **{name: update(path) for name, path in TRAIN_OUTPUT.items()},
+    params:
+        training=training_param,
+        history=unrecorded_path(HISTORY),
+    log:
+        f"logs/train/{RUN_PATH}.refused.log",
+    localrule: True
+    retries: 0
+    conda:
+        "../../envs/klstudy.yaml"
+    shell:
+        "python -m klstudy last-failure --history {params.history:q} --max-attempts "
+        + str(config["cluster"]["max_attempts"])
+        + " 2>&1 | tee {log} >&2; exit 1"
+
+
+ruleorder: adopted_train_rl > refused_train_rl > train_rl

@@ -139,9 +139,7 @@ def _pilot_config(args) -> None:
 def _last_failure(args) -> None:
     from klstudy.run import failures
 
-    history = Path(args.history)
-    capped = args.max_attempts and failures.jobs(history) >= args.max_attempts
-    print(failures.capped(history, args.max_attempts) if capped else failures.report(history))
+    print(failures.report(Path(args.history), args.max_attempts or 0))
 
 
 def _config_reference(args) -> None:

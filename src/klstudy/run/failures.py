@@ -3,8 +3,9 @@ what its retry therefore does (workflow/rules/common.smk, `klstudy last-failure`
 
     deterministic  out of GPU memory (torch's or vLLM's), a module that does not import, a config refused, CUDA that
                    does not start (a torch build the driver cannot run, a job that sees no CUDA device): the same job
-                   fails the same way on the next node. Not retried: Snakemake retries by count alone, so the retry's
-                   shell names the failure and exits before it trains (common.smk's REFUSED_RETRY).
+                   fails the same way on the next node. Not retried: a run fails such a cell on the submit host
+                   (train.smk's refused_train_rl); a retry within the run, which Snakemake makes by count alone, is
+                   the smallest job, whose shell names the failure and exits (common.smk's REFUSED_RETRY).
     node           the node or its GPUs (an ECC error, a busy or failed driver, an Xid, a collective that failed):
                    retried on another node (sbatch --exclude=<the node>) for cluster.exclude_node_hours.
     other          anything else (a kill, a time limit, an error not listed): retried as it was.
@@ -26,9 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-HEADER = re.compile(r"^=== attempt (\d+): job (\S+) on (\S+), GPUs (\S+), (\S+)$")  # common.smk's ATTEMPT_HEADER
+HEADER = re.compile(r"^=== attempt (\d+): job (\S+) on (\S+), GPUs (\S+), (\S+)$", re.M)  # common.smk's ATTEMPT_HEADER
 RETRY = {
-    "deterministic": "not retried: it fails the same way on any node; fix it and run the workflow again",
+    "deterministic": "not retried: it fails the same way on any node; fix it, move the history away and run again",
     "node": "retried on another node",
     "other": "retried",
 }
@@ -84,15 +85,9 @@ def classify(output: str) -> tuple[str, str, str]:
 
 def attempts(history: str) -> list[tuple[re.Match, str]]:
     """(header, output) of each attempt in a history, oldest first."""
-    found, current = [], None
-    for line in history.splitlines():
-        header = HEADER.match(line)
-        if header:
-            current = [header, []]
-            found.append(current)
-        elif current:
-            current[1].append(line)
-    return [(header, "\n".join(lines)) for header, lines in found]
+    headers = list(HEADER.finditer(history))
+    ends = [header.start() for header in headers[1:]] + [len(history)]
+    return [(header, history[header.end() : end].strip("\n")) for header, end in zip(headers, ends, strict=True)]
 
 
 def failures(history_path: Path) -> list[Failure]:
@@ -115,8 +110,7 @@ def _parsed(path: str, mtime_ns: int, size: int) -> tuple[Failure, ...]:
 
 def previous_failure(history_path: Path) -> Failure | None:
     """What ended the last attempt in the history, or None where there is none."""
-    found = failures(history_path)
-    return found[-1] if found else None
+    return (failures(history_path) or [None])[-1]
 
 
 def failed_nodes(history_path: Path, hours: float, now: float | None = None) -> list[str]:
@@ -134,16 +128,12 @@ def jobs(history_path: Path) -> int:
     return len({f.job for f in failures(history_path) if f.job != "local"})
 
 
-def report(history_path: Path) -> str:
-    """`klstudy last-failure`: what ended the last attempt, and what its retry does."""
+def report(history_path: Path, max_attempts: int = 0) -> str:
+    """`klstudy last-failure`: what ended the last attempt and what its retry does, or that the cell has had its
+    ``max_attempts`` (cluster.max_attempts) jobs and how to go on."""
     failure = previous_failure(history_path)
-    if failure is None:
-        return f"{history_path}: no attempt recorded"
-    return f"{failure.describe()} ({failure.kind}: {RETRY[failure.kind]})"
-
-
-def capped(history_path: Path, max_attempts: int) -> str:
-    """`klstudy last-failure` for a cell refused because it has had its cluster.max_attempts jobs."""
-    return (f"{history_path}: {jobs(history_path)} jobs, the most cluster.max_attempts ({max_attempts}) allows; the "
-            f"last {report(history_path).removeprefix(f'{history_path}: ')}. Once its cause is fixed, move the "
-            "history away (or raise the key) to train the cell again")  # fmt: skip
+    said = f"{failure.describe()} ({failure.kind}: {RETRY[failure.kind]})" if failure else "no attempt recorded"
+    if max_attempts and jobs(history_path) >= max_attempts:
+        said = f"{jobs(history_path)} jobs, the most cluster.max_attempts ({max_attempts}) allows; the last {said}"
+        return f"{history_path}: {said}. Once its cause is fixed, move the history away (or raise the key) to go on"
+    return said if failure else f"{history_path}: {said}"

@@ -34,7 +34,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from transformers import PrinterCallback, TrainerCallback
 
 from klstudy import kl
-from klstudy.config import CHECKPOINT_COMPLETE, SAVE_TOTAL_LIMIT, batch_layout, checkpoints
+from klstudy.config import CHECKPOINT_COMPLETE, SAVE_TOTAL_LIMIT, batch_layout, checkpoints, training_settings
 from klstudy.data import rewards, staging
 from klstudy.progress import Progress
 from klstudy.train import faults, gpu_memory, models, slices
@@ -393,6 +393,37 @@ def build_trainer(cell: dict, args: KLTrainerConfig, model_dir: Path, train_reco
     )
 
 
+TRAINED_WITH = "training-settings.json"  # in a cell's checkpoint directory: what its checkpoints were trained with
+
+
+def changed_keys(before: dict, now: dict, prefix: str = "") -> list[str]:
+    """The keys whose values differ between two nested settings, as dotted names."""
+    changed = []
+    for key in sorted(set(before) | set(now)):
+        old, new = before.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed += changed_keys(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changed.append(f"{prefix}{key}")
+    return changed
+
+
+def check_trained_with(cell: dict, checkpoint_dir: Path, resuming: bool, write: bool) -> None:
+    """A cell resumes only with the training settings its checkpoints were trained with (config.training_settings; not
+    the operational ones): a config edited or a repository pulled while a grid runs would otherwise change a cell
+    halfway, as each job and each requeued slice reads them again. A fresh run records them (``write``: the main
+    process); so does the first resume of checkpoints saved before they were recorded."""
+    path, now = Path(checkpoint_dir) / TRAINED_WITH, json.loads(json.dumps(training_settings(cell)))
+    if resuming and path.exists() and (changed := changed_keys(json.loads(path.read_text()), now)):
+        raise SystemExit(
+            f"klstudy train: config key {', '.join(changed)} changed since {checkpoint_dir}'s checkpoints were "
+            f"trained: restore it, or delete {checkpoint_dir} to train the cell from the start"
+        )
+    if write and not (resuming and path.exists()):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(now, sort_keys=True))
+
+
 def run(
     cell: dict, model_dir: Path, train_path: Path, heldout_path: Path, out_dir: Path, checkpoint_dir: Path,
     tracking_dir: Path,
@@ -435,6 +466,7 @@ def run(
         slices.clear_slice_end(checkpoint_dir)  # the mark of the slice before this one
     processes.wait_for_everyone()
     last = last_complete_checkpoint(checkpoint_dir, remove_partial=False)
+    check_trained_with(cell, checkpoint_dir, resuming=bool(last), write=main)
     done = json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] if last else 0  # optimiser steps
     if last:
         recorder.resume_from(Path(last), done // args.updates_per_batch, write=main)
