@@ -63,7 +63,7 @@ def _resolved(ratio: str) -> str:
 
 def _strength(ratios: list[str], at: str) -> str:
     """β_eff/β at the field's and a strong β, and the advice to set another β where either is not the asked."""
-    words = f"β_eff/β {' / '.join(ratios)} at β = {FIELD_BETA:g} / {STRONG_BETA:g} ({at})"
+    words = f"β_eff/β {' / '.join(ratios)} ({at})"
     asked = all(r[0] != "–" and abs(float(r.rstrip(CLAMP_MARK)) - 1) <= TOLERANCE for r in ratios)
     return words if asked else words + ": set the β explain computes"
 
@@ -117,7 +117,9 @@ def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
         rows.append({
             "release": f"{p.framework} {p.version}", "default (advantages, G)": f"{default} ({p.normalisation}, "
             f"G = {p.group})", "β_eff/β of the default": amounts,
-            "recommended KL (unbiased gradient)": recommended(p, atlas, toy_section, name),
+            f"recommended KL (unbiased gradient), β_eff/β at β = {FIELD_BETA:g} / {STRONG_BETA:g}": recommended(
+                p, atlas, toy_section, name
+            ),
         })  # fmt: skip
     return pd.DataFrame(rows)
 
