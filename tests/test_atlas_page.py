@@ -48,3 +48,10 @@ def test_the_headlines_quote_the_table(shipped):
     points, _ = shipped
     for preset, family, beta, shown in re.findall(r"<!-- ratio (\S+) (\w+) ([\d.]+) -->([\d.]+)", PAGE):
         assert f"{ratio(points, preset, family, float(beta)):.2f}" == shown, (preset, family, beta)
+
+
+def test_the_page_counts_the_monte_carlo_disagreements():
+    """A Monte Carlo end point that disagrees with the exact one (mc_agrees 0) is counted; one not checked is not."""
+    text = atlas.agreement_text(pd.DataFrame({"mc_agrees": [1.0, 0.0, 0.0, float("nan")]}))
+    assert "at 1 of the 3 end points it checked; the 2 others" in text
+    assert atlas.agreement_text(pd.DataFrame({"beta": [0.1]})) == ""

@@ -49,7 +49,7 @@ USER = {
     ),
     "KLSTUDY_ADOPT_POLL": Variable(
         "you",
-        "seconds between two looks at the queue while a new driver waits for the jobs an earlier one left (default 30)",
+        "seconds between two looks at the queue while a new driver waits for the jobs an earlier one left (default 60)",
     ),
 }
 # The variables the tests and the test rigs set: a run never needs them.

@@ -224,9 +224,10 @@ OFFERS = {
 
 
 # Which estimators each framework clamps at ±10 (the presets' sources): every one (OpenRLHF's and AReaL's
-# compute_approx_kl), or K3 only (verl's and SkyRL's low_var_kl/k3, slime's low_var_kl, NeMo-RL's and ROLL's K3).
-CLAMPED = {"OpenRLHF": kl.ESTIMATORS, "AReaL": kl.ESTIMATORS, "verl": ("k3",), "SkyRL": ("k3",), "slime": ("k3",),
-           "NeMo-RL": ("k3",), "ROLL": ("k3",), "TRL": ()}  # fmt: skip
+# compute_approx_kl, NeMo-RL's calculate_kl output clamp: docs/record/framework-kl.md), or K3 only (verl's and SkyRL's
+# low_var_kl/k3, slime's low_var_kl, ROLL's K3).
+CLAMPED = {"OpenRLHF": kl.ESTIMATORS, "AReaL": kl.ESTIMATORS, "NeMo-RL": kl.ESTIMATORS, "verl": ("k3",),
+           "SkyRL": ("k3",), "slime": ("k3",), "ROLL": ("k3",), "TRL": ()}  # fmt: skip
 # The switch that turns the advantage's ÷ std off (kl.ADVANTAGES "grpo": the group mean only), where it was read.
 STD_OFF = {"verl": "algorithm.norm_adv_by_std_in_grpo=False", "TRL": "scale_rewards='none'"}
 

@@ -33,6 +33,8 @@ FOOTNOTE = (
 )
 # Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
 # advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
+# `grpo` is Dr. GRPO's normalisation (the group mean only), which a reader takes for GRPO's ÷ std (docs/glossary.md).
+ADVANTAGE_WORDS = {"grpo": "`grpo`, the group mean only"}
 SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', advantage='rloo'")}
 
 
@@ -61,7 +63,7 @@ def _resolved(ratio: str) -> str:
 
 def _strength(ratios: list[str], at: str) -> str:
     """β_eff/β at the field's and a strong β, and the advice to set another β where either is not the asked."""
-    words = f"β_eff/β {' / '.join(ratios)} at β = {FIELD_BETA:g} / {STRONG_BETA:g} ({at})"
+    words = f"β_eff/β {' / '.join(ratios)} ({at})"
     asked = all(r[0] != "–" and abs(float(r.rstrip(CLAMP_MARK)) - 1) <= TOLERANCE for r in ratios)
     return words if asked else words + ": set the β explain computes"
 
@@ -75,7 +77,7 @@ def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None
     unbiased = [(c, s) for c, s in offered if explain.unbiased(explain.kl_gradient_bias(c, toy_section))]
     if not unbiased:
         kinds = sorted({c for c, _ in offered})
-        answer = f"none: its KLs ({', '.join(kinds)}) have biased gradients"
+        answer = f"no unbiased KL: its KLs ({', '.join(kinds)}) have biased gradients"
         if preset.framework not in SUBCLASS:
             return answer
         config, normalisation, words = SUBCLASS[preset.framework]
@@ -94,7 +96,8 @@ def _setting(atlas: pd.DataFrame, config: str, normalisation: str, words: str, p
     read = [ratio_at(atlas, config, normalisation, preset.group, b, own) for b in (FIELD_BETA, STRONG_BETA)]
     group = read[0][1]
     at = f"G = {group}" + ("" if group == preset.group else f", the atlas's nearest to {preset.group}")
-    return f"{words}, advantages {normalisation}): {_strength([r for r, _ in read], at)}"
+    advantages = ADVANTAGE_WORDS.get(normalisation, normalisation)
+    return f"{words}, advantages {advantages}): {_strength([r for r, _ in read], at)}"
 
 
 def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
@@ -114,7 +117,9 @@ def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
         rows.append({
             "release": f"{p.framework} {p.version}", "default (advantages, G)": f"{default} ({p.normalisation}, "
             f"G = {p.group})", "β_eff/β of the default": amounts,
-            "recommended KL at your β (unbiased gradient)": recommended(p, atlas, toy_section, name),
+            f"recommended KL (unbiased gradient), β_eff/β at β = {FIELD_BETA:g} / {STRONG_BETA:g}": recommended(
+                p, atlas, toy_section, name
+            ),
         })  # fmt: skip
     return pd.DataFrame(rows)
 

@@ -258,12 +258,24 @@ def write_tables(points, length, runs, judged, section: dict, out_dir) -> None:
     table.to_csv(out_dir / "atlas.csv", index=False)
     length.to_csv(out_dir / "atlas_length.csv", index=False)
     judged.to_csv(out_dir / "atlas_claims.csv", index=False)
-    (out_dir / "atlas.md").write_text(page(points, judged, section))
+    (out_dir / "atlas.md").write_text(page(table, judged, section))
+
+
+def agreement_text(points: pd.DataFrame) -> str:
+    """How many end points Monte Carlo training checked and how many it disagrees with (atlas.csv's mc_agrees), so a
+    disagreement is counted on the page, not only in the CSV; empty where the table has no Monte Carlo column."""
+    checked = points["mc_agrees"].dropna() if "mc_agrees" in points else pd.Series(dtype=float)
+    if checked.empty:
+        return ""
+    disagree = int((checked == 0).sum())
+    return (f"Monte Carlo training ends where the exact update says at {len(checked) - disagree} of the {len(checked)} "
+            f"end points it checked; the {disagree} others have mc_agrees 0 in atlas.csv.\n\n")
 
 
 def page(points: pd.DataFrame, judged: pd.DataFrame, section: dict) -> str:
-    """figures/atlas.md: the summary by preset and the claims' verdicts. Every setting × β × family, the length sweep
-    and each claim's effect are in atlas.csv, atlas_length.csv and atlas_claims.csv, not repeated here."""
+    """figures/atlas.md: the summary by preset, the Monte Carlo disagreements and the claims' verdicts. Every setting
+    × β × family, the length sweep and each claim's effect are in atlas.csv, atlas_length.csv and atlas_claims.csv,
+    not repeated here."""
     return (
         "The atlas (toy model, exact, float64): where each framework's KL setup ends, as β_eff/β (the β whose optimum "
         "of J_β = E[R] − β·KL has the end point's KL, over the β set; < 1: weaker than asked). Every setting × β × "
@@ -271,7 +283,8 @@ def page(points: pd.DataFrame, judged: pd.DataFrame, section: dict) -> str:
         "## Your framework, your version, your β\n\n"
         + summary_markdown(points, section)
         + "\n\n## Claims\n\n"
-        "Each claim's verdict per family and β (Monte Carlo end points against the exact ones; effects, errors and "
+        + agreement_text(points)
+        + "Each claim's verdict per family and β (Monte Carlo end points against the exact ones; effects, errors and "
         "tolerances: atlas_claims.csv).\n\n"
         + claims_table(judged).to_markdown(index=False)
         + "\n"

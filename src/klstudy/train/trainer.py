@@ -116,8 +116,8 @@ class KLTrainerConfig(GRPOConfig):
     kl_clamp: float | None = field(
         default=None,
         metadata={
-            "help": "The estimator's per-token value clamped to ±this in the penalty: verl's low_var_kl (K3 only), "
-            "OpenRLHF, AReaL and NeMo-RL (every estimator) clamp at 10; None: not."
+            "help": "The estimator's per-token value clamped to ±this in the penalty (the frameworks' clamps: "
+            "pitfalls.md); None: not. A study sets it from `train.k3_clamp`, for K3 only."
         },
     )
     measure_reference_kl: bool = field(

@@ -22,6 +22,8 @@ AXIS_NAMES = {"rloo": "RLOO", "grpo": "− mean", "group_std": "÷ group std", "
               "whiten": "whitened"}  # fmt: skip
 LENGTH_FIGURE = "atlas_length"  # the length sweep's figure, beside the atlas's (its PNG and caption, .md)
 BOUND_MARKERS = {"x": r"$\leftarrow$", "y": r"$\downarrow$"}  # no β_eff: below this bound
+# The length caption's two values of a line: β_eff/β where its first and last values are, not at T = 1 and the last T.
+ENDS_OF_A_LINE = ("at the first T with a value", "at the last T with a value")
 
 
 def preset_name(name: str, preset: dict | None = None) -> str:
@@ -248,7 +250,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         "β (line style). Where a line has no value: an arrow where β_eff/β lies below a bound under 1, drawn at the "
         "bound; else a mark on the bottom edge says why: ▶ drifts, ✚ still moving, × stable, but no β_eff found and no "
         "bound under 1 (the length table has each row).",
-        table(["panel", "setting", "β", "first T", "last T"], quoted) if quoted else "")  # fmt: skip
+        table(["panel", "setting", "β", *ENDS_OF_A_LINE], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
