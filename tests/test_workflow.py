@@ -1,6 +1,7 @@
 """The Snakemake workflow: its DAG, a reduced end-to-end run of every stage, and the report."""
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -372,10 +373,17 @@ def test_make_stage_for_slurm_stages_every_input_and_nothing_else(tmp_path):
     assert counts == {"prepare_data": len(pilot["data"]), "base_model": len(pilot["models"]), "stage": 1}, counts
 
 
-def test_on_a_slurm_cluster_a_training_cell_is_retried_three_times(tmp_path):
+def test_on_a_slurm_cluster_a_training_cell_is_retried_three_times(tmp_path, monkeypatch):
     """Once the executor is known (the Snakefile's onstart, where a non-local executor such as SLURM's runs it),
     train_rl is retried 3 times and every other rule as --retries says; locally nothing changes."""
     from types import SimpleNamespace
+
+    # A cluster whose queue is empty, whether or not this machine has a (configured) squeue of its own.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
 
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import (
