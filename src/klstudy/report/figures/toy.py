@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
+from klstudy.analysis.monte_carlo import AGREEMENT_Z
 from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, finish
@@ -148,8 +149,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     axes = axes[0]
     for ax, family in zip(axes, families, strict=False):
         _end_points_panel(ax, points[points.family == family], fronts[fronts.family == family], family, groups)
-    if len(mc):
-        _monte_carlo_panel(axes[-1], mc, groups)
+    farthest = _monte_carlo_panel(axes[-1], mc, groups) if len(mc) else None
     seen = {}
     for line in (line for ax in axes for line in ax.get_lines() if not line.get_label().startswith("_")):
         seen.setdefault(line.get_label(), line)
@@ -165,9 +165,11 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         f"{n(section['reward']['threshold'])} ones. Per policy family: grey, the optimum of J_β over β (β ∈ "
         f"{{{', '.join(n(b) for b in section['betas'])}}} marked); each configuration's end points over β, joined "
         "(no KL has no β: one point)."
-        + (f" Right: {n(section['monte_carlo']['seeds'])} on-policy seeds per stable end point, their mean KL at the "
-           "end over the exact one's, ±1 se, in its line's colour and its own marker: on 1 they agree." if len(mc)
-           else "")
+        + (f" Right, the Monte Carlo check ({', '.join(dict.fromkeys(mc.family))} policy; the "
+           f"{n(mc.config.nunique())} configurations and the β it runs): {n(section['monte_carlo']['seeds'])} "
+           f"on-policy seeds' mean KL at the end over the exact end point's, ±1 se; within {n(AGREEMENT_Z)} se "
+           f"counts as agreeing. Farthest off: {kl_label(farthest[0])} at β = {n(farthest[1])}, "
+           f"{caption.value(farthest[2], farthest[3])}." if len(mc) else "")
         + "".join(f" One line: {short_names(names)}." for names in groups if len(names) > 3)
         + " The table below: every end point.")  # fmt: skip
     return fig, finish(fig, caption)
@@ -202,18 +204,21 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
 
 def _monte_carlo_panel(ax, mc: pd.DataFrame, groups: list[list[str]]) -> None:
     """The on-policy seeds' mean KL at the end over the exact end point's, ±1 se, per β (categories): a point per
-    configuration in its group's colour and its own marker, read against 1."""
+    configuration in its group's colour and its own marker, read against 1. Returns the farthest from 1."""
     betas = sorted(mc.beta.unique())
-    order = [name for names in groups for name in names if name in set(mc.config)]
+    order, ratios = [name for names in groups for name in names if name in set(mc.config)], []
     for i, config in enumerate(order):
         first = next(names[0] for names in groups if config in names)
         runs = mc[mc.config == config].sort_values("beta")
         x = np.array([betas.index(b) for b in runs.beta]) + dodge(i, len(order), 0.8)
-        bars = ax.errorbar(x, runs.mc_kl / runs.kl, yerr=runs.mc_kl_se / runs.kl, linestyle="", markersize=4,
-                           capsize=0, elinewidth=0.8, **{**marker_of(config), "color": config_colour(first)})
+        y = (runs.mc_kl / runs.kl).to_numpy()
+        bars = ax.errorbar(x, y, yerr=runs.mc_kl_se / runs.kl, linestyle="", markersize=4, capsize=0, elinewidth=0.8,
+                           **{**marker_of(config), "color": config_colour(first)})  # fmt: skip
         tag(bars.lines[0], first, None, "band").set_label("_mc")
+        ratios += [(abs(y[k] - 1), config, b, bars.lines[0], k) for k, b in enumerate(runs.beta)]
     ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
     ax.set_xticks(range(len(betas)), [f"β = {b:g}" for b in betas])
     ax.set_title(f"Monte Carlo check, {', '.join(dict.fromkeys(mc.family))} policy")
     ax.set_ylabel("seeds' mean KL at the end ÷ the exact end point's")
     ax.grid(alpha=0.3, axis="y")
+    return max(ratios, key=lambda r: r[0])[1:]  # (configuration, β, its line, index): the caption quotes it
