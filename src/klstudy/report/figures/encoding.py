@@ -37,7 +37,7 @@ CONFIG_COLOURS = {
     "k2-advantage": ("#DDCC77", "sand"), "k1-loss-ratio": ("#77AADD", "light blue"),
     "k1-loss-score": ("#00448A", "dark blue"), "k1-loss-st": ("#99DDFF", "pale cyan"),
     "k1-loss-isst": ("#BBCC33", "pear"), "k3-loss-ratio": ("#EE3377", "magenta"), "k3-loss-score": ("#33BBEE", "cyan"),
-    "k3-loss-st": ("#66333A", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"), "k2-loss-ratio": ("#AAAA00", "mustard"),
+    "k3-loss-st": ("#66333A", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"), "k2-loss-ratio": ("#9988CC", "lilac"),
     "k2-loss-score": ("#FFAABB", "light pink"), "k2-loss-st": ("#22555A", "dark teal"),
     "k2-loss-isst": ("#99445A", "dark rose"),
 }  # fmt: skip
