@@ -106,7 +106,7 @@ def _entries(rows: pd.DataFrame, runs: dict) -> list[tuple[str, str, dict | None
         words = claim_words(records[0].get("text", records[0]["claim"]))
         predicted = PREDICTED_WORDS.get(str(records[0].get("predicted")), "")
         run = f"; run {runs[records[0]['study']]}" if len(runs) > 1 else ""
-        entries.append(("header", textwrap.fill(f"{words} ({predicted}{run})", 70), None))
+        entries.append(("header", textwrap.fill(f"{words} ({predicted}{run})", 60), None))
         entries += [("row", claim_beta(r) or "", r) for r in records]
     return entries
 

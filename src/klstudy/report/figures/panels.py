@@ -102,10 +102,9 @@ def base_heldout(heldout: pd.DataFrame, config: dict, model: str, data: str) -> 
     if distinct.empty:
         return math.nan, math.nan
     scores = [json.loads(v) if isinstance(v, str) else v for v in distinct.get("per_prompt", [None] * len(distinct))]
-    if all(isinstance(v, list) for v in scores) and len({len(v) for v in scores}) == 1 and len(scores[0]) > 1:
-        per_question = np.mean(scores, axis=0)
-        return float(distinct.pass_at_1.mean()), float(per_question.std(ddof=1) / math.sqrt(len(per_question)))
-    return float(distinct.pass_at_1.mean()), float(distinct.get("stderr", pd.Series(math.nan)).astype(float).mean())
+    pooled = all(isinstance(v, list) for v in scores) and len({len(v) for v in scores}) == 1 and len(scores[0]) > 1
+    se = np.std(np.mean(scores, 0), ddof=1) / math.sqrt(len(scores[0])) if pooled else distinct.get("stderr").mean()
+    return float(distinct.pass_at_1.mean()), float(se)
 
 
 def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
