@@ -125,7 +125,7 @@ def test_every_figure_passes_every_check(run, figures):
     every figure of a run, of the toy model and of the atlas."""
     assert len(figures) >= 18
     found = [f"{name}: {problem}" for name, fig, caption in figures for problem in every_problem(fig, caption, run[0])]
-    assert found == []
+    assert found == [], "\n".join(found)
 
 
 def test_every_caption_is_a_few_sentences_and_a_table(figures):

@@ -94,7 +94,7 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
         "The gradient of KL(π‖π_ref) in the policy's logit a and its weight b on the previous token, against "
         "the length T. Top two rows: the squared bias, exact by enumeration, over the Monte "
         f"Carlo noise floor (grey, {n(trials)} trials), enumerated up to T = {n(enumerated)}"
-        "; a bias exactly 0 is not drawn. Bottom two rows: the Monte Carlo variance; its ±1 se, "
+        + caption.design("; a bias exactly 0 is not drawn.") + " Bottom two rows: the Monte Carlo variance; its ±1 se, "
         f"±{n(100 * np.sqrt(2 / (trials - 1)), '.0f')} %, is thinner than the line, so no band is drawn.",
         ("Settings: " + "; ".join(defined) + ".") if defined else "",
         ("Exactly unbiased, not drawn on the log axis: " + ", ".join(kl_label(c) for c in sorted(unbiased)) + ".")
@@ -109,7 +109,7 @@ def draw_coinciding(ax, lines: dict[str, pd.Series], place=lambda x, i, n: x * 2
         x, y = place(lines[names[0]].index.to_numpy(dtype=float), i, len(groups)), lines[names[0]].to_numpy()
         tag(ax.plot(x, y, color=config_colour(names[0]), label="_group")[0], names[0], None, "band")
         if len(names) > 1:  # the legend names each; the panel says which are one line
-            ax.annotate(group_label(names), (x[-1], y[-1]), (-4, 5), "data", "offset points", ha="right", fontsize=6)
+            ax.annotate(group_label(names), (x[-1], y[-1]), (-4, 5), "data", "offset points", ha="right", fontsize=7)
         for k, name in enumerate(names):
             tag(ax.plot(x[k :: len(names)], y[k :: len(names)], markersize=4, label="_member",
                         **{**style_of(name), "linestyle": ""})[0], name, None, "marker")  # fmt: skip
