@@ -11,7 +11,6 @@ import pandas as pd
 from matplotlib import ticker
 from matplotlib.transforms import ScaledTranslation
 
-from klstudy.analysis.monte_carlo import AGREEMENT_Z
 from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, finish
@@ -102,13 +101,14 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
     return fig, finish(fig, caption)
 
 
-def draw_coinciding(ax, lines: dict[str, pd.Series], place=lambda x, i, n: x * 2 ** dodge(i, n, 0.3)) -> None:
+def draw_coinciding(ax, lines: dict[str, pd.Series], place=lambda x, i, n: x * 2 ** dodge(i, n, 0.3),
+                    named: bool = False) -> None:  # fmt: skip
     """One line per group of configurations equal at every x (COINCIDE), in the first's colour, its x ``place``d
     apart from the other groups'; its markers alternate between the group's configurations, so that each shows."""
     for i, names in enumerate(groups := coinciding({c: s.to_numpy() for c, s in lines.items()})):
         x, y = place(lines[names[0]].index.to_numpy(dtype=float), i, len(groups)), lines[names[0]].to_numpy()
         tag(ax.plot(x, y, color=config_colour(names[0]), label="_group")[0], names[0], None, "band")
-        if len(names) > 1:  # the legend names each; the panel says which are one line
+        if named and len(names) > 1:  # the legend names each; the panel says which are one line (Figure 1's bias)
             ax.annotate(group_label(names), (x[-1], y[-1]), (-4, 5), "data", "offset points", ha="right", fontsize=7)
         for k, name in enumerate(names):
             tag(ax.plot(x[k :: len(names)], y[k :: len(names)], markersize=4, label="_member",
@@ -126,7 +126,7 @@ def _bias_panel(ax, rows: pd.DataFrame) -> None:
         line = line[[not exactly_zero(abs(b), abs(g)) for b, g in zip(line.exact_bias, line.true_grad, strict=True)]]
         if len(line):
             lines[config] = pd.Series((line.exact_bias**2).to_numpy(), index=line["T"].to_numpy())
-    draw_coinciding(ax, lines)
+    draw_coinciding(ax, lines, named=True)
 
 
 # Where each KL configuration's training ends (analysis/fixed_points.py's and monte_carlo.py's tables).
@@ -154,6 +154,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     for ax, family in zip(axes, families, strict=False):
         _end_points_panel(ax, points[points.family == family], fronts[fronts.family == family], family, groups)
     farthest = _monte_carlo_panel(axes[-1], mc, groups) if len(mc) else None
+    from klstudy.analysis.monte_carlo import AGREEMENT_Z  # here: it imports torch, which a figure job does not need
     seen = {}
     for line in (line for ax in axes for line in ax.get_lines() if not line.get_label().startswith("_")):
         seen.setdefault(line.get_label(), line)
