@@ -226,3 +226,17 @@ def test_the_summary_reads_each_presets_row_at_each_beta():
     assert "tabular: at its own β" not in row  # the tabular family cannot resolve the field's small β
     trl = atlas.summary_table(rows.assign(preset="trl-1.16"), dict(section, presets=["trl-1.16"])).iloc[0]
     assert trl["parametric: at its own β"] == "– (off by default)"  # TRL's β is 0 by default, no recipe β
+
+
+
+def test_the_optimum_curve_reaches_where_the_family_s_optimum_ends_not_a_grid_step_above():
+    """Parametric, T = 11, reward at 9 ones (the length sweep's): Newton's method fails at the grid's β = 0.22 from
+    the optimum at 0.32, though the interior optimum exists down to about 0.22. The curve halves its step there
+    instead of stopping, so the optimum at β = 0.3 (where K1 in the reward ends) has β_eff = β; before, none: every
+    setting of the length figure read × at T = 11."""
+    family = fp.Family("parametric", 11, -0.5, 0.1)
+    rewards = fp.task_reward(family.sequences, {"kind": "ones_at_least", "threshold": 9})
+    curve = effective_beta.OptimumCurve(family, rewards)
+    theta = fp.family_optimum(family, rewards, 0.3, curve.optima[min(b for b in curve.optima if b > 0.3)])
+    k = fp.policy_metrics(family, family.sequence_logprobs(theta), rewards, 0.3)["kl"]
+    assert curve.effective_beta(k) == pytest.approx(0.3, rel=1e-8)

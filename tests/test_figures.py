@@ -125,7 +125,7 @@ def test_every_figure_passes_every_check(run, figures):
     every figure of a run, of the toy model and of the atlas."""
     assert len(figures) >= 18
     found = [f"{name}: {problem}" for name, fig, caption in figures for problem in every_problem(fig, caption, run[0])]
-    assert found == []
+    assert found == [], "\n".join(found)
 
 
 def test_every_caption_is_a_few_sentences_and_a_table(figures):
@@ -381,3 +381,16 @@ def test_a_bars_panel_draws_the_base_model_without_its_template_where_it_asks():
         assert all(p.get_hatch() == encoding.NO_TEMPLATE_HATCH for p in starred)
         assert ("starred, without its chat template" in caption) == asked
         plt.close(fig)
+
+
+def test_the_base_model_s_se_does_not_shrink_with_its_evaluations_of_the_same_questions():
+    """Four step-0 evaluations of one model on the same 100 questions: the questions' spread stays, so the se is one
+    evaluation's (√(Σ se²)/n, as if independent, would halve it); without per-question scores, their mean se."""
+    scores = [float(q % 3 == 0) for q in range(100)]
+    one_se = float(np.std(scores, ddof=1) / 10)
+    rows = pd.DataFrame({"study": "s", "model": "m", "step": 0, "seed": range(4), "pass_at_1": np.mean(scores),
+                         "stderr": one_se, "per_prompt": [str(scores)] * 4})  # fmt: skip
+    config = {"studies": {"s": {"heldout_data": "d", "models": ["m"]}}}
+    assert panels.base_heldout(rows, config, "m", "d") == pytest.approx((np.mean(scores), one_se))
+    without = rows.drop(columns="per_prompt").assign(stderr=[0.04, 0.05, 0.04, 0.05])
+    assert panels.base_heldout(without, config, "m", "d")[1] == pytest.approx(0.045)

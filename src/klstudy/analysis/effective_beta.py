@@ -18,6 +18,8 @@ EFFECTIVE_BETA_RANGE = (1e-3, 1e2)
 # the optimum is the reference conditioned on success to float64's resolution (tabular: below β ≈ 0.04, where the
 # failures keep e^{−1/β} < 1e-10 of their weight), and no KL there tells one β from another.
 KL_RESOLUTION = 1e-9
+# How many times the curve's step in log β is halved where the family's optimum is not found (OptimumCurve).
+REFINE = 6
 
 
 class OptimumCurve:
@@ -27,17 +29,26 @@ class OptimumCurve:
         self.family, self.rewards = family, rewards
         # Down from the largest β, each optimum from the previous; the curve stops where the family has no interior
         # optimum any more (parametric, small β: the optimum's logits leave for the boundary), or where its KL stops
-        # growing (KL_RESOLUTION).
+        # growing (KL_RESOLUTION). Where Newton's method fails, the step in log β is halved (REFINE times at most)
+        # before the curve stops: the grid's factor of 1.6 would otherwise end it up to that factor above where the
+        # interior optimum ends (parametric, T = 11: at β = 0.32 where it exists down to 0.23).
         self.optima, start, last_kl = {}, family.reference_theta(), -math.inf
-        for beta in np.geomspace(*EFFECTIVE_BETA_RANGE, points)[::-1].tolist():
+        top, bottom = (math.log(b) for b in EFFECTIVE_BETA_RANGE[::-1])
+        log_beta, step, halvings = top, (top - bottom) / (points - 1), 0
+        while log_beta >= bottom - 1e-9:
             try:
-                theta = family_optimum(family, rewards, beta, start)
+                theta = family_optimum(family, rewards, math.exp(log_beta), start)
             except RuntimeError:
-                break
-            kl_value = self.kl_at(beta, theta)
+                if not self.optima or halvings == REFINE:
+                    break
+                step, halvings = step / 2, halvings + 1
+                log_beta = math.log(min(self.optima)) - step
+                continue
+            kl_value = self.kl_at(math.exp(log_beta), theta)
             if kl_value - last_kl < KL_RESOLUTION:
                 break
-            self.optima[beta], start, last_kl = theta, theta, kl_value
+            self.optima[math.exp(log_beta)], start, last_kl = theta, theta, kl_value
+            log_beta -= step
         self.betas = np.array(sorted(self.optima))
         self.kls = np.array([self.kl_at(b, self.optima[b]) for b in self.betas])
 

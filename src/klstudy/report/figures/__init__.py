@@ -1,6 +1,4 @@
-"""Every figure of the study, drawn from tidy result tables (aggregate.py's, and the toy analysis's: never typed-in
-numbers); the study's tables themselves are tables.py's.
-
+"""Every figure of the study, drawn from tidy result tables (never typed-in numbers); the tables are tables.py's.
     encoding   the one style table (colour, marker, line style, hatch), the reader's names, print sizes, saving
     captions   a caption's numbers read from the drawn artists, the claims' words, the conventions page
     panels     the panel kinds of the config's ``figures`` section, each series drawn as its noise is

@@ -73,8 +73,8 @@ def _stops(ax, places, rows: pd.DataFrame, config: str, axis: str = "y") -> None
     missing = rows.beta_eff_ratio.isna().to_numpy() & rows.bound.isna().to_numpy()
     for at, status in zip(np.asarray(places)[missing], rows.status[missing], strict=True):
         xy, edge = ((at, 0.03), ax.get_xaxis_transform()) if axis == "y" else ((0.03, at), ax.get_yaxis_transform())
-        ax.plot(*xy, transform=edge, linestyle="", markersize=4, color=config_colour(config), label="_stop",
-                marker=encoding.UNSETTLED_MARKERS.get(status, "x"), clip_on=False)  # fmt: skip
+        tag(ax.plot(*xy, transform=edge, linestyle="", markersize=4, color=config_colour(config), label="_stop",
+                    marker=encoding.UNSETTLED_MARKERS.get(status, "x"), clip_on=False)[0], config, None, "band")
 
 
 def _mark_handles() -> list:

@@ -37,7 +37,7 @@ CONFIG_COLOURS = {
     "k2-advantage": ("#DDCC77", "sand"), "k1-loss-ratio": ("#77AADD", "light blue"),
     "k1-loss-score": ("#00448A", "dark blue"), "k1-loss-st": ("#99DDFF", "pale cyan"),
     "k1-loss-isst": ("#BBCC33", "pear"), "k3-loss-ratio": ("#EE3377", "magenta"), "k3-loss-score": ("#33BBEE", "cyan"),
-    "k3-loss-st": ("#66333A", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"), "k2-loss-ratio": ("#AAAA00", "mustard"),
+    "k3-loss-st": ("#66333A", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"), "k2-loss-ratio": ("#9988CC", "lilac"),
     "k2-loss-score": ("#FFAABB", "light pink"), "k2-loss-st": ("#22555A", "dark teal"),
     "k2-loss-isst": ("#99445A", "dark rose"),
 }  # fmt: skip
@@ -194,8 +194,9 @@ def design_text(config: dict, study: str, said: str = "") -> str:
     return ", ".join(p for p in parts if " ".join(p.split()[:2]) not in said.replace(" x ", " × "))
 
 
-def model_names(config: dict, models) -> str:
-    """The hub id; a GGUF copy by its model's name ('SmolLM2-135M-Instruct, a 4-bit GGUF copy'); or the tiny one."""
+def scale_text(config: dict, models) -> str:
+    """The caption's words on the run: its models (the hub id; a GGUF copy by its model's name, 'SmolLM2-135M-Instruct,
+    a 4-bit GGUF copy'; or the tiny one) and whether its data are the paper's."""
     names = []
     for model in dict.fromkeys(models):
         spec = config["models"].get(model, {})
@@ -203,15 +204,9 @@ def model_names(config: dict, models) -> str:
         bits = re.search(r"Q(\d+)", Path(gguf).stem) if gguf else None
         copy = f"{Path(gguf).stem.split('.')[0]}, a {bits.group(1) if bits else ''}-bit GGUF copy" if gguf else None
         names.append(spec.get("hub_id") or copy or "the tiny model built locally")
-    return ", ".join(names)
-
-
-def scale_text(config: dict, models) -> str:
-    """The caption's words on the run: its models and whether its data are the paper's."""
     procedural = any((spec or {}).get("kind") in STAND_INS for spec in config.get("data", {}).values())
-    data = "procedural stand-ins for the paper's data" if procedural else "the paper's data"
-    names = model_names(config, models)
-    return f"{names[0].upper()}{names[1:]}, {data}."
+    names, data = ", ".join(names), "procedural stand-ins for the paper's" if procedural else "the paper's"
+    return f"{names[0].upper()}{names[1:]}, {data} data."
 
 
 # Figures at print size.

@@ -93,8 +93,8 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
         "the verdict; z, the effect ÷ its se towards the prediction, against the critical value; the paired units."
         + (" Lower panel: slopes per decade of β." if rows.trend.any() else "")
         + caption.design("".join(f" Run {r}: {study_name(config, s)}." for s, r in runs.items() if len(runs) > 1))
-        + (caption.design(f" {left_out} claims pair one seed by design and are left to the claims table.")
-           if left_out else ""))  # fmt: skip
+        + (caption.design(f" {left_out} claim{'s' * (left_out > 1)} pair{'s' * (left_out == 1)} one seed by design, "
+                          "left to the claims table.") if left_out else ""))  # fmt: skip
     return fig, finish(fig, caption)
 
 
@@ -106,7 +106,7 @@ def _entries(rows: pd.DataFrame, runs: dict) -> list[tuple[str, str, dict | None
         words = claim_words(records[0].get("text", records[0]["claim"]))
         predicted = PREDICTED_WORDS.get(str(records[0].get("predicted")), "")
         run = f"; run {runs[records[0]['study']]}" if len(runs) > 1 else ""
-        entries.append(("header", textwrap.fill(f"{words} ({predicted}{run})", 70), None))
+        entries.append(("header", textwrap.fill(f"{words} ({predicted}{run})", 60), None))
         entries += [("row", claim_beta(r) or "", r) for r in records]
     return entries
 

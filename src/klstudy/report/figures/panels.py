@@ -4,6 +4,7 @@ caption quotes, its seeds, why it is empty."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -92,14 +93,18 @@ def draw_base_point(ax, mean: float, se: float):
 
 
 def base_heldout(heldout: pd.DataFrame, config: dict, model: str, data: str) -> tuple[float, float]:
-    """The base model on a held-out set: the distinct step-0 evaluations its runs made, pooled (mean, se)."""
+    """The base model on a held-out set: its distinct step-0 evaluations pooled (mean, se). They evaluate one model on
+    the same questions, so the questions' spread does not shrink with their number: the se is over the questions of
+    the pooled per-question scores (without per_prompt: the evaluations' mean se), not √(Σ se²)/n."""
     studies = [s for s, spec in config["studies"].items() if spec["heldout_data"] == data and model in spec["models"]]
     rows = heldout[heldout.study.isin(studies) & (heldout.model == model) & (heldout.step == 0)]
     distinct = rows.drop_duplicates(["seed", "pass_at_1"])
     if distinct.empty:
         return math.nan, math.nan
-    errors = distinct.stderr.astype(float) if "stderr" in distinct else pd.Series(math.nan, index=distinct.index)
-    return float(distinct.pass_at_1.mean()), float(np.sqrt((errors**2).sum()) / len(distinct))
+    scores = [json.loads(v) if isinstance(v, str) else v for v in distinct.get("per_prompt", [None] * len(distinct))]
+    pooled = all(isinstance(v, list) for v in scores) and len({len(v) for v in scores}) == 1 and len(scores[0]) > 1
+    se = np.std(np.mean(scores, 0), ddof=1) / math.sqrt(len(scores[0])) if pooled else distinct.get("stderr").mean()
+    return float(distinct.pass_at_1.mean()), float(se)
 
 
 def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:

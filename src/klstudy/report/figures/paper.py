@@ -117,6 +117,8 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     encoding.legend_below(fig, _legend(kept, config))
     dropped = [f"{panel_title(p, config)}: {d.empty}" for p, d in zip(panels, drawn, strict=True) if d.empty]
     summary = [verdicts_text(pd.DataFrame(verdict_rows))] if verdict_rows else []
+    judged = [r for r in verdict_rows if r["verdict"] in encoding.VERDICT_COLOURS]
+    trends = sum(str(r.get("note")).startswith("trend") for r in judged)  # slopes over β: drawn in a forest only
     lines = [f"({LETTERS[i]}) {line}" for i, line in enumerate(lines)] if len(set(lines)) > 1 else lines[:1]
     caption.add(
         "" if is_result(config, name) else PIPELINE_CHECK,
@@ -131,7 +133,8 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
                p["kind"] == "bars" for _, p, _, _ in kept) and any(t.startswith(MULTIPLE_CHOICE_PREFIX)
                                                                     for t in config["evaluation"]["tasks"]) else "")
         + (" Not drawn: " + caption.design("; ".join(dropped)) + "." if dropped else "")
-        + (caption.design(f" The claims table: {summary[0].removeprefix('claims: ')} (the claims forests).")
+        + (caption.design(f" The claims table: {summary[0].removeprefix('claims: ')} (the claims forests" + (
+            f"; {trends} of them slopes over β, drawn there only" if trends else "") + ").")
            if summary else ""),
         table(["series", "last value drawn"], values) if values else "")  # fmt: skip
     return fig, finish(fig, caption)

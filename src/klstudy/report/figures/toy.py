@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib import ticker
+from matplotlib.transforms import ScaledTranslation
 
 from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures import encoding
@@ -83,7 +84,7 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
     fig.suptitle("Bias and variance of KL-gradient estimates in the toy model (§3.3)")
     caption = Caption()
     n = caption.number
-    trials = int(results.trials.max())
+    trials, enumerated = int(results.trials.max()), results.dropna(subset=["exact_bias"])["T"].max()
     defined = [f"“{s}”: policy (a, b) = ({n(definitions[s]['a'])}, {n(definitions[s]['b'])}), reference "
                f"({n(definitions[s]['a_ref'])}, {n(definitions[s]['b_ref'])})"
                for s in settings if s in (definitions or {})]  # fmt: skip
@@ -91,7 +92,8 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
         caption.design("**Bias and variance of KL-gradient estimates (the paper's Figure 1, §3.3).** ") +
         "The gradient of KL(π‖π_ref) in the policy's logit a and its weight b on the previous token, against "
         "the length T. Top two rows: the squared bias, exact by enumeration, over the Monte "
-        f"Carlo noise floor (grey, {n(trials)} trials). Bottom two rows: the Monte Carlo variance; its ±1 se, "
+        f"Carlo noise floor (grey, {n(trials)} trials), enumerated up to T = {n(enumerated)}"
+        + caption.design("; a bias exactly 0 is not drawn.") + " Bottom two rows: the Monte Carlo variance; its ±1 se, "
         f"±{n(100 * np.sqrt(2 / (trials - 1)), '.0f')} %, is thinner than the line, so no band is drawn.",
         ("Settings: " + "; ".join(defined) + ".") if defined else "",
         ("Exactly unbiased, not drawn on the log axis: " + ", ".join(kl_label(c) for c in sorted(unbiased)) + ".")
@@ -99,12 +101,15 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
     return fig, finish(fig, caption)
 
 
-def draw_coinciding(ax, lines: dict[str, pd.Series], place=lambda x, i, n: x * 2 ** dodge(i, n, 0.3)) -> None:
+def draw_coinciding(ax, lines: dict[str, pd.Series], place=lambda x, i, n: x * 2 ** dodge(i, n, 0.3),
+                    named: bool = False) -> None:  # fmt: skip
     """One line per group of configurations equal at every x (COINCIDE), in the first's colour, its x ``place``d
     apart from the other groups'; its markers alternate between the group's configurations, so that each shows."""
     for i, names in enumerate(groups := coinciding({c: s.to_numpy() for c, s in lines.items()})):
         x, y = place(lines[names[0]].index.to_numpy(dtype=float), i, len(groups)), lines[names[0]].to_numpy()
         tag(ax.plot(x, y, color=config_colour(names[0]), label="_group")[0], names[0], None, "band")
+        if named and len(names) > 1:  # the legend names each; the panel says which are one line (Figure 1's bias)
+            ax.annotate(group_label(names), (x[-1], y[-1]), (-4, 5), "data", "offset points", ha="right", fontsize=7)
         for k, name in enumerate(names):
             tag(ax.plot(x[k :: len(names)], y[k :: len(names)], markersize=4, label="_member",
                         **{**style_of(name), "linestyle": ""})[0], name, None, "marker")  # fmt: skip
@@ -121,7 +126,7 @@ def _bias_panel(ax, rows: pd.DataFrame) -> None:
         line = line[[not exactly_zero(abs(b), abs(g)) for b, g in zip(line.exact_bias, line.true_grad, strict=True)]]
         if len(line):
             lines[config] = pd.Series((line.exact_bias**2).to_numpy(), index=line["T"].to_numpy())
-    draw_coinciding(ax, lines)
+    draw_coinciding(ax, lines, named=True)
 
 
 # Where each KL configuration's training ends (analysis/fixed_points.py's and monte_carlo.py's tables).
@@ -148,8 +153,8 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     axes = axes[0]
     for ax, family in zip(axes, families, strict=False):
         _end_points_panel(ax, points[points.family == family], fronts[fronts.family == family], family, groups)
-    if len(mc):
-        _monte_carlo_panel(axes[-1], mc, groups)
+    farthest = _monte_carlo_panel(axes[-1], mc, groups) if len(mc) else None
+    from klstudy.analysis.monte_carlo import AGREEMENT_Z  # here: it imports torch, which a figure job does not need
     seen = {}
     for line in (line for ax in axes for line in ax.get_lines() if not line.get_label().startswith("_")):
         seen.setdefault(line.get_label(), line)
@@ -165,8 +170,10 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         f"{n(section['reward']['threshold'])} ones. Per policy family: grey, the optimum of J_β over β (β ∈ "
         f"{{{', '.join(n(b) for b in section['betas'])}}} marked); each configuration's end points over β, joined "
         "(no KL has no β: one point)."
-        + (f" Right: {n(section['monte_carlo']['seeds'])} on-policy seeds per stable end point, their mean KL at the "
-           "end over the exact one's, ±1 se, in its line's colour and its own marker: on 1 they agree." if len(mc)
+        + (f" Right, the Monte Carlo check ({', '.join(dict.fromkeys(mc.family))} policy; the {n(mc.config.nunique())} "
+           f"configurations it runs that end stable, its β): {n(section['monte_carlo']['seeds'])} on-policy seeds'"
+           f" mean KL at the end over the exact end point's, ±1 se; within {n(AGREEMENT_Z)} se counts as agreeing. "
+           f"Farthest off: {kl_label(farthest[0])} at β = {n(farthest[1])}, {caption.value(*farthest[2:])}." if len(mc)
            else "")
         + "".join(f" One line: {short_names(names)}." for names in groups if len(names) > 3)
         + " The table below: every end point.")  # fmt: skip
@@ -181,6 +188,9 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
     for beta, at in on_optimum.groupby("beta"):
         ax.annotate(f"β {beta:g}", (at.kl.iloc[0], at.reward.iloc[0]), xytext=(-4, 6), textcoords="offset points",
                     ha="right", fontsize=7, color="0.35")  # fmt: skip
+    points = points.assign(spot=list(zip(points.kl.round(3), points.reward.round(3), strict=True)))
+    ends = points[(points.status != "stable") & points.config.isin([names[0] for names in groups])]
+    spots = ends.groupby("spot").config.agg(lambda c: list(dict.fromkeys(c))).to_dict()
     for names in groups:
         group = points[points.config == names[0]].sort_values("beta")
         stable, label = group[group.status == "stable"], group_label(names)
@@ -188,11 +198,13 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
         if len(stable):
             tag(ax.plot(stable.kl, stable.reward, linewidth=0.9, markersize=5, label=label, zorder=3, **style)[0],
                 names[0], None, "marker")  # fmt: skip
-        for status, at in group[group.status != "stable"].groupby("status"):
-            at = at.drop_duplicates(["kl", "reward"])  # no KL ignores β: its rows are one point
-            tag(ax.plot(at.kl, at.reward, linestyle="", marker=encoding.UNSETTLED_MARKERS.get(status, "x"),
-                        markersize=6, color=style["color"], zorder=5, label=label if stable.empty else "_unsettled")[0],
-                names[0], None, "band")  # fmt: skip
+        for end in group[group.status != "stable"].drop_duplicates(["kl", "reward"]).itertuples():  # no KL: one point
+            at = spots[end.spot]  # the configurations that end on this spot, drawn side by side so that each shows
+            ax.update_datalim([(end.kl, end.reward)])  # drawn shifted, off the data transform: its place in the limits
+            shift = ScaledTranslation(0.1 * (at.index(names[0]) - (len(at) - 1) / 2), 0, ax.figure.dpi_scale_trans)
+            tag(ax.plot(end.kl, end.reward, linestyle="", marker=encoding.UNSETTLED_MARKERS.get(end.status, "x"),
+                        transform=ax.transData + shift, markersize=6, color=style["color"], zorder=5,
+                        label=label if stable.empty else "_unsettled")[0], names[0], None, "band")  # fmt: skip
     ax.set_title(f"{family} policy (exact)")
     ax.set_xlabel("KL(π‖π_ref) at the end point")
     ax.set_ylabel("task reward E_π[R]")
@@ -202,18 +214,21 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
 
 def _monte_carlo_panel(ax, mc: pd.DataFrame, groups: list[list[str]]) -> None:
     """The on-policy seeds' mean KL at the end over the exact end point's, ±1 se, per β (categories): a point per
-    configuration in its group's colour and its own marker, read against 1."""
+    configuration in its group's colour and its own marker, read against 1. Returns the farthest from 1."""
     betas = sorted(mc.beta.unique())
-    order = [name for names in groups for name in names if name in set(mc.config)]
+    order, ratios = [name for names in groups for name in names if name in set(mc.config)], []
     for i, config in enumerate(order):
         first = next(names[0] for names in groups if config in names)
         runs = mc[mc.config == config].sort_values("beta")
         x = np.array([betas.index(b) for b in runs.beta]) + dodge(i, len(order), 0.8)
-        bars = ax.errorbar(x, runs.mc_kl / runs.kl, yerr=runs.mc_kl_se / runs.kl, linestyle="", markersize=4,
-                           capsize=0, elinewidth=0.8, **{**marker_of(config), "color": config_colour(first)})
+        y = (runs.mc_kl / runs.kl).to_numpy()
+        bars = ax.errorbar(x, y, yerr=runs.mc_kl_se / runs.kl, linestyle="", markersize=4, capsize=0, elinewidth=0.8,
+                           **{**marker_of(config), "color": config_colour(first)})  # fmt: skip
         tag(bars.lines[0], first, None, "band").set_label("_mc")
+        ratios += [(abs(y[k] - 1), config, b, bars.lines[0], k) for k, b in enumerate(runs.beta)]
     ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
     ax.set_xticks(range(len(betas)), [f"β = {b:g}" for b in betas])
     ax.set_title(f"Monte Carlo check, {', '.join(dict.fromkeys(mc.family))} policy")
     ax.set_ylabel("seeds' mean KL at the end ÷ the exact end point's")
     ax.grid(alpha=0.3, axis="y")
+    return max(ratios, key=lambda r: r[0])[1:]  # (configuration, β, its line, index): the caption quotes it
