@@ -97,8 +97,6 @@ def finish(fig, caption: Caption) -> CaptionText:
     return caption.text()
 
 
-# Claims in words.
-
 PREDICTED_WORDS = {"higher": "predicted higher", "lower": "predicted lower", "same": "predicted the same",
                    "none": "no prediction"}  # fmt: skip
 
@@ -122,8 +120,6 @@ def claim_beta(row) -> str:
         return "slope over β" if beta else ""
     return f"β = {beta:g}" + (f" against {below:g}" if below is not None else "")
 
-
-# The conventions every figure shares, said once.
 
 CONVENTIONS = Path(__file__).with_name("conventions.md")  # the page's words, its numbers filled from the tables
 

@@ -24,8 +24,6 @@ FONTS = {"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labels
          "hatch.linewidth": 0.6}  # fmt: skip
 mpl.rcParams.update(FONTS)
 
-# The style table.
-
 # One colour per KL configuration, none reused, hues far apart among the configurations drawn together (the
 # on-policy grid, Figure 1's nine, the atlas's eight); marker shape and fill say placement and estimator without
 # colour. Green and red are the verdicts'. Every hex has a letter: one of digits alone reads as an issue number.
@@ -56,6 +54,7 @@ BETA_STYLE_WORDS = {0.005: "sparse dots, small rings", 0.01: "sparse dashes, cro
                     0.1: "dashed, rising diagonals", 0.3: "dash-dot-dot, falling diagonals", 1.0: "dotted, large rings",
                     3.0: "paired dashes, diagonal crosses", 10.0: "long dashes, level lines"}  # fmt: skip
 NO_KL_STYLE = ("-", "")  # β = 0: solid, unhatched
+NO_TEMPLATE_HATCH = "**"  # the base model's bars without its chat template (Figs. 5, 10): a hatch no β uses
 UNSETTLED_MARKERS = {"drifts": ">", "still moving": "P"}  # the toy model and atlas: no fixed point where it stopped
 VERDICT_COLOURS = {"shown": "#009E73", "contradicted": "#CC3311", "not shown": "0.45"}
 UNTESTED_COLOUR = "0.7"  # "no prediction": an interval without a verdict
@@ -75,9 +74,6 @@ def _beta_style(beta) -> tuple:
 
 beta_linestyle = lambda beta: _beta_style(beta)[0]  # β's line style (BETA_STYLES)
 beta_hatch = lambda beta: _beta_style(beta)[1]  # β's hatch on bars
-
-
-NO_TEMPLATE_HATCH = "**"  # the base model's bars without its chat template (Figs. 5, 10): a hatch no β uses
 
 
 def marker_of(kl_config: str) -> dict:
@@ -125,8 +121,6 @@ def expected_style(gid: str) -> dict | None:
         expected["hatch"] = NO_TEMPLATE_HATCH if part == "bar_no_template" else beta_hatch(beta)
     return expected
 
-
-# The reader's names.
 
 LOSS_GRADIENT_NAMES = {"ratio": "ratio-weighted", "score": "score-weighted", "st": "K2-gradient",
                        "isst": "weighted K2-gradient"}  # fmt: skip
@@ -208,8 +202,6 @@ def scale_text(config: dict, models) -> str:
     names, data = ", ".join(names), "procedural stand-ins for the paper's" if procedural else "the paper's"
     return f"{names[0].upper()}{names[1:]}, {data} data."
 
-
-# Figures at print size.
 
 
 def save(fig, png: Path, caption: str | None = None) -> None:
