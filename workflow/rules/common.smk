@@ -27,7 +27,8 @@ from klstudy.config import (
     training_processes,
 )
 from klstudy.figure_plan import CLAIMS_FIGURE, claims_figures, training_figures
-from klstudy.run import adopt, failures
+from klstudy.run import adopt, devices, failures
+from klstudy.run.adopt import CELL_WILDCARDS
 from klstudy.run.estimate import gpu_resources
 from klstudy.run.preflight import runtime_cap
 
@@ -104,9 +105,14 @@ def left_training_jobs():
 ADOPTED = left_training_jobs()
 
 
+def cell_key(wildcards) -> tuple:
+    """A cell's wildcard values in adopt.CELL_WILDCARDS's order: ADOPTED's keys."""
+    return tuple(wildcards[key] for key in CELL_WILDCARDS)
+
+
 def adopted_job(wildcards):
     """The SLURM job an adopted cell waits for."""
-    return ADOPTED[tuple(wildcards[key] for key in CELL_WILDCARDS)]
+    return ADOPTED[cell_key(wildcards)]
 
 
 # adopted_train_rl's and refused_train_rl's input for a cell that is not theirs: a file that nothing makes, so that
@@ -116,7 +122,7 @@ UNMADE = ".snakemake/klstudy: a file that nothing makes"
 
 def only_adopted(wildcards):
     """adopted_train_rl's input: none for an adopted cell, UNMADE for any other."""
-    return [] if tuple(wildcards[key] for key in CELL_WILDCARDS) in ADOPTED else [UNMADE]
+    return [] if cell_key(wildcards) in ADOPTED else [UNMADE]
 
 
 # Waits while the job is in the queue (a requeued slice pends, then runs again under its id), polling squeue as the
@@ -131,10 +137,10 @@ ADOPTED_WAIT = (
 # A retry within a run after a deterministic failure, or once the cell has had cluster.max_attempts jobs (failures.py),
 # says why and exits at once: Snakemake retries by count alone, so it is submitted, as the smallest job
 # (_training_retries). Before a run, such a cell is not submitted at all (train.smk's refused_train_rl).
-REFUSED_RETRY = (
-    "if [ {resources.retry_refused} = 1 ]; then python -m klstudy last-failure --history {params.history:q}"
-    f" --max-attempts {config['cluster']['max_attempts']} >&2; exit 1; fi; "
+LAST_FAILURE = (  # why a cell is refused (failures.py); refused_train_rl's shell too
+    f"python -m klstudy last-failure --history {{params.history:q}} --max-attempts {config['cluster']['max_attempts']}"
 )
+REFUSED_RETRY = f"if [ {{resources.retry_refused}} = 1 ]; then {LAST_FAILURE} >&2; exit 1; fi; "
 
 
 wildcard_constraints:
@@ -197,9 +203,6 @@ def recorded_settings(settings: dict) -> str:
     """A staging job's settings as Snakemake records them: without ``local_dir``, a path on this machine (a copy
     moved elsewhere is the same data; a pinned model's sha256 says which build it is)."""
     return json.dumps({key: value for key, value in settings.items() if key != "local_dir"})
-
-
-CELL_WILDCARDS = ("study", "model", "kl", "beta", "seed")
 
 
 def cell_config(wildcards):
@@ -356,7 +359,7 @@ def job_python(stage, uses_vllm=False, gpus=None):
     GPU job on one node first claims GPUs of its own, `gpus` or the stage's (klstudy.run.devices)."""
     python = stage_python(uses_vllm)
     spec = config["resources"][stage]
-    if not spec["gpus"] or spec["nodes"] > 1 or not os.environ.get("KLSTUDY_GPUS"):
+    if not spec["gpus"] or spec["nodes"] > 1 or not os.environ.get(devices.GPUS_ENV):
         return python
     return f"{python} -m klstudy.run.devices --count {gpus or spec['gpus']} -- {python}"
 

@@ -92,9 +92,7 @@ rule refused_train_rl:
     conda:
         "../../envs/klstudy.yaml"
     shell:
-        "python -m klstudy last-failure --history {params.history:q} --max-attempts "
-        + str(config["cluster"]["max_attempts"])
-        + " 2>&1 | tee {log} >&2; exit 1"
+        LAST_FAILURE + " 2>&1 | tee {log} >&2; exit 1"
 
 
 ruleorder: adopted_train_rl > refused_train_rl > train_rl
