@@ -36,18 +36,19 @@ class OptimumCurve:
         top, bottom = (math.log(b) for b in EFFECTIVE_BETA_RANGE[::-1])
         log_beta, step, halvings = top, (top - bottom) / (points - 1), 0
         while log_beta >= bottom - 1e-9:
+            beta = math.exp(log_beta)
             try:
-                theta = family_optimum(family, rewards, math.exp(log_beta), start)
+                theta = family_optimum(family, rewards, beta, start)
             except RuntimeError:
                 if not self.optima or halvings == REFINE:
                     break
                 step, halvings = step / 2, halvings + 1
                 log_beta = math.log(min(self.optima)) - step
                 continue
-            kl_value = self.kl_at(math.exp(log_beta), theta)
+            kl_value = self.kl_at(beta, theta)
             if kl_value - last_kl < KL_RESOLUTION:
                 break
-            self.optima[math.exp(log_beta)], start, last_kl = theta, theta, kl_value
+            self.optima[beta], start, last_kl = theta, theta, kl_value
             log_beta -= step
         self.betas = np.array(sorted(self.optima))
         self.kls = np.array([self.kl_at(b, self.optima[b]) for b in self.betas])
