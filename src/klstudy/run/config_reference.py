@@ -8,8 +8,6 @@ exist only for some values of another key (a dataset's ``kind``, a model's ``sou
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 
 import yaml
@@ -17,21 +15,13 @@ import yaml
 from klstudy import config as configuration
 
 # What a mapping's free keys stand for, by the mapping's own key (the placeholder in a row's path).
-PLACEHOLDERS = {
-    "data": "<dataset>",
-    "models": "<model>",
-    "studies": "<study>",
-    "figures": "<figure>",
-    "claims": "<claim>",
-    "settings": "<setting>",
-    "warm_start_data": "<dataset>",
-}
+PLACEHOLDERS = {"data": "<dataset>", "models": "<model>", "studies": "<study>", "figures": "<figure>",
+                "claims": "<claim>", "settings": "<setting>", "warm_start_data": "<dataset>"}  # fmt: skip
 # How a row names a type defined once under $defs.
-DEFINED_TYPES = {
-    "alias": "name",
-    "kl_config": "KL configuration (`none`, `k1-reward`, `k3-loss-ratio`, …)",
-    "beta": "number ≥ 0",
-}
+DEFINED_TYPES = {"alias": "name", "kl_config": "KL configuration (`none`, `k1-reward`, `k3-loss-ratio`, …)",
+                 "beta": "number ≥ 0"}  # fmt: skip
+BOUNDS = {"minimum": "≥", "exclusiveMinimum": ">", "maximum": "≤", "exclusiveMaximum": "<"}
+LONG_DEFAULT_WORDS = 15  # a default longer than this is written under its table, in YAML's block style
 
 INTRO = """\
 # Configuration reference
@@ -50,15 +40,15 @@ real chat model on a CPU), [`atlas.yaml`](atlas.yaml) (an overlay: the atlas's b
 `make study CONFIG="config.yaml config/separation.yaml" RUN_DIR=runs/separation`, in a directory of its own as its
 cells have the default's paths). [`paper-settings.yaml`](paper-settings.yaml) is no run's config: the settings the
 paper states, which [the paper's settings](../docs/paper-settings.md) sets against `paper.yaml`. Every key is
-checked before any job starts; a mistake
-stops the run with one line naming the key. `<dataset>`, `<model>`, `<study>` … stand for names you choose; `[]`
-marks the items of a list. *required* means the key has no default and must be given.
+checked before any job starts; a mistake stops the run with one line naming the key. `<dataset>`, `<model>`,
+`<study>` … stand for names you choose; `[]` marks the items of a list. *required* means the key has no default and
+must be given.
 """
 
 
 @dataclass
 class Table:
-    """One table of the reference: a heading, what it is about, and one row per key."""
+    """One table of the reference: a heading, what it is about, and one (path, type, default, meaning) row a key."""
 
     title: str
     about: str = ""
@@ -71,168 +61,94 @@ def reference(schema: dict | None = None) -> str:
 
 
 def tables(schema: dict | None = None) -> list[Table]:
-    """The reference's tables: one per top-level key, then one per branch of a key's allOf."""
+    """One table per top-level key (a section's own row is its table's opening line), then one per allOf branch."""
     schema = schema or configuration.load_schema()
-    definitions = schema.get("$defs", {})
     found = []
     for key, sub in schema["properties"].items():
-        row = _row(sub, key, key in schema.get("required", []), definitions)
-        opening = Table(f"`{key}`")
-        section = [opening]
-        _walk_contents(_resolve(sub, definitions)[0], key, definitions, section, opening)
-        if opening.rows or len(section) > 1:  # a section: what it is, then its keys
-            opening.about = f"{row[3]} ({row[1]}; {'default ' if row[2].startswith('`') else ''}{row[2]})"
-        else:  # a single setting: its own row
-            opening.rows.append(row)
+        section = [Table(f"`{key}`")]
+        _walk(sub, key, key in schema.get("required", []), schema.get("$defs", {}), section, section[0])
+        (own, *rows), opening = section[0].rows, section[0]
+        if rows or len(section) > 1:
+            opening.rows = rows
+            opening.about = f"{own[3]} ({own[1]}; {'default ' if own[2].startswith('`') else ''}{own[2]})"
         found += section
     return found
 
 
-def _resolve(sub: dict, definitions: dict) -> tuple[dict, str | None]:
-    """``sub`` with its $ref's definition merged under it (its own keys win), and the definition's name."""
+def _resolve(sub: dict, definitions: dict) -> dict:
+    """``sub`` with its $ref's definition merged under it (its own keys win)."""
     if "$ref" not in sub:
-        return sub, None
-    name = sub["$ref"].rsplit("/", 1)[-1]
-    merged = {**definitions[name], **{k: v for k, v in sub.items() if k != "$ref"}}
-    return merged, name
-
-
-def _row(sub: dict, path: str, required: bool, definitions: dict) -> tuple[str, str, str, str]:
-    """(path, type, default, meaning) of the key at ``path``."""
-    resolved, _ = _resolve(sub, definitions)
-    meaning = " ".join(str(resolved.get("description", "")).split())
-    return path, _type(sub, definitions), _default(resolved, required), meaning
+        return sub
+    return {**definitions[sub["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in sub.items() if k != "$ref"}}
 
 
 def _walk(sub: dict, path: str, required: bool, definitions: dict, tables: list[Table], table: Table) -> None:
-    """Add a row for ``sub`` at ``path`` to ``table``, then rows for what it contains (new tables for branches)."""
-    table.rows.append(_row(sub, path, required, definitions))
-    _walk_contents(_resolve(sub, definitions)[0], path, definitions, tables, table)
-
-
-def _walk_contents(sub: dict, path: str, definitions: dict, tables: list[Table], table: Table) -> None:
-    if sub.get("type") == "array" and isinstance(sub.get("items"), dict):
-        items, _ = _resolve(sub["items"], definitions)
-        if "properties" in items:
-            _walk_properties(items, f"{path}[]", definitions, tables, table)
+    """Add the row of the key at ``path`` to ``table``, then the rows of what it holds: a list's items' keys, its own
+    keys, its free names' keys, and a table for each branch (allOf: if a key has these values, then these keys)."""
+    resolved = _resolve(sub, definitions)
+    default = f"`{flow(resolved['default'])}`" if "default" in resolved else "*required*" if required else "unset"
+    table.rows.append((path, _type(sub, definitions), default, " ".join(str(resolved.get("description", "")).split())))
+    items, values = resolved.get("items"), resolved.get("additionalProperties")
+    if resolved.get("type") == "array" and isinstance(items, dict):
+        _properties(_resolve(items, definitions), f"{path}[]", definitions, tables, table)
         return
-    _walk_properties(sub, path, definitions, tables, table)
-    values = sub.get("additionalProperties")
-    if isinstance(values, dict):
-        values, _ = _resolve(values, definitions)
-        if "properties" in values or "allOf" in values:
-            name = PLACEHOLDERS.get(path.rsplit(".", 1)[-1], "<name>")
-            _walk_properties(values, f"{path}.{name}", definitions, tables, table)
-            _walk_branches(values, f"{path}.{name}", definitions, tables)
+    _properties(resolved, path, definitions, tables, table)
+    values = _resolve(values, definitions) if isinstance(values, dict) else {}
+    if "properties" in values or "allOf" in values:
+        path = f"{path}.{PLACEHOLDERS.get(path.rsplit('.', 1)[-1], '<name>')}"
+        _properties(values, path, definitions, tables, table)
+        for branch in values.get("allOf", []):
+            ((selector, condition),) = branch["if"]["properties"].items()
+            shown = ", ".join(f"`{v}`" for v in condition.get("enum", [condition.get("const")]))
+            tables.append(Table(f"`{path}` with `{selector}`: {shown}"))
+            _properties(branch["then"], path, definitions, tables, tables[-1])
 
 
-def _walk_properties(sub: dict, path: str, definitions: dict, tables: list[Table], table: Table) -> None:
-    required = set(sub.get("required", []))
+def _properties(sub: dict, path: str, definitions: dict, tables: list[Table], table: Table) -> None:
     for key, child in sub.get("properties", {}).items():
-        if child is True:  # a branch re-admits a key declared above it
-            continue
-        _walk(child, f"{path}.{key}", key in required, definitions, tables, table)
-
-
-def _walk_branches(sub: dict, path: str, definitions: dict, tables: list[Table]) -> None:
-    """allOf: [{if: {properties: {kind: {enum: [...]}}}, then: {...}}]: one table per branch."""
-    for branch in sub.get("allOf", []):
-        ((selector, condition),) = branch["if"]["properties"].items()
-        values = condition.get("enum", [condition.get("const")])
-        table = Table(f"`{path}` with `{selector}`: {', '.join(f'`{v}`' for v in values)}")
-        tables.append(table)
-        _walk_properties(branch["then"], path, definitions, tables, table)
+        if child is not True:  # True: a branch re-admits a key declared above it
+            _walk(child, f"{path}.{key}", key in sub.get("required", []), definitions, tables, table)
 
 
 def _type(sub: dict, definitions: dict) -> str:
     """A short name of the values ``sub`` admits: 'integer ≥ 1', 'list of name', 'one of `hf`, `vllm`'."""
-    sub, defined = _resolve(sub, definitions)
-    if defined in DEFINED_TYPES:
-        return DEFINED_TYPES[defined]
-    for word in ("anyOf", "oneOf"):
-        if word in sub:
-            return " or ".join(_type(alternative, definitions) for alternative in sub[word])
-    if "enum" in sub:
-        return "one of " + ", ".join(f"`{_flow(v)}`" for v in sub["enum"])
-    if "const" in sub:
-        return f"`{_flow(sub['const'])}`"
-    kind = sub.get("type")
+    if "$ref" in sub and sub["$ref"].rsplit("/", 1)[-1] in DEFINED_TYPES:
+        return DEFINED_TYPES[sub["$ref"].rsplit("/", 1)[-1]]
+    sub, kind = _resolve(sub, definitions), _resolve(sub, definitions).get("type")
+    alternatives = sub.get("anyOf", sub.get("oneOf"))
+    values = sub.get("additionalProperties")
+    if alternatives:
+        return " or ".join(_type(alternative, definitions) for alternative in alternatives)
+    if "enum" in sub or "const" in sub:
+        return "one of " * ("enum" in sub) + ", ".join(f"`{flow(v)}`" for v in sub.get("enum", [sub.get("const")]))
     if kind == "array":
         return f"list of {_type(sub.get('items', {}), definitions)}"
-    if kind == "object" and isinstance(sub.get("additionalProperties"), dict) and "properties" not in sub:
-        return f"mapping of names to {_type(sub['additionalProperties'], definitions)}"
-    if isinstance(kind, list):
-        return " or ".join(kind)
-    return (kind or "any") + _bounds(sub)
+    if kind == "object" and isinstance(values, dict) and "properties" not in sub:
+        return f"mapping of names to {_type(values, definitions)}"
+    limits = [f"{sign} {flow(sub[word])}" for word, sign in BOUNDS.items() if word in sub]
+    bounds = " " + ", ".join(limits) if limits else ""
+    kinds = kind if isinstance(kind, list) else [kind or "any"]
+    return " or ".join(k + bounds if k in ("integer", "number") else k for k in kinds)
 
 
-def _bounds(sub: dict) -> str:
-    """' ≥ 1', ' > 0, ≤ 1' or '': the limits of a number."""
-    signs = {"minimum": "≥", "exclusiveMinimum": ">", "maximum": "≤", "exclusiveMaximum": "<"}
-    limits = [f"{sign} {_flow(sub[word])}" for word, sign in signs.items() if word in sub]
-    return " " + ", ".join(limits) if limits else ""
-
-
-def _default(sub: dict, required: bool) -> str:
-    if "default" in sub:
-        return f"`{_flow(sub['default'])}`"
-    return "*required*" if required else "unset"
-
-
-def _flow(value) -> str:
-    """A value as it would be written in the YAML config."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return value
-    return _flow_inner(value)
-
-
-def _flow_inner(value) -> str:
-    """A value inside a flow collection: strings that YAML would split (a comma, a colon, brackets) quoted."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{key}: {_flow_inner(item)}" for key, item in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_flow_inner(item) for item in value) + "]"
-    if isinstance(value, str) and re.search(r"[,:{}\[\]#]|^\s|\s$|^$", value):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, str) or value is None or isinstance(value, bool):
-        return _flow(value)
-    return json.dumps(value, ensure_ascii=False)
-
-
-# A default longer than this many words is written under its table, not in its cell.
-LONG_DEFAULT_WORDS = 15
+def flow(value) -> str:
+    """A value as it would be written in the YAML config (YAML's flow style, quoted where YAML needs it)."""
+    dumped = yaml.safe_dump(value, default_flow_style=True, width=float("inf"), allow_unicode=True, sort_keys=False)
+    return dumped.removesuffix("\n...\n").strip()
 
 
 def _render(table: Table) -> str:
-    lines = [f"## {table.title}", ""]
-    if table.about:
-        lines += [table.about, ""]
+    lines, below = [f"## {table.title}", "", *([table.about, ""] if table.about else [])], []
     lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
-    below = []
-    for row in table.rows:
-        path, kind, default, meaning = row
+    for path, kind, default, meaning in table.rows:
         if len(default.split()) > LONG_DEFAULT_WORDS:
-            below.append((path, default))
-            row = (path, kind, "below the table", meaning)
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") or " " for cell in _coded(row)) + " |")
-    for path, default in below:
-        lines += ["", f"The default of `{path}`:", "", "```yaml", _block(default.strip("`")), "```"]
-    return "\n".join(lines) + "\n"
+            below += ["", f"The default of `{path}`:", "", "```yaml", _block(default.strip("`")), "```"]
+            default = "below the table"
+        cells = (f"`{path}`", kind, default, meaning)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") or " " for cell in cells) + " |")
+    return "\n".join(lines + below) + "\n"
 
 
 def _block(flow: str) -> str:
-    """A value written in YAML's flow style, in block style (one key a line) where it reads back the same."""
-    try:
-        value = yaml.safe_load(flow)
-    except yaml.YAMLError:
-        return flow
-    return yaml.safe_dump(value, sort_keys=False, allow_unicode=True, width=116).rstrip()
-
-
-def _coded(row: tuple[str, str, str, str]) -> tuple[str, str, str, str]:
-    path, kind, default, meaning = row
-    return f"`{path}`", kind, default, meaning
+    """A default in YAML's block style (one key a line)."""
+    return yaml.safe_dump(yaml.safe_load(flow), sort_keys=False, allow_unicode=True, width=116).rstrip()
