@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from klstudy import config as configuration
+from klstudy.run.config_reference import flow
 
 MAPPING = configuration.REPO_ROOT / "config" / "paper-settings.yaml"
 KINDS = {
@@ -22,6 +23,17 @@ KINDS = {
     "open": "the paper does not say; the choice, and why",
     "pending": "a known difference, not yet resolved",
 }
+# Each kind's table on the page: (heading, the row's field). A stated row's words are the mapping's: the page says
+# where and what; an open row has no words to quote.
+COLUMNS = {
+    "stated": [("where", "where"), ("config", "key")],
+    "open": [("where", "where"), ("config", "key"), ("the choice, and why", "reading")],
+}
+QUOTED = [("where", "where"), ("the paper", "paper"), ("config", "key"), ("reading", "reading")]
+CLAIMS_COLUMNS = [("where", "where"), ("the paper", "paper"), ("why", "why")]
+# Each entry of these lists needs these fields.
+ENTRIES = {"not_settings": ("key", "why"), "claims_not_encoded": ("paper", "where", "why"),
+           "claims_removed": ("claim", "why")}  # fmt: skip
 MISSING = object()
 
 
@@ -32,23 +44,25 @@ RUN_SECTIONS = ("studies", "evaluation", "divergence", "toy", "data")
 
 def load(path: Path = MAPPING) -> dict:
     mapping = yaml.safe_load(Path(path).read_text())
-    for section, fields in (("not_settings", ("key", "why")), ("claims_not_encoded", ("paper", "where", "why")),
-                            ("claims_removed", ("claim", "why"))):  # fmt: skip
-        for index, entry in enumerate(mapping.get(section, [])):
-            if not all(entry.get(field) for field in fields):
-                raise ValueError(f"{path}: {section}[{index}] needs {', '.join(fields)}")
-    for index, row in enumerate(mapping["settings"]):
+    problems = [f"{section}[{i}] needs {', '.join(fields)}" for section, fields in ENTRIES.items()
+                for i, entry in enumerate(mapping.get(section, [])) if not all(map(entry.get, fields))]  # fmt: skip
+    for i, row in enumerate(mapping["settings"]):
         if row.get("kind") not in KINDS:
-            raise ValueError(f"{path}: settings[{index}].kind must be one of {sorted(KINDS)}, not {row.get('kind')!r}")
-        if row["kind"] != "pending" and "key" in row and "value" not in row:
-            raise ValueError(f"{path}: settings[{index}] names a key but no value")
-        if row["kind"] in ("read", "open", "pending") and not row.get("reading"):
-            raise ValueError(f"{path}: settings[{index}] ({row['kind']}) says no reading")
+            problems.append(f"settings[{i}].kind must be one of {sorted(KINDS)}, not {row.get('kind')!r}")
+        elif row["kind"] != "pending" and "key" in row and "value" not in row:
+            problems.append(f"settings[{i}] names a key but no value")
+        elif row["kind"] != "stated" and not row.get("reading"):
+            problems.append(f"settings[{i}] ({row['kind']}) says no reading")
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
     return mapping
 
 
-def expand(path: str) -> list[str]:
-    """A path with one ``{a,b,c}`` part (the same setting in several studies) as its paths; others as themselves."""
+def expand(path: str, studies=()) -> list[str]:
+    """A path with ``{a,b,c}`` parts (the same setting in several studies) as its paths, ``studies.*`` as each of
+    ``studies``; others as themselves."""
+    if studies:
+        path = path.replace("studies.*.", "studies.{" + ",".join(studies) + "}.")
     found = re.fullmatch(r"(.*)\{([^}]*)\}(.*)", path)
     if not found:
         return [path]
@@ -56,17 +70,21 @@ def expand(path: str) -> list[str]:
     return [path for name in names.split(",") for path in expand(f"{head}{name.strip()}{tail}")]
 
 
-def keys_and_values(row: dict) -> list[tuple[str, object]]:
-    """(config path, value) pairs of a row: ``key`` a path and ``value`` its value, or both lists of the same length;
-    a path with ``{a,b}`` holds its value at each of its paths."""
+def pairs(row: dict) -> list[tuple[str, object]]:
+    """(key, value) pairs of a row as written: ``key`` one key and ``value`` its value, or both lists alike."""
     if "key" not in row:
         return []
     if isinstance(row["key"], str):
-        return [(path, row.get("value", MISSING)) for path in expand(row["key"])]
+        return [(row["key"], row.get("value", MISSING))]
     values = row.get("value", [MISSING] * len(row["key"]))
     if len(values) != len(row["key"]):
         raise ValueError(f"paper-settings row {row['paper'][:40]!r}: {len(row['key'])} keys but {len(values)} values")
-    return [(path, value) for key, value in zip(row["key"], values, strict=True) for path in expand(key)]
+    return list(zip(row["key"], values, strict=True))
+
+
+def keys_and_values(row: dict, studies=()) -> list[tuple[str, object]]:
+    """(config path, value) pairs of a row, each key expanded to its paths (expand) that hold its value."""
+    return [(path, value) for key, value in pairs(row) for path in expand(key, studies)]
 
 
 def leaf_paths(node, prefix: str) -> list[str]:
@@ -85,29 +103,22 @@ def _covers(pattern: str, path: str) -> bool:
 def uncovered(config: dict, mapping: dict) -> list[str]:
     """Each path under RUN_SECTIONS of a validated config that no row (stated, read, open) nor not_settings entry
     names: a setting a run uses with neither the paper's words nor a reading."""
+    studies = list(config["studies"])
     rows = [row for row in mapping["settings"] if row["kind"] != "pending"]
-    named = [path for row in rows for path, _ in keys_and_values(row)]
+    named = [path for row in rows for path, _ in keys_and_values(row, studies)]
     named += [path for entry in mapping.get("not_settings", []) for path in expand(entry["key"])]
     paths = [path for section in RUN_SECTIONS for path in leaf_paths(config.get(section, {}), section)]
     return [path for path in paths if not any(_covers(pattern, path) for pattern in named)]
-
-
-def lookup(config: dict, path: str):
-    """The value at a dotted path of a validated config, or MISSING."""
-    node = config
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return MISSING
-        node = node[part]
-    return node
 
 
 def mismatches(config: dict, mapping: dict) -> list[str]:
     """Each checked row's key whose config value is not the row's (a pending row's keys must only exist)."""
     found = []
     for row in mapping["settings"]:
-        for path, value in keys_and_values(row):
-            held = lookup(config, path)
+        for path, value in keys_and_values(row, list(config["studies"])):
+            held = config
+            for part in path.split("."):
+                held = held.get(part, MISSING) if isinstance(held, dict) else MISSING
             if held is MISSING:
                 found.append(f"{path}: not in the config")
             elif row["kind"] != "pending" and held != value:
@@ -115,16 +126,12 @@ def mismatches(config: dict, mapping: dict) -> list[str]:
     return found
 
 
-def references(where: str) -> list[str]:
-    """The sections, figures and tables a ``where`` (or a claim's ``paper:``) names, each as written."""
-    parts = re.split(r",\s*", re.sub(r"\s*\([^)]*\)", "", where))  # remarks in brackets are no references
-    return [part.removeprefix("App. ").strip() for part in parts if part.strip()]
-
-
 def unknown_references(where: str, paper: dict) -> list[str]:
-    """The references of ``where`` that the paper does not have (``paper``: its sections, figures and tables)."""
+    """The sections, figures and tables a ``where`` (or a claim's ``paper:``) names that the paper (its sections,
+    figures and tables) does not have; remarks in brackets are no references."""
     unknown, previous = [], ""
-    for reference in references(where):
+    for reference in re.split(r",\s*", re.sub(r"\s*\([^)]*\)", "", where)):
+        reference = reference.removeprefix("App. ").strip()
         if re.fullmatch(r"\d+", reference) and previous.startswith("Fig"):
             reference = f"Fig. {reference}"  # "Fig. 5, 6, 10": a list of figures
         figure = re.fullmatch(r"Figs?\. (\d+)(?:[–-](\d+))?(?: (?:left|right|centre|center))?", reference)
@@ -135,71 +142,28 @@ def unknown_references(where: str, paper: dict) -> list[str]:
             known = 1 <= int(table.group(1)) <= paper["tables"]
         else:
             known = reference.removeprefix("§") in paper["sections"]
-        if not known:
+        if reference and not known:
             unknown.append(reference)
         previous = reference
     return unknown
 
 
-def _format(value) -> str:
-    if isinstance(value, list):
-        return "[" + ", ".join(map(_format, value)) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{key}: {_format(item)}" for key, item in value.items()) + "}"
-    if isinstance(value, bool):
-        return str(value).lower()  # as YAML writes it
-    if value is None:
-        return "null"
-    if isinstance(value, float):
-        return re.sub(r"e([+-])0(\d)", r"e\1\2", f"{value:g}")  # 1e-06 -> 1e-6
-    return str(value)
+def _table(columns: list[tuple[str, str]], rows: list[dict]) -> list[str]:
+    """A Markdown table of ``rows``, a (heading, field) a column; a row's ``key`` as its keys with their values."""
 
+    def cell(row: dict, name: str) -> str:
+        if name == "key":
+            return "<br>".join(f"`{k}`" + ("" if v is MISSING else f" = `{flow(v)}`") for k, v in pairs(row))
+        return " ".join(str(row[name]).split())
 
-def grouped(row: dict, studies: list[str]) -> list[tuple[str, object]]:
-    """A row's (key, value) pairs as the page shows them: one key per setting and value, with the studies that hold it
-    gathered (``studies.{a,b}.x``, or ``studies.*.x`` for every study), in the row's order."""
-    groups: dict[tuple[str, str], list[str]] = {}
-    values: dict[tuple[str, str], object] = {}
-    for path, value in keys_and_values(row):
-        parts = path.split(".", 2)
-        study, rest = (parts[1], parts[2]) if parts[0] == "studies" and len(parts) == 3 else (None, path)
-        group = (rest, repr(value))
-        groups.setdefault(group, []).append(study)
-        values[group] = value
-    shown = []
-    for (rest, _), names in groups.items():
-        if names == [None]:
-            shown.append((rest, values[(rest, _)]))
-            continue
-        if sorted(names) == sorted(studies):
-            which = "*"
-        else:
-            which = names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
-        shown.append((f"studies.{which}.{rest}", values[(rest, _)]))
-    return shown
-
-
-def _row(row: dict, studies: list[str]) -> str:
-    keys = "<br>".join(f"`{key}`" + ("" if value is MISSING else f" = `{_format(value)}`")
-                       for key, value in grouped(row, studies))  # fmt: skip
-    if row["kind"] == "stated":  # the paper's words, quoted, are the mapping's: the page says where and what
-        return f"| {row['where']} | {keys} |"
-    if row["kind"] == "open":  # the paper does not say: where it is silent, and the choice
-        return f"| {row['where']} | {keys} | {' '.join(row['reading'].split())} |"
-    cells = [row["where"], " ".join(str(row["paper"]).split()), keys, " ".join(row["reading"].split())]
-    return "| " + " | ".join(cells) + " |"
-
-
-def _studies(mapping: dict) -> list[str]:
-    """Every study the rows name (config/paper.yaml's): ``studies.*`` on the page stands for all of them."""
-    paths = [path for row in mapping["settings"] for path, _ in keys_and_values(row)]
-    return sorted({path.split(".")[1] for path in paths if path.startswith("studies.")})
+    return ["| " + " | ".join(heading for heading, _ in columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(cell(row, name) for _, name in columns) + " |" for row in rows), ""]  # fmt: skip
 
 
 def page(mapping: dict) -> str:
-    """docs/paper-settings.md."""
+    """docs/paper-settings.md: a table a kind of row, then the paper's claims the claims table cannot express (the keys
+    that are no setting of the paper's, and the claims removed, stay in the mapping with their reasons)."""
     pending = sum(row["kind"] == "pending" for row in mapping["settings"])
-    studies = _studies(mapping)
     lines = [
         "# The paper's settings, line by line",
         "",
@@ -211,43 +175,16 @@ def page(mapping: dict) -> str:
         "`config/paper-settings.yaml`, which quotes the paper's words for every row, by "
         "`.venv/bin/python -m klstudy paper-settings --out docs/paper-settings.md`.",
         "",
-        (
-            f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. "
-            "Every other row is what `config/paper.yaml` runs."
-            if pending
-            else "Every row is what `config/paper.yaml` runs; where its runs still differ: "
-            "[differences](differences.md)."
-        ),
+        f"**{pending} known difference{'s are' if pending != 1 else ' is'} not yet resolved**: the last table. Every "
+        "other row is what `config/paper.yaml` runs." if pending else
+        "Every row is what `config/paper.yaml` runs; where its runs still differ: [differences](differences.md).",
         "",
-    ]
+    ]  # fmt: skip
     for kind, heading in KINDS.items():
-        rows = [row for row in mapping["settings"] if row["kind"] == kind]
-        if not rows:
-            continue
-        columns = {"stated": ["where", "config"], "open": ["where", "config", "the choice, and why"]}.get(
-            kind, ["where", "the paper", "config", "reading"])
-        lines += [f"## {heading[0].upper()}{heading[1:]}", "", "| " + " | ".join(columns) + " |",
-                  "|" + "---|" * len(columns), *(_row(row, studies) for row in rows), ""]  # fmt: skip
-    return "\n".join(lines + _other_sections(mapping))
-
-
-def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
-            *("| " + " | ".join(" ".join(str(cell).split()) for cell in row) + " |" for row in rows), ""]  # fmt: skip
-
-
-def _other_sections(mapping: dict) -> list[str]:
-    """The paper's claims the claims table cannot express. The keys that are no setting of the paper's, and the claims
-    removed from config/paper.yaml, stay in config/paper-settings.yaml with their reasons."""
-    lines = [
-        "## The paper's claims no claim expresses",
-        "",
-        "The paper's claims [the claims table](claims.md) cannot judge, and why (every other key a run reads, and why "
-        "it is no setting of the paper's: `not_settings` in `config/paper-settings.yaml`):",
-        "",
-        *_table(
-            ["where", "the paper", "why"],
-            [[e["where"], e["paper"], e["why"]] for e in mapping.get("claims_not_encoded", [])],
-        ),
-    ]
-    return lines[:-1]  # the page ends with its last row
+        if rows := [row for row in mapping["settings"] if row["kind"] == kind]:
+            lines += [f"## {heading[0].upper()}{heading[1:]}", "", *_table(COLUMNS.get(kind, QUOTED), rows)]
+    lines += ["## The paper's claims no claim expresses", "",
+              "The paper's claims [the claims table](claims.md) cannot judge, and why (every other key a run reads, "
+              "and why it is no setting of the paper's: `not_settings` in `config/paper-settings.yaml`):", "",
+              *_table(CLAIMS_COLUMNS, mapping["claims_not_encoded"])]  # fmt: skip
+    return "\n".join(lines[:-1])  # the page ends with its last row
