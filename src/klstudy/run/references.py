@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from klstudy import environment
+from klstudy.run.config_reference import flow
 
 ROOT = Path(__file__).resolve().parents[3]
 # Each page says where it comes from; this module's docstring says how to write it again.
@@ -178,14 +179,7 @@ EVALUATED = {
     "divergence": ["study", "kl", "betas", "seeds", "steps", "tasks", "prompts", "samples", "max_tokens",
                    "snapshot_dtype"],
 }  # fmt: skip
-
-
-def _value(value) -> str:
-    if isinstance(value, dict):
-        return "; ".join(f"{key}: {_value(item)}" for key, item in value.items()) or "–"
-    if isinstance(value, list):
-        return ", ".join(map(str, value))
-    return "–" if value is None else str(value)
+COMPARED = "| setting | embedded | paper |\n|---|---|---|"
 
 
 def study_grid_page(embedded_path: Path = ROOT / "config.yaml", paper_path: Path = ROOT / "config" / "paper.yaml"):
@@ -201,32 +195,34 @@ def study_grid_page(embedded_path: Path = ROOT / "config.yaml", paper_path: Path
                     "scales differ). A study trains every model × KL configuration × β × seed it lists (`none`: no "
                     "KL, at β = 0).")  # fmt: skip
     (head, *others) = paper["studies"]
-    first = {row[0]: row for row in _settings(head, embedded, paper)}
-    lines += ["", f"## {head}", "", _cell(paper["studies"][head].get("description", "")), "",
-              "| setting | embedded | paper |", "|---|---|---|"]  # fmt: skip
-    lines += [_side_by_side(*row) for row in first.values()]
+    first = _settings(head, embedded, paper)
+    lines += ["", f"## {head}", "", _cell(paper["studies"][head].get("description", "")), "", COMPARED]
+    lines += [_compared(*row, table=True) for row in first]
     lines += ["", "## The other studies", "", f"| study | what it is | as `{head}`, but |", "|---|---|---|"]
     for study in others:
         about = _cell(paper["studies"][study].get("description", ""))
-        if study not in embedded["studies"]:
-            lines.append(f"| `{study}` | {about} | the embedded config has no such study |")
-            continue
-        changed = [row for row in _settings(study, embedded, paper) if row != first.get(row[0])]
-        lines.append(f"| `{study}` | {about} | {'; '.join(_inline(*row) for row in changed) or 'nothing'} |")
+        changed = [_compared(*row) for row in _settings(study, embedded, paper) if row not in first]
+        shown = "; ".join(changed) or "nothing" if study in embedded["studies"] else "the embedded config has none"
+        lines.append(f"| `{study}` | {about} | {shown} |")
     for section, keys in EVALUATED.items():
-        lines += ["", f"## {section}", "", "| setting | embedded | paper |", "|---|---|---|"]
-        lines += [_side_by_side(key, embedded[section].get(key), paper[section].get(key)) for key in keys]
+        lines += ["", f"## {section}", "", COMPARED]
+        lines += [_compared(key, embedded[section].get(key), paper[section].get(key), table=True) for key in keys]
     return "\n".join(lines) + "\n"
 
 
-def _inline(key: str, embedded_value, paper_value) -> str:
-    """A setting in a study's row of docs/study-grid.md: its one value, or both scales' in bold."""
-    shown = [_cell(_value(v)) for v in (embedded_value, paper_value)]
-    return f"`{key}` {shown[0]}" if embedded_value == paper_value else f"`{key}` **{shown[0]}** / **{shown[1]}**"
+def _compared(key: str, embedded_value, paper_value, table: bool = False) -> str:
+    """A setting at both scales, in bold where they differ: a table's row, or a study's row's item."""
+    ours, theirs = (_cell(flow(v)) for v in (embedded_value, paper_value))
+    if table:
+        return f"| `{key}` | {ours} | same |" if ours == theirs else f"| `{key}` | **{ours}** | **{theirs}** |"
+    return f"`{key}` {ours}" if ours == theirs else f"`{key}` **{ours}** / **{theirs}**"
 
 
 def _settings(study: str, embedded: dict, paper: dict) -> list[tuple]:
-    """A study's (setting, embedded value, paper value) rows, in the order a reader compares them."""
+    """A study's (setting, embedded value, paper value) rows, in the order a reader compares them; none where the
+    embedded config has no such study."""
+    if study not in embedded["studies"]:
+        return []
     ours, theirs = embedded["studies"][study], paper["studies"][study]
     rows = [(key, ours.get(key), theirs.get(key)) for key in STUDY_KEYS]
     rows += [(key, ours["train"].get(key), theirs["train"].get(key)) for key in TRAIN_KEYS]
@@ -234,14 +230,6 @@ def _settings(study: str, embedded: dict, paper: dict) -> list[tuple]:
     rows += [("gpus", ours.get("gpus", embedded["resources"]["train"]["gpus"]),
               theirs.get("gpus", paper["resources"]["train"]["gpus"]))]  # fmt: skip
     return rows
-
-
-def _side_by_side(key: str, embedded_value, paper_value) -> str:
-    """A setting's row of docs/study-grid.md: both scales' values in bold where they differ, else the one value."""
-    shown = [_cell(_value(v)) for v in (embedded_value, paper_value)]
-    if embedded_value == paper_value:
-        return f"| `{key}` | {shown[0]} | same |"
-    return f"| `{key}` | **{shown[0]}** | **{shown[1]}** |"
 
 
 # ------------------------------------------------------------------------------------------------- all of them
