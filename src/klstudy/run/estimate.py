@@ -28,6 +28,7 @@ PROMPT_TOKENS = 256  # assumed prompt length (a MATH question in the chat templa
 # FLOPs per token per parameter of each phase of a training step (module docstring).
 TRAIN_FLOPS = {"generation": 2, "scoring": 2 * 2, "update": 6}
 INFER_FLOPS = 2  # one forward pass
+GENERATE, SAMPLE_AND_SCORE = {"generation": INFER_FLOPS}, {"generation": INFER_FLOPS, "scoring": 2 * INFER_FLOPS}
 PHASES = tuple(TRAIN_FLOPS)
 GB = 1e9
 # Bytes a second a training job writes its checkpoint at (an assumption: a parallel file system's share for one job);
@@ -68,17 +69,17 @@ class Estimate:
     def note(self) -> str:
         return f" (left out, size unknown: {', '.join(sorted(self.unknown))})" if self.unknown else ""
 
-
-def _sum(config: dict, items, per_parameter, estimate: Estimate) -> float:
-    """Σ per_parameter(item) × the parameters of item's model, over ``items`` of (model, item)."""
-    total = 0.0
-    for model, item in items:
-        size = parameters(config, model)
-        if size is None:
-            estimate.unknown.add(model)
-        else:
-            total += per_parameter(item) * size
-    return total
+    def add(self, what: str, config: dict, items, unit: float = 1.0) -> None:
+        """Set part ``what`` to Σ per-parameter amount × the parameters of its model, over ``items`` of (model,
+        amount), ÷ ``unit``; a model without its size is named in ``unknown``."""
+        total = 0.0
+        for model, amount in items:
+            size = parameters(config, model)
+            if size is None:
+                self.unknown.add(model)
+            else:
+                total += amount * size
+        self.parts[what] = total / unit
 
 
 CHECKPOINTS_TRAINING = "checkpoints of the cells training"  # the part the preflight lessens by what is on disk
@@ -87,36 +88,35 @@ CHECKPOINTS_TRAINING = "checkpoints of the cells training"  # the part the prefl
 def peak_disk(config: dict, finished: frozenset = frozenset(), staged: frozenset = frozenset()) -> Estimate:
     """Bytes under results/ at the run's peak (module docstring), without what the ``finished`` cells (their run
     directories, RUN_DIR) and the ``staged`` base models (their names) have written already."""
-    estimate = Estimate()
+    estimate, studies = Estimate(), config["studies"]
     cells = [c for c in all_cells(config) if RUN_DIR.format(**c) not in finished]
     snapshots = len([s for s in config["divergence"]["steps"] if s > 0])
     snapshot_bytes = FLOAT32 if config["divergence"]["snapshot_dtype"] == "float32" else BF16
-    estimate.parts["final models"] = _sum(config, [(c["model"], c) for c in cells], lambda _: BF16, estimate)
-    divergence = [(c["model"], c) for c in divergence_cells(config) if RUN_DIR.format(**c) not in finished]
-    estimate.parts["Fig. 12 snapshots"] = _sum(config, divergence, lambda _: snapshot_bytes * snapshots, estimate)
-    models = [(m, m) for m in config["models"] if m not in staged]
-    estimate.parts["base models"] = _sum(config, models, lambda _: BF16, estimate)
+    estimate.add("final models", config, [(c["model"], BF16) for c in cells])
+    divergence = [c for c in divergence_cells(config) if RUN_DIR.format(**c) not in finished]
+    estimate.add("Fig. 12 snapshots", config, [(c["model"], snapshot_bytes * snapshots) for c in divergence])
+    estimate.add("base models", config, [(m, BF16) for m in config["models"] if m not in staged])
     sizes = sorted((parameters(config, c["model"]) or 0 for c in cells), reverse=True)
     slots = config["cluster"]["training_slots"]
-    estimate.parts[f"{CHECKPOINTS_TRAINING} ({min(slots, len(cells))} at once)"] = (
-        sum(sizes[:slots]) * CHECKPOINT * CHECKPOINTS_AT_PEAK
-    )
-    studies = config["studies"]
-    kept = [(c["model"], c) for c in cells if not studies[c["study"]]["train"]["delete_checkpoints"]]
-    if kept:
+    at_once = f"{CHECKPOINTS_TRAINING} ({min(slots, len(cells))} at once)"
+    estimate.parts[at_once] = sum(sizes[:slots]) * CHECKPOINT * CHECKPOINTS_AT_PEAK
+    if kept := [c["model"] for c in cells if not studies[c["study"]]["train"]["delete_checkpoints"]]:
         what = f"checkpoints kept by {len(kept)} cells (delete_checkpoints: false)"
-        estimate.parts[what] = _sum(config, kept, lambda _: CHECKPOINT * SAVE_TOTAL_LIMIT, estimate)
+        estimate.add(what, config, [(model, CHECKPOINT * SAVE_TOTAL_LIMIT) for model in kept])
     collapses = {name for name, spec in studies.items()
                  if spec["health"]["collapse_window"] and spec["train"]["delete_checkpoints"]}  # fmt: skip
-    early = [(c["model"], c) for c in cells if c["kl"] in STOPS_EARLY and c["study"] in collapses]
-    if early:
-        what = f"last checkpoints of {len(early)} cells expected to collapse"
-        estimate.parts[what] = _sum(config, early, lambda _: CHECKPOINT, estimate)
+    if early := [c["model"] for c in cells if c["kl"] in STOPS_EARLY and c["study"] in collapses]:
+        estimate.add(f"last checkpoints of {len(early)} cells expected to collapse", config,
+                     [(model, CHECKPOINT) for model in early])  # fmt: skip
     return estimate
 
 
+def _response_tokens(train: dict) -> int:
+    return PROMPT_TOKENS + train["max_response_tokens"]
+
+
 def _train_tokens(train: dict) -> float:
-    return train["steps"] * train["batch_prompts"] * train["rollouts"] * (PROMPT_TOKENS + train["max_response_tokens"])
+    return train["steps"] * train["batch_prompts"] * train["rollouts"] * _response_tokens(train)
 
 
 def _heldout_tokens(config: dict, study: str) -> float:
@@ -125,15 +125,7 @@ def _heldout_tokens(config: dict, study: str) -> float:
     train = spec["train"]
     prompts = train.get("heldout_prompts") or config["data"][spec["heldout_data"]].get("size", 0)
     samples = 1 if train["heldout_decoding"] == "greedy" else train["heldout_samples"]
-    passes = 1 + train["steps"] // train["eval_every"]
-    return passes * prompts * samples * (PROMPT_TOKENS + train["max_response_tokens"])
-
-
-def _write_seconds(config: dict, study: str) -> float:
-    """GPU-seconds per parameter of one cell's checkpoint writes: every GPU of the cell idle while each is written."""
-    train = config["studies"][study]["train"]
-    writes = train["steps"] // train["checkpoint_every"]
-    return writes * CHECKPOINT / WRITE_BANDWIDTH * training_processes(config, study)
+    return (1 + train["steps"] // train["eval_every"]) * prompts * samples * _response_tokens(train)
 
 
 def _eval_tokens(config: dict, study: str | None) -> float:
@@ -144,36 +136,32 @@ def _eval_tokens(config: dict, study: str | None) -> float:
     return runs * questions * evaluation["k"] * (PROMPT_TOKENS + evaluation["max_tokens"])
 
 
+def seconds_per_token(config: dict, flops: dict[str, float]) -> float:
+    """GPU-seconds a token costs per parameter, over the phases (cluster.gpu_tflops) that do ``flops`` of work."""
+    return sum(f / (1e12 * config["cluster"]["gpu_tflops"][phase]) for phase, f in flops.items())
+
+
 def gpu_hours(config: dict) -> Estimate:
     """GPU-hours of training, evaluation and Fig. 12 (module docstring)."""
-    estimate = Estimate()
-    per_second = {phase: 1e12 * config["cluster"]["gpu_tflops"][phase] for phase in PHASES}
-
-    def seconds_per_token(flops: dict[str, float]) -> float:  # per parameter, over the phases that do the work
-        return sum(f / per_second[phase] for phase, f in flops.items())
-
-    cells = [(c["model"], config["studies"][c["study"]]["train"]) for c in all_cells(config)]
-    per_token = seconds_per_token(TRAIN_FLOPS)
-    estimate.parts["training"] = _sum(config, cells, lambda t: per_token * _train_tokens(t), estimate) / 3600
-    per_token = seconds_per_token({"generation": INFER_FLOPS})
-    studies = [(c["model"], c["study"]) for c in all_cells(config)]
-    estimate.parts["held-out evaluations in training"] = (
-        _sum(config, studies, lambda study: per_token * _heldout_tokens(config, study), estimate) / 3600
-    )
-    what = f"checkpoint writes (at {WRITE_BANDWIDTH / GB:g} GB/s, the cell's GPUs idle)"
-    estimate.parts[what] = _sum(config, studies, lambda study: _write_seconds(config, study), estimate) / 3600
+    estimate, hour = Estimate(), 3600
+    train, generate = seconds_per_token(config, TRAIN_FLOPS), seconds_per_token(config, GENERATE)
+    cells = [(c["model"], c["study"], config["studies"][c["study"]]["train"]) for c in all_cells(config)]
+    estimate.add("training", config, [(m, train * _train_tokens(t)) for m, _, t in cells], hour)
+    estimate.add("held-out evaluations in training", config,
+                 [(m, generate * _heldout_tokens(config, s)) for m, s, _ in cells], hour)  # fmt: skip
+    # Every GPU of the cell waits while each checkpoint is written.
+    writes = [(m, t["steps"] // t["checkpoint_every"] * CHECKPOINT / WRITE_BANDWIDTH * training_processes(config, s))
+              for m, s, t in cells]  # fmt: skip
+    estimate.add(f"checkpoint writes (at {WRITE_BANDWIDTH / GB:g} GB/s, the cell's GPUs idle)", config, writes, hour)
     evaluated = [(c["model"], c["study"]) for c in evaluated_cells(config)]
     evaluated += [(m, None) for m in evaluated_base_models(config) for _ in base_templates(config)]
-    per_token = seconds_per_token({"generation": INFER_FLOPS})
     tokens = {study: _eval_tokens(config, study) for study in {study for _, study in evaluated}}
-    estimate.parts["evaluation"] = _sum(config, evaluated, lambda study: per_token * tokens[study], estimate) / 3600
+    estimate.add("evaluation", config, [(m, generate * tokens[s]) for m, s in evaluated], hour)
     section = config["divergence"]
     # Each snapshot: sample `samples` responses per prompt, then score them under the policy and the reference.
     tokens = len(section["steps"]) * len(section["tasks"]) * section["prompts"] * section["samples"]
-    tokens *= PROMPT_TOKENS + section["max_tokens"]
-    per_token = seconds_per_token({"generation": INFER_FLOPS, "scoring": 2 * INFER_FLOPS})
-    divergence = [(c["model"], c) for c in divergence_cells(config)]
-    estimate.parts["Fig. 12"] = _sum(config, divergence, lambda _: per_token * tokens, estimate) / 3600
+    per_snapshot = seconds_per_token(config, SAMPLE_AND_SCORE) * (tokens * (PROMPT_TOKENS + section["max_tokens"]))
+    estimate.add("Fig. 12", config, [(c["model"], per_snapshot) for c in divergence_cells(config)], hour)
     return estimate
 
 
@@ -194,12 +182,10 @@ class CellTimes:
 
 def cell_times(config: dict, study: str, model: str) -> CellTimes:
     """A cell's CellTimes: its GPU-seconds (as gpu_hours counts them) over the GPUs that share them."""
-    rate = {phase: 1e12 * config["cluster"]["gpu_tflops"][phase] for phase in PHASES}
     size, train, gpus = parameters(config, model), config["studies"][study]["train"], training_processes(config, study)
-    per_step = _train_tokens(train) / train["steps"]
-    step = sum(flops / rate[phase] for phase, flops in TRAIN_FLOPS.items()) * size * per_step / gpus
+    step = seconds_per_token(config, TRAIN_FLOPS) * size * (_train_tokens(train) / train["steps"]) / gpus
     passes = 1 + train["steps"] // train["eval_every"]
-    heldout = INFER_FLOPS / rate["generation"] * size * _heldout_tokens(config, study) / passes / gpus
+    heldout = seconds_per_token(config, GENERATE) * size * _heldout_tokens(config, study) / passes / gpus
     return CellTimes(step, heldout, CHECKPOINT * size / WRITE_BANDWIDTH)
 
 
