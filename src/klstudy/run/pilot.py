@@ -84,7 +84,8 @@ def _size_slices(config: dict) -> None:
 def pilot_7b(paper: dict) -> dict:
     """config/pilot-7b.yaml: one cell of each of the paper's kinds of training (PILOT_STUDIES: on-policy with both 7-8B
     models, off-policy, asynchronous on math and on Countdown; one seed), sized so that each reaches two checkpoints
-    and crosses a slice boundary (_size_slices); no evaluation beyond held-out pass@1; Fig. 12 for one."""
+    and crosses a slice boundary (_size_slices), named pilot_* apart from the grid's cells; the paper's settings but
+    for LOGP_DIFFERENCE_STUDY's; no evaluation beyond held-out pass@1 (the schema asks for tasks); Fig. 12 for one."""
     config = {key: copy.deepcopy(paper[key]) for key in ("scale", "toy", "claims_rule", "resources", "cluster")}
     data = ("math_train", "math_test", "math500", "countdown_train", "countdown_test", "mmlu_college_biology")
     config["data"] = {k: paper["data"][k] for k in data}
@@ -115,25 +116,12 @@ def pilot_7b(paper: dict) -> dict:
 
 HEADER = """# klstudy: from the pilot to the grid, a cell of each of the paper's kinds of training at 7-8B, measured.
 #
-#   make preflight CONFIG=config/pilot-7b.yaml
-#   .venv/bin/snakemake --profile slurm --configfile config/pilot-7b.yaml
+#   make preflight CONFIG="config/pilot-7b.yaml config/cluster.yaml"
+#   .venv/bin/snakemake --profile slurm --configfile config/pilot-7b.yaml config/cluster.yaml
 #   .venv/bin/python -m klstudy calibrate
 #
-# Five training cells at the paper's settings (batch, rollouts, response lengths, FSDP, vLLM inside training), one
-# seed: Qwen2.5-7B and Llama-3.1-8B-Instruct on-policy (K1 in the reward), Qwen2.5-7B off-policy (K1 in the loss, 4
-# updates a batch), Qwen2.5-7B asynchronous on math and Qwen3-4B-Instruct-2507 asynchronous on Countdown (level 10,
-# 4096-token responses): the off-policy and Countdown cells are the memory plans closest to the GPU's limit. The
-# asynchronous math cell turns vllm_importance_sampling on, the one change to the paper's settings, so that TRL logs
-# vLLM's log-probs against the trainer's (sampling_logp_difference in metrics.jsonl). A checkpoint every 2 steps.
-# The training job's runtime and each study's steps are computed (src/klstudy/run/pilot.py) so that, at the
-# estimate's throughputs with 10 minutes to start and what a slice keeps back (the reserve, twice a step), every cell
-# reaches its second checkpoint in its first job and is still training when that job ends: it saves, requeues its
-# job and resumes (docs/running.md, "After a pilot"). No evaluation beyond held-out pass@1 (evaluation.tasks only
-# because the schema asks for them: no study is evaluated); Fig. 12 for one cell at its first and last steps. Its
-# studies are named pilot_*, apart from the grid's cells.
-# `klstudy calibrate` then turns the measured step times into the grid's GPU-hours per study.
-#
-# Written from config/paper.yaml (src/klstudy/run/pilot.py) by
+# Its cells, what each changes from the paper's settings and why: pilot_7b in src/klstudy/run/pilot.py; what to
+# check after it: docs/running.md, "From the pilot to the grid". Written from config/paper.yaml by
 #   .venv/bin/python -m klstudy pilot-config --out config/pilot-7b.yaml
 # Change the paper's settings there, then write this file again; the cluster's names are config/cluster.yaml's.
 
@@ -197,20 +185,18 @@ def calibrate(grid: dict, pilot_config: dict, results: Path) -> list[str]:
     totals = [0.0, 0.0]
     for study, spec in grid["studies"].items():
         train, hours = spec["train"], [0.0, 0.0]
-        for cell in (c for c in all_cells(grid) if c["study"] == study):
-            like = [c for c in cells if c.model == cell["model"] and c.asynchronous == (train["async_level"] > 0)]
-            like = like or [c for c in cells if c.model == cell["model"]]
+        for model in (c["model"] for c in all_cells(grid) if c["study"] == study):
+            same = [c for c in cells if c.model == model]
+            like = [c for c in same if c.asynchronous == (train["async_level"] > 0)] or same
             if not like:
-                lines.append(f"{study}: no finished pilot cell of {cell['model']}: not calibrated")
-                hours = None
+                lines.append(f"{study}: no finished pilot cell of {model}: not calibrated")
                 break
-            rate = statistics.fmean(c.rate(pilot_config) for c in like)
-            size = parameters(grid, cell["model"])
+            size, rate = parameters(grid, model), statistics.fmean(c.rate(pilot_config) for c in like)
             completions = train["steps"] * train["batch_prompts"] * train["rollouts"]
             lengths = (train["max_response_tokens"], statistics.fmean(c.response_length for c in like))
             for i, length in enumerate(lengths):
                 hours[i] += completions * (PROMPT_TOKENS + length) * size / rate / 3600
-        if hours:
+        else:
             lines.append(f"{study}: {hours[0]:,.0f} GPU-hours with every response at its maximum length, "
                          f"{hours[1]:,.0f} at the pilot's mean length")  # fmt: skip
             totals = [t + h for t, h in zip(totals, hours, strict=True)]
