@@ -1,6 +1,7 @@
 """What a run costs, computed from its config: the peak disk under results/ and the GPU-hours, each model sized by
 ``models.<name>.parameters_b`` (a model without it is left out and named). The sums are docs/running.md's (**Disk**,
-**GPU-hours**) and docs/cost.md's; `klstudy preflight` and the dry run of `snakemake --profile slurm -n` print them.
+**GPU-hours**) and docs/cost.md's (tests/test_preflight.py checks them there); `klstudy preflight` and the dry run of
+`snakemake --profile slurm -n` print them.
 """
 
 from __future__ import annotations

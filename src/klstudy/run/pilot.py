@@ -7,7 +7,8 @@ evaluations and checkpoints that fall between them; a slice's restart is left ou
 step (its batch × rollouts × the assumed prompt + its mean response length). That gives a rate, parameter-tokens per
 GPU-second, for its model and its kind of training (on-policy or asynchronous); each study of the grid is then
 priced with the rate of a pilot cell of the same model and kind, with every response at its maximum length (as the
-estimate) and at the pilot's mean length.
+estimate) and at the pilot's mean length. Tested by tests/test_pilot.py (and test_workflow.py, on what `klstudy train`
+wrote).
 """
 
 from __future__ import annotations
