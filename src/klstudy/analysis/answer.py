@@ -28,13 +28,13 @@ BEGIN, END = "<!-- the answer table: begin -->", "<!-- the answer table: end -->
 CLAMP_MARK = "†"  # as the atlas's page: the preset's clamp binds at that end point, which then depends on the path
 # Every word of the table a reader meets first, said before it.
 LEGEND = (
-    "A KL is named estimator-placement: `k1-reward`, K1 subtracted from the reward before the advantage; "
-    "`k1-advantage`, K1 per token added to the advantage after its normalisation (OpenRLHF's and AReaL's \"KL in the "
-    "reward\"); `k3-loss`, K3 in the loss, `-ratio` and `-score` its gradient as TRL ≥ 1.10 and NeMo-RL 0.7 take it "
-    "([KL names](kl-names.md)). Advantages: `group_std` ÷ the group's std (GRPO's), `grpo` the group mean only, "
-    "`rloo` leave-one-out; `loo_std`, `whiten`: [glossary](glossary.md#grpo-dr-grpo-rloo-whitening). β_eff/β: the "
-    "strength obtained over the strength asked (1: as asked); not resolved: the toy gives no β_eff; "
-    f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so where training ends depends on its path "
+    "KLs are named estimator-placement ([KL names](kl-names.md)): `k1-reward`, K1 subtracted from the reward before "
+    "the advantage; `k1-advantage`, K1 per token added to the advantage after its normalisation (OpenRLHF's and "
+    'AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: its gradient as TRL ≥ 1.10, '
+    "NeMo-RL 0.7 take it). Advantages ([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): `group_std`, GRPO's "
+    "÷ the group's std; `grpo`, the group mean only; `rloo`, leave-one-out. β_eff/β: the strength obtained over the "
+    "strength asked; not resolved: the toy gives no β_eff; "
+    f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point depends on the path "
     "([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate))."
 )
 FOOTNOTE = f"A row in full, with the release's other KL setups: `{COMMAND} --framework verl --version 0.7.0`."
@@ -42,7 +42,7 @@ FOOTNOTE = f"A row in full, with the release's other KL setups: `{COMMAND} --fra
 # advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
 # `grpo` is Dr. GRPO's normalisation (the group mean only), which a reader takes for GRPO's ÷ std (docs/glossary.md).
 ADVANTAGE_WORDS = {"grpo": "`grpo`, the group mean only"}
-SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', advantage='rloo', β: `beta`")}
+SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', β: `beta`")}
 
 
 def ratio_at(
@@ -84,11 +84,11 @@ def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None
     unbiased = [(c, s) for c, s in offered if explain.unbiased(explain.kl_gradient_bias(c, toy_section))]
     if not unbiased:
         kinds = sorted({c for c, _ in offered})
-        answer = f"no unbiased KL: its KLs ({', '.join(kinds)}) have biased gradients"
+        answer = f"no unbiased KL ({', '.join(kinds)}: biased)"
         if preset.framework not in SUBCLASS:
             return answer
         config, normalisation, words = SUBCLASS[preset.framework]
-        via = "in klstudy's `KLTrainer` (TRL 1.16.0, [tutorial](tutorial-kltrainer.md))"
+        via = "with klstudy's [`KLTrainer`](tutorial-kltrainer.md) (TRL 1.16.0)"
         return f"{answer}; {via}: {config} ({_setting(atlas, config, normalisation, words, preset, name)}"
     config, switch = unbiased[0]
     normalisation = preset.normalisation
