@@ -1,5 +1,6 @@
-"""The answer table docs/analysis.md leads with (README.md links it): a row per framework release, its default KL, what
-that amounts to (β_eff/β), and the setting it offers whose KL gradient is unbiased, at the strength asked for.
+"""The answer table docs/analysis.md leads with (README.md links it), after the words it uses: a row per framework
+release, its default KL, the key that sets β, what the default amounts to (β_eff/β), and the setting it offers whose KL
+gradient is unbiased, at the strength asked for.
 
 Written from the code, never typed: the presets and what each framework offers (frameworks.py), each setting's bias
 (explain.kl_gradient_bias, exact in the toy) and β_eff/β from the atlas's committed run (docs/atlas/tables/atlas.csv,
@@ -15,7 +16,6 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from klstudy.analysis.explain import COMMAND
 from klstudy.frameworks import OFFERS, PRESETS, STD_OFF, beta_key
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -37,7 +37,6 @@ LEGEND = (
     f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point depends on the path "
     "([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate))."
 )
-FOOTNOTE = f"A row in full, with the release's other KL setups: `{COMMAND} --framework verl --version 0.7.0`."
 # Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
 # advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
 # `grpo` is Dr. GRPO's normalisation (the group mean only), which a reader takes for GRPO's ÷ std (docs/glossary.md).
@@ -138,7 +137,7 @@ def markdown(atlas_path: Path = ATLAS, config_path: Path = ROOT / "config.yaml")
 
     toy = validate_config(yaml.safe_load(Path(config_path).read_text()))["toy"]
     legend = textwrap.fill(LEGEND, 120, break_long_words=False, break_on_hyphens=False)
-    return f"{legend}\n\n{table(pd.read_csv(atlas_path), toy).to_markdown(index=False)}\n\n{FOOTNOTE}"
+    return f"{legend}\n\n{table(pd.read_csv(atlas_path), toy).to_markdown(index=False)}"
 
 
 def between_marks(page: str) -> str:
