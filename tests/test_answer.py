@@ -24,7 +24,7 @@ def test_a_framework_without_an_unbiased_kl_says_so_and_one_with_the_std_off_nam
     rows = expected.splitlines()
     trl = next(r for r in rows if r.startswith("| TRL 1.10.0"))
     verl = next(r for r in rows if r.startswith("| verl 0.7.0"))
-    assert "no unbiased KL: its KLs (k3-loss-ratio) have biased gradients" in trl and "off (β = 0)" in trl
+    assert "no unbiased KL (k3-loss-ratio: biased)" in trl and "off (β = 0)" in trl
     assert "algorithm.norm_adv_by_std_in_grpo=False" in verl and "β_eff/β 1.00 / 1.00" in verl
     assert "advantages `grpo`, the group mean only" in verl
 
@@ -38,4 +38,34 @@ def test_a_value_where_the_clamp_binds_is_marked_and_trl_users_are_pointed_to_kl
     trl = next(r for r in rows if r.startswith("| TRL 1.10.0"))
     assert f"0.40{answer.CLAMP_MARK} at β = 0.01" in openrlhf and answer.CLAMP_MARK not in areal
     assert "`KLTrainer`" in trl and "k1-reward" in trl and "β_eff/β 1.00 / 1.00" in trl
-    assert expected.rstrip().endswith(answer.FOOTNOTE)
+    assert expected.startswith(answer.LEGEND[:40])  # its words, before the table
+
+
+def test_every_row_names_the_key_that_sets_beta(expected):
+    """The key each row names is frameworks.BETA_KEYS', for the default's KL and the recommended one alike."""
+    rows = expected.splitlines()
+    for p in answer.PRESETS.values():
+        if p.is_default and p.status == "release":
+            row = next(r for r in rows if r.startswith(f"| {p.framework} {p.version} "))
+            assert f"β: `{answer.beta_key(p.framework, p.kl)}`" in row, row
+    verl = next(r for r in rows if r.startswith("| verl 0.7.0"))
+    assert "β: `algorithm.kl_ctrl.kl_coef`" in verl and "β: `actor_rollout_ref.actor.kl_loss_coef`" in verl
+
+
+@pytest.mark.parametrize(
+    "framework, version, config, words",
+    [("verl", "0.7.0", "k1-reward", ["algorithm.use_kl_in_reward=True"]),
+     ("verl", "0.7.0", "k3-loss", ["actor_rollout_ref.actor.use_kl_loss=True"]),
+     ("OpenRLHF", "0.11.0", "k1-advantage", []), ("slime", "0.3.1", "k1-loss", ["--use-kl-loss"]),
+     ("TRL", "1.16.0", "k3-loss-ratio", [])],
+)  # fmt: skip
+def test_the_key_named_for_beta_is_the_one_explain_reads(framework, version, config, words):
+    """The page's key, given in the framework's own words to explain (framework_settings), sets that KL's β."""
+    from klstudy import framework_settings
+    from klstudy.analysis import explain
+
+    preset = answer.PRESETS[explain.preset_for(framework, version)]
+    key = answer.beta_key(framework, config)
+    setting = [key, "0.037"] if key.startswith("--") else [f"{key}=0.037"]
+    read = framework_settings.read(preset, words + setting)
+    assert (read.config, read.beta) == (config, 0.037)

@@ -169,6 +169,38 @@ def test_every_make_target_path_and_link_exists(page):
     assert broken_links(page) == [], f"{rel(page)} links to what does not exist"
 
 
+# --------------------------------------------------------------------------------- a command's output as shown
+
+
+def shown_outputs(text: str) -> list[tuple[str, str]]:
+    """(command, output) of each ```sh block of one command followed directly by a ```text block: what the command
+    prints, as a page shows it."""
+    return re.findall(r"^```sh\n([^\n]+)\n```\n\n```text\n(.*?)^```", text, re.M | re.S)
+
+
+def shown_pattern(shown: str) -> re.Pattern:
+    """The output a page shows as a pattern: "..." in a line stands for any text, a line of "..." alone for any
+    lines."""
+    lines = [r"(?:[^\n]*\n)*?" if line == "..." else r"[^\n]*".join(map(re.escape, line.split("..."))) + r"\n"
+             for line in shown.rstrip("\n").split("\n")]  # fmt: skip
+    return re.compile("".join(lines))
+
+
+def test_a_shown_output_that_is_not_printed_is_caught():
+    pattern = shown_pattern("setting: ... β = 0.02\n...\nlimits: ...\n")
+    assert pattern.fullmatch("setting: k1, β = 0.02\nKL term\nits gradient\nlimits: a toy\n")
+    assert not pattern.fullmatch("setting: k1, β = 0.03\nlimits: a toy\n")
+    assert not pattern.fullmatch("setting: k1, β = 0.02\nits gradient\n")
+
+
+@pytest.mark.parametrize("page", USER_DOCS, ids=rel)
+def test_a_shown_output_is_what_its_command_prints(page):
+    for command, shown in shown_outputs(page.read_text()):
+        run = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert shown_pattern(shown).fullmatch(run.stdout), f"{rel(page)}: `{command}` now prints\n{run.stdout}"
+
+
 # ------------------------------------------------------------------------------------- the configuration reference
 
 

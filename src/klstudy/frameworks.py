@@ -228,6 +228,19 @@ OFFERS = {
 # low_var_kl/k3, slime's low_var_kl, ROLL's K3).
 CLAMPED = {"OpenRLHF": kl.ESTIMATORS, "AReaL": kl.ESTIMATORS, "NeMo-RL": kl.ESTIMATORS, "verl": ("k3",),
            "SkyRL": ("k3",), "slime": ("k3",), "ROLL": ("k3",), "TRL": ()}  # fmt: skip
+# The key that sets β, by where the KL goes ("*": wherever it goes), as each framework spells it: verl's Hydra keys and
+# AReaL's, NeMo-RL's and SkyRL's config paths, OpenRLHF's and slime's flags, TRL's GRPOConfig field (the presets'
+# sources; SkyRL's reward KL takes kl_loss_coef too, ppo_utils.get_kl_controller: docs/record/framework-kl.md).
+BETA_KEYS = {
+    "TRL": {"*": "beta"},
+    "verl": {"reward": "algorithm.kl_ctrl.kl_coef", "loss": "actor_rollout_ref.actor.kl_loss_coef"},
+    "OpenRLHF": {"*": "--algo.kl.init_coef"},
+    "AReaL": {"*": "actor.kl_ctl"},
+    "NeMo-RL": {"*": "loss_fn.reference_policy_kl_penalty"},
+    "SkyRL": {"*": "trainer.algorithm.kl_loss_coef"},
+    "slime": {"*": "--kl-loss-coef"},
+    "ROLL": {"*": "kl_loss_coef"},
+}
 # The switch that turns the advantage's ÷ std off (kl.ADVANTAGES "grpo": the group mean only), where it was read.
 STD_OFF = {"verl": "algorithm.norm_adv_by_std_in_grpo=False", "TRL": "scale_rewards='none'"}
 
@@ -235,6 +248,17 @@ STD_OFF = {"verl": "algorithm.norm_adv_by_std_in_grpo=False", "TRL": "scale_rewa
 def clamp_of(framework: str, config: str) -> float | None:
     """The clamp ``framework`` puts on the estimator of ``config`` (kl.py's grammar)."""
     return 10.0 if kl.KLSpec.from_name(config, 1.0).estimator in CLAMPED.get(framework, ()) else None
+
+
+def beta_key(framework: str, config: str) -> str:
+    """The key that sets β of ``config`` (kl.py's grammar) in ``framework``; verl's 'both' needs its two, set equal."""
+    keys = BETA_KEYS[framework]
+    placement = kl.KLSpec.from_name(config, 1.0).placement
+    if "*" in keys:
+        return keys["*"]
+    if placement == "both":
+        return f"{keys['reward']} = {keys['loss']}"
+    return keys[placement]
 
 
 def presets_of(section: dict) -> dict:

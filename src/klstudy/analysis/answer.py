@@ -1,5 +1,6 @@
-"""The answer table docs/analysis.md leads with (README.md links it): a row per framework release, its default KL, what
-that amounts to (β_eff/β), and the setting it offers whose KL gradient is unbiased, at the strength asked for.
+"""The answer table docs/analysis.md leads with (README.md links it), after the words it uses: a row per framework
+release, its default KL, the key that sets β, what the default amounts to (β_eff/β), and the setting it offers whose KL
+gradient is unbiased, at the strength asked for.
 
 Written from the code, never typed: the presets and what each framework offers (frameworks.py), each setting's bias
 (explain.kl_gradient_bias, exact in the toy) and β_eff/β from the atlas's committed run (docs/atlas/tables/atlas.csv,
@@ -9,13 +10,13 @@ PAGES; a test holds them equal to it.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-from klstudy.analysis.explain import COMMAND
-from klstudy.frameworks import OFFERS, PRESETS, STD_OFF
+from klstudy.frameworks import OFFERS, PRESETS, STD_OFF, beta_key
 
 ROOT = Path(__file__).resolve().parents[3]
 ATLAS = ROOT / "docs" / "atlas" / "tables" / "atlas.csv"
@@ -25,17 +26,22 @@ TOLERANCE = 0.05  # as explain.STRENGTH_TOLERANCE: a factor this close to 1 is t
 PAGES = (ROOT / "docs" / "analysis.md",)
 BEGIN, END = "<!-- the answer table: begin -->", "<!-- the answer table: end -->"
 CLAMP_MARK = "†"  # as the atlas's page: the preset's clamp binds at that end point, which then depends on the path
-FOOTNOTE = (
-    f"{CLAMP_MARK}: the clamp binds at that end point, which then depends on the path "
-    "([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate)); not resolved: no β_eff "
-    "([glossary](glossary.md#β-β_eff)). A row in full, with the release's other presets: "
-    f"`{COMMAND} --framework verl --version 0.7.0` (its framework and version)."
+# Every word of the table a reader meets first, said before it.
+LEGEND = (
+    "KLs are named estimator-placement ([KL names](kl-names.md)): `k1-reward`, K1 subtracted from the reward before "
+    "the advantage; `k1-advantage`, K1 per token added to the advantage after its normalisation (OpenRLHF's and "
+    'AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: its gradient as TRL ≥ 1.10, '
+    "NeMo-RL 0.7 take it). Advantages ([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): `group_std`, GRPO's "
+    "÷ the group's std; `grpo`, the group mean only; `rloo`, leave-one-out. β_eff/β: the strength obtained over the "
+    "strength asked; not resolved: the toy gives no β_eff; "
+    f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point depends on the path "
+    "([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate))."
 )
 # Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
 # advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
 # `grpo` is Dr. GRPO's normalisation (the group mean only), which a reader takes for GRPO's ÷ std (docs/glossary.md).
 ADVANTAGE_WORDS = {"grpo": "`grpo`, the group mean only"}
-SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', advantage='rloo'")}
+SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', β: `beta`")}
 
 
 def ratio_at(
@@ -77,16 +83,17 @@ def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None
     unbiased = [(c, s) for c, s in offered if explain.unbiased(explain.kl_gradient_bias(c, toy_section))]
     if not unbiased:
         kinds = sorted({c for c, _ in offered})
-        answer = f"no unbiased KL: its KLs ({', '.join(kinds)}) have biased gradients"
+        answer = f"no unbiased KL ({', '.join(kinds)}: biased)"
         if preset.framework not in SUBCLASS:
             return answer
         config, normalisation, words = SUBCLASS[preset.framework]
-        via = "in klstudy's `KLTrainer` (TRL 1.16.0, [tutorial](tutorial-kltrainer.md))"
+        via = "with klstudy's [`KLTrainer`](tutorial-kltrainer.md) (TRL 1.16.0)"
         return f"{answer}; {via}: {config} ({_setting(atlas, config, normalisation, words, preset, name)}"
     config, switch = unbiased[0]
-    normalisation, words = preset.normalisation, switch
+    normalisation = preset.normalisation
     if preset.framework in STD_OFF and config.endswith("-reward"):
-        normalisation, words = "grpo", f"{switch}, {STD_OFF[preset.framework]}"
+        normalisation, switch = "grpo", f"{switch}, {STD_OFF[preset.framework]}"
+    words = f"{switch}, β: `{beta_key(preset.framework, config)}`"
     return f"{config} ({_setting(atlas, config, normalisation, words, preset, name)}"
 
 
@@ -105,18 +112,19 @@ def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
     for name, p in PRESETS.items():
         if not p.is_default or p.status != "release":
             continue
+        key = f"β: `{beta_key(p.framework, p.kl)}`"
         if p.default_beta:
-            default = f"on: {p.kl}, β = {p.default_beta:g}"
+            default = f"on: {p.kl}, {key} = {p.default_beta:g}"
             ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.default_beta, name)
             amounts = f"{_resolved(ratio)} at β = {p.default_beta:g}"
         else:
-            default, amounts = f"off (β = 0); turned on: {p.kl}", "– (off)"
+            default, amounts = f"off (β = 0); turned on: {p.kl}, {key}", "– (off)"
             if p.recipe_beta:
                 ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
                 amounts += f"; at its example script's β {p.recipe_beta:g}: {_resolved(ratio)}"
         rows.append({
-            "release": f"{p.framework} {p.version}", "default (advantages, G)": f"{default} ({p.normalisation}, "
-            f"G = {p.group})", "β_eff/β of the default": amounts,
+            "release": f"{p.framework} {p.version}", "default: KL, the key that sets β (advantages, G)": f"{default} "
+            f"({p.normalisation}, G = {p.group})", "β_eff/β of the default": amounts,
             f"recommended KL (unbiased gradient), β_eff/β at β = {FIELD_BETA:g} / {STRONG_BETA:g}": recommended(
                 p, atlas, toy_section, name
             ),
@@ -128,7 +136,8 @@ def markdown(atlas_path: Path = ATLAS, config_path: Path = ROOT / "config.yaml")
     from klstudy.config import validate_config
 
     toy = validate_config(yaml.safe_load(Path(config_path).read_text()))["toy"]
-    return table(pd.read_csv(atlas_path), toy).to_markdown(index=False) + "\n\n" + FOOTNOTE
+    legend = textwrap.fill(LEGEND, 120, break_long_words=False, break_on_hyphens=False)
+    return f"{legend}\n\n{table(pd.read_csv(atlas_path), toy).to_markdown(index=False)}"
 
 
 def between_marks(page: str) -> str:

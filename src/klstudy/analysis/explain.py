@@ -14,7 +14,7 @@ framework's words (framework_settings.py), a preset, or a setting of kl.py's gra
   and, where the framework can turn the std off, the same with the group mean only.
 
 Every command it prints runs as printed. Nothing is read from a committed table: every number is computed when
-asked, within the toy's limits, which the output says (its running time: docs/atlas.md, "Your setting").
+asked, within the toy's limits, which the output says (its running time: docs/analysis.md, "Your setting").
 """
 
 from __future__ import annotations

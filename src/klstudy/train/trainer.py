@@ -59,7 +59,9 @@ class KLTrainerConfig(GRPOConfig):
     """GRPOConfig plus the design choices the paper studies.
 
     ``beta`` (GRPOConfig's) is the KL coefficient β of the configuration, and TRL's default is 0.0: set it, or a KL
-    configuration trains with no KL at all. ``loss_type`` is ``dapo``
+    configuration trains with no KL at all. ``kl_estimator`` and ``kl_placement`` default to GRPOTrainer's KL term (K3
+    in the loss, path-wise), biased by the paper's Table 1; the study recommends ``kl_estimator='k1',
+    kl_placement='reward'`` with the default ``advantage='rloo'`` (docs/analysis.md). ``loss_type`` is ``dapo``
     (token-sum normalisation over the generation batch, the paper's on-policy setting) or ``dr_grpo``.
     ``per_device_train_batch_size`` counts completions, as in TRL.
     """
