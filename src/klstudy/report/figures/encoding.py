@@ -203,7 +203,6 @@ def scale_text(config: dict, models) -> str:
     return f"{names[0].upper()}{names[1:]}, {data} data."
 
 
-
 def save(fig, png: Path, caption: str | None = None) -> None:
     """Write the figure at its print size as PNG (DPI) and PDF and, given its caption, <name>.md beside them."""
     width, height = fig.get_size_inches()
