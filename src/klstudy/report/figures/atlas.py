@@ -96,10 +96,9 @@ def _mark_handles() -> list:
 def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
     """β_eff/β on one log scale for these panels, 1 inside, every drawn value inside, the bottom ``room`` (a fraction)
     left to the edge's marks."""
-    values = [v for ax in axes for line in ax.get_lines() if line.get_label() != "_stop"
-              for v in np.asarray(line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float)]  # fmt: skip
-    lowest = min([v for v in values if np.isfinite(v) and v > 0] + [1.0])
-    high = max([v for v in values if np.isfinite(v) and v > 0] + [1.0]) * 1.6
+    values = [1.0] + [v for ax in axes for line in ax.get_lines() if line.get_label() != "_stop" for v in np.asarray(
+        line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float) if np.isfinite(v) and v > 0]  # fmt: skip
+    high, lowest = max(values) * 1.6, min(values)
     low = min(lowest / 1.6, lowest / (high / lowest) ** (room / (1 - room)))
     for ax in axes:
         getattr(ax, f"set_{axis}scale")("log")
@@ -126,9 +125,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         mine = points[points.family == family]
         preset = mine.get("preset", pd.Series(np.nan, index=mine.index)).fillna("").astype(str) != ""
         _presets_row(axes[2 * f], mine[preset], presets, betas, family, caption, quoted)
-        _log_axis(list(axes[2 * f + 1]), "y", _grid_row(axes[2 * f + 1], mine[~preset], betas, family))
-    for f in range(len(families)):
         _log_axis(list(axes[2 * f]), "x")
+        _log_axis(list(axes[2 * f + 1]), "y", _grid_row(axes[2 * f + 1], mine[~preset], betas, family))
     fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), loc="outside lower center",
                ncols=3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
@@ -256,8 +254,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     fig.legend(handles=handles + _mark_handles(), loc="outside lower center", ncols=4)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
-    caption.add(
-        "**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
+    caption.add("**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
         f"ceil({fraction} × T) ones in T tokens; below the dashed 1 a setup regularises more weakly than asked. A "
         "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration) and "
         "β (line style). Where a line has no value: an arrow where β_eff/β lies below a bound under 1, drawn at the "

@@ -42,9 +42,6 @@ def short_names(names: list[str]) -> str:
     return "; ".join(f"{'/'.join(e)} {rest}" for rest, e in estimators.items())
 
 
-# Figure 1 (§3.3).
-
-
 def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Path, settings: dict | None = None):
     """draw_fig01, written to ``png`` (a PDF and the caption, <name>.md, beside it)."""
     fig, text = draw_fig01(results, tests, settings)
@@ -89,8 +86,7 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
     defined = [f"“{s}”: policy (a, b) = ({n(definitions[s]['a'])}, {n(definitions[s]['b'])}), reference "
                f"({n(definitions[s]['a_ref'])}, {n(definitions[s]['b_ref'])})"
                for s in settings if s in (definitions or {})]  # fmt: skip
-    caption.add(
-        caption.design("**Bias and variance of KL-gradient estimates (the paper's Figure 1, §3.3).** ") +
+    caption.add(caption.design("**Bias and variance of KL-gradient estimates (the paper's Figure 1, §3.3).** ") +
         "The gradient of KL(π‖π_ref) in the policy's logit a and its weight b on the previous token, against "
         "the length T. Top two rows: the squared bias, exact by enumeration, over the Monte "
         f"Carlo noise floor (grey, {n(trials)} trials), enumerated up to T = {n(enumerated)}"
@@ -135,9 +131,6 @@ def _bias_panel(ax, rows: pd.DataFrame) -> None:
     draw_coinciding(ax, lines, named=True)
 
 
-# Where each KL configuration's training ends (analysis/fixed_points.py's and monte_carlo.py's tables).
-
-
 def toy_fixed_points_figure(points, fronts, agreed, section: dict, png: Path) -> str:
     """draw_toy_fixed_points to ``png`` (a PDF beside it); returns the caption (the table's Markdown has it)."""
     fig, text = draw_toy_fixed_points(points, fronts, agreed, section)
@@ -154,9 +147,8 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
             for c, g in points.groupby("config", sort=False)}  # fmt: skip
     groups = coinciding(ends)
     mc = agreed[(agreed["mode"] == "on-policy") & (agreed.status == "stable")]
-    fig, axes = plt.subplots(1, len(families) + bool(len(mc)), figsize=(encoding.FULL_WIDTH, 5.6), squeeze=False,
-                             layout="constrained")  # fmt: skip
-    axes = axes[0]
+    fig, (axes,) = plt.subplots(1, len(families) + bool(len(mc)), figsize=(encoding.FULL_WIDTH, 5.6), squeeze=False,
+                                layout="constrained")  # fmt: skip
     for ax, family in zip(axes, families, strict=False):
         _end_points_panel(ax, points[points.family == family], fronts[fronts.family == family], family, groups)
     farthest = _monte_carlo_panel(axes[-1], mc, groups) if len(mc) else None
