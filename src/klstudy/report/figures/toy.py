@@ -200,13 +200,13 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
     # before its layout: smaller) to 0.1 in past the last end point of their row, so that none hides another.
     width = ax.get_position().width * ax.figure.get_figwidth()
     ends = sorted(ends, key=lambda e: (e[0], e[2] != "stable"))
-    right = 1.06 * (most := max(e[0] for e in ends))
+    right = 1.06 * (most := max([e[0] for e in ends] + [*curve.kl]))  # the optimum curve inside too
     for _ in range(4):
         inches, placed, at = width / (right + 0.05 * most), {}, []
         for kl, reward, status, *_ in ends:
             at.append(max(kl * inches, placed.get(round(reward, 2), -9) + 0.1 * (status != "stable")))
             placed[round(reward, 2)] = at[-1]
-        right = max(at) / inches + 0.06 * most
+        right = max(max(at) / inches, most) + 0.06 * most
     ax.set_xlim(-0.05 * most, right)
     for (kl, reward, status, name, colour, label), x in zip(ends, at, strict=True):
         if status != "stable":
