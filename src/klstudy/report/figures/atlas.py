@@ -14,7 +14,7 @@ from matplotlib.transforms import ScaledTranslation
 
 from klstudy.frameworks import presets_of  # not analysis.atlas, which imports torch
 from klstudy.report.figures import encoding
-from klstudy.report.figures.captions import Caption, finish, table
+from klstudy.report.figures.captions import Caption, as_math, finish, table
 from klstudy.report.figures.encoding import config_colour, key_handles, kl_label, marker_of, save, style_of, tag
 from klstudy.report.figures.toy import coinciding, draw_coinciding
 
@@ -109,6 +109,14 @@ def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
         scale.set_minor_formatter(ticker.NullFormatter())
         (ax.axvline if axis == "x" else ax.axhline)(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
                                                     gid="reference one", zorder=1)  # fmt: skip
+    if room:  # the edge's marks on a grey band, named by a minor tick (no grid line), no tick of β_eff/β inside it
+        edge = low * (high / low) ** (room - 0.03)
+        major, minor = ([t for t in tick.tick_values(low, high) if edge <= t <= high] for tick in (
+            scale.get_major_locator(), scale.get_minor_locator()))  # fmt: skip
+        scale.set_ticks(major)
+        scale.set_ticks([*minor, np.sqrt(low * edge)], ["" for _ in minor] + [as_math("no β_eff")], minor=True)
+        for ax in axes:
+            ax.axhspan(low, edge, color="0.9", zorder=0, linewidth=0)
 
 
 def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float):

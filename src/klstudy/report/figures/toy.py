@@ -9,7 +9,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib import patheffects, ticker
-from matplotlib.transforms import ScaledTranslation
 
 from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures import encoding
@@ -163,18 +162,15 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     caption = Caption()
     n = caption.number
     caption.add(
-        "**Where each KL configuration's training ends (toy model of §3.3, exact).** A penalty is meant to make "
-        f"training optimise J_β = E[R] − β·KL(π‖π_ref), R = 1 for T = {n(section['length'])} tokens with at least "
-        f"{n(section['reward']['threshold'])} ones. Per policy family: grey, the optimum of J_β over β (β ∈ "
-        f"{{{', '.join(n(b) for b in section['betas'])}}} marked); each configuration's end points over β, joined "
-        "(no KL has no β: one point)."
-        + (f" Right, the Monte Carlo check ({', '.join(dict.fromkeys(mc.family))} policy; the {n(mc.config.nunique())} "
-           f"configurations it runs that end stable, its β): {n(section['monte_carlo']['seeds'])} on-policy seeds'"
-           f" mean KL at the end over the exact end point's, ±1 se; within {n(AGREEMENT_Z)} se counts as agreeing. "
-           f"Farthest off: {kl_label(farthest[0])} at β = {n(farthest[1])}, {caption.value(*farthest[2:])}." if len(mc)
-           else "")
-        + "".join(f" One line: {short_names(names)}." for names in groups if len(names) > 3)
-        + " The table below: every end point.")  # fmt: skip
+        "**Where each KL configuration's training ends (toy model of §3.3, exact).** R = 1: at least "
+        f"{n(section['reward']['threshold'])} ones in T = {n(section['length'])} tokens. Per family: grey, the optimum "
+        f"of J_β over β (β ∈ {{{', '.join(n(b) for b in section['betas'])}}} marked); each configuration's end points, "
+        "joined over β; overlapping end markers stacked upward."
+        + (f" Right: {n(section['monte_carlo']['seeds'])} on-policy seeds' mean end KL ÷ the exact one, ±1 se "
+           f"({', '.join(dict.fromkeys(mc.family))}; the {n(mc.config.nunique())} stable configurations); within "
+           f"{n(AGREEMENT_Z)} se agrees. Farthest: {kl_label(farthest[0])} at β = {n(farthest[1])}, "
+           f"{caption.value(*farthest[2:])}." if len(mc) else "")
+        + "".join(f" One line: {short_names(names)}." for names in groups if len(names) > 3))  # fmt: skip
     return fig, finish(fig, caption)
 
 
@@ -196,27 +192,23 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
                 names[0], None, "marker")  # fmt: skip
         ends += [(e.kl, e.reward, e.status, names[0], style["color"], label if stable.empty else "_unsettled")
                  for e in group.round(3).drop_duplicates(["kl", "reward"]).itertuples()]  # fmt: skip
-    # Those with no fixed point pushed right (in inches, at the scale of the limits they need then, the panel's width
-    # before its layout: smaller) to 0.1 in past the last end point of their row, so that none hides another.
-    width = ax.get_position().width * ax.figure.get_figwidth()
-    ends = sorted(ends, key=lambda e: (e[0], e[2] != "stable"))
-    right = 1.06 * (most := max([e[0] for e in ends] + [*curve.kl]))  # the optimum curve inside too
-    for _ in range(4):
-        inches, placed, at = width / (right + 0.05 * most), {}, []
-        for kl, reward, status, *_ in ends:
-            at.append(max(kl * inches, placed.get(round(reward, 2), -9) + 0.1 * (status != "stable")))
-            placed[round(reward, 2)] = at[-1]
-        right = max(max(at) / inches, most) + 0.06 * most
-    ax.set_xlim(-0.05 * most, right)
-    for (kl, reward, status, name, colour, label), x in zip(ends, at, strict=True):
+    # Each at its true KL; one with no fixed point that would overlap an end point drawn (within 0.09 in, at the
+    # panel's size before its layout) is stacked upward in steps of 0.03, above its row (the table has each value).
+    ax.set_xlim(-0.05 * (most := max([e[0] for e in ends] + [*curve.kl])), 1.06 * most)
+    inches = ax.get_position().size * ax.figure.get_size_inches() / [1.11 * most, 1.13]
+    at = []
+    for kl, reward, status, name, colour, label in sorted(ends, key=lambda e: (e[2] != "stable", e[0])):
+        y = reward
+        while status != "stable" and any(max(abs(kl - a) * inches[0], abs(y - b) * inches[1]) < 0.09 for a, b in at):
+            y += 0.03
+        at.append((kl, y))
         if status != "stable":
-            tag(ax.plot(kl, reward, linestyle="", marker=encoding.UNSETTLED_MARKERS.get(status, "x"), markersize=6,
-                        transform=ax.transData + ScaledTranslation(x - kl * inches, 0, ax.figure.dpi_scale_trans),
-                        color=colour, zorder=5, label=label, clip_on=False, in_layout=False)[0], name, None, "band")
+            tag(ax.plot(kl, y, linestyle="", marker=encoding.UNSETTLED_MARKERS.get(status, "x"), markersize=6,
+                        color=colour, zorder=5, label=label, clip_on=False)[0], name, None, "band")
     ax.set_title(f"{family} policy (exact)")
     ax.set_xlabel("KL(π‖π_ref) at the end point")
     ax.set_ylabel("task reward E_π[R]")
-    ax.set_ylim(-0.05, 1.08)
+    ax.set(ylim=(-0.05, max(1.08, max(b for _, b in at) + 0.05)), yticks=np.linspace(0, 1, 6))
     ax.grid(alpha=0.3)
 
 
