@@ -1,4 +1,4 @@
-"""The pitfalls of docs/pitfalls.md, each shown: a sequence-level importance ratio times a ratio-corrected per-token KL
+"""The pitfalls of docs/pitfalls.md, each shown: a sequence-level importance ratio times a ratio-weighted per-token KL
 (TRL's `importance_sampling_level="sequence"` with `use_bias_correction_kl`) adds a gradient term no per-token
 correction has, exactly, in the toy model; K3 overflows in float16, and a clamp on K3 then keeps its value but not
 its gradient; a clamp on K3 gives a KL loss two stable end points; a KL loss computed without gradient trains as no

@@ -10,10 +10,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib import ticker
+from matplotlib.transforms import ScaledTranslation
 
 from klstudy.frameworks import presets_of  # not analysis.atlas, which imports torch
 from klstudy.report.figures import encoding
-from klstudy.report.figures.captions import Caption, finish, table
+from klstudy.report.figures.captions import Caption, as_math, finish, table
 from klstudy.report.figures.encoding import config_colour, key_handles, kl_label, marker_of, save, style_of, tag
 from klstudy.report.figures.toy import coinciding, draw_coinciding
 
@@ -56,23 +57,31 @@ def _bounds(rows: pd.DataFrame) -> pd.Series:
     return bound.where((rows.status == "stable") & rows.beta_eff_ratio.isna() & beyond & (bound < 1))
 
 
-def _draw_point(ax, at: float, ratio: float, bound: float, config: str, axis: str):
-    """β_eff/β as the configuration's marker, or the bound it lies below as an arrow; None where neither."""
+def _draw_point(ax, at: float, ratio: float, bound: float, config: str, axis: str, taken: dict | None = None):
+    """β_eff/β as the configuration's marker, or the bound it lies below as an arrow (``taken``: the arrows drawn at
+    each place, the next one beside them); None where neither."""
     value, marker = (ratio, marker_of(config)) if np.isfinite(ratio) else (bound, {"marker": BOUND_MARKERS[axis]})
     if not np.isfinite(value):
         return None
-    xy = ([value], [at]) if axis == "x" else ([at], [value])
+    xy, k = (([value], [at]) if axis == "x" else ([at], [value])), 0
+    if taken is not None and not np.isfinite(ratio):
+        k = taken[(round(at), "arrow")] = taken.get((round(at), "arrow"), -1) + 1
     line = ax.plot(*xy, linestyle="", markersize=5 if np.isfinite(ratio) else 8, color=config_colour(config),
-                   label="_point", **marker)[0]  # fmt: skip
+                   label="_point", transform=ax.transData + ScaledTranslation(0.06 * k, 0, ax.figure.dpi_scale_trans),
+                   **marker)[0]  # fmt: skip
     return tag(line, config, None, "marker") if np.isfinite(ratio) else line
 
 
-def _stops(ax, places, rows: pd.DataFrame, config: str, axis: str = "y") -> None:
+def _stops(ax, places, rows: pd.DataFrame, config: str, taken: dict, axis: str = "y") -> None:
     """Where a setup has neither a β_eff nor an arrow, why, in its colour on the panel's edge (bottom; on the presets'
-    rows, left): ▶ drifts, ✚ still moving, × stable but no β_eff found and no bound under 1 (the table has each)."""
+    rows, left), once, stacked inwards past the others ``taken`` at its place: ▶ drifts, ✚ still moving, × stable
+    but no β_eff found and no bound under 1 (the table has each)."""
     missing = rows.beta_eff_ratio.isna().to_numpy() & rows.bound.isna().to_numpy()
-    for at, status in zip(np.asarray(places)[missing], rows.status[missing], strict=True):
-        xy, edge = ((at, 0.03), ax.get_xaxis_transform()) if axis == "y" else ((0.03, at), ax.get_yaxis_transform())
+    marks = zip(np.asarray(places)[missing], rows.status[missing], strict=True)
+    for at, status in {(round(a), s): (a, s) for a, s in marks}.values():  # one a place and status
+        k = taken[(round(at), "stop")] = taken.get((round(at), "stop"), -1) + 1
+        xy, edge = ((at, 0.03 + 0.05 * k), ax.get_xaxis_transform()) if axis == "y" else (
+            (0.03 + 0.05 * k, at), ax.get_yaxis_transform())
         tag(ax.plot(*xy, transform=edge, linestyle="", markersize=4, color=config_colour(config), label="_stop",
                     marker=encoding.UNSETTLED_MARKERS.get(status, "x"), clip_on=False)[0], config, None, "band")
 
@@ -84,12 +93,13 @@ def _mark_handles() -> list:
              ("x", "no β_eff found, no bound"))]  # fmt: skip
 
 
-def _log_axis(axes: list, axis: str) -> None:
-    """β_eff/β on one log scale for these panels, 1 inside, every drawn value inside."""
-    values = [v for ax in axes for line in ax.get_lines() if line.get_label() != "_stop"
-              for v in np.asarray(line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float)]  # fmt: skip
-    values = [v for v in values if np.isfinite(v) and v > 0]
-    low, high = min([*values, 1.0]) / 1.6, max([*values, 1.0]) * 1.6
+def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
+    """β_eff/β on one log scale for these panels, 1 inside, every drawn value inside, the bottom ``room`` (a fraction)
+    left to the edge's marks."""
+    values = [1.0] + [v for ax in axes for line in ax.get_lines() if line.get_label() != "_stop" for v in np.asarray(
+        line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float) if np.isfinite(v) and v > 0]  # fmt: skip
+    high, lowest = max(values) * 1.6, min(values)
+    low = min(lowest / 1.6, lowest / (high / lowest) ** (room / (1 - room)))
     for ax in axes:
         getattr(ax, f"set_{axis}scale")("log")
         getattr(ax, f"set_{axis}lim")(low, high)
@@ -99,6 +109,14 @@ def _log_axis(axes: list, axis: str) -> None:
         scale.set_minor_formatter(ticker.NullFormatter())
         (ax.axvline if axis == "x" else ax.axhline)(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
                                                     gid="reference one", zorder=1)  # fmt: skip
+    if room:  # the edge's marks on a grey band, named by a minor tick (no grid line), no tick of β_eff/β inside it
+        edge = low * (high / low) ** (room - 0.03)
+        major, minor = ([t for t in tick.tick_values(low, high) if edge <= t <= high] for tick in (
+            scale.get_major_locator(), scale.get_minor_locator()))  # fmt: skip
+        scale.set_ticks(major)
+        scale.set_ticks([*minor, np.sqrt(low * edge)], ["" for _ in minor] + [as_math("no β_eff")], minor=True)
+        for ax in axes:
+            ax.axhspan(low, edge, color="0.9", zorder=0, linewidth=0)
 
 
 def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float):
@@ -115,10 +133,8 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         mine = points[points.family == family]
         preset = mine.get("preset", pd.Series(np.nan, index=mine.index)).fillna("").astype(str) != ""
         _presets_row(axes[2 * f], mine[preset], presets, betas, family, caption, quoted)
-        _grid_row(axes[2 * f + 1], mine[~preset], betas, family)
-    for f in range(len(families)):
         _log_axis(list(axes[2 * f]), "x")
-        _log_axis(list(axes[2 * f + 1]), "y")
+        _log_axis(list(axes[2 * f + 1]), "y", _grid_row(axes[2 * f + 1], mine[~preset], betas, family))
     fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), loc="outside lower center",
                ncols=3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
@@ -145,7 +161,7 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
     for ax, beta in zip(axes, betas, strict=True):
         for y, group in enumerate(groups):
             at = rows[(rows.setting == group[0]) & (rows.beta == beta)]
-            _stops(ax, [y] * len(at), at, rows[rows.setting == group[0]].config.iloc[0], "x")
+            _stops(ax, [y] * len(at), at, rows[rows.setting == group[0]].config.iloc[0], {}, "x")
             at = at[["beta_eff_ratio", "bound", "config"]].to_numpy()[0] if len(at) else (np.nan, np.nan, "")
             line = _draw_point(ax, y, float(at[0]), float(at[1]), at[2], "x")
             if line is not None and beta == betas[-1] and np.isfinite(float(at[0])):
@@ -175,22 +191,23 @@ def _places(rows: pd.DataFrame) -> dict:
     return places
 
 
-def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
+def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> float:
     """A panel per β: x each normalisation (named on top) and G, a line per configuration broken between
-    normalisations; configurations equal at every x draw one line whose markers alternate (draw_coinciding)."""
+    normalisations; configurations equal at every x draw one line whose markers alternate (draw_coinciding).
+    Returns the fraction of a panel its bottom edge's marks take."""
     rows = rows.assign(bound=_bounds(rows)).sort_values(["normalisation", "group"], kind="stable")
-    places = _places(rows)
+    places, taken = _places(rows), {}
     configs = list(dict.fromkeys(rows.config))
     for ax, beta in zip(axes, betas, strict=True):
-        lines = {}
+        lines, taken[ax] = {}, {}
         for config, at in rows[rows.beta == beta].groupby("config", sort=False):
             xs = [places[c] for c in zip(at.normalisation, at.group, strict=True)]
             lines[config] = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
                 range(max(places.values()) + 1))  # fmt: skip
             shift = encoding.dodge(configs.index(config), len(configs), 0.6)
             for x, bound in zip(xs, at.bound, strict=True):
-                _draw_point(ax, x + shift, np.nan, bound, config, "y")
-            _stops(ax, np.array(xs) + shift, at, config)
+                _draw_point(ax, x + shift, np.nan, bound, config, "y", taken[ax])
+            _stops(ax, np.array(xs) + shift, at, config, taken[ax])
         draw_coinciding(ax, lines, lambda x, i, n: x + encoding.dodge(i, n, 0.6))
         ticks = sorted(set(places.values()))
         ax.set_xticks(ticks, [",".join(str(g) for (_, g), x in places.items() if x == t) if sum(
@@ -203,6 +220,7 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> None:
         ax.set(title=f"β = {beta:g}", xlabel="G")
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_ylabel(f"{family} grid: β_eff / β")
+    return 0.05 * (2 + max([n for t in taken.values() for (_, kind), n in t.items() if kind == "stop"] + [0]))
 
 
 def length_figure(length: pd.DataFrame, section: dict | None = None):
@@ -216,6 +234,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
                              layout="constrained")  # fmt: skip
     caption, quoted, names = Caption(), [], {}
     for ax, (family, normalisation) in zip(axes[0], panels, strict=False):
+        taken = {}
         mine = rows[(rows.family == family) & (rows.normalisation == normalisation)].assign(bound=lambda r: _bounds(r))
         for k, ((_, beta), group) in enumerate(lines := list(mine.groupby(["setting", "beta"], sort=False))):
             group = group.sort_values("T").assign(T=lambda g, k=k: g["T"] + encoding.dodge(k, len(lines), 0.4))
@@ -225,8 +244,8 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
             line = tag(ax.plot(group["T"], group.beta_eff_ratio, markersize=3, label="_setting",
                                **style_of(first.config, beta))[0], first.config, beta)  # fmt: skip
             for t, bound in zip(group["T"], group.bound, strict=True):
-                _draw_point(ax, t, np.nan, bound, first.config, "y")
-            _stops(ax, group["T"], group, first.config)
+                _draw_point(ax, t, np.nan, bound, first.config, "y", taken)
+            _stops(ax, group["T"], group, first.config, taken)
             finite = np.flatnonzero(np.isfinite(group.beta_eff_ratio.to_numpy(dtype=float)))
             if len(finite):
                 quoted.append([f"{family}, {AXIS_NAMES.get(normalisation, normalisation)}", caption.design(name),
@@ -243,8 +262,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     fig.legend(handles=handles + _mark_handles(), loc="outside lower center", ncols=4)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
-    caption.add(
-        "**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
+    caption.add("**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
         f"ceil({fraction} × T) ones in T tokens; below the dashed 1 a setup regularises more weakly than asked. A "
         "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration) and "
         "β (line style). Where a line has no value: an arrow where β_eff/β lies below a bound under 1, drawn at the "

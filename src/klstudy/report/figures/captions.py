@@ -39,9 +39,7 @@ class Caption:
     """A figure's caption, written as the figure is drawn."""
 
     def __init__(self):
-        self.paragraphs: list[str] = []
-        self.read: list[tuple] = []
-        self.declared: list[str] = []
+        self.paragraphs, self.read, self.declared = [], [], []  # the texts, (artist, index, axis, style, text), numbers
 
     def value(self, artist, index: int = -1, style: str = ".2f", axis: str = "y") -> str:
         """The number a line draws, its index-th y (or x), as the caption prints it (recorded with the line)."""
@@ -91,9 +89,8 @@ def as_math(text: str) -> str:
 
 def finish(fig, caption: Caption) -> CaptionText:
     """The caption as written; the image's subscripts drawn as subscripts."""
-    for text in fig.findobj(Text):
-        if "_" in text.get_text():
-            text.set_text(as_math(text.get_text()))
+    for text in fig.findobj(lambda artist: isinstance(artist, Text) and "_" in artist.get_text()):
+        text.set_text(as_math(text.get_text()))
     return caption.text()
 
 

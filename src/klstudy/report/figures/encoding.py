@@ -27,8 +27,7 @@ mpl.rcParams.update(FONTS)
 # One colour per KL configuration, none reused, hues far apart among the configurations drawn together (the
 # on-policy grid, Figure 1's nine, the atlas's eight); marker shape and fill say placement and estimator without
 # colour. Green and red are the verdicts'. Every hex has a letter: one of digits alone reads as an issue number.
-CONFIG_COLOURS = {
-    NO_KL: ("black", "black"), "k1-reward": ("#0072B2", "blue"), "k1-loss": ("#56B4E9", "sky blue"),
+CONFIG_COLOURS = {NO_KL: ("black", "black"), "k1-reward": ("#0072B2", "blue"), "k1-loss": ("#56B4E9", "sky blue"),
     "k1-both": ("#AA4499", "purple"), "k1-advantage": ("#33228A", "indigo"), "k3-reward": ("#E69F00", "orange"),
     "k3-loss": ("#8C510A", "brown"), "k3-both": ("#99993A", "olive"), "k3-advantage": ("#D55E00", "vermilion"),
     "k2-reward": ("#CC6677", "rose"), "k2-loss": ("#88225A", "wine"), "k2-both": ("#44AA99", "teal"),
@@ -37,8 +36,7 @@ CONFIG_COLOURS = {
     "k1-loss-isst": ("#BBCC33", "pear"), "k3-loss-ratio": ("#EE3377", "magenta"), "k3-loss-score": ("#33BBEE", "cyan"),
     "k3-loss-st": ("#66333A", "maroon"), "k3-loss-isst": ("#EE8866", "salmon"), "k2-loss-ratio": ("#9988CC", "lilac"),
     "k2-loss-score": ("#FFAABB", "light pink"), "k2-loss-st": ("#22555A", "dark teal"),
-    "k2-loss-isst": ("#99445A", "dark rose"),
-}  # fmt: skip
+    "k2-loss-isst": ("#99445A", "dark rose")}  # fmt: skip
 BASE_COLOUR = "0.55"  # the base model (no RL)
 UNLISTED_COLOUR = "0.4"  # a configuration CONFIG_COLOURS does not list
 # Without colour: the marker's shape says the placement, its fill the estimator (K1 filled, K3 hollow, K2 half).
@@ -203,7 +201,6 @@ def scale_text(config: dict, models) -> str:
     return f"{names[0].upper()}{names[1:]}, {data} data."
 
 
-
 def save(fig, png: Path, caption: str | None = None) -> None:
     """Write the figure at its print size as PNG (DPI) and PDF and, given its caption, <name>.md beside them."""
     width, height = fig.get_size_inches()
@@ -247,8 +244,7 @@ def step_axis(ax, steps) -> None:
     ax.set_xlabel("training step")
     steps = sorted({int(s) for s in steps})
     if steps:
-        every = math.ceil(len(steps) / 8)
-        ax.set_xticks(steps[::-1][::every][::-1])
+        ax.set_xticks(steps[::-1][:: math.ceil(len(steps) / 8)][::-1])  # the last step always, every'th before it
 
 
 MAX_SEED_LINES = 12  # past this many seed lines a panel cannot be read: the mean lines, each seed's end a dot

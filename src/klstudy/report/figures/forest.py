@@ -21,8 +21,7 @@ METRICS = {  # a metric's forest: its title, its units
     "heldout": ("held-out pass@1", "held-out pass@1 at the last evaluation"),
     "evaluation": ("the evaluation of the final policy", "lm-eval mean@k over the claim's tasks"),
     "forward_kl": ("the forward KL to the base policy", "forward KL(π_ref‖π_θ) at the last snapshot, nats"),
-    "entropy": ("the policy's entropy", "token entropy of π_θ at the last snapshot, nats"),
-}
+    "entropy": ("the policy's entropy", "token entropy of π_θ at the last snapshot, nats")}
 PROPORTION_METRICS = {"heldout", "evaluation"}  # a difference of two scores in [0, 1] lies in [−b, 1 − b]
 NON_NEGATIVE_METRICS = {"final_kl", "forward_kl", "entropy"}  # a difference of two quantities ≥ 0 is ≥ −b
 MARGIN_COLOUR = "0.85"
@@ -42,11 +41,12 @@ def difference_range(metric: str, baseline_mean: float, trend: bool) -> tuple[fl
 
 def forest_rows(claims: pd.DataFrame, config: dict, metric: str) -> tuple[pd.DataFrame, int]:
     """The metric's rows of the claims testable by design, each with its margin in the metric's units and, without a
-    prediction, the critical value its seeds would be judged with; and how many claims are left out (one seed)."""
+    prediction, the critical value its seeds would be judged with; and how many rows (a claim at one β, as a panel's
+    title counts them) are left out (one seed)."""
     rows = claims[claims.metric == metric].copy()
     specs = config.get("claims", {})
     testable = rows.claim.map(lambda c: c not in specs or testable_by_design(config, specs[c]))
-    left_out = rows[~testable].claim.nunique()
+    left_out = int((~testable).sum())
     rows = rows[testable]
     rows["margin"] = [(specs.get(c, {}).get("margin") or math.nan) * abs(b) if pd.notna(b) else math.nan
                       for c, b in zip(rows.claim, rows.get("baseline_mean", math.nan), strict=True)]  # fmt: skip
@@ -85,16 +85,15 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
     fig.legend(handles=handles, loc="outside lower center", ncols=4)
     models = rows.model.dropna().unique() if "model" in rows else []
     caption = Caption()
-    caption.add(
-        "" if is_result(config, f"{CLAIMS_FIGURE}_{metric}") else PIPELINE_CHECK,
+    caption.add("" if is_result(config, f"{CLAIMS_FIGURE}_{metric}") else PIPELINE_CHECK,
         f"**{title}.** {caption.design(scale_text(config, models)) if len(models) else ''} Each claim on "
         f"{unit}, a line per β: the effect (candidate − baseline over paired seeds) "
         "and effect ± critical·se, the interval the verdict reads, clipped (|) at the range the metric allows. Right: "
         "the verdict; z, the effect ÷ its se towards the prediction, against the critical value; the paired units."
         + (" Lower panel: slopes per decade of β." if rows.trend.any() else "")
         + caption.design("".join(f" Run {r}: {study_name(config, s)}." for s, r in runs.items() if len(runs) > 1))
-        + (caption.design(f" {left_out} claim{'s' * (left_out > 1)} pair{'s' * (left_out == 1)} one seed by design, "
-                          "left to the claims table.") if left_out else ""))  # fmt: skip
+        + (caption.design(f" {left_out} claim{'s' * (left_out > 1)} at a β pair{'s' * (left_out == 1)} one seed by "
+                          "design, left to the claims table.") if left_out else ""))  # fmt: skip
     return fig, finish(fig, caption)
 
 

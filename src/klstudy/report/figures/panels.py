@@ -66,14 +66,12 @@ def draw_series(ax, runs: pd.DataFrame, kl_config: str, beta, label: str, offset
                          columns=["x", "mean", "se", "n"])  # fmt: skip
     x = stats.x.to_numpy(dtype=float) + np.where(stats.x > 0, offset, 0.0)
     if 1 < seeds <= SEEDS_WITHOUT_BAND and not each_seed:
-        last = runs[runs.x == runs.x.max()]
-        seed_ends(ax, float(x[-1]), last.value, kl_config, beta)
+        seed_ends(ax, float(x[-1]), runs[runs.x == runs.x.max()].value, kl_config, beta)
     elif 1 < seeds <= SEEDS_WITHOUT_BAND:
         for _, run in runs.groupby("seed"):
             run = run.sort_values("x")
-            seed_line = ax.plot(run.x + np.where(run.x > 0, offset, 0.0), run.value, color=style["color"],
-                                linewidth=0.6, linestyle=style["linestyle"], alpha=0.55, label="_seed")[0]  # fmt: skip
-            tag(seed_line, kl_config, beta, "band")
+            tag(ax.plot(run.x + np.where(run.x > 0, offset, 0.0), run.value, color=style["color"], linewidth=0.6,
+                        linestyle=style["linestyle"], alpha=0.55, label="_seed")[0], kl_config, beta, "band")
     elif stats.se.notna().any():
         low, high = (stats["mean"] - stats.se).where(stats.x > 0), (stats["mean"] + stats.se).where(stats.x > 0)
         tag(ax.fill_between(x, low, high, facecolor=mcolors.to_rgba(style["color"], 0.12), linewidth=0.6,
@@ -148,8 +146,6 @@ def curves_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
 
 
 MULTIPLE_CHOICE_PREFIX, MULTIPLE_CHOICE_CHANCE = "mmlu", 0.25  # four letters A–D
-
-
 NO_TEMPLATE_LABEL = "base model, no chat template"
 
 
@@ -255,9 +251,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
         shift = 0.0 if kl_config == NO_KL else dodge(i - (NO_KL in configs), len(configs) - (NO_KL in configs), 0.7)
         x = np.array([position.get(b, 0) for b in stats.beta]) + shift
         colour = encoding.config_colour(kl_config)
-        line = ax.plot(x, stats["mean"], color=colour, linestyle="", markersize=5, label=kl_label(kl_config),
-                       **marker_of(kl_config))[0]  # fmt: skip
-        tag(line, kl_config, None, "marker")
+        tag(ax.plot(x, stats["mean"], color=colour, linestyle="", markersize=5, label=kl_label(kl_config),
+                    **marker_of(kl_config))[0], kl_config, None, "marker")  # fmt: skip
         if kl_config == NO_KL:
             drawn.quoted.append((kl_label(NO_KL), tag(ax.axhline(stats["mean"].iloc[0], color="black", linewidth=0.9,
                                                                  label="_no KL"), NO_KL, None)))  # fmt: skip
@@ -299,8 +294,7 @@ def smoothed_series(ax, rows: pd.DataFrame, column: str, window: int, each_seed:
         style = style_of(kl_config, beta_or_none)
         smoothed = []
         for seed, run in runs.groupby("seed"):
-            raw = step_values(run, column).dropna()
-            if raw.empty:
+            if (raw := step_values(run, column).dropna()).empty:
                 continue
             if each_seed:
                 tag(ax.plot(raw.index, raw.to_numpy(), color=style["color"], linestyle=style["linestyle"],

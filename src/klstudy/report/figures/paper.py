@@ -93,9 +93,8 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
              for ax, p, r in zip(axes, panels, about, strict=False)]  # fmt: skip
     share_y(axes[: len(panels)], drawn)
     kept = [(ax, p, d, r) for ax, p, d, r in zip(axes, panels, drawn, about, strict=False) if d.empty is None]
-    for ax, _, d in zip(axes, panels, drawn, strict=False):
-        if d.empty:
-            ax.remove()
+    for ax in [ax for ax, d in zip(axes, drawn, strict=False) if d.empty]:
+        ax.remove()
     if len(kept) < len(panels) and kept:
         fig.set_size_inches(width, 2.4 * math.ceil(len(kept) / columns) + 1.2)
     title = name_data(config, spec["title"])
@@ -120,8 +119,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
     judged = [r for r in verdict_rows if r["verdict"] in encoding.VERDICT_COLOURS]
     trends = sum(str(r.get("note")).startswith("trend") for r in judged)  # slopes over β: drawn in a forest only
     lines = [f"({LETTERS[i]}) {line}" for i, line in enumerate(lines)] if len(set(lines)) > 1 else lines[:1]
-    caption.add(
-        "" if is_result(config, name) else PIPELINE_CHECK,
+    caption.add("" if is_result(config, name) else PIPELINE_CHECK,
         (f"{' and '.join(checks)}: a pipeline check, one seed, nothing testable in it. " if checks and
          is_result(config, name) else "")
         + f"**{title}.** {caption.design(scale_text(config, [p['model'] for p in panels]))} "
@@ -134,9 +132,8 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
                                                                     for t in config["evaluation"]["tasks"]) else "")
         + (" Not drawn: " + caption.design("; ".join(dropped)) + "." if dropped else "")
         + (caption.design(f" The claims table: {summary[0].removeprefix('claims: ')} (the claims forests" + (
-            f"; {trends} of them slopes over β, drawn there only" if trends else "") + ").")
-           if summary else ""),
-        table(["series", "last value drawn"], values) if values else "")  # fmt: skip
+            f"; {trends} of the {len(judged)} are slopes over β, drawn there only" if trends else "") + ").")
+           if summary else ""), table(["series", "last value drawn"], values) if values else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 

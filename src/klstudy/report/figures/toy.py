@@ -8,8 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib import ticker
-from matplotlib.transforms import ScaledTranslation
+from matplotlib import patheffects, ticker
 
 from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures import encoding
@@ -40,9 +39,6 @@ def short_names(names: list[str]) -> str:
         estimator, _, rest = kl_label(name).partition(" ")
         estimators.setdefault(rest, []).append(estimator)
     return "; ".join(f"{'/'.join(e)} {rest}" for rest, e in estimators.items())
-
-
-# Figure 1 (§3.3).
 
 
 def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Path, settings: dict | None = None):
@@ -80,7 +76,8 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
         ys = [y for ax in row for line in ax.get_lines() for y in line.get_ydata() if y > 0]
         row[0].set_ylim(min(ys, default=0.1) / 3, max(ys, default=1.0) * 3)
     floor = plt.Rectangle((0, 0), 1, 1, color="0.88", label="Monte Carlo noise floor")
-    fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + [floor], loc="outside lower center", ncols=3)
+    fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + [floor], loc="outside lower center", ncols=3,
+               markerscale=1.4)
     fig.suptitle("Bias and variance of KL-gradient estimates in the toy model (§3.3)")
     caption = Caption()
     n = caption.number
@@ -88,8 +85,7 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
     defined = [f"“{s}”: policy (a, b) = ({n(definitions[s]['a'])}, {n(definitions[s]['b'])}), reference "
                f"({n(definitions[s]['a_ref'])}, {n(definitions[s]['b_ref'])})"
                for s in settings if s in (definitions or {})]  # fmt: skip
-    caption.add(
-        caption.design("**Bias and variance of KL-gradient estimates (the paper's Figure 1, §3.3).** ") +
+    caption.add(caption.design("**Bias and variance of KL-gradient estimates (the paper's Figure 1, §3.3).** ") +
         "The gradient of KL(π‖π_ref) in the policy's logit a and its weight b on the previous token, against "
         "the length T. Top two rows: the squared bias, exact by enumeration, over the Monte "
         f"Carlo noise floor (grey, {n(trials)} trials), enumerated up to T = {n(enumerated)}"
@@ -101,18 +97,23 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
     return fig, finish(fig, caption)
 
 
-def draw_coinciding(ax, lines: dict[str, pd.Series], place=lambda x, i, n: x * 2 ** dodge(i, n, 0.3),
+def draw_coinciding(ax, lines: dict[str, pd.Series], place=lambda x, i, n: x * 2 ** dodge(i, n, 0.8),
                     named: bool = False) -> None:  # fmt: skip
     """One line per group of configurations equal at every x (COINCIDE), in the first's colour, its x ``place``d
-    apart from the other groups'; its markers alternate between the group's configurations, so that each shows."""
-    for i, names in enumerate(groups := coinciding({c: s.to_numpy() for c, s in lines.items()})):
-        x, y = place(lines[names[0]].index.to_numpy(dtype=float), i, len(groups)), lines[names[0]].to_numpy()
+    apart from the other groups'; its markers alternate between the group's configurations, so that each shows, each
+    ringed in white so that one over another (or over a line) keeps its edge and fill."""
+    groups = coinciding({c: s.to_numpy() for c, s in lines.items()})
+    by_value = np.argsort([np.log(lines[names[0]]).median() for names in groups])  # near lines: places far apart
+    slots = dict(zip(by_value, [*range(0, len(groups), 2), *range(1, len(groups), 2)], strict=True))
+    for i, names in enumerate(groups):
+        x, y = place(lines[names[0]].index.to_numpy(dtype=float), slots[i], len(groups)), lines[names[0]].to_numpy()
         tag(ax.plot(x, y, color=config_colour(names[0]), label="_group")[0], names[0], None, "band")
         if named and len(names) > 1:  # the legend names each; the panel says which are one line (Figure 1's bias)
             ax.annotate(group_label(names), (x[-1], y[-1]), (-4, 5), "data", "offset points", ha="right", fontsize=7)
         for k, name in enumerate(names):
-            tag(ax.plot(x[k :: len(names)], y[k :: len(names)], markersize=4, label="_member",
-                        **{**style_of(name), "linestyle": ""})[0], name, None, "marker")  # fmt: skip
+            tag(ax.plot(x[k :: len(names)], y[k :: len(names)], markersize=5, label="_member", zorder=3, path_effects=[
+                patheffects.withStroke(linewidth=2, foreground="white")], **{**style_of(name), "linestyle": ""})[0],
+                name, None, "marker")  # fmt: skip
 
 
 def _bias_panel(ax, rows: pd.DataFrame) -> None:
@@ -127,9 +128,6 @@ def _bias_panel(ax, rows: pd.DataFrame) -> None:
         if len(line):
             lines[config] = pd.Series((line.exact_bias**2).to_numpy(), index=line["T"].to_numpy())
     draw_coinciding(ax, lines, named=True)
-
-
-# Where each KL configuration's training ends (analysis/fixed_points.py's and monte_carlo.py's tables).
 
 
 def toy_fixed_points_figure(points, fronts, agreed, section: dict, png: Path) -> str:
@@ -148,9 +146,8 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
             for c, g in points.groupby("config", sort=False)}  # fmt: skip
     groups = coinciding(ends)
     mc = agreed[(agreed["mode"] == "on-policy") & (agreed.status == "stable")]
-    fig, axes = plt.subplots(1, len(families) + bool(len(mc)), figsize=(encoding.FULL_WIDTH, 5.6), squeeze=False,
-                             layout="constrained")  # fmt: skip
-    axes = axes[0]
+    fig, (axes,) = plt.subplots(1, len(families) + bool(len(mc)), figsize=(encoding.FULL_WIDTH, 5.6), squeeze=False,
+                                layout="constrained")  # fmt: skip
     for ax, family in zip(axes, families, strict=False):
         _end_points_panel(ax, points[points.family == family], fronts[fronts.family == family], family, groups)
     farthest = _monte_carlo_panel(axes[-1], mc, groups) if len(mc) else None
@@ -165,18 +162,15 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     caption = Caption()
     n = caption.number
     caption.add(
-        "**Where each KL configuration's training ends (toy model of §3.3, exact).** A penalty is meant to make "
-        f"training optimise J_β = E[R] − β·KL(π‖π_ref), R = 1 for T = {n(section['length'])} tokens with at least "
-        f"{n(section['reward']['threshold'])} ones. Per policy family: grey, the optimum of J_β over β (β ∈ "
-        f"{{{', '.join(n(b) for b in section['betas'])}}} marked); each configuration's end points over β, joined "
-        "(no KL has no β: one point)."
-        + (f" Right, the Monte Carlo check ({', '.join(dict.fromkeys(mc.family))} policy; the {n(mc.config.nunique())} "
-           f"configurations it runs that end stable, its β): {n(section['monte_carlo']['seeds'])} on-policy seeds'"
-           f" mean KL at the end over the exact end point's, ±1 se; within {n(AGREEMENT_Z)} se counts as agreeing. "
-           f"Farthest off: {kl_label(farthest[0])} at β = {n(farthest[1])}, {caption.value(*farthest[2:])}." if len(mc)
-           else "")
-        + "".join(f" One line: {short_names(names)}." for names in groups if len(names) > 3)
-        + " The table below: every end point.")  # fmt: skip
+        "**Where each KL configuration's training ends (toy model of §3.3, exact).** R = 1: at least "
+        f"{n(section['reward']['threshold'])} ones in T = {n(section['length'])} tokens. Per family: grey, the optimum "
+        f"of J_β over β (β ∈ {{{', '.join(n(b) for b in section['betas'])}}} marked); each configuration's end points, "
+        "joined over β; overlapping end markers stacked upward."
+        + (f" Right: {n(section['monte_carlo']['seeds'])} on-policy seeds' mean end KL ÷ the exact one, ±1 se "
+           f"({', '.join(dict.fromkeys(mc.family))}; the {n(mc.config.nunique())} stable configurations); within "
+           f"{n(AGREEMENT_Z)} se agrees. Farthest: {kl_label(farthest[0])} at β = {n(farthest[1])}, "
+           f"{caption.value(*farthest[2:])}." if len(mc) else "")
+        + "".join(f" One line: {short_names(names)}." for names in groups if len(names) > 3))  # fmt: skip
     return fig, finish(fig, caption)
 
 
@@ -188,9 +182,7 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
     for beta, at in on_optimum.groupby("beta"):
         ax.annotate(f"β {beta:g}", (at.kl.iloc[0], at.reward.iloc[0]), xytext=(-4, 6), textcoords="offset points",
                     ha="right", fontsize=7, color="0.35")  # fmt: skip
-    points = points.assign(spot=list(zip(points.kl.round(3), points.reward.round(3), strict=True)))
-    ends = points[(points.status != "stable") & points.config.isin([names[0] for names in groups])]
-    spots = ends.groupby("spot").config.agg(lambda c: list(dict.fromkeys(c))).to_dict()
+    ends = []  # (KL, reward, status, configuration, colour, label) of every end point drawn
     for names in groups:
         group = points[points.config == names[0]].sort_values("beta")
         stable, label = group[group.status == "stable"], group_label(names)
@@ -198,35 +190,43 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
         if len(stable):
             tag(ax.plot(stable.kl, stable.reward, linewidth=0.9, markersize=5, label=label, zorder=3, **style)[0],
                 names[0], None, "marker")  # fmt: skip
-        for end in group[group.status != "stable"].drop_duplicates(["kl", "reward"]).itertuples():  # no KL: one point
-            at = spots[end.spot]  # the configurations that end on this spot, drawn side by side so that each shows
-            ax.update_datalim([(end.kl, end.reward)])  # drawn shifted, off the data transform: its place in the limits
-            shift = ScaledTranslation(0.1 * (at.index(names[0]) - (len(at) - 1) / 2), 0, ax.figure.dpi_scale_trans)
-            tag(ax.plot(end.kl, end.reward, linestyle="", marker=encoding.UNSETTLED_MARKERS.get(end.status, "x"),
-                        transform=ax.transData + shift, markersize=6, color=style["color"], zorder=5,
-                        label=label if stable.empty else "_unsettled")[0], names[0], None, "band")  # fmt: skip
+        ends += [(e.kl, e.reward, e.status, names[0], style["color"], label if stable.empty else "_unsettled")
+                 for e in group.round(3).drop_duplicates(["kl", "reward"]).itertuples()]  # fmt: skip
+    # Each at its true KL; one with no fixed point that would overlap an end point drawn (within 0.09 in, at the
+    # panel's size before its layout) is stacked upward in steps of 0.03, above its row (the table has each value).
+    ax.set_xlim(-0.05 * (most := max([e[0] for e in ends] + [*curve.kl])), 1.06 * most)
+    inches = ax.get_position().size * ax.figure.get_size_inches() / [1.11 * most, 1.13]
+    at = []
+    for kl, reward, status, name, colour, label in sorted(ends, key=lambda e: (e[2] != "stable", e[0])):
+        y = reward
+        while status != "stable" and any(max(abs(kl - a) * inches[0], abs(y - b) * inches[1]) < 0.09 for a, b in at):
+            y += 0.03
+        at.append((kl, y))
+        if status != "stable":
+            tag(ax.plot(kl, y, linestyle="", marker=encoding.UNSETTLED_MARKERS.get(status, "x"), markersize=6,
+                        color=colour, zorder=5, label=label, clip_on=False)[0], name, None, "band")
     ax.set_title(f"{family} policy (exact)")
     ax.set_xlabel("KL(π‖π_ref) at the end point")
     ax.set_ylabel("task reward E_π[R]")
-    ax.set_ylim(-0.05, 1.08)
+    ax.set(ylim=(-0.05, max(1.08, max(b for _, b in at) + 0.05)), yticks=np.linspace(0, 1, 6))
     ax.grid(alpha=0.3)
 
 
 def _monte_carlo_panel(ax, mc: pd.DataFrame, groups: list[list[str]]) -> None:
     """The on-policy seeds' mean KL at the end over the exact end point's, ±1 se, per β (categories): a point per
-    configuration in its group's colour and its own marker, read against 1. Returns the farthest from 1."""
+    configuration in its own colour and marker (its legend in the panel), read against 1. Returns the farthest."""
     betas = sorted(mc.beta.unique())
     order, ratios = [name for names in groups for name in names if name in set(mc.config)], []
     for i, config in enumerate(order):
-        first = next(names[0] for names in groups if config in names)
         runs = mc[mc.config == config].sort_values("beta")
         x = np.array([betas.index(b) for b in runs.beta]) + dodge(i, len(order), 0.8)
         y = (runs.mc_kl / runs.kl).to_numpy()
         bars = ax.errorbar(x, y, yerr=runs.mc_kl_se / runs.kl, linestyle="", markersize=4, capsize=0, elinewidth=0.8,
-                           **{**marker_of(config), "color": config_colour(first)})  # fmt: skip
-        tag(bars.lines[0], first, None, "band").set_label("_mc")
+                           **{**marker_of(config), "color": config_colour(config)})  # fmt: skip
+        tag(bars.lines[0], config, None, "marker").set_label("_mc")
         ratios += [(abs(y[k] - 1), config, b, bars.lines[0], k) for k, b in enumerate(runs.beta)]
     ax.axhline(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8, gid="reference one")
+    ax.legend(handles=key_handles(order, []), loc="best", handlelength=1.5)
     ax.set_xticks(range(len(betas)), [f"β = {b:g}" for b in betas])
     ax.set_title(f"Monte Carlo check, {', '.join(dict.fromkeys(mc.family))} policy")
     ax.set_ylabel("seeds' mean KL at the end ÷ the exact end point's")

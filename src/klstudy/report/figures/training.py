@@ -62,8 +62,7 @@ def draw_training_figure(study: str, config: dict, tables: dict):
         [], [], color="0.4", linewidth=1.6, label=f"thick: mean over seeds of the trailing {window}-step mean")])
     name = study_name(config, study)
     fig.suptitle(f"Training dynamics: {name}", wrap=True)
-    caption.add(
-        "" if is_result(config, f"training_{study}") else PIPELINE_CHECK,
+    caption.add("" if is_result(config, f"training_{study}") else PIPELINE_CHECK,
         f"**Training dynamics: {name}.** " + caption.design(
             f"{scale_text(config, spec['models'])} {design_text(config, study, name)}, "
             f"{seeds} seed{'s' if seeds != 1 else ''}. "
