@@ -20,21 +20,21 @@ from klstudy.run.check import FAIL, OK, SKIP, WARN, Check
 # ------------------------------------------------------------------------------------------------------------ the hub
 
 
+def _downloads(config: dict, root: Path):
+    """(section, name, spec, staged path) of each input still to download, from the hub or (a model's GGUF file) a
+    PyPI package: not one with a local copy (local_dir), nor one already staged under results/."""
+    for section, staged in (("data", "results/data/{}.jsonl"), ("models", "results/models/{}")):
+        for name, spec in config[section].items():
+            if (spec.get("hub_id") or spec.get("package")) and not spec.get("local_dir"):
+                if not (root / staged.format(name)).exists():
+                    yield section, name, spec, staged.format(name)
+
+
 def hub_repos(config: dict, root: Path) -> list[tuple[str, str, str, str]]:
-    """(config key, repo id, repo type, revision) of every hub download the config still makes: not for an entry
-    with a local copy, nor one already staged under results/."""
-    staged = root / "results"
-    repos = [
-        (f"models.{name}", spec["hub_id"], "model", spec.get("revision", "main"))
-        for name, spec in config["models"].items()
-        if spec["source"] == "hub" and not spec.get("local_dir") and not (staged / "models" / name).exists()
-    ]
-    repos += [
-        (f"data.{name}", spec["hub_id"], "dataset", "main")
-        for name, spec in config["data"].items()
-        if spec.get("hub_id") and not spec.get("local_dir") and not (staged / "data" / f"{name}.jsonl").exists()
-    ]
-    return repos
+    """(config key, repo id, repo type, revision) of every hub download the config still makes (_downloads)."""
+    return [(f"{section}.{name}", spec["hub_id"], section.removesuffix("s").replace("data", "dataset"),
+             spec.get("revision", "main")) for section, name, spec, _ in _downloads(config, root)
+            if spec.get("hub_id") and spec.get("source", "hub") == "hub"]  # fmt: skip
 
 
 def hub_error(error: Exception, repo: str, repo_type: str, revision: str) -> tuple[str, str]:
@@ -58,10 +58,8 @@ def hub_error(error: Exception, repo: str, repo_type: str, revision: str) -> tup
         return "401: the token is invalid or expired", f"make a new token, then {login}"
     if isinstance(error, errors.HfHubHTTPError):
         return f"HTTP {status}: {str(error).splitlines()[0]}", "retry later; if it persists, check the hub's status"
-    return (
-        f"hub unreachable ({type(error).__name__})",
-        "run where the hub is reachable, or stage a copy and set local_dir",
-    )
+    unreachable = "run where the hub is reachable, or stage a copy and set local_dir"
+    return f"hub unreachable ({type(error).__name__})", unreachable
 
 
 def hub_client():
@@ -81,12 +79,7 @@ def hub_checks(config: dict, root: Path, client=None) -> list[Check]:
     from huggingface_hub import get_token
 
     client = client or hub_client()
-    token = get_token()
-    checks = [
-        Check("hub token", OK, "set")
-        if token
-        else Check("hub token", OK, "none: public repositories only", "for gated ones, `hf auth login`")
-    ]
+    checks = [Check("hub token", OK, "set" if get_token() else "none: public repositories only (`hf auth login`)")]
     for key, repo, repo_type, revision in repos:
         try:
             client.auth_check(repo, repo_type=repo_type)
@@ -101,22 +94,9 @@ def hub_checks(config: dict, root: Path, client=None) -> list[Check]:
 
 
 def unstaged(config: dict, root: Path) -> list[str]:
-    """The staged inputs (results/data/<name>.jsonl, results/models/<name>) that come from the hub and are not there
-    yet: what a driver without network (HF_HUB_OFFLINE=1, slurm/driver.sbatch) cannot make. Inputs built or generated
-    here, or copied from a local_dir, need no network and are left to the run."""
-    missing = [
-        f"results/data/{name}.jsonl"
-        for name, spec in config["data"].items()
-        if spec.get("hub_id") and not spec.get("local_dir") and not (root / f"results/data/{name}.jsonl").exists()
-    ]
-    missing += [
-        f"results/models/{name}"
-        for name, spec in config["models"].items()
-        if (spec.get("hub_id") or spec.get("package"))  # a hub model, or a GGUF file from a PyPI package
-        and not spec.get("local_dir")
-        and not (root / f"results/models/{name}").exists()
-    ]
-    return missing
+    """The staged inputs that come from the network and are not there yet (_downloads): what a driver without network
+    (HF_HUB_OFFLINE=1, slurm/driver.sbatch) cannot make. Inputs built or generated here need none."""
+    return [path for *_, path in _downloads(config, root)]
 
 
 # -------------------------------------------------------------------------------------------------------- the sources
@@ -129,11 +109,7 @@ def source_checks(config: dict, root: Path) -> list[Check]:
         for name, spec in config[section].items():
             local = spec.get("local_dir")
             if local and not Path(local).exists():
-                checks.append(
-                    Check(
-                        f"{section}.{name}.local_dir", FAIL, f"{local} does not exist", "copy it there or fix the path"
-                    )
-                )
+                checks.append(Check(f"{section}.{name}.local_dir", FAIL, f"no {local}", "copy it there or fix it"))
     for task in config["evaluation"]["tasks"]:
         spec = config["data"][task]
         staged = (root / "results" / "data" / f"{task}.jsonl").exists()
