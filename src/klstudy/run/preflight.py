@@ -231,9 +231,11 @@ PREEMPTION = {  # PreemptMode's first word: what happens to a preempted job of t
 
 def preemption_check(run=subprocess.run) -> Check:
     """The cluster's PreemptMode (scontrol show config), and what it does to this run's jobs."""
-    done = run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
-    found = re.search(r"^PreemptMode\s*=\s*(\S+)", done.stdout, re.M)
-    if done.returncode or not found:
+    try:
+        shown = run(["scontrol", "show", "config"], capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        shown = ""
+    if not (found := re.search(r"^PreemptMode\s*=\s*(\S+)", shown, re.M)):
         return Check("preemption", SKIP, "scontrol show config names no PreemptMode: not read")
     mode = found[1].upper()
     said = f"PreemptMode={mode}: {PREEMPTION.get(mode.split(',')[0], 'see the cluster documentation')}"
