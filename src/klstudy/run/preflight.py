@@ -1,7 +1,7 @@
 """`klstudy preflight`: what a run needs from the hub, its data and the cluster, checked on the login node before any
-job is submitted, in one table with a remedy per failing row (the rows: docs/running.md, **The preflight**). The
-GPU memory rows are memory_plans.py's, the CUDA rows cuda.py's. `snakemake --profile slurm` runs it (the Snakefile's
-``onstart``) unless ``--config preflight=False``.
+job is submitted, in one table with a remedy per failing row (the rows: docs/running.md, **The preflight**). Each kind
+of job is judged by SLURM itself (sbatch --test-only); the GPU memory rows are memory_plans.py's, the CUDA rows
+cuda.py's. `snakemake --profile slurm` runs it (the Snakefile's ``onstart``) unless ``--config preflight=False``.
 """
 
 from __future__ import annotations
