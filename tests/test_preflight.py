@@ -55,13 +55,12 @@ class FakeHub:
 
 
 @pytest.mark.parametrize("case", HUB_ERRORS)
-def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path, monkeypatch):
+def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path):
     error, detail, remedy = HUB_ERRORS[case]
     config = paper()
     config["models"]["llama-3.1-8b-instruct"]["revision"] = "v9"  # asked with repo_info
     hub = FakeHub("meta-llama/Llama-3.1-8B-Instruct", error)
-    monkeypatch.setattr(preflight, "hub_client", lambda: hub)
-    rows = {row.what: row for row in preflight.hub_checks(config, tmp_path)}
+    rows = {row.what: row for row in preflight.hub_checks(config, tmp_path, hub)}
     row = rows["models.llama-3.1-8b-instruct (meta-llama/Llama-3.1-8B-Instruct)"]
     assert row.status == preflight.FAIL and detail in row.detail and remedy in row.remedy, row
     assert rows["models.qwen2.5-7b (Qwen/Qwen2.5-7B)"].status == preflight.OK
@@ -73,9 +72,8 @@ def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path, monke
 
 def test_offline_the_hub_is_not_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(preflight, "hub_client", lambda: pytest.fail("the hub was asked"))
-    (row,) = preflight.hub_checks(paper(), tmp_path)
-    assert row.status == preflight.SKIP and "from the cache" in row.detail
+    (row,) = preflight.hub_checks(paper(), tmp_path, hub := FakeHub("", None))
+    assert row.status == preflight.SKIP and "from the cache" in row.detail and not hub.asked
 
 
 def test_staged_or_local_copies_are_not_asked_of_the_hub(tmp_path):

@@ -62,12 +62,6 @@ def hub_error(error: Exception, repo: str, repo_type: str, revision: str) -> tup
     return f"hub unreachable ({type(error).__name__})", unreachable
 
 
-def hub_client():
-    from huggingface_hub import HfApi
-
-    return HfApi()
-
-
 def hub_checks(config: dict, root: Path, client=None) -> list[Check]:
     repos = hub_repos(config, root)
     if not repos:
@@ -76,9 +70,9 @@ def hub_checks(config: dict, root: Path, client=None) -> list[Check]:
         return [
             Check("hub", SKIP, f"HF_HUB_OFFLINE is set: {len(repos)} repositories not asked, from the cache (HF_HOME)")
         ]
-    from huggingface_hub import get_token
+    from huggingface_hub import HfApi, get_token
 
-    client = client or hub_client()
+    client = client or HfApi()
     checks = [Check("hub token", OK, "set" if get_token() else "none: public repositories only (`hf auth login`)")]
     for key, repo, repo_type, revision in repos:
         try:
