@@ -194,7 +194,8 @@ def stage_check(config: dict, stage: str, run=subprocess.run) -> Check:
 
 def submit_limit_check(jobs: int | None, qos: str | None, run=subprocess.run) -> Check:
     """The profile's ``jobs`` against the per-user submit limits, the association's MaxSubmit and the QOS's
-    MaxSubmitPU, which sbatch --test-only does not count: above them sbatch refuses the jobs beyond, a warning."""
+    MaxSubmitPU: above them sbatch refuses the jobs beyond, a warning. (sbatch --test-only judges one job, not the
+    ``jobs`` that Snakemake keeps queued at once.)"""
     commands = [["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={getpass.getuser()}", "format=MaxSubmit"]]
     if qos:
         commands.append(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxSubmitPU"])
