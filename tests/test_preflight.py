@@ -55,13 +55,12 @@ class FakeHub:
 
 
 @pytest.mark.parametrize("case", HUB_ERRORS)
-def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path, monkeypatch):
+def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path):
     error, detail, remedy = HUB_ERRORS[case]
     config = paper()
     config["models"]["llama-3.1-8b-instruct"]["revision"] = "v9"  # asked with repo_info
     hub = FakeHub("meta-llama/Llama-3.1-8B-Instruct", error)
-    monkeypatch.setattr(preflight, "hub_client", lambda: hub)
-    rows = {row.what: row for row in preflight.hub_checks(config, tmp_path)}
+    rows = {row.what: row for row in preflight.hub_checks(config, tmp_path, hub)}
     row = rows["models.llama-3.1-8b-instruct (meta-llama/Llama-3.1-8B-Instruct)"]
     assert row.status == preflight.FAIL and detail in row.detail and remedy in row.remedy, row
     assert rows["models.qwen2.5-7b (Qwen/Qwen2.5-7B)"].status == preflight.OK
@@ -73,9 +72,8 @@ def test_each_hub_error_is_a_failing_row_with_its_sentence(case, tmp_path, monke
 
 def test_offline_the_hub_is_not_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(preflight, "hub_client", lambda: pytest.fail("the hub was asked"))
-    (row,) = preflight.hub_checks(paper(), tmp_path)
-    assert row.status == preflight.SKIP and "from the cache" in row.detail
+    (row,) = preflight.hub_checks(paper(), tmp_path, hub := FakeHub("", None))
+    assert row.status == preflight.SKIP and "from the cache" in row.detail and not hub.asked
 
 
 def test_staged_or_local_copies_are_not_asked_of_the_hub(tmp_path):
@@ -99,163 +97,100 @@ def test_math_squared_is_staged_from_the_hub_or_a_named_copy(tmp_path):
     assert rows["data.math_squared.local_dir"].status == preflight.FAIL  # named, but not there
 
 
-SINFO = """\
-cpu*|1-00:00:00|(null)|192000|64
-gpu|2-00:00:00|gpu:a100:8(S:0-1)|1024000|128
-gpu|2-00:00:00|gpu:a100:8(S:0-1)|1024000|128
-gpu|2-00:00:00|gpu:h100:4(S:0)|512000|64
-short|30:00|gpu:a100:8|1024000|128
-"""
-
-
-def fake_run(text, qos="", fails=()):
-    """subprocess.run for sinfo (``text``) and sacctmgr (``qos`` for show qos, ``text`` for accounts); a command
-    whose word is in ``fails`` exits 1 as sacctmgr does where users may not run it."""
+def fake_run(sinfo="", qos="", sbatch=(0, "sbatch: Job 7 to start at 2026-12-07T17:32:40 using 1 processors on nodes "
+                                         "vm in partition gpu"), fails=()):  # fmt: skip
+    """subprocess.run of SLURM's commands: sinfo prints ``sinfo``, sacctmgr ``qos`` (or ``sinfo`` for an association),
+    sbatch answers ``sbatch`` (exit status, message on stderr; a function of the command for several); a command
+    whose word is in ``fails`` exits 1 as sacctmgr does where users may not run it. Every command is kept in
+    ``run.asked``."""
 
     def run(command, check=False, **kwargs):
+        run.asked.append(command)
         if any(word in command for word in fails):
             if check:
                 raise subprocess.CalledProcessError(1, command, stderr="Access/permission denied")
             return type("Done", (), {"stdout": "", "stderr": "sacctmgr: Access/permission denied", "returncode": 1})()
-        out = qos if "qos" in command else text
+        if command[0] == "sbatch":
+            code, said = sbatch(command) if callable(sbatch) else sbatch
+            return type("Done", (), {"stdout": "", "stderr": said + "\n", "returncode": code})()
+        out = qos if "qos" in command else sinfo
         return type("Done", (), {"stdout": out, "stderr": "", "returncode": 0})()
 
+    run.asked = []
     return run
 
 
-def test_partitions_and_their_limits_are_read_from_sinfo():
-    found = preflight.partitions(fake_run(SINFO))
-    assert found["cpu"].default and found["cpu"].max_minutes == 1440 and found["short"].max_minutes == 30
-    assert found["gpu"].gres == ["gpu:a100:8(S:0-1)", "gpu:h100:4(S:0)"] and len(found["gpu"].nodes) == 3
-    assert found["gpu"].nodes[2] == preflight.Node(["gpu:h100:4(S:0)"], 512000, 64)
-    assert preflight.gpus_in(found["gpu"].gres, "h100") == 4 and preflight.gpus_in(found["gpu"].gres, None) == 8
-    assert [preflight.minutes(t) for t in ("2-00:00:00", "1:30:00", "30:00", "45", "infinite")] == [
-        2880,
-        90,
-        30,
-        45,
-        None,
-    ]
-
-
-def test_sinfo_gres_with_sockets_mig_slices_cluster_headers_and_partition_lists():
-    """gpu:a100:4(S:0,2) is one entry; MIG slices are not whole GPUs without a gpu_model (and are named); the CLUSTER:
-    lines of SLURM_CLUSTERS are skipped; cluster.gpu_partition may be a comma-separated list."""
-    text = (
-        "CLUSTER: alpha\n"
-        "gpu|2-00:00:00|gpu:a100:4(S:0,2),shard:a100:16(S:0,2)|512000|64\n"
-        "mig|2-00:00:00|gpu:1g.10gb:7(S:0)|512000|64\n"
-    )
-    found = preflight.partitions(fake_run(text))
-    assert found["gpu"].gres == ["gpu:a100:4(S:0,2)", "shard:a100:16(S:0,2)"], found["gpu"].gres
-    assert preflight.gpus_in(found["gpu"].gres, None) == 4 and preflight.gpus_in(found["mig"].gres, None) == 0
-    row = preflight.gpu_check("evaluate", 1, None, [found["mig"]])
-    assert row.status == preflight.FAIL and "MIG slices, not counted as GPUs: gpu:1g.10gb:7(S:0)" in row.detail
-    assert preflight.gpus_in(found["mig"].gres, "1g.10gb") == 7  # asked by name, a slice is what is wanted
-    config = paper(gpu_partition="mig,gpu", gpu_model="a100")
-    config["resources"]["train"].update(gpus=4, mem_mb=400000, cpus=32)
-    rows = {row.what: row for row in preflight.stage_checks(config, found)}
-    assert all(row.status == preflight.OK for what, row in rows.items() if what.startswith("train")), rows
-    assert "on mig,gpu" in rows["train: runtime"].detail
-    config["cluster"]["gpu_partition"] = "gpu,nope"
-    rows = {row.what: row for row in preflight.stage_checks(config, found)}
-    assert rows["train: partition nope"].status == preflight.FAIL
-
-
-@pytest.mark.parametrize(
-    "cluster, failing, words",
-    [
-        ({"gpu_partition": "gpu"}, "train: runtime", "2880 min > gpu's MaxTime 2880"),  # fits: no failure below
-        ({"gpu_partition": "short"}, "train: runtime", "lower resources.train.runtime to 30"),
-        ({"gpu_partition": "gpu", "gpu_model": "v100"}, "train: GPUs", "gpu:v100:8 per node"),
-        ({"gpu_partition": "gpu", "gpu_model": "h100"}, "train: GPUs", "gpu:h100:8 per node; gpu has"),
-        ({"gpu_partition": "gpus"}, "train: partition gpus", "set cluster.gpu_partition to one of: cpu, gpu, short"),
-    ],
-)
-def test_each_slurm_row_fails_with_its_remedy(cluster, failing, words):
-    rows = preflight.stage_checks(paper(**cluster), preflight.partitions(fake_run(SINFO)))
-    failed = {row.what: row for row in rows if row.status == preflight.FAIL}
-    if cluster == {"gpu_partition": "gpu"}:
-        assert not failed, failed
-        return
-    row = failed[failing]
-    assert words in row.detail + " " + row.remedy, row
-
-
-@pytest.mark.parametrize(
-    "resources, words",
-    [
-        ({"mem_mb": 2000000}, "lower resources.train.mem_mb to 1024000"),
-        ({"cpus": 256}, "resources.train.cpus to 128 at most"),
-        ({"nodes": 3}, "on 3 node(s); 2 of the 2 nodes with its GPUs fit"),
-    ],
-)
-def test_a_gpu_job_larger_than_the_nodes_with_its_gpus_fails(resources, words):
-    """Memory and CPUs are checked on the nodes that have the GPUs: the h100 node's 512 GB do not count for a100s."""
-    config = paper(gpu_partition="gpu", gpu_model="a100")
-    config["resources"]["train"].update(mem_mb=1024000, cpus=128)
-    rows = {row.what: row for row in preflight.stage_checks(config, preflight.partitions(fake_run(SINFO)))}
-    assert rows["train: node size"].status == preflight.OK, rows["train: node size"]
-    config["resources"]["train"].update(resources)
-    rows = {row.what: row for row in preflight.stage_checks(config, preflight.partitions(fake_run(SINFO)))}
-    row = rows["train: node size"]
-    assert row.status == preflight.FAIL and words in row.detail + " " + row.remedy, row
-    config = paper(gpu_partition="gpu", gpu_model="h100")
-    config["resources"]["train"].update(gpus=4, mem_mb=600000)
-    rows = {row.what: row for row in preflight.stage_checks(config, preflight.partitions(fake_run(SINFO)))}
-    assert rows["train: node size"].status == preflight.FAIL and "at most 512000 MB" in rows["train: node size"].detail
-
-
-def test_the_gpu_row_checks_the_most_any_study_asks():
-    """A study's own GPUs (studies.<study>.gpus) beyond what the nodes have fail the train row, naming the number."""
-    config = paper(gpu_partition="gpu", gpu_model="a100")
+def test_each_job_is_asked_of_sbatch_as_the_slurm_plugin_submits_it():
+    """common.smk's job_resources, as sbatch options: the account, partition and QOS named, the GPUs per node (the
+    most any study asks, or --gpus-per-node), the constraint for GPU jobs only."""
+    config = paper(account="physics", gpu_partition="gpu", cpu_partition="cpu", qos="long", constraint="h100")
+    config["cluster"]["gpu_model"] = "h100"
     config["studies"]["onpolicy"]["gpus"] = 16
-    rows = {row.what: row for row in preflight.stage_checks(config, preflight.partitions(fake_run(SINFO)))}
-    assert rows["train: GPUs"].status == preflight.FAIL and "gpu:a100:16 per node" in rows["train: GPUs"].detail
+    assert preflight.sbatch_request(config, "train") == [
+        "--account=physics", "--partition=gpu", "--qos=long", "--time=2880", "--mem=800000", "--cpus-per-task=64",
+        "--nodes=1", "--ntasks=1", "--gres=gpu:h100:16", "--constraint=h100"]  # fmt: skip
+    assert preflight.sbatch_request(config, "toy")[:3] == ["--account=physics", "--partition=cpu", "--qos=long"]
+    assert not [arg for arg in preflight.sbatch_request(config, "toy") if "gpu" in arg or "constraint" in arg]
+    config["cluster"].update(gpu_request="gpus-per-node", account=None, qos=None, constraint=None)
+    assert preflight.sbatch_request(config, "evaluate") == [
+        "--partition=gpu", "--time=240", "--mem=64000", "--cpus-per-task=8", "--nodes=1", "--ntasks=1",
+        "--gpus-per-node=h100:1"]  # fmt: skip
+
+
+REFUSED = "sbatch: error: invalid partition specified: nope\nallocation failure: Invalid partition name specified"
+
+
+def test_each_job_sbatch_refuses_fails_in_slurms_words(monkeypatch):
+    """Every kind of job is one sbatch --test-only; SLURM's refusal (its real text, local SLURM 22.05) is the row's
+    detail, beside the request; what it accepts is an ok row saying where it would start."""
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: "/usr/bin/" + name)
+    config = paper(account="physics", gpu_partition="nope")
+    run = fake_run(sbatch=lambda command: (1, REFUSED) if "--partition=nope" in command else (0, "sbatch: Job 9 to "
+                   "start at 2026-12-07T17:32:40 using 2 processors on nodes vm in partition debug"))  # fmt: skip
+    rows = {row.what: row for row in preflight.slurm_checks(config, run, jobs=1)}
+    failed = rows["train: sbatch --test-only"]
+    assert failed.status == preflight.FAIL and "--partition=nope --time=2880" in failed.detail, failed
+    assert failed.detail.endswith("error: invalid partition specified: nope; allocation failure: Invalid partition "
+                                  "name specified") and "resources.train.*" in failed.remedy  # fmt: skip
+    assert rows["toy: sbatch --test-only"].status == preflight.OK
+    assert rows["toy: sbatch --test-only"].detail.startswith("Job 9 to start at")
+    assert [c[:2] for c in run.asked if c[0] == "sbatch"] == [["sbatch", "--test-only"]] * len(config["resources"])
+
+
+def test_a_runtime_sbatch_takes_beyond_the_partitions_or_the_qoss_limit_fails(monkeypatch):
+    """Where EnforcePartLimits=NO, SLURM's default, sbatch takes a job longer than its partition's MaxTime, which
+    then pends for ever (local SLURM 22.05: PartitionTimeLimit); so does a QOS's MaxWall without DenyOnLimit."""
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: "/usr/bin/" + name)
+    sinfo = "cpu*|1-00:00:00\ngpu|2-00:00:00\nshort|30:00\n"
+    rows = {row.what: row for row in preflight.slurm_checks(paper(gpu_partition="short"), fake_run(sinfo), jobs=1)}
+    row = rows["train: sbatch --test-only"]
+    assert row.status == preflight.FAIL and "2880 min > 30 min" in row.detail and "runtime to 30" in row.remedy, row
+    assert rows["toy: sbatch --test-only"].status == preflight.OK  # 30 min in the default partition, cpu
+    run = fake_run(sinfo, qos=QOS)
+    row = preflight.stage_check(paper(gpu_partition="gpu", qos="short"), "train", run)
+    assert row.status == preflight.FAIL and "2880 min > 240 min" in row.detail
+    assert preflight.stage_check(paper(gpu_partition="gpu", qos="long"), "train", run).status == preflight.OK
 
 
 QOS = "normal|\nlong|7-00:00:00\nshort|04:00:00\n"
 
 
-def test_the_qos_maxwall_caps_the_runtime_and_the_retry(monkeypatch):
-    """A runtime that fits the partition but not the QOS fails; the retry's cap is the smaller of the two, and with
-    an unlimited partition and no QOS limit there is none (the retry asks twice the runtime)."""
-    run = fake_run(SINFO, qos=QOS)
-    monkeypatch.setattr(preflight.shutil, "which", lambda name: "/usr/bin/" + name)
-    rows = {row.what: row for row in preflight.slurm_checks(paper(gpu_partition="gpu", qos="short"), run)}
-    assert rows["SLURM QOS short"].status == preflight.OK and "MaxWall 240 min" in rows["SLURM QOS short"].detail
-    assert rows["train: runtime"].status == preflight.FAIL
-    assert "2880 min > QOS short's MaxWall 240 min" in rows["train: runtime"].detail
-    rows = {row.what: row for row in preflight.slurm_checks(paper(gpu_partition="gpu", qos="long"), run)}
-    assert rows["train: runtime"].status == preflight.OK and "gpu's MaxTime 2880 min" in rows["train: runtime"].detail
-    rows = {row.what: row for row in preflight.slurm_checks(paper(gpu_partition="gpu", qos="nope"), run)}
-    assert rows["SLURM QOS nope"].status == preflight.FAIL and "long, normal, short" in rows["SLURM QOS nope"].remedy
-    rows = {row.what: row for row in preflight.slurm_checks(paper(qos="long"), fake_run(SINFO, fails=["qos"]))}
-    assert rows["SLURM QOS long"].status == preflight.SKIP and "permission denied" in rows["SLURM QOS long"].detail
+def test_the_retry_cap_is_the_smallest_of_the_partitions_and_the_qoss_limits():
+    """A comma-separated list of partitions; SLURM's default (marked *) without one; the QOS's MaxWall; none where
+    nothing is limited, and none from a QOS sacctmgr may not read."""
+    run = fake_run("CLUSTER: alpha\ncpu*|1-00:00:00\ngpu|2-00:00:00\nshort|30:00\nlong|infinite\n", qos=QOS)
     assert preflight.runtime_cap("gpu", "short", run) == 240 and preflight.runtime_cap("gpu", "long", run) == 2880
-    assert preflight.runtime_cap("gpu", "normal", run) == 2880 and preflight.runtime_cap("short", None, run) == 30
-    unlimited = fake_run("gpu|infinite|gpu:8|1000|8\n", qos=QOS)
-    assert preflight.runtime_cap("gpu", None, unlimited) is None
-    assert preflight.runtime_cap("gpu", "normal", unlimited) is None
-    assert preflight.runtime_cap("gpu", "short", unlimited) == 240
-
-
-def test_an_account_the_user_lacks_fails_naming_the_users_accounts():
-    row = preflight.account_check("other", fake_run("klstudy\nphysics\n"))
-    assert row.status == preflight.FAIL and "has: klstudy, physics" in row.detail and "cluster.account" in row.remedy
-    assert preflight.account_check("physics", fake_run("klstudy\nphysics\n")).status == preflight.OK
-    assert preflight.account_check("Physics", fake_run("physics\n")).status == preflight.OK  # SLURM lowercases names
-
-
-def test_an_account_sacctmgr_may_not_read_is_skipped_with_the_reason():
-    row = preflight.account_check("physics", fake_run("", fails=["assoc"]))
-    assert row.status == preflight.SKIP and "permission denied" in row.detail, row
+    assert preflight.runtime_cap("gpu,short", None, run) == 30 and preflight.runtime_cap(None, None, run) == 1440
+    assert preflight.runtime_cap("long", "normal", run) is None and preflight.runtime_cap("long", "short", run) == 240
+    assert preflight.runtime_cap("gpu", "short", fake_run("gpu|2-00:00:00\n", fails=["qos"])) == 2880
+    assert [preflight.minutes(t) for t in ("2-00:00:00", "1:30:00", "30:00", "45", "1:00:01", "infinite", "")] == [
+        2880, 90, 30, 45, 61, None, None]  # fmt: skip
 
 
 def test_no_slurm_here_skips_the_slurm_rows(monkeypatch):
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
     (row,) = preflight.slurm_checks(paper())
-    assert row.status == preflight.SKIP and "no sinfo" in row.detail
+    assert row.status == preflight.SKIP and "no sbatch" in row.detail
 
 
 def test_disk_short_of_the_peak_fails(tmp_path, monkeypatch):
@@ -516,10 +451,13 @@ def test_the_preflight_reads_and_reports_the_preemption_mode(shown, status, word
     assert (row.what, row.status) == ("preemption", status) and words in row.detail, row
 
 
-def test_the_paper_scale_requires_an_account():
-    row = preflight.account_check(None, required=True)
-    assert row.status == preflight.FAIL and "cluster.account" in row.remedy
-    assert preflight.account_check(None).status == preflight.OK  # the embedded study: SLURM's default
+def test_the_paper_scale_requires_an_account(monkeypatch):
+    """SLURM takes a job without one (the user's default account), but the SLURM plugin guesses its own."""
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: "/usr/bin/" + name)
+    rows = {row.what: row for row in preflight.slurm_checks(paper(), fake_run(), jobs=1)}
+    assert rows["SLURM account"].status == preflight.FAIL and "cluster.account" in rows["SLURM account"].remedy
+    embedded = validate_config(yaml.safe_load((ROOT / "config.yaml").read_text()))
+    assert "SLURM account" not in {row.what for row in preflight.slurm_checks(embedded, fake_run(), jobs=1)}
 
 
 @pytest.mark.parametrize(

@@ -402,6 +402,9 @@ def preflight_rows(env, config: dict, tmp_path: Path) -> dict[str, str]:
 
 
 def test_the_preflight_checks_the_local_cluster(cluster, tmp_path):
+    """SLURM's own verdict on each kind of job (sbatch --test-only): what the cluster takes passes; a partition it
+    lacks, GPUs of a kind its node lacks and a runtime above the short partition's MaxTime fail in SLURM's words (the
+    local cluster sets EnforcePartLimits=ALL); a runtime above a QOS's MaxWall, which sbatch takes here, fails too."""
     config = small_grid()
     for spec in config["resources"].values():
         spec["runtime"] = 20  # the short partition's MaxTime
@@ -409,13 +412,18 @@ def test_the_preflight_checks_the_local_cluster(cluster, tmp_path):
     config["cluster"] = {"account": "klstudy", "cpu_partition": "short", "gpu_partition": "gpu"}
     rows = preflight_rows(cluster, config, tmp_path)
     assert all(" FAIL " not in row for row in rows.values()), rows
-    assert "gpu:2 per node; gpu's nodes have up to 4" in rows["train: GPUs"]
+    assert "in partition gpu" in rows["train: sbatch --test-only"], rows
+    subprocess.run(["sacctmgr", "-i", "add", "qos", "tenminutes", "MaxWall=10"], env=cluster, check=True)
     config["resources"]["toy"]["runtime"] = 30
-    config["cluster"].update(account="physics", gpu_model="a100", gpu_partition="gpu")
-    rows = preflight_rows(cluster, config, tmp_path)
-    assert " FAIL " in rows["SLURM account physics"] and "has: klstudy" in rows["SLURM account physics"]
-    assert " FAIL " in rows["toy: runtime"] and "30 min > short's MaxTime 20 min" in rows["toy: runtime"]
-    assert " FAIL " in rows["train: GPUs"] and "gpu:a100:2 per node; gpu has gpu:4" in rows["train: GPUs"]
+    config["cluster"].update(gpu_model="a100", qos="tenminutes")
+    rows = {what: row for what, row in preflight_rows(cluster, config, tmp_path).items() if " FAIL " in row}
+    assert "Requested time limit is invalid" in rows["toy: sbatch --test-only"], rows
+    assert "--gres=gpu:a100:2" in rows["train: sbatch --test-only"], rows
+    assert "Requested node configuration is not available" in rows["train: sbatch --test-only"], rows
+    assert "20 min > 10 min" in rows["evaluate: sbatch --test-only"], rows
+    config["cluster"].update(gpu_partition="nope", gpu_model=None, qos=None)
+    row = preflight_rows(cluster, config, tmp_path)["train: sbatch --test-only"]
+    assert " FAIL " in row and "Invalid partition name specified" in row, row
 
 
 DRIVER_FLAGS = "--partition=shared --time=30 --mem=1000"

@@ -76,6 +76,12 @@ def _longest_prompt(root: Path, model_dir: Path, datasets: tuple[str, ...]) -> t
     return longest, f"longest prompt {longest} tokens"
 
 
+def _vllm_cells(config: dict):
+    """(study, its settings, model) of every study that generates with vLLM beside training."""
+    for study, spec in config["studies"].items():
+        yield from ((study, spec, model) for model in spec["models"] if spec["train"]["generation"] == "vllm")
+
+
 def checks(config: dict, root: Path) -> list[Check]:
     """Each study's colocated vLLM engine (generation: vllm) beside training, per model, on one GPU of
     cluster.gpu_model: the plan of train/gpu_memory.py from the staged config.json and prompts."""
@@ -83,28 +89,22 @@ def checks(config: dict, root: Path) -> list[Check]:
 
     gib = gpu_memory_gib(config["cluster"])
     checks = [row for row in [gpu_model_check(config)] if row]
-    for study, spec in config["studies"].items():
-        if spec["train"]["generation"] != "vllm":
+    for study, spec, model in _vllm_cells(config):
+        what, model_dir = f"GPU memory: {study} {model}", _model_dir(config, root, model)
+        if model_dir is None:
+            checks.append(Check(what, SKIP, "config.json not staged yet: `make stage CONFIG=…` first, then rerun"))
             continue
-        for model in spec["models"]:
-            what = f"GPU memory: {study} {model}"
-            model_dir = _model_dir(config, root, model)
-            if model_dir is None:
-                checks.append(Check(what, SKIP, "config.json not staged yet: `make stage CONFIG=…` first, then rerun"))
-                continue
-            prompt, source = _longest_prompt(root, model_dir, (spec["train_data"], spec["heldout_data"]))
-            shape = gpu_memory.Shape.read(model_dir)
-            plan = gpu_memory.training_plan(model, shape, spec["train"], train_gpus(config, study), prompt,
-                                            int((gib or 80) * gpu_memory.GIB))  # fmt: skip
-            if gib is None:
-                checks.append(Check(what, WARN, f"GPU memory unknown; on 80 GiB: {plan.describe()}; {source}",
-                                    "set cluster.gpu_memory_gib (or a gpu_model that names one size)"))  # fmt: skip
-            elif plan.problem():
-                checks.append(Check(what, FAIL, f"{plan.problem()}; {source}",
-                                    "a GPU with more memory, more GPUs per cell (studies.<study>.gpus), a smaller "
-                                    "micro_batch, or shorter responses"))  # fmt: skip
-            else:
-                checks.append(Check(what, OK, f"{plan.describe()}; {source}"))
+        prompt, source = _longest_prompt(root, model_dir, (spec["train_data"], spec["heldout_data"]))
+        shape, gpu = gpu_memory.Shape.read(model_dir), int((gib or 80) * gpu_memory.GIB)
+        plan = gpu_memory.training_plan(model, shape, spec["train"], train_gpus(config, study), prompt, gpu)
+        if gib is None:
+            checks.append(Check(what, WARN, f"GPU memory unknown; on 80 GiB: {plan.describe()}; {source}",
+                                "set cluster.gpu_memory_gib (or a gpu_model that names one size)"))  # fmt: skip
+        elif plan.problem():
+            remedy = "a GPU with more memory, more GPUs a cell (studies.<study>.gpus), a smaller micro_batch or shorter"
+            checks.append(Check(what, FAIL, f"{plan.problem()}; {source}", remedy + " responses"))
+        else:
+            checks.append(Check(what, OK, f"{plan.describe()}; {source}"))
     return checks
 
 
@@ -116,15 +116,12 @@ def plan_table(config: dict, shapes: dict, prompt_tokens: int, gib: float) -> li
     gpu = int(gib * gpu_memory.GIB)
     lines = ["| study | model | `max_model_len` | vLLM share | weights (GiB) | KV cache (GiB) | sequences at once | "
              "training (GiB) | per GPU (GiB) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for study, spec in config["studies"].items():
-        if spec["train"]["generation"] != "vllm":
-            continue
-        for model in spec["models"]:
-            plan = gpu_memory.training_plan(model, shapes[model], spec["train"], train_gpus(config, study),
-                                            prompt_tokens, gpu)  # fmt: skip
-            lines.append(
-                f"| `{study}` | {model} | {plan.max_model_len} | {plan.share:.2f} | {gpu_memory.gib(plan.weights)} | "
-                f"{gpu_memory.gib(plan.kv)} | {min(plan.concurrent, plan.sequences)} of {plan.sequences} | "
-                f"{gpu_memory.gib(plan.training)} | {gpu_memory.gib(plan.total)} ({plan.total / gpu:.0%}) |"
-            )
+    for study, spec, model in _vllm_cells(config):
+        plan = gpu_memory.training_plan(model, shapes[model], spec["train"], train_gpus(config, study), prompt_tokens,
+                                        gpu)  # fmt: skip
+        lines.append(
+            f"| `{study}` | {model} | {plan.max_model_len} | {plan.share:.2f} | {gpu_memory.gib(plan.weights)} | "
+            f"{gpu_memory.gib(plan.kv)} | {min(plan.concurrent, plan.sequences)} of {plan.sequences} | "
+            f"{gpu_memory.gib(plan.training)} | {gpu_memory.gib(plan.total)} ({plan.total / gpu:.0%}) |"
+        )
     return lines
