@@ -182,7 +182,7 @@ def _divergence(args):
 
 
 @stage("aggregate", "tidy tables of the whole grid (results/tables/*.csv)",
-       settings=req("the whole config, as JSON (saved, validated, with the tables)", type=json.loads),
+       settings=as_json("the whole config (saved, validated, with the tables)"),
        results=opt("the results directory", default="results"),
        out_dir=req("where the tables go (results/tables)"))  # fmt: skip
 def _aggregate(args):

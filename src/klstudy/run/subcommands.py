@@ -19,8 +19,12 @@ def opt(help: str, **keywords) -> dict:
     return dict(help=help, **keywords)
 
 
+def JSON(text: str):  # noqa: N802 - argparse names the type in its refusal: "invalid JSON value"
+    return json.loads(text)
+
+
 def as_json(what: str) -> dict:
-    return req(f"{what}, as JSON", type=json.loads)
+    return req(f"{what}, as JSON", type=JSON)
 
 
 def config_files(what: str) -> dict:

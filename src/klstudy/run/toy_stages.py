@@ -4,12 +4,11 @@ Figure 1, its fixed points and Monte Carlo runs, and the atlas. Each imports wha
 from __future__ import annotations
 
 import functools
-import json
 import time
 from pathlib import Path
 
 from klstudy.run.devices import threads as _threads
-from klstudy.run.subcommands import PNG, THREADS, as_json, command, opt, req
+from klstudy.run.subcommands import JSON, PNG, THREADS, as_json, command, opt, req
 
 STAGES: dict[str, tuple] = {}  # subcommand: (its function, its help, its options), the first of stages.STAGES
 stage = functools.partial(command, STAGES)
@@ -174,7 +173,7 @@ def _caption_before_table(png: Path, caption: str) -> None:
 
 @stage("fig01", "Figure 1 (PNG, and PDF beside it)", inputs=req("the toy jobs' CSV files, one per setting", nargs="+"),
        tests=req("toy-tests' CSV (which configurations are unbiased)"), **PNG,
-       settings=opt("config toy.settings as JSON: the caption defines each setting", type=json.loads))  # fmt: skip
+       settings=opt("config toy.settings as JSON: the caption defines each setting", type=JSON))  # fmt: skip
 def _fig01(args):
     import pandas as pd
 
