@@ -1,5 +1,7 @@
 """How a `klstudy` subcommand is declared, parsed and run: a function with the decorator ``command``, whose keywords
-are its options (stages.py, toy_stages.py, cli.py), and the options and the config reading they share."""
+are its options (stages.py, toy_stages.py, cli.py), and the options and the config reading they share. Tested through
+the commands: tests/test_references.py (every option has its help), test_explain.py (an exclusive group),
+test_config.py (a stage's settings given by hand), test_warm.py (the stages, apart from the other commands)."""
 
 from __future__ import annotations
 
