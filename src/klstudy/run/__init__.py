@@ -4,6 +4,7 @@ themselves are Snakemake's (workflow/rules/, and slurm/profile.yaml on a cluster
     cli                the `klstudy` command line (`python -m klstudy`)
     stages             one subcommand per stage, each called by one Snakemake rule
     toy_stages         the §3 analysis's subcommands: the toy model, its fixed points, Figure 1, the atlas
+    subcommands        how a subcommand is declared (its options as the decorator's keywords), parsed and run
     drive              `klstudy drive`: Snakemake run so that an interrupted `make study` resumes
     warm               warm workers: jobs forked from a server that imported torch, TRL and lm-eval once
     devices            a job's GPUs and CPU threads (a GPU job that sees none fails); under `drive --gpus`, one

@@ -20,6 +20,7 @@ the kernel's or Snakemake's own mechanism:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -95,10 +96,8 @@ def supervise(command: list[str], env: dict, lock_fd: int) -> int:
 
 
 def _signal_group(pgid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # nobody left in the group
         os.killpg(pgid, signum)
-    except ProcessLookupError:  # nobody left in the group
-        pass
 
 
 def visible_gpus(spec: str) -> list[str]:

@@ -4,8 +4,6 @@ login node while SLURM runs the grid. The states: docs/running.md, **Where it st
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import time
 from collections import Counter
@@ -118,26 +116,20 @@ def _age(seconds) -> str:
     return f"{seconds}s"
 
 
-def format_table(rows: list[dict]) -> str:
+def report(config: dict, root: Path, form: str = "table") -> str:
+    """`klstudy status`: every row as CSV, or the cells as a table followed by the counts and the other rows."""
+    rows = grid_status(config, root)
+    if form == "csv":
+        import pandas as pd
+
+        return pd.DataFrame(rows, columns=COLUMNS).to_csv(index=False, lineterminator="\n").rstrip("\n")
     cells = [row for row in rows if row["kind"] == "cell"]
-    lines = [(row["name"], row["state"], f"{row['step']}/{row['steps']}" if row["step"] != "" else "",
-              _age(row["age_s"]), row["detail"]) for row in cells]  # fmt: skip
-    header = ("cell", "state", "step", "age", "detail")
-    widths = [max(len(str(line[i])) for line in [header, *lines]) for i in range(4)]
-    text = [" ".join(str(value).ljust(width) for value, width in zip(line, widths, strict=False)) + f" {line[4]}"
-            for line in [header, *lines]]  # fmt: skip
+    lines = [("cell", "state", "step", "age", "detail")]
+    lines += [(row["name"], row["state"], f"{row['step']}/{row['steps']}" if row["step"] != "" else "",
+               _age(row["age_s"]), row["detail"]) for row in cells]  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    text = [" ".join(map(str.ljust, line[:4], widths)) + f" {line[4]}" for line in lines]
     counts = Counter(row["state"] for row in cells)
-    text.append("")
-    text.append(f"cells: {len(cells)}, " + ", ".join(f"{counts[state]} {state}" for state in STATES if counts[state]))
-    for row in rows:
-        if row["kind"] != "cell":
-            text.append(f"{row['kind']}: {row['step']}/{row['steps']} done")
+    text += ["", f"cells: {len(cells)}, " + ", ".join(f"{counts[state]} {state}" for state in STATES if counts[state])]
+    text += [f"{row['kind']}: {row['step']}/{row['steps']} done" for row in rows if row["kind"] != "cell"]
     return "\n".join(line.rstrip() for line in text)
-
-
-def format_csv(rows: list[dict]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
