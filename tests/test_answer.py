@@ -69,3 +69,13 @@ def test_the_key_named_for_beta_is_the_one_explain_reads(framework, version, con
     setting = [key, "0.037"] if key.startswith("--") else [f"{key}=0.037"]
     read = framework_settings.read(preset, words + setting)
     assert (read.config, read.beta) == (config, 0.037)
+
+
+def test_a_default_with_no_beta_eff_says_why_in_the_atlas_words_the_legend_defines(expected):
+    """verl 0.7's example script and SkyRL's default at β = 0.001 are still moving in the atlas's run (parametric):
+    the table says `unsettled`, as the atlas does, not a word of its own, and its legend says what each word means."""
+    rows = expected.splitlines()
+    for release in ("verl 0.7.0", "SkyRL 0.3.0"):
+        row = next(r for r in rows if r.startswith(f"| {release} "))
+        assert f"unsettled{answer.CLAMP_MARK}" in row and "not resolved" not in row, row
+    assert all(word in answer.LEGEND for word in ("`< x`", "`unsettled`", "`drifts`", "Dr. GRPO's, not GRPO's"))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from klstudy.analysis.atlas import ratio_text
 from klstudy.frameworks import OFFERS, PRESETS, STD_OFF, beta_key
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -31,11 +32,13 @@ LEGEND = (
     "KLs are named estimator-placement ([KL names](kl-names.md)): `k1-reward`, K1 subtracted from the reward before "
     "the advantage; `k1-advantage`, K1 per token added to the advantage after its normalisation (OpenRLHF's and "
     'AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: its gradient as TRL ≥ 1.10, '
-    "NeMo-RL 0.7 take it). Advantages ([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): `group_std`, GRPO's "
-    "÷ the group's std; `grpo`, the group mean only; `rloo`, leave-one-out. β_eff/β: the strength obtained over the "
-    "strength asked; not resolved: the toy gives no β_eff; "
-    f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point depends on the path "
-    "([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate))."
+    "NeMo-RL 0.7 take it). Advantages of the G responses to a prompt "
+    "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): `group_std`, GRPO's ÷ the group's std; `grpo`, the group "
+    "mean only (Dr. GRPO's, not GRPO's); `rloo`, leave-one-out; `loo_std`, RLOO ÷ the others' std; `whiten`, ÷ the "
+    "batch's std. β_eff/β: strength obtained over strength asked, in the toy's parametric family (the paper's policy), "
+    "or why none: `< x`, more KL than any optimum; `unsettled`, still moving; `drifts`, no fixed point. "
+    f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point and the β to set depend on the "
+    "path ([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate))."
 )
 # Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
 # advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
@@ -48,8 +51,8 @@ def ratio_at(
     atlas: pd.DataFrame, config: str, normalisation: str, group: int, beta: float, preset: str | None = None
 ) -> tuple[str, int]:
     """(β_eff/β in words, CLAMP_MARK where the clamp binds; the G it was read at) of a setting in the atlas's run at
-    ``beta``: "–" where not resolved; the nearest G the atlas has where it lacks ``group``; ``preset``'s own row (its
-    clamp) where the run has one."""
+    ``beta``: where it has none, the atlas's words for why (ratio_text); "–" where the run lacks the setting; the
+    nearest G the atlas has where it lacks ``group``; ``preset``'s own row (its clamp) where the run has one."""
     rows = atlas[(atlas.family == FAMILY) & (atlas.config == config) & (atlas.normalisation == normalisation)
                  & (atlas.beta == beta)]  # fmt: skip
     if rows.empty:
@@ -58,19 +61,21 @@ def ratio_at(
         rows = rows[rows.preset == preset]
     nearest = rows.group.iloc[(rows.group - group).abs().argsort().iloc[0]]
     row = rows[rows.group == nearest].iloc[0]
-    words = f"{row.beta_eff_ratio:.2f}" if row.resolution == "β_eff" else "–"
-    return words + (CLAMP_MARK if row.clamp_binds > 0 else ""), int(nearest)
+    return ratio_text(row), int(nearest)
 
 
-def _resolved(ratio: str) -> str:
-    """A ratio_at cell in words: "not resolved" for "–", its CLAMP_MARK kept."""
-    return "not resolved" + ratio[1:] if ratio[0] == "–" else ratio
+def _number(ratio: str) -> float | None:
+    """A ratio_at cell's β_eff/β, None where it has none."""
+    try:
+        return float(ratio.rstrip(CLAMP_MARK))
+    except ValueError:
+        return None
 
 
 def _strength(ratios: list[str], at: str) -> str:
     """β_eff/β at the field's and a strong β, and the advice to set another β where either is not the asked."""
     words = f"β_eff/β {' / '.join(ratios)} ({at})"
-    asked = all(r[0] != "–" and abs(float(r.rstrip(CLAMP_MARK)) - 1) <= TOLERANCE for r in ratios)
+    asked = all(_number(r) is not None and abs(_number(r) - 1) <= TOLERANCE for r in ratios)
     return words if asked else words + ": set the β explain computes"
 
 
@@ -116,12 +121,12 @@ def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
         if p.default_beta:
             default = f"on: {p.kl}, {key} = {p.default_beta:g}"
             ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.default_beta, name)
-            amounts = f"{_resolved(ratio)} at β = {p.default_beta:g}"
+            amounts = f"{ratio} at β = {p.default_beta:g}"
         else:
             default, amounts = f"off (β = 0); turned on: {p.kl}, {key}", "– (off)"
             if p.recipe_beta:
                 ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
-                amounts += f"; at its example script's β {p.recipe_beta:g}: {_resolved(ratio)}"
+                amounts += f"; at its example script's β {p.recipe_beta:g}: {ratio}"
         rows.append({
             "release": f"{p.framework} {p.version}", "default: KL, the key that sets β (advantages, G)": f"{default} "
             f"({p.normalisation}, G = {p.group})", "β_eff/β of the default": amounts,

@@ -162,7 +162,7 @@ def _meaning(ratio: str) -> str:
     if ratio.startswith("<"):
         ratio = f"{ratio} (more KL than any optimum of J_β has)"
     ratio = {"drifts": "none (no fixed point: it drifts to the reward's maximum)",
-             "unsettled": "not resolved (its flow had not settled near the boundary)"}.get(ratio, ratio)  # fmt: skip
+             "unsettled": "unsettled (still moving near the boundary when its flow stopped)"}.get(ratio, ratio)  # fmt: skip
     return ratio + (" (its clamp binds there: the end point depends on the path)" if clamped else "")
 
 
@@ -202,7 +202,7 @@ def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS, config
         f"KL term: {describe(setting.config)}",
         "its gradient: "
         + ("unbiased" if unbiased(bias) else "biased")
-        + " for the sequence-level KL (exact bias in the toy's setting 'apart': "
+        + " for the sequence-level KL (exact bias in the toy, policy far from the reference ('apart'): "
         + ", ".join(f"{b:.2g} at T = {t}" for t, b in bias.items())
         + ")",
     ]
