@@ -162,7 +162,7 @@ def _meaning(ratio: str) -> str:
     if ratio.startswith("<"):
         ratio = f"{ratio} (more KL than any optimum of J_β has)"
     ratio = {"drifts": "none (no fixed point: it drifts to the reward's maximum)",
-             "unsettled": "unsettled (still moving near the boundary when its flow stopped)"}.get(ratio, ratio)  # fmt: skip
+             "unsettled": "unsettled (still moving when its flow stopped)"}.get(ratio, ratio)  # fmt: skip
     return ratio + (" (its clamp binds there: the end point depends on the path)" if clamped else "")
 
 
