@@ -325,6 +325,8 @@ def test_coinciding_toy_lines_are_drawn_once_their_markers_alternating():
     fig, _ = toy_figures.draw_toy_fixed_points(*toy_end_points())
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "K1 in reward = K3 in reward and loss" in labels and "K1 in reward" not in labels
+    members = [encoding.GID.match(line.get_gid())["kl"] for line in fig.axes[0].lines if line.get_label() == "_member"]
+    assert sorted(members) == ["k1-reward", "k3-both", "k3-loss"]  # the shared line's markers alternate, as Figure 1's
     plt.close(fig)
 
 

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib import patheffects, ticker
+from matplotlib.legend_handler import HandlerTuple
 
 from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures import encoding
@@ -69,9 +70,8 @@ def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | N
             ax.set_yscale("log")
             ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))
             ax.grid(alpha=0.3)
-            ax.set_title(f"setting “{setting}”" if row == 0 else "")
-            ax.set_ylabel(f"{metric.replace('_', ' ')} of ∂/∂{param}" if col == 0 else "")
-            ax.set_xlabel("sequence length T" if row == len(rows) - 1 else "")
+            ax.set(title=f"setting “{setting}”" if row == 0 else "", xlabel="sequence length T" if row == len(rows) - 1
+                   else "", ylabel=f"{metric.replace('_', ' ')} of ∂/∂{param}" if col == 0 else "")  # fmt: skip
     for row in axes:  # one y range per row holding every line drawn in it, so that none runs off the panel
         ys = [y for ax in row for line in ax.get_lines() for y in line.get_ydata() if y > 0]
         row[0].set_ylim(min(ys, default=0.1) / 3, max(ys, default=1.0) * 3)
@@ -145,29 +145,32 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
     ends = {c: g.sort_values(["family", "beta"])[["beta", "kl", "reward"]].to_numpy(dtype=float).ravel()
             for c, g in points.groupby("config", sort=False)}  # fmt: skip
     groups = coinciding(ends)
-    mc = agreed[(agreed["mode"] == "on-policy") & (agreed.status == "stable")]
+    mc = (checked := agreed[agreed["mode"] == "on-policy"])[lambda c: c.status == "stable"]
     fig, (axes,) = plt.subplots(1, len(families) + bool(len(mc)), figsize=(encoding.FULL_WIDTH, 5.6), squeeze=False,
                                 layout="constrained")  # fmt: skip
     for ax, family in zip(axes, families, strict=False):
         _end_points_panel(ax, points[points.family == family], fronts[fronts.family == family], family, groups)
     farthest = _monte_carlo_panel(axes[-1], mc, groups) if len(mc) else None
     from klstudy.analysis.monte_carlo import AGREEMENT_Z  # here: it imports torch, which a figure job does not need
-    seen = {}
-    for line in (line for ax in axes for line in ax.get_lines() if not line.get_label().startswith("_")):
-        seen.setdefault(line.get_label(), line)
-    unsettled = [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=f"{s}: no fixed point (where stopped)")
-                 for s, m in encoding.UNSETTLED_MARKERS.items()]  # fmt: skip
-    fig.legend(handles=[*seen.values(), *unsettled], loc="outside lower center", ncols=2)
+    keys = {group_label(g): tuple(key_handles(g[:3], [])) for g in groups if g[0] in set(points.config[
+        points.status == "stable"])}  # a line's key: its first three configurations' markers  # fmt: skip
+    seen = {line.get_label(): keys.get(line.get_label(), line) for ax in axes for line in ax.get_lines()
+            if not line.get_label().startswith("_")}  # fmt: skip
+    seen |= {f"{s}: no fixed point (where stopped)": plt.Line2D([], [], color="0.3", linestyle="", marker=m)
+             for s, m in encoding.UNSETTLED_MARKERS.items()}  # fmt: skip
+    fig.legend([*seen.values()], [*seen], loc="outside lower center", ncols=2, handler_map={tuple: HandlerTuple(None)})
     fig.suptitle("Where each KL configuration's training ends, against the optimum of J_β (toy model)")
-    caption = Caption()
-    n = caption.number
+    n = (caption := Caption()).number
     caption.add(
         "**Where each KL configuration's training ends (toy model of §3.3, exact).** R = 1: at least "
         f"{n(section['reward']['threshold'])} ones in T = {n(section['length'])} tokens. Per family: grey, the optimum "
-        f"of J_β over β (β ∈ {{{', '.join(n(b) for b in section['betas'])}}} marked); each configuration's end points, "
+        "of J_β over β (each β's point labelled); each configuration's end points, "
         "joined over β; overlapping end markers stacked upward."
         + (f" Right: {n(section['monte_carlo']['seeds'])} on-policy seeds' mean end KL ÷ the exact one, ±1 se "
-           f"({', '.join(dict.fromkeys(mc.family))}; the {n(mc.config.nunique())} stable configurations); within "
+           f"({', '.join(dict.fromkeys(mc.family))}; the {n(mc.config.nunique())} of the {n(checked.config.nunique())} "
+           "configurations checked whose exact end point is stable"
+           f"{'; left out: β = ' * bool(left := [n(b) for b in section['betas'] if b not in set(mc.beta)])}"
+           f"{', '.join(left)}); within "
            f"{n(AGREEMENT_Z)} se agrees. Farthest: {kl_label(farthest[0])} at β = {n(farthest[1])}, "
            f"{caption.value(*farthest[2:])}." if len(mc) else "")
         + "".join(f" One line: {short_names(names)}." for names in groups if len(names) > 3))  # fmt: skip
@@ -186,16 +189,15 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
     for names in groups:
         group = points[points.config == names[0]].sort_values("beta")
         stable, label = group[group.status == "stable"], group_label(names)
-        style = {**style_of(names[0]), "linestyle": "-"}
-        if len(stable):
-            tag(ax.plot(stable.kl, stable.reward, linewidth=0.9, markersize=5, label=label, zorder=3, **style)[0],
-                names[0], None, "marker")  # fmt: skip
-        ends += [(e.kl, e.reward, e.status, names[0], style["color"], label if stable.empty else "_unsettled")
+        if len(stable):  # Figure 1's way: one line, its markers alternating; named here for the figure's legend
+            draw_coinciding(ax, dict.fromkeys(names, pd.Series(stable.reward.to_numpy(), stable.kl)), lambda x, *_: x)
+            ax.lines[-1 - len(names)].set_label(label)
+        ends += [(e.kl, e.reward, e.status, names[0], config_colour(names[0]), label if stable.empty else "_unsettled")
                  for e in group.round(3).drop_duplicates(["kl", "reward"]).itertuples()]  # fmt: skip
     # Each at its true KL; one with no fixed point that would overlap an end point drawn (within 0.09 in, at the
     # panel's size before its layout) is stacked upward in steps of 0.03, above its row (the table has each value).
-    ax.set_xlim(-0.05 * (most := max([e[0] for e in ends] + [*curve.kl])), 1.06 * most)
-    inches = ax.get_position().size * ax.figure.get_size_inches() / [1.11 * most, 1.13]
+    ax.set_xlim(-0.15 * (most := max([e[0] for e in ends] + [*curve.kl])), 1.06 * most)  # room for β's labels
+    inches = ax.get_position().size * ax.figure.get_size_inches() / [1.21 * most, 1.13]
     at = []
     for kl, reward, status, name, colour, label in sorted(ends, key=lambda e: (e[2] != "stable", e[0])):
         y = reward
@@ -205,9 +207,7 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
         if status != "stable":
             tag(ax.plot(kl, y, linestyle="", marker=encoding.UNSETTLED_MARKERS.get(status, "x"), markersize=6,
                         color=colour, zorder=5, label=label, clip_on=False)[0], name, None, "band")
-    ax.set_title(f"{family} policy (exact)")
-    ax.set_xlabel("KL(π‖π_ref) at the end point")
-    ax.set_ylabel("task reward E_π[R]")
+    ax.set(title=f"{family} policy (exact)", xlabel="KL(π‖π_ref) at the end point", ylabel="task reward E_π[R]")
     ax.set(ylim=(-0.05, max(1.08, max(b for _, b in at) + 0.05)), yticks=np.linspace(0, 1, 6))
     ax.grid(alpha=0.3)
 
