@@ -262,6 +262,38 @@ def size_problems(fig) -> list[str]:
     return found + problems(fig) + outside(fig)
 
 
+def _on_row(artists, y: float) -> list:
+    return [a for a in artists if np.isclose(np.mean(np.asarray(a.get_ydata(), dtype=float)), y)]
+
+
+def margin_z_problems(fig) -> list[str]:
+    """A forest's "z inside margin" recomputed from its drawing: the effect's smaller distance to the grey band's
+    ends, each in the se its side of the interval draws (half-width ÷ the printed critical). Rows clipped (|, arrow)
+    are left out: their half-width is not critical·se."""
+    found = []
+    for twin in fig.axes:
+        place = twin.get_position().bounds  # a twin axis shares its panel's place
+        ax = next((a for a in fig.axes if a is not twin and a.get_position().bounds == place), None)
+        for y, label in zip(twin.get_yticks(), twin.get_yticklabels(), strict=False):  # undrawn axes: no labels yet
+            match = re.search(r"z inside margin (\S+), critical (\S+)", label.get_text())
+            if ax is None or not match or _on_row([a for a in ax.lines if a.get_marker() in ("|", "<", ">")], y):
+                continue
+            bands = [c.get_paths()[0].vertices for c in ax.collections if len(c.get_paths())]
+            bands = [v for v in bands if np.isclose((v[:, 1].min() + v[:, 1].max()) / 2, y)]
+            interval = _on_row([a for a in ax.lines if a.get_gid() == "interval"], y)
+            effect = _on_row([a for a in ax.lines if a.get_gid() == "effect"], y)
+            if len(bands) != 1 or len(interval) != 1 or len(effect) != 1:
+                found.append(f"z inside margin {match[1]}: no single band, interval and effect drawn on its row")
+                continue
+            margin, e, (low, high) = bands[0][:, 0].max(), float(effect[0].get_xdata()[0]), interval[0].get_xdata()
+            critical = float(match[2])
+            z = min((margin - e) * critical / (high - e), (e + margin) * critical / (e - low))
+            printed = float(match[1].replace("−", "-"))
+            if not (_agrees(match[1], z) or abs(printed - z) <= 0.01 * abs(z)):  # 1 %: the table's rounding
+                found.append(f"z inside margin {match[1]}: the drawing gives {z:.3g}")
+    return found
+
+
 def every_problem(fig, caption, config: dict) -> list[str]:
     return (style_problems(fig) + ink_problems(fig, caption) + identifier_problems(fig, caption, config)
-            + panel_problems(fig, caption) + size_problems(fig))  # fmt: skip
+            + panel_problems(fig, caption) + size_problems(fig) + margin_z_problems(fig))  # fmt: skip

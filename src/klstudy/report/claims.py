@@ -27,7 +27,6 @@ from klstudy.claims_rule import (
     BASE,
     FDR_NAMES,
     FDR_VALID_UNDER,
-    MARGIN_ENDS,
     SHOWN,
     judged,
     margin_ends,
@@ -47,8 +46,8 @@ DURING_TRAINING = ("final_kl", "heldout")  # compared at a common step; the othe
 
 COLUMNS = [
     "claim", "text", "paper", "metric", "study", "model", "base_model", "candidate", "baseline", "beta",
-    "baseline_beta", "predicted", "basis", "candidate_mean", "baseline_mean", "effect", "se", "z", "critical", "df",
-    "p", "q_value", "pair_by", "units", "seeds", "runs", "step", "verdict", "note",
+    "baseline_beta", "predicted", "basis", "candidate_mean", "baseline_mean", "effect", "se", "se_above", "se_below",
+    "z", "critical", "df", "p", "q_value", "pair_by", "units", "seeds", "runs", "step", "verdict", "note",
 ]  # fmt: skip
 
 
@@ -456,12 +455,13 @@ def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFram
     rows = [
         row for name, claim in config.get("claims", {}).items() for row in claim_rows(name, claim, config, runs, tests)
     ]
-    work = pd.DataFrame(rows, columns=[*COLUMNS, "margin", "why", *MARGIN_ENDS])
+    work = pd.DataFrame(rows, columns=[*COLUMNS, "margin", "why", "above", "below"])
     table = judged(work, config["claims_rule"]) if len(work) else work
     table = table[COLUMNS].copy()
     digests = base_model_digests(tables["cells"])  # a column, since the report shows the CSV, not the caption
     table["base_model"] = [", ".join(digests.get(model, [])) for model in table.model]
-    numbers = ["candidate_mean", "baseline_mean", "effect", "se", "z", "critical", "p", "q_value"]
+    numbers = ["candidate_mean", "baseline_mean", "effect", "se", "se_above", "se_below", "z", "critical", "p",
+               "q_value"]  # fmt: skip
     table[numbers] = table[numbers].astype(float).round(4)
     return table
 

@@ -132,11 +132,10 @@ def _forest_panel(ax, metric: str, trend: bool, entries: list) -> None:
     ax.set_ylim(y + 0.2, -0.2)
     ax.set_yticks(ticks, labels, fontsize=7)
     twin = ax.twinx()
-    twin.set_ylim(ax.get_ylim())
-    twin.set_yticks(ticks, [text for text, _ in right], fontsize=7)
+    twin.set(ylim=ax.get_ylim(), yticks=ticks, yticklabels=[text for text, _ in right])
     for tick, (_, colour) in zip(twin.get_yticklabels(), right, strict=True):
         tick.set_color(colour)
-    twin.tick_params(axis="y", length=0)
+    twin.tick_params(axis="y", length=0, labelsize=7)
     twin.tick_params(axis="x", which="both", bottom=False, labelbottom=False, top=False, labeltop=False)
     unit = METRICS.get(metric, (metric, metric))[1]
     ax.set_xlabel(f"{unit}: slope per decade of β" if trend else f"{unit}, candidate − baseline")
@@ -147,8 +146,9 @@ def _interval(row: dict, metric: str, trend: bool) -> tuple[float, float] | None
     critical = row.get("critical") if pd.notna(row.get("critical")) else row.get("spread_critical")
     if pd.isna(row.get("effect")) or pd.isna(row.get("se")) or pd.isna(critical):
         return None
-    low, high = difference_range(metric, row.get("baseline_mean"), trend)
-    return max(row["effect"] - critical * row["se"], low), min(row["effect"] + critical * row["se"], high)
+    low, high = difference_range(metric, row.get("baseline_mean"), trend)  # a same row: each side its margin end's se
+    below, above = (row[k] if pd.notna(row.get(k)) else row["se"] for k in ("se_below", "se_above"))
+    return max(row["effect"] - critical * below, low), min(row["effect"] + critical * above, high)
 
 
 def _view(rows: list[dict], metric: str, trend: bool) -> tuple[float, float]:
@@ -159,8 +159,7 @@ def _view(rows: list[dict], metric: str, trend: bool) -> tuple[float, float]:
             scale.append(abs(row["effect"]) + (row["se"] if pd.notna(row.get("se")) else 0))
             ends += [row["effect"], *(_interval(row, metric, trend) or ())]
             ends += [-row["margin"], row["margin"]] if pd.notna(row.get("margin")) else []
-    cap = CAP * max(scale)
-    low, high = max(min(ends), -cap), min(max(ends), cap)
+    low, high = max(min(ends), -CAP * max(scale)), min(max(ends), CAP * max(scale))
     pad = 0.05 * (high - low or 1.0)
     return low - pad, high + pad
 
