@@ -9,14 +9,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib import ticker
+from matplotlib import patheffects, ticker
 from matplotlib.transforms import ScaledTranslation
 
 from klstudy.frameworks import presets_of  # not analysis.atlas, which imports torch
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, as_math, finish, table
 from klstudy.report.figures.encoding import config_colour, key_handles, kl_label, marker_of, save, style_of, tag
-from klstudy.report.figures.toy import coinciding, draw_coinciding
+from klstudy.report.figures.toy import coinciding
 
 AXIS_NAMES = {"rloo": "RLOO", "grpo": "− mean", "group_std": "÷ group std", "batch_std": "÷ batch std",
               "loo_std": "LOO ÷ std", "none": "none", "group_whiten": "− mean, whitened",
@@ -94,8 +94,7 @@ def _mark_handles() -> list:
 
 
 def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
-    """β_eff/β on one log scale for these panels, 1 inside, every drawn value inside, the bottom ``room`` (a fraction)
-    left to the edge's marks."""
+    """β_eff/β on one log scale for these panels, 1 and all drawn inside, the bottom ``room`` (a fraction) left."""
     values = [1.0] + [v for ax in axes for line in ax.get_lines() if line.get_label() != "_stop" for v in np.asarray(
         line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float) if np.isfinite(v) and v > 0]  # fmt: skip
     high, lowest = max(values) * 1.6, min(values)
@@ -104,7 +103,7 @@ def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
         getattr(ax, f"set_{axis}scale")("log")
         getattr(ax, f"set_{axis}lim")(low, high)
         scale = ax.yaxis if axis == "y" else ax.xaxis
-        scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5) if high / low < 1000 else (1,)))
+        scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)[:: 1 + (axis == "x")] if high / low < 1000 else (1,)))
         scale.set_major_formatter(ticker.FormatStrFormatter("%g"))
         scale.set_minor_formatter(ticker.NullFormatter())
         (ax.axvline if axis == "x" else ax.axhline)(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
@@ -135,8 +134,7 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         _presets_row(axes[2 * f], mine[preset], presets, betas, family, caption, quoted)
         _log_axis(list(axes[2 * f]), "x")
         _log_axis(list(axes[2 * f + 1]), "y", _grid_row(axes[2 * f + 1], mine[~preset], betas, family))
-    fig.legend(handles=key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), loc="outside lower center",
-               ncols=3)
+    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), 3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     caption.add(
         "**How strongly each setup practitioners run regularises (toy model of §3.3, exact).** β_eff is the β whose "
@@ -167,10 +165,8 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
             if line is not None and beta == betas[-1] and np.isfinite(float(at[0])):
                 quoted.append([f"{family}, {caption.design(names[y])}", caption.value(line, -1, ".2f", axis="x")])
         ax.set_gid("dots against a reference")  # each point read against 1 (the tests' rule)
-        ax.set_title(f"β = {beta:g}")
-        ax.set_ylim(len(groups) - 0.5, -0.5)
+        ax.set(title=f"β = {beta:g}", ylim=(len(groups) - 0.5, -0.5), xlabel="β_eff / β")
         ax.grid(alpha=0.3)
-        ax.set_xlabel("β_eff / β")
     axes[0].set_yticks(range(len(groups)), names, fontsize=7)
     axes[0].set_ylabel(f"{family} presets")
     for tick, group in zip(axes[0].get_yticklabels(), groups, strict=True):
@@ -193,22 +189,26 @@ def _places(rows: pd.DataFrame) -> dict:
 
 def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> float:
     """A panel per β: x each normalisation (named on top) and G, a line per configuration broken between
-    normalisations; configurations equal at every x draw one line whose markers alternate (draw_coinciding).
+    normalisations, each configuration at its own offset within every cell (none merged, none hidden).
     Returns the fraction of a panel its bottom edge's marks take."""
     rows = rows.assign(bound=_bounds(rows)).sort_values(["normalisation", "group"], kind="stable")
     places, taken = _places(rows), {}
-    configs = list(dict.fromkeys(rows.config))
+    shape = {c: marker_of(c)["marker"] for c in dict.fromkeys(rows.config)}
+    stride = max(map(count := [*shape.values()].count, shape.values()))  # the commonest shape's spread apart:
+    configs = sorted(shape, key=lambda c: (-count(shape[c]), shape[c]))  # equal □ at every stride-th offset
+    configs = [c for i in range(stride) for c in configs[i::stride]]
     for ax, beta in zip(axes, betas, strict=True):
         lines, taken[ax] = {}, {}
         for config, at in rows[rows.beta == beta].groupby("config", sort=False):
             xs = [places[c] for c in zip(at.normalisation, at.group, strict=True)]
             lines[config] = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
                 range(max(places.values()) + 1))  # fmt: skip
-            shift = encoding.dodge(configs.index(config), len(configs), 0.6)
+            shift = encoding.dodge(configs.index(config), len(configs), 0.95)  # one place in every cell
+            tag(ax.plot(lines[config].index + shift, lines[config], ms=3, lw=0.7, path_effects=[patheffects.withStroke(
+                linewidth=1.5, foreground="white")], **style_of(config))[0], config, None, "marker")  # fmt: skip
             for x, bound in zip(xs, at.bound, strict=True):
                 _draw_point(ax, x + shift, np.nan, bound, config, "y", taken[ax])
             _stops(ax, np.array(xs) + shift, at, config, taken[ax])
-        draw_coinciding(ax, lines, lambda x, i, n: x + encoding.dodge(i, n, 0.6))
         ticks = sorted(set(places.values()))
         ax.set_xticks(ticks, [",".join(str(g) for (_, g), x in places.items() if x == t) if sum(
             v == t for v in places.values()) == 1 else "" for t in ticks])  # fmt: skip
@@ -251,8 +251,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
                 quoted.append([f"{family}, {AXIS_NAMES.get(normalisation, normalisation)}", caption.design(name),
                                caption.number(beta), caption.value(line, int(finite[0])),
                                caption.value(line, int(finite[-1]))])  # fmt: skip
-        ax.set_title(f"{family}, {AXIS_NAMES.get(normalisation, normalisation)}")
-        ax.set_xlabel("T, tokens per answer")
+        ax.set(title=f"{family}, {AXIS_NAMES.get(normalisation, normalisation)}", xlabel="T, tokens per answer")
         ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True, nbins=5))
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("β_eff / β")
