@@ -165,7 +165,7 @@ def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd
         "**Where each KL configuration's training ends (toy model of §3.3, exact).** R = 1: at least "
         f"{n(section['reward']['threshold'])} ones in T = {n(section['length'])} tokens. Per family: grey, the optimum "
         "of J_β over β (each β's point labelled); each configuration's end points, "
-        "joined over β; overlapping end markers stacked upward."
+        "joined over β, at their values even where they overlap; overlapping ▶ ✚ stacked upward."
         + (f" Right: {n(section['monte_carlo']['seeds'])} on-policy seeds' mean end KL ÷ the exact one, ±1 se "
            f"({', '.join(dict.fromkeys(mc.family))}; the {n(mc.config.nunique())} of the {n(checked.config.nunique())} "
            "configurations checked whose exact end point is stable"
