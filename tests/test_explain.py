@@ -191,6 +191,14 @@ def test_verl_is_recommended_its_std_off_never_a_beta_that_keeps_the_std(beta):
     assert "set β" not in line and "7.28e-06" not in line
 
 
+def test_trl_off_by_default_is_pointed_to_kltrainer_and_slime_to_none():
+    """Computed at no β, a release still gets its recommendation where nothing need be computed for it."""
+    trl = explain.explain_release(explain.resolve_release("TRL", "1.16.0"), TOY)
+    assert "KLTrainer" in trl and "k1-reward" in trl and "advantages rloo" in trl and "1 exactly" in trl
+    slime = explain.explain_release(explain.resolve_release("slime", "0.3.1"), TOY)
+    assert "recommended setting: none whose KL gradient is unbiased among what slime offers" in slime
+
+
 def test_the_answer_table_and_explain_recommend_the_same_setting_for_every_release():
     """Each release's row of the answer table (analysis/answer.py) names the KL and advantages explain recommends at
     its default, klstudy's KLTrainer where it does, and β_eff/β 1 in the atlas's run where explain says 1 exactly."""

@@ -39,11 +39,11 @@ BIAS_SETTING, BIAS_LENGTHS = "apart", (1, 4)
 # Settings whose fixed point is the KL-regularised optimum at any β (β_eff/β = 1 exactly): K1 in the reward under RLOO,
 # and under the group mean only, which is (G−1)/G times RLOO's advantage for the task and the KL term alike
 # (docs/fixed-points.md). The toy cannot resolve them at a field's small β; these need no computing.
-EXACT = {("k1-reward", "rloo"), ("k1-reward", "grpo")}
-EXACT_WORDS = (
-    "β_eff/β 1 exactly at any β (the group-mean advantage is (G−1)/G times the leave-one-out one for the "
-    "task and the KL term alike, so the end point is RLOO's: the KL-regularised optimum)"
-)
+EXACT = {
+    ("k1-reward", "rloo"): "β_eff/β 1 exactly at any β (its end point is the KL-regularised optimum)",
+    ("k1-reward", "grpo"): "β_eff/β 1 exactly at any β (the group-mean advantage is (G−1)/G times the leave-one-out "
+    "one for the task and the KL term alike, so the end point is RLOO's: the KL-regularised optimum)",
+}
 
 
 @dataclass
@@ -279,7 +279,7 @@ def recommendation(setting: Setting, toy_section: dict, own: str = "this setting
         name, normalisation, words = SUBCLASS[setting.framework]
         return name, normalisation, f"klstudy's KLTrainer (TRL 1.16.0, docs/tutorial-kltrainer.md): {words}"
     name, switch = found
-    if setting.framework in STD_OFF and name.endswith("-reward"):
+    if setting.framework in STD_OFF and name.endswith("-reward") and (name, setting.normalisation) not in EXACT:
         return name, "grpo", f"{switch}, {STD_OFF[setting.framework]}"
     return name, setting.normalisation, switch
 
@@ -300,7 +300,7 @@ def recommended(setting: Setting, toy_section: dict, tables: dict, config: str |
     head = f"recommended (its KL gradient unbiased): {name} ({switch}), advantages {normalisation}, "
     head += f"G = {setting.group}: "
     if (name, normalisation) in EXACT:
-        return [head + f"{EXACT_WORDS}; {command(setting_arguments(candidate), config)}"]
+        return [head + f"{EXACT[name, normalisation]}; {command(setting_arguments(candidate), config)}"]
     section = toy_section["fixed_points"]
     same = name == setting.config and normalisation == setting.normalisation
     lines = [head + strength_at(candidate, section, tables if same else end_points(candidate, section, ()), config)]
@@ -396,5 +396,16 @@ def explain_release(release: Release, toy_section: dict, range_betas=RANGE_BETAS
         for name in release.names[1:]
         for p in [PRESETS[name]]
     ]
-    computed = [explain(release.setting, toy_section, range_betas, config)] if release.setting else []
+    if release.setting:
+        computed = [explain(release.setting, toy_section, range_betas, config)]
+    else:
+        computed = recommended_when_off(release.names[0], toy_section, config)
     return "\n".join([*release.head, *computed, *others])
+
+
+def recommended_when_off(name: str, toy_section: dict, config: str | None, beta: float = 0.04) -> list[str]:
+    """The recommendation for a release computed at no β (its KL off), where it needs nothing computed: none, or
+    one at β_eff/β 1 exactly (EXACT; its command at ``beta``, as the head's)."""
+    setting = Setting.of_preset(name, beta)
+    found = recommendation(setting, toy_section)
+    return recommended(setting, toy_section, {}, config) if found is None or found[:2] in EXACT else []
