@@ -157,7 +157,7 @@ def explained(config: str) -> list[str]:
 @pytest.mark.deep  # the deep tier: `make test-deep` (docs/testing.md)
 def test_explain_prints_a_release_and_a_setting_no_preset_covers(tmp_path):
     """The command as a user types it: a framework by version (verl: off by default, computed at its recipe's β, the
-    recommended K1 in the reward with the β to set, the same with the std off, its other preset), a user's setting in
+    recommended K1 in the reward with the std off, its other preset), a user's setting in
     verl's words, and a setting of kl.py's grammar no preset is (K2 in the advantage, loo_std, G = 3)."""
     config = small_config(tmp_path)
     outputs = explained(config)
@@ -165,10 +165,10 @@ def test_explain_prints_a_release_and_a_setting_no_preset_covers(tmp_path):
         assert named in out and said in out, out
         assert sum(line.startswith("β_eff/β, ") for line in out.splitlines()) == 2, out
         assert sum(line.startswith("limits:") and "T = 2" in line for line in out.splitlines()) == 1, out
-    assert "  with the std off (algorithm.norm_adv_by_std_in_grpo=False)" in outputs[0]
+    assert "advantages grpo, G = 5: β_eff/β 1 exactly" in outputs[0]
     assert "other preset of verl 0.7.0: verl-0.7-kl-in-reward" in outputs[0]
     printed = [line for out in outputs for line in printed_commands(out)]
-    assert len(printed) >= 4 and all(line.endswith(f"--config {config}") for line in printed), printed
+    assert len(printed) >= 3 and all(line.endswith(f"--config {config}") for line in printed), printed
 
 
 @pytest.mark.slow
@@ -177,6 +177,48 @@ def test_every_command_explain_prints_runs_as_printed(tmp_path):
     config = small_config(tmp_path)
     for line in sorted({line for out in explained(config) for line in printed_commands(out)}):
         assert subprocess.run(line, shell=True, capture_output=True, text=True).returncode == 0, line
+
+
+@pytest.mark.parametrize("beta", [None, 0.001, 0.3])
+def test_verl_is_recommended_its_std_off_never_a_beta_that_keeps_the_std(beta):
+    """verl 0.7.0 at its example script's β (0.001) or another: K1 in the reward with the group mean only and the KL
+    loss off, at the strength asked exactly, not the β under ÷ std that came nearest (7.28e-06 at β 0.001)."""
+    release = explain.resolve_release("verl", "0.7.0", beta=beta)
+    assert "β 0.001 once on" in release.head[0]
+    [line] = explain.recommended(release.setting, TOY, {}, None)
+    assert "k1-reward" in line and "advantages grpo" in line and "β_eff/β 1 exactly at any β" in line
+    assert "norm_adv_by_std_in_grpo=False" in line and "actor_rollout_ref.actor.use_kl_loss=False" in line
+    assert "set β" not in line and "7.28e-06" not in line
+
+
+def test_trl_off_by_default_is_pointed_to_kltrainer_and_slime_to_none():
+    """Computed at no β, a release still gets its recommendation where nothing need be computed for it."""
+    trl = explain.explain_release(explain.resolve_release("TRL", "1.16.0"), TOY)
+    assert "KLTrainer" in trl and "k1-reward" in trl and "advantages rloo" in trl and "1 exactly" in trl
+    slime = explain.explain_release(explain.resolve_release("slime", "0.3.1"), TOY)
+    assert "recommended setting: none whose KL gradient is unbiased among what slime offers" in slime
+
+
+def test_the_answer_table_and_explain_recommend_the_same_setting_for_every_release():
+    """Each release's row of the answer table (analysis/answer.py) names the KL and advantages explain recommends at
+    its default, klstudy's KLTrainer where it does, and β_eff/β 1 in the atlas's run where explain says 1 exactly."""
+    from klstudy.analysis import answer
+
+    rows = answer.markdown().splitlines()
+    for name, p in presets.PRESETS.items():
+        if not p.is_default or p.status != "release":
+            continue
+        cell = next(r for r in rows if r.startswith(f"| {p.framework} {p.version} ")).split("|")[4]
+        found = explain.recommendation(explain.Setting.of_preset(name), TOY)
+        if found is None:
+            assert cell.strip().startswith("no unbiased KL") and "KLTrainer" not in cell, name
+            continue
+        config, normalisation, how = found
+        advantages = answer.ADVANTAGE_WORDS.get(normalisation, normalisation)
+        assert f"{config} (" in cell and f"advantages {advantages})" in cell, (name, found, cell)
+        assert ("KLTrainer" in how) == ("KLTrainer" in cell), name
+        if (config, normalisation) in explain.EXACT:
+            assert "β_eff/β 1.00 / 1.00" in cell, (name, cell)
 
 
 def test_flags_that_cannot_be_combined_are_refused_before_computing():

@@ -204,7 +204,10 @@ PRESETS = {
 OFFERS = {
     "TRL": [],  # GRPOTrainer's KL is K3 in the loss only (a request for a reward KL, TRL 4967, was closed)
     "verl": [
-        ("k1-reward", "algorithm.use_kl_in_reward=True, algorithm.kl_penalty=kl"),
+        (
+            "k1-reward",
+            "algorithm.use_kl_in_reward=True, algorithm.kl_penalty=kl, actor_rollout_ref.actor.use_kl_loss=False",
+        ),
         ("k1-both", "use_kl_in_reward=True, kl_penalty=kl, actor.use_kl_loss=True, actor.kl_loss_type=kl"),
         ("k3-loss", "actor.use_kl_loss=True, actor.kl_loss_type=low_var_kl"),
     ],
@@ -245,6 +248,12 @@ BETA_KEYS = {
 # (SkyRL's: its ppo_base_config.yaml, "set to false to disable normalization by std in GRPO").
 STD_OFF = {"verl": "algorithm.norm_adv_by_std_in_grpo=False", "TRL": "scale_rewards='none'",
            "SkyRL": "trainer.algorithm.grpo_norm_by_std=false"}  # fmt: skip
+# Why the KL is off by default where β alone does not say it: switches off, with a coefficient that is not 0 once on
+# (the presets' sources). Elsewhere off means β = 0.
+OFF_BY_SWITCH = {"verl": "use_kl_loss and use_kl_in_reward false; β 0.001 once on"}
+# Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
+# advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
+SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', β: `beta`")}
 
 
 def clamp_of(framework: str, config: str) -> float | None:

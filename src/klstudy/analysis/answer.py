@@ -17,7 +17,7 @@ import pandas as pd
 import yaml
 
 from klstudy.analysis.atlas import ratio_text
-from klstudy.frameworks import OFFERS, PRESETS, STD_OFF, beta_key
+from klstudy.frameworks import OFF_BY_SWITCH, OFFERS, PRESETS, SUBCLASS, beta_key
 
 ROOT = Path(__file__).resolve().parents[3]
 ATLAS = ROOT / "docs" / "atlas" / "tables" / "atlas.csv"
@@ -35,16 +35,14 @@ LEGEND = (
     "NeMo-RL 0.7 take it). Advantages of the G responses to a prompt "
     "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): `group_std`, GRPO's ÷ the group's std; `grpo`, the group "
     "mean only (Dr. GRPO's, not GRPO's); `rloo`, leave-one-out; `loo_std`, RLOO ÷ the others' std; `whiten`, ÷ the "
-    "batch's std. β_eff/β: strength obtained over strength asked, in the toy's parametric family (the paper's policy), "
+    "batch's std. β_eff/β: strength obtained over strength asked, in the toy's parametric family (the paper's policy; "
+    "the other, tabular, is any distribution), "
     "or why none: `< x`, more KL than any optimum; `unsettled`, still moving; `drifts`, no fixed point. "
     f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point and the β to set depend on the "
     "path ([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate))."
 )
-# Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
-# advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
 # `grpo` is Dr. GRPO's normalisation (the group mean only), which a reader takes for GRPO's ÷ std (docs/glossary.md).
 ADVANTAGE_WORDS = {"grpo": "`grpo`, the group mean only"}
-SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', β: `beta`")}
 
 
 def ratio_at(
@@ -80,24 +78,22 @@ def _strength(ratios: list[str], at: str) -> str:
 
 
 def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None = None) -> str:
-    """The unbiased setting ``preset``'s framework offers (its std off where it can), with β_eff/β at the field's
-    and a strong β, and the β to set for the strength asked; ``name``, the preset's in PRESETS."""
+    """The unbiased setting ``preset``'s framework offers (explain.recommendation: its std off where it can), with
+    β_eff/β at the field's and a strong β, and the β to set for the strength asked; ``name``, the preset's in
+    PRESETS."""
     from klstudy.analysis import explain
 
-    offered = [(preset.kl, "its default")] + OFFERS.get(preset.framework, [])
-    unbiased = [(c, s) for c, s in offered if explain.unbiased(explain.kl_gradient_bias(c, toy_section))]
-    if not unbiased:
-        kinds = sorted({c for c, _ in offered})
+    setting = explain.Setting(preset.kl, preset.normalisation, preset.group, 1.0, preset.clamp, preset.framework)
+    found = explain.recommendation(setting, toy_section, own="its default")
+    if explain.suggestion(setting, toy_section) is None:  # the framework's own trainer offers none
+        kinds = sorted({preset.kl, *(c for c, _ in OFFERS.get(preset.framework, []))})
         answer = f"no unbiased KL ({', '.join(kinds)}: biased)"
-        if preset.framework not in SUBCLASS:
+        if found is None:
             return answer
         config, normalisation, words = SUBCLASS[preset.framework]
         via = "with klstudy's [`KLTrainer`](tutorial-kltrainer.md) (TRL 1.16.0)"
         return f"{answer}; {via}: {config} ({_setting(atlas, config, normalisation, words, preset, name)}"
-    config, switch = unbiased[0]
-    normalisation = preset.normalisation
-    if preset.framework in STD_OFF and config.endswith("-reward"):
-        normalisation, switch = "grpo", f"{switch}, {STD_OFF[preset.framework]}"
+    config, normalisation, switch = found
     words = f"{switch}, β: `{beta_key(preset.framework, config)}`"
     return f"{config} ({_setting(atlas, config, normalisation, words, preset, name)}"
 
@@ -123,7 +119,8 @@ def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
             ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.default_beta, name)
             amounts = f"{ratio} at β = {p.default_beta:g}"
         else:
-            default, amounts = f"off (β = 0); turned on: {p.kl}, {key}", "– (off)"
+            off = OFF_BY_SWITCH.get(p.framework, "β = 0")
+            default, amounts = f"off ({off}); turned on: {p.kl}, {key}", "– (off)"
             if p.recipe_beta:
                 ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
                 amounts += f"; at its example script's β {p.recipe_beta:g}: {ratio}"

@@ -10,8 +10,9 @@ framework's words (framework_settings.py), a preset, or a setting of kl.py's gra
   a range of β, and where the toy cannot say (no fixed point, an end point not settled near the boundary, more KL
   than any optimum);
 - the recommended setting its framework offers (an unbiased KL gradient: frameworks.OFFERS, each checked the same
-  way), with its own β_eff/β under the same normalisation, the β to set for the strength asked where that differs,
-  and, where the framework can turn the std off, the same with the group mean only.
+  way; klstudy's KLTrainer for TRL), as the answer table gives it: K1 in the reward with the group mean only where
+  the framework can turn the std off (β_eff/β 1 exactly), else its own β_eff/β under the same normalisation and the β
+  to set for the strength asked where that differs.
 
 Every command it prints runs as printed. Nothing is read from a committed table: every number is computed when
 asked, within the toy's limits, which the output says (its running time: docs/analysis.md, "Your setting").
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from klstudy import framework_settings, kl
-from klstudy.frameworks import OFFERS, PRESETS, STD_OFF, clamp_of
+from klstudy.frameworks import OFF_BY_SWITCH, OFFERS, PRESETS, STD_OFF, SUBCLASS, clamp_of
 
 # The β over which the answer is computed beside the one asked for: the atlas's grid, weak to strong.
 RANGE_BETAS = (0.1, 0.3, 1.0, 3.0)
@@ -35,6 +36,14 @@ STRENGTH_TOLERANCE = 0.05
 COMMAND = ".venv/bin/python -m klstudy explain"
 # Where Table 1's bias is measured: its setting "apart" at these lengths (T = 1: a token; T = 4: a sequence).
 BIAS_SETTING, BIAS_LENGTHS = "apart", (1, 4)
+# Settings whose fixed point is the KL-regularised optimum at any β (β_eff/β = 1 exactly): K1 in the reward under RLOO,
+# and under the group mean only, which is (G−1)/G times RLOO's advantage for the task and the KL term alike
+# (docs/fixed-points.md). The toy cannot resolve them at a field's small β; these need no computing.
+EXACT = {
+    ("k1-reward", "rloo"): "β_eff/β 1 exactly at any β (its end point is the KL-regularised optimum)",
+    ("k1-reward", "grpo"): "β_eff/β 1 exactly at any β (the group-mean advantage is (G−1)/G times the leave-one-out "
+    "one for the task and the KL term alike, so the end point is RLOO's: the KL-regularised optimum)",
+}
 
 
 @dataclass
@@ -246,37 +255,57 @@ def limits(section: dict) -> str:
     )
 
 
-def suggestion(setting: Setting, toy_section: dict) -> tuple[str, str] | None:
+def suggestion(setting: Setting, toy_section: dict, own: str = "this setting") -> tuple[str, str] | None:
     """(configuration, the switch that gives it) of the setting recommended in ``setting``'s framework: this one
-    where its KL gradient is unbiased, else the first unbiased one the framework offers; None where it offers
-    none."""
+    (``own``) where its KL gradient is unbiased, else the first unbiased one the framework offers; None where it
+    offers none."""
     if unbiased(kl_gradient_bias(setting.config, toy_section)):
-        return setting.config, "this setting"
+        return setting.config, own
     for config, switch in OFFERS.get(setting.framework, []):
         if config != setting.config and unbiased(kl_gradient_bias(config, toy_section)):
             return config, switch
     return None
 
 
+def recommendation(setting: Setting, toy_section: dict, own: str = "this setting") -> tuple[str, str, str] | None:
+    """(configuration, advantages, how to ask for them) recommended in ``setting``'s framework, as the answer table
+    (analysis/answer.py) gives it: the suggestion, with the group mean only where the framework has that switch and
+    the KL is in the reward (EXACT); klstudy's subclass where the framework offers no unbiased KL (SUBCLASS); None
+    where neither."""
+    found = suggestion(setting, toy_section, own)
+    if found is None:
+        if setting.framework not in SUBCLASS:
+            return None
+        name, normalisation, words = SUBCLASS[setting.framework]
+        return name, normalisation, f"klstudy's KLTrainer (TRL 1.16.0, docs/tutorial-kltrainer.md): {words}"
+    name, switch = found
+    if setting.framework in STD_OFF and name.endswith("-reward") and (name, setting.normalisation) not in EXACT:
+        return name, "grpo", f"{switch}, {STD_OFF[setting.framework]}"
+    return name, setting.normalisation, switch
+
+
 def recommended(setting: Setting, toy_section: dict, tables: dict, config: str | None) -> list[str]:
-    """The recommended setting's lines: what it is, its β_eff/β at the β asked under the same normalisation and G,
+    """The recommended setting's lines: what it is, its β_eff/β at the β asked at the same G (1 exactly where EXACT),
     the β to set where that is not the strength asked, and the same with the std off where the framework can."""
     if not setting.framework:
         return ["recommended setting: name the framework (--on, with --kl) to look among its options"]
-    found = suggestion(setting, toy_section)
+    found = recommendation(setting, toy_section)
     if found is None:
         listed = ", ".join(c for c, _ in OFFERS.get(setting.framework, [])) or "its KL loss only"
         return [f"recommended setting: none whose KL gradient is unbiased among what {setting.framework} offers "
                 f"({listed})"]  # fmt: skip
-    name, switch = found
-    candidate = Setting(name, setting.normalisation, setting.group, setting.beta, clamp_of(setting.framework, name),
+    name, normalisation, switch = found
+    candidate = Setting(name, normalisation, setting.group, setting.beta, clamp_of(setting.framework, name),
                         setting.framework, name)  # fmt: skip
+    head = f"recommended (its KL gradient unbiased): {name} ({switch}), advantages {normalisation}, "
+    head += f"G = {setting.group}: "
+    if (name, normalisation) in EXACT:
+        return [head + f"{EXACT[name, normalisation]}; {command(setting_arguments(candidate), config)}"]
     section = toy_section["fixed_points"]
-    own = tables if name == setting.config else end_points(candidate, section, ())
-    lines = [f"recommended (its KL gradient unbiased): {name} ({switch}), advantages {setting.normalisation}, "
-             f"G = {setting.group}: " + strength_at(candidate, section, own, config)]  # fmt: skip
+    same = name == setting.config and normalisation == setting.normalisation
+    lines = [head + strength_at(candidate, section, tables if same else end_points(candidate, section, ()), config)]
     std_off = STD_OFF.get(setting.framework)
-    if std_off and setting.normalisation != "grpo":
+    if std_off and normalisation != "grpo":
         plain = Setting(name, "grpo", setting.group, setting.beta, candidate.clamp, setting.framework, name)
         lines.append(f"  with the std off ({std_off}): " + strength_at(plain, section, end_points(plain, section, ()),
                                                                         config))  # fmt: skip
@@ -295,19 +324,23 @@ def strength_at(candidate: Setting, section: dict, tables: dict, config: str | N
     family, ratio = min(usable, key=lambda item: item[0] != "parametric")
     if abs(ratio - 1) <= STRENGTH_TOLERANCE:
         return words + f": the strength asked; {command(setting_arguments(candidate), config)}"
-    instead = Setting(candidate.config, candidate.normalisation, candidate.group, asked / ratio, candidate.clamp,
-                      candidate.framework, candidate.label)  # fmt: skip
-    again, _ = ratios(end_points(instead, section, ()), instead.beta)[family]
+    from klstudy.analysis.atlas import CLAMP_MARK  # torch: only when something is computed
+
+    # two significant figures: where the clamp binds (†) the end point depends on the path, and more are not meant
+    instead = Setting(candidate.config, candidate.normalisation, candidate.group, float(f"{asked / ratio:.2g}"),
+                      candidate.clamp, candidate.framework, candidate.label)  # fmt: skip
+    again, text = ratios(end_points(instead, section, ()), instead.beta)[family]
     reached = again == again and abs(again * instead.beta / asked - 1) <= STRENGTH_TOLERANCE
-    there = f"β_eff {again * instead.beta:.3g}" if again == again else "β_eff not resolved"
+    there = f"β_eff {again * instead.beta:.2g}" if again == again else "β_eff not resolved"
+    approximately = "≈" if text.endswith(CLAMP_MARK) or found[family][1].endswith(CLAMP_MARK) else "="
     if reached:
         return (
             words
-            + f"; for β_eff = {asked:g} set β = {instead.beta:.3g} ({there}, {family}): "
+            + f"; for β_eff = {asked:g} set β {approximately} {instead.beta:g} ({there}, {family}): "
             + command(setting_arguments(instead), config)
         )
     return (
-        words + f"; β = {instead.beta:.3g} gives {there} ({family}), not {asked:g}: no β found for the strength asked "
+        words + f"; β = {instead.beta:g} gives {there} ({family}), not {asked:g}: no β found for the strength asked "
         f"under {candidate.normalisation}; " + command(setting_arguments(instead), config)
     )
 
@@ -340,8 +373,9 @@ def resolve_release(framework: str, version: str, beta: float | None = None, tok
         return Release(names, setting, [])
     head = []
     if not default.default_beta:
-        at = ("the β given" if beta else "its recipe's β") if beta or own_beta(default) else None
-        head.append(f"{release}: off by default (its default β is 0); turned on, its KL is {names[0]}"
+        at = ("the β given" if beta else "its example script's β") if beta or own_beta(default) else None
+        off = OFF_BY_SWITCH.get(default.framework, "its default β is 0")
+        head.append(f"{release}: off by default ({off}); turned on, its KL is {names[0]}"
                     + (f", computed below at {at}" if at else f": {describe(default.kl)}"))  # fmt: skip
     if beta is None and own_beta(default) is None:
         head.append("to compute it at the β you would set: " + command(f"--preset {names[0]} --beta 0.04", config))
@@ -362,5 +396,16 @@ def explain_release(release: Release, toy_section: dict, range_betas=RANGE_BETAS
         for name in release.names[1:]
         for p in [PRESETS[name]]
     ]
-    computed = [explain(release.setting, toy_section, range_betas, config)] if release.setting else []
+    if release.setting:
+        computed = [explain(release.setting, toy_section, range_betas, config)]
+    else:
+        computed = recommended_when_off(release.names[0], toy_section, config)
     return "\n".join([*release.head, *computed, *others])
+
+
+def recommended_when_off(name: str, toy_section: dict, config: str | None, beta: float = 0.04) -> list[str]:
+    """The recommendation for a release computed at no β (its KL off), where it needs nothing computed: none, or
+    one at β_eff/β 1 exactly (EXACT; its command at ``beta``, as the head's)."""
+    setting = Setting.of_preset(name, beta)
+    found = recommendation(setting, toy_section)
+    return recommended(setting, toy_section, {}, config) if found is None or found[:2] in EXACT else []
