@@ -106,18 +106,21 @@ def end_points(family: fp.Family, reward: dict, settings: list[dict], betas, flo
         table = table.assign(**columns, exact=how, family=family.name, T=family.length)
         rows.append(table)
     table = pd.concat(rows, ignore_index=True)
+    for column in ("kl", "reward"):  # a row not enumerated has no end point; with no row enumerated, no such column
+        if column not in table:
+            table[column] = np.nan
     table["beta_eff"] = [
         curve.effective_beta(k) if status == "stable" else np.nan
-        for k, status in zip(table.get("kl", np.nan), table.status, strict=True)
+        for k, status in zip(table.kl, table.status, strict=True)
     ]
     table["beta_eff_ratio"] = table.beta_eff / table.beta
     # Where β_eff is beyond the curve: an end point with more KL than the optimum at the curve's smallest β
     # regularises like a β below it ("< β_min"), drifting or not.
-    table["beyond_curve"] = (table.status == "stable") & (table.get("kl", np.nan) >= curve.kls.max())
+    table["beyond_curve"] = (table.status == "stable") & (table.kl >= curve.kls.max())
     table["curve_beta_min"] = curve.betas.min()
     # The reward below the frontier at the end point's KL: the optimum at β_eff has that KL and the most reward there
     # (none beyond the curve: no optimum the curve holds has that much KL).
-    table["below_frontier"] = np.array([curve.frontier_reward(b) for b in table.beta_eff]) - table.get("reward", np.nan)
+    table["below_frontier"] = np.array([curve.frontier_reward(b) for b in table.beta_eff]) - table.reward
     table["resolution"] = [resolution(row, curve) for row in table.itertuples()]
     return table
 
