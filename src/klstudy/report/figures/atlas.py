@@ -1,5 +1,4 @@
-"""The atlas's figures (analysis/atlas.py's tables): how strongly each setup regularises, β_eff/β on log axes, 1
-(dashed) where as strongly as asked; a setup without a β_eff beyond the optima's KL is an arrow at its bound."""
+"""The atlas's figures (analysis/atlas.py's tables): β_eff/β on log axes, 1 dashed; no β_eff: an arrow at a bound."""
 
 from __future__ import annotations
 
@@ -180,14 +179,13 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
 
 
 def _places(rows: pd.DataFrame) -> dict:
-    """The x of each (normalisation, G): G's that end alike for every configuration and β (RLOO's) share one, the
-    normalisations a gap apart so that lines break between them."""
+    """The x of each (normalisation, G): G's that end alike for every configuration and β (RLOO's) share one."""
     places, x = {}, 0
     for normalisation, mine in rows.groupby("normalisation", sort=False):
         groups = coinciding({g: at.sort_values(["config", "beta"]).beta_eff_ratio.to_numpy(dtype=float)
                              for g, at in mine.groupby("group", sort=True)})  # fmt: skip
         places.update({(normalisation, g): x + i for i, same in enumerate(groups) for g in same})
-        x += len(groups) + 1
+        x += len(groups)
     return places
 
 
@@ -195,20 +193,22 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> float:
     """A panel per β: x each normalisation (named on top) and G, a line per configuration broken between them, each
     at its own offset within every cell (none hidden). Returns the fraction of a panel its bottom edge's marks take."""
     rows = rows.assign(bound=_bounds(rows)).sort_values(["normalisation", "group"], kind="stable")
-    places, taken, names = _places(rows), {}, list(dict.fromkeys(rows.normalisation))
+    places, taken, names = _places(rows), {ax: {} for ax in axes}, list(dict.fromkeys(rows.normalisation))
+    breaks = [max(x for (n, _), x in places.items() if n == name) + 0.5 for name in names][:-1]  # normalisations'
     shape = {c: marker_of(c)["marker"] for c in dict.fromkeys(rows.config)}
     stride = max(map(count := [*shape.values()].count, shape.values()))  # the commonest shape's spread apart:
     configs = sorted(shape, key=lambda c: (-count(shape[c]), shape[c]))  # equal □ at every stride-th offset
     configs = [c for i in range(stride) for c in configs[i::stride]]
     for ax, beta in zip(axes, betas, strict=True):
-        lines, taken[ax] = {}, {}
+        [ax.axvline(x, color="0.75", linewidth=0.6, zorder=0) for x in breaks]  # a rule where the lines break
         for config, at in rows[rows.beta == beta].groupby("config", sort=False):
             xs = [places[c] for c in zip(at.normalisation, at.group, strict=True)]
-            lines[config] = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
-                range(max(places.values()) + 1))  # fmt: skip
+            line = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
+                sorted({*places.values(), *breaks}))  # fmt: skip
             shift = encoding.dodge(configs.index(config), len(configs), 0.95)  # one place in every cell
-            tag(ax.plot(lines[config].index + shift, lines[config], ms=3, lw=0.7, path_effects=[patheffects.withStroke(
+            tag(ax.plot(line.index + shift, line, ms=3, lw=0.7, path_effects=[patheffects.withStroke(
                 linewidth=1.5, foreground="white")], **style_of(config))[0], config, None, "marker")  # fmt: skip
+            ax.plot(line.index + shift, line, ls="", ms=3, zorder=2.5, color=config_colour(config), **marker_of(config))
             for x, bound in zip(xs, at.bound, strict=True):
                 _draw_point(ax, x + shift, np.nan, bound, config, "y", taken[ax])
             _stops(ax, np.array(xs) + shift, at, config, taken[ax])
