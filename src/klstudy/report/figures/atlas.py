@@ -96,11 +96,11 @@ def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
         line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float) if np.isfinite(v) and v > 0]  # fmt: skip
     high, lowest = max(values) * 1.6, min(values)
     low = min(lowest / 1.6, lowest / (high / lowest) ** (room / (1 - room)))
+    subs = (1, 2, 5)[:: 1 + (axis == "x")] if high / low < 1000 and not room else (1,)  # the grid's: decades
     for ax in axes:
         getattr(ax, f"set_{axis}scale")("log")
         getattr(ax, f"set_{axis}lim")(low, high)
-        scale = ax.yaxis if axis == "y" else ax.xaxis
-        scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)[:: 1 + (axis == "x")] if high / low < 1000 else (1,)))
+        (scale := getattr(ax, f"{axis}axis")).set_major_locator(ticker.LogLocator(subs=subs))
         scale.set_major_formatter(ticker.FormatStrFormatter("%g"))
         scale.set_minor_formatter(ticker.NullFormatter())
         (ax.axvline if axis == "x" else ax.axhline)(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
@@ -131,7 +131,7 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
                      betas, family, caption, quoted)  # fmt: skip
         _log_axis(axes, "x")
         grid = _panels(fig, [spec[top + 1 + i // 2, n * (i % 2) : n * (i % 2 + 1)] for i in range(n)])
-        room = [_grid_row(grid[i : i + 2], mine[~preset], betas[i : i + 2], family) for i in range(0, n, 2)]
+        room = [_grid_row(grid[i : i + 2], mine[~preset], betas[i : i + 2], family * (i == 0)) for i in range(0, n, 2)]
         _log_axis(grid, "y", max(room))
     encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), 3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
@@ -220,7 +220,7 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> float:
                        [AXIS_NAMES.get(n, n) for n in names], fontsize=7)  # fmt: skip
         ax.set(title=f"β = {beta:g}", xlabel="G")
         ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel(f"{family} grid: β_eff / β")
+    axes[0].set_ylabel(f"{family} grid:\nβ_eff / β" if family else "β_eff / β")  # the family's once
     return 0.05 * (2 + max([n for t in taken.values() for (_, kind), n in t.items() if kind == "stop"] + [0]))
 
 
