@@ -1,5 +1,4 @@
-"""The atlas's figures (analysis/atlas.py's tables): how strongly each setup regularises, β_eff/β on log axes, 1
-(dashed) where as strongly as asked; a setup without a β_eff beyond the optima's KL is an arrow at its bound."""
+"""The atlas's figures (analysis/atlas.py's tables): β_eff/β on log axes, 1 dashed; no β_eff: an arrow at a bound."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def preset_name(name: str, preset: dict | None = None) -> str:
 
 
 def setting_name(setting, presets: dict | None = None) -> str:
-    """A preset by its framework ('TRL 1.10–1.16'); a grid's setting by its KL configuration (its normalisation and
-    G are the panel's or the axis')."""
+    """A preset by its framework ('TRL 1.10–1.16'); a grid's setting by its KL configuration (G: the axis')."""
     preset = setting.get("preset")
     return preset_name(preset, (presets or {}).get(preset)) if isinstance(preset, str) and preset else kl_label(
         setting["config"])
@@ -88,9 +86,8 @@ def _stops(ax, places, rows: pd.DataFrame, config: str, taken: dict, axis: str =
 
 def _mark_handles() -> list:
     """The legend's entries for what a setup without a β_eff draws (BOUND_MARKERS, _stops)."""
-    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for m, w in
-            ((BOUND_MARKERS["y"], "no β_eff: below the bound"), (">", "drifts"), ("P", "still moving"),
-             ("x", "no β_eff found, no bound"))]  # fmt: skip
+    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for m, w in ((BOUND_MARKERS["y"],
+            "no β_eff: below the bound"), (">", "drifts"), ("P", "still moving"), ("x", "no β_eff found, no bound"))]
 
 
 def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
@@ -99,11 +96,11 @@ def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
         line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float) if np.isfinite(v) and v > 0]  # fmt: skip
     high, lowest = max(values) * 1.6, min(values)
     low = min(lowest / 1.6, lowest / (high / lowest) ** (room / (1 - room)))
+    subs = (1, 2, 5)[:: 1 + (axis == "x")] if high / low < 1000 and not room else (1,)  # the grid's: decades
     for ax in axes:
         getattr(ax, f"set_{axis}scale")("log")
         getattr(ax, f"set_{axis}lim")(low, high)
-        scale = ax.yaxis if axis == "y" else ax.xaxis
-        scale.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)[:: 1 + (axis == "x")] if high / low < 1000 else (1,)))
+        (scale := getattr(ax, f"{axis}axis")).set_major_locator(ticker.LogLocator(subs=subs))
         scale.set_major_formatter(ticker.FormatStrFormatter("%g"))
         scale.set_minor_formatter(ticker.NullFormatter())
         (ax.axvline if axis == "x" else ax.axhline)(1, color="0.5", linestyle=(0, (3, 2)), linewidth=0.8,
@@ -121,19 +118,21 @@ def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
 def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float):
     """Per policy family, a column per β: the presets (a row per group that ends alike at every β), then the grid
     (normalisation × G on x, a line per KL configuration). Returns (figure, caption)."""
-    presets = presets_of(section or {})
-    betas = (section or {}).get("betas") or sorted(points.beta.unique())
-    points = points[points.beta.isin(betas)]
-    families = list(dict.fromkeys(points.family))
-    fig, axes = plt.subplots(2 * len(families), len(betas), figsize=(encoding.FULL_WIDTH, 9.0), squeeze=False,
-                             sharey="row", layout="constrained", height_ratios=[1, 1.3] * len(families))  # fmt: skip
+    presets, betas = presets_of(section or {}), (section or {}).get("betas") or sorted(points.beta.unique())
+    families = list(dict.fromkeys((points := points[points.beta.isin(betas)]).family))
+    fig = plt.figure(figsize=(encoding.FULL_WIDTH, 9.0), layout="constrained")
+    rows = [1.7] + [1] * -(-len(betas) // 2)  # a family's presets, then its grid two β a row (two columns wide)
+    spec = fig.add_gridspec(len(rows) * len(families), 2 * len(betas), height_ratios=rows * len(families))
     caption, quoted = Caption(), []
     for f, family in enumerate(families):
-        mine = points[points.family == family]
+        mine, top, n = points[points.family == family], f * len(rows), len(betas)
         preset = mine.get("preset", pd.Series(np.nan, index=mine.index)).fillna("").astype(str) != ""
-        _presets_row(axes[2 * f], mine[preset], presets, betas, family, caption, quoted)
-        _log_axis(list(axes[2 * f]), "x")
-        _log_axis(list(axes[2 * f + 1]), "y", _grid_row(axes[2 * f + 1], mine[~preset], betas, family))
+        _presets_row(axes := _panels(fig, [spec[top, 2 * i : 2 * i + 2] for i in range(n)]), mine[preset], presets,
+                     betas, family, caption, quoted)  # fmt: skip
+        _log_axis(axes, "x")
+        grid = _panels(fig, [spec[top + 1 + i // 2, n * (i % 2) : n * (i % 2 + 1)] for i in range(n)])
+        room = [_grid_row(grid[i : i + 2], mine[~preset], betas[i : i + 2], family * (i == 0)) for i in range(0, n, 2)]
+        _log_axis(grid, "y", max(room))
     encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), 3)
     fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
     caption.add(
@@ -141,10 +140,16 @@ def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float
         "optimum of J_β has the setup's KL to the reference; below the dashed 1 a setup regularises more weakly than "
         f"asked. Per policy family, at T = {caption.number(int(points['T'].iloc[0]))} tokens: the frameworks' "
         "presets as their code ships them (a row per group that ends alike), then each KL configuration over the "
-        "advantage normalisations and G (RLOO's update does not depend on G), a column per β. An arrow: no β_eff, "
+        "advantage normalisations and G (RLOO's update does not depend on G), a panel per β. An arrow: no β_eff, "
         "β_eff/β below where it is drawn; on a panel's edge, why a setup has none (▶ ✚ ×; the table below).",
         table(["family, preset", "β_eff/β at the largest β"], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
+
+
+def _panels(fig, cells) -> list:
+    """A panel in each cell, all on one y axis, its tick labels on the left column's only."""
+    axes = [fig.add_subplot(cell, sharey=fig.axes[-1] if i else None) for i, cell in enumerate(cells)]
+    return [ax.tick_params(which="both", labelleft=ax.get_subplotspec().colspan.start == 0) or ax for ax in axes]
 
 
 def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: str, caption: Caption, quoted: list):
@@ -174,60 +179,55 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
 
 
 def _places(rows: pd.DataFrame) -> dict:
-    """The x of each (normalisation, G): G's that end alike for every configuration and β (RLOO's) share one, the
-    normalisations a gap apart so that lines break between them."""
+    """The x of each (normalisation, G): G's that end alike for every configuration and β (RLOO's) share one."""
     places, x = {}, 0
     for normalisation, mine in rows.groupby("normalisation", sort=False):
-        ends = {g: at.sort_values(["config", "beta"]).beta_eff_ratio.to_numpy(dtype=float)
-                for g, at in mine.groupby("group", sort=True)}  # fmt: skip
-        for same in coinciding(ends):
-            places.update({(normalisation, g): x for g in same})
-            x += 1
-        x += 1
+        groups = coinciding({g: at.sort_values(["config", "beta"]).beta_eff_ratio.to_numpy(dtype=float)
+                             for g, at in mine.groupby("group", sort=True)})  # fmt: skip
+        places.update({(normalisation, g): x + i for i, same in enumerate(groups) for g in same})
+        x += len(groups)
     return places
 
 
 def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> float:
-    """A panel per β: x each normalisation (named on top) and G, a line per configuration broken between
-    normalisations, each configuration at its own offset within every cell (none merged, none hidden).
-    Returns the fraction of a panel its bottom edge's marks take."""
+    """A panel per β: x each normalisation (named on top) and G, a line per configuration broken between them, each
+    at its own offset within every cell (none hidden). Returns the fraction of a panel its bottom edge's marks take."""
     rows = rows.assign(bound=_bounds(rows)).sort_values(["normalisation", "group"], kind="stable")
-    places, taken = _places(rows), {}
+    places, taken, names = _places(rows), {ax: {} for ax in axes}, list(dict.fromkeys(rows.normalisation))
+    breaks = [max(x for (n, _), x in places.items() if n == name) + 0.5 for name in names][:-1]  # normalisations'
     shape = {c: marker_of(c)["marker"] for c in dict.fromkeys(rows.config)}
     stride = max(map(count := [*shape.values()].count, shape.values()))  # the commonest shape's spread apart:
     configs = sorted(shape, key=lambda c: (-count(shape[c]), shape[c]))  # equal □ at every stride-th offset
     configs = [c for i in range(stride) for c in configs[i::stride]]
     for ax, beta in zip(axes, betas, strict=True):
-        lines, taken[ax] = {}, {}
+        [ax.axvline(x, color="0.75", linewidth=0.6, zorder=0) for x in breaks]  # a rule where the lines break
         for config, at in rows[rows.beta == beta].groupby("config", sort=False):
             xs = [places[c] for c in zip(at.normalisation, at.group, strict=True)]
-            lines[config] = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
-                range(max(places.values()) + 1))  # fmt: skip
+            line = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
+                sorted({*places.values(), *breaks}))  # fmt: skip
             shift = encoding.dodge(configs.index(config), len(configs), 0.95)  # one place in every cell
-            tag(ax.plot(lines[config].index + shift, lines[config], ms=3, lw=0.7, path_effects=[patheffects.withStroke(
+            tag(ax.plot(line.index + shift, line, ms=3, lw=0.7, path_effects=[patheffects.withStroke(
                 linewidth=1.5, foreground="white")], **style_of(config))[0], config, None, "marker")  # fmt: skip
+            ax.plot(line.index + shift, line, ls="", ms=3, zorder=2.5, color=config_colour(config), **marker_of(config))
             for x, bound in zip(xs, at.bound, strict=True):
                 _draw_point(ax, x + shift, np.nan, bound, config, "y", taken[ax])
             _stops(ax, np.array(xs) + shift, at, config, taken[ax])
         ticks = sorted(set(places.values()))
         ax.set_xticks(ticks, [",".join(str(g) for (_, g), x in places.items() if x == t) if sum(
             v == t for v in places.values()) == 1 else "" for t in ticks])  # fmt: skip
-        top = ax.secondary_xaxis("top")
-        names = list(dict.fromkeys(n for n, _ in places))
+        (top := ax.secondary_xaxis("top")).tick_params(length=0)
         top.set_xticks([np.mean([x for (n, _), x in places.items() if n == name]) for name in names],
-                       [AXIS_NAMES.get(n, n) for n in names], rotation=90, fontsize=7)  # fmt: skip
-        top.tick_params(length=0)
+                       [AXIS_NAMES.get(n, n) for n in names], fontsize=7)  # fmt: skip
         ax.set(title=f"β = {beta:g}", xlabel="G")
         ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel(f"{family} grid: β_eff / β")
+    axes[0].set_ylabel(f"{family} grid:\nβ_eff / β" if family else "β_eff / β")  # the family's once
     return 0.05 * (2 + max([n for t in taken.values() for (_, kind), n in t.items() if kind == "stop"] + [0]))
 
 
 def length_figure(length: pd.DataFrame, section: dict | None = None):
     """β_eff/β against T, a panel per family and normalisation, a line per setting and β, each shifted a little in T;
     where a line has no value, why, on the bottom edge (_stops)."""
-    presets = presets_of(section or {})
-    options = (section or {}).get("length") or {}
+    presets, options = presets_of(section or {}), (section or {}).get("length") or {}
     rows = length[length.beta.isin(options["betas"])] if options.get("betas") else length
     panels = list(dict.fromkeys(zip(rows.family, rows.normalisation, strict=True)))
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(encoding.FULL_WIDTH, 3.6), squeeze=False, sharey=True,
