@@ -1,7 +1,9 @@
 """The frameworks' presets by version (frameworks.py) and `klstudy explain` (analysis/explain.py)."""
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -287,3 +289,16 @@ def test_a_group_of_one_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="G must"):
         explain.resolve_release("slime", "0.3.1", tokens=["--use-kl-loss", "--kl-loss-coef", "0.01",
                                                           "--n-samples-per-prompt", "1"])  # fmt: skip
+
+
+@pytest.mark.deep
+def test_every_explain_command_of_the_pages_runs_as_copied():
+    """The docs tier checks a page's commands against `--help` only; these are run, as a reader copies them (verl at
+    G = 8, which the toy does not enumerate, once crashed: atlas.end_points)."""
+    pages = [Path("README.md"), *sorted(Path("docs").glob("*.md"))]
+    pattern = r"\.venv/bin/python -m klstudy explain [^`\n]*"
+    commands = {m for page in pages for m in re.findall(pattern, page.read_text())}
+    assert len(commands) >= 4, commands
+    for command in sorted(commands):
+        run = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0 and "recommended" in run.stdout, f"{command}: {run.stderr[-2000:]}"
