@@ -237,13 +237,14 @@ def strength_line(family: str, table, beta: float, section: dict) -> str:
         if len(resolved)
         else "not resolved at any other β of " + ", ".join(f"{b:g}" for b in rest.beta)
     )
-    if len(rest) and len(resolved) < len(rest):
+    if len(resolved) and len(resolved) < len(rest):
         span += "; not resolved at β = " + ", ".join(f"{b:g}" for b in rest.beta[rest.resolution != "β_eff"])
     if not len(rest):
         span = ""
     return (
         f"β_eff/β, {family} family (T = {section['length']}): {_meaning(atlas.ratio_text(at))} at β = {beta:g} "
-        f"(task reward {at.reward:.3g}, KL {at.kl:.3g})" + (f"; {span}" if span else "")
+        + (f"(too many groups of G = {at.group} to enumerate)" if at.status == "not enumerated"
+           else f"(task reward {at.reward:.3g}, KL {at.kl:.3g})") + (f"; {span}" if span else "")
     )
 
 
