@@ -30,7 +30,7 @@ from klstudy.figure_plan import CLAIMS_FIGURE, claims_figures, training_figures
 from klstudy.run import adopt, devices, failures
 from klstudy.run.adopt import CELL_WILDCARDS
 from klstudy.run.estimate import gpu_resources
-from klstudy.run.preflight import runtime_cap
+from klstudy.run.preflight import job_partition, runtime_cap
 
 # Every stage is `python -m klstudy <stage>`, with the klstudy source tree importable. Without
 # --software-deployment-method conda, `python` is the interpreter running Snakemake (the project's
@@ -220,12 +220,6 @@ def run_outputs():
     return [f"{RUN_DIR}/summary.json".format(**cell) for cell in all_cells(config)]
 
 
-def job_partition(stage):
-    """The partition of a kind of job (config `cluster`): GPU jobs to the GPU partition, the others to the CPU one."""
-    cluster = config["cluster"]
-    return cluster["gpu_partition"] if config["resources"][stage]["gpus"] else cluster["cpu_partition"]
-
-
 def retry_runtime(stage):
     """runtime × attempt, capped: a retry asks for at most cluster.max_runtime, or else the smaller of the partition's
     MaxTime and the QOS's MaxWall (read with sinfo and sacctmgr only when a retry is submitted), since a longer ask
@@ -236,7 +230,8 @@ def retry_runtime(stage):
     def runtime(wildcards, attempt):
         if attempt == 1 or stage == "train":
             return first  # the preflight checks that it fits
-        cap = config["cluster"]["max_runtime"] or runtime_cap(job_partition(stage), config["cluster"]["qos"])
+        cluster = config["cluster"]
+        cap = cluster["max_runtime"] or runtime_cap(job_partition(config, stage), cluster["qos"])
         return first * attempt if cap is None else min(first * attempt, max(cap, first))
 
     return runtime
@@ -321,8 +316,8 @@ def job_resources(stage):
     resources = dict(runtime=retry_runtime(stage), mem_mb=spec["mem_mb"], cpus_per_task=spec["cpus"])
     if cluster["account"]:
         resources["slurm_account"] = cluster["account"]
-    if job_partition(stage):
-        resources["slurm_partition"] = job_partition(stage)
+    if job_partition(config, stage):
+        resources["slurm_partition"] = job_partition(config, stage)
     if cluster["qos"]:
         resources["qos"] = cluster["qos"]
     if stage == "train":

@@ -149,7 +149,9 @@ def runtime_cap(partition: str | None, qos: str | None, run=subprocess.run) -> i
     return min(limits) if limits else None
 
 
-def _partition(config: dict, stage: str) -> str | None:
+def job_partition(config: dict, stage: str) -> str | None:
+    """The partition of a kind of job: GPU jobs to cluster.gpu_partition, the others to cpu_partition (the workflow's
+    resources, workflow/rules/common.smk, and the preflight's requests both read it here)."""
     return config["cluster"]["gpu_partition" if config["resources"][stage]["gpus"] else "cpu_partition"]
 
 
@@ -157,7 +159,7 @@ def sbatch_request(config: dict, stage: str) -> list[str]:
     """The sbatch options the SLURM plugin submits a job of ``stage`` with (workflow/rules/common.smk's job_resources);
     a training job's GPUs the most any study asks (studies.<study>.gpus)."""
     spec, cluster = config["resources"][stage], config["cluster"]
-    named = {"account": cluster["account"], "partition": _partition(config, stage), "qos": cluster["qos"]}
+    named = {"account": cluster["account"], "partition": job_partition(config, stage), "qos": cluster["qos"]}
     args = [f"--{flag}={value}" for flag, value in named.items() if value]
     args += [f"--time={spec['runtime']}", f"--mem={spec['mem_mb']}", f"--cpus-per-task={spec['cpus']}",
              f"--nodes={spec['nodes']}", f"--ntasks={spec['nodes']}"]  # fmt: skip
@@ -184,7 +186,7 @@ def stage_check(config: dict, stage: str, run=subprocess.run) -> Check:
     # Where EnforcePartLimits=NO (SLURM's default) and the QOS lacks DenyOnLimit, sbatch accepts a time limit above
     # the partition's MaxTime or the QOS's MaxWall, and the job then pends for ever: the runtime is compared here.
     spec = config["resources"][stage]
-    cap = runtime_cap(_partition(config, stage), config["cluster"]["qos"], run)
+    cap = runtime_cap(job_partition(config, stage), config["cluster"]["qos"], run)
     if cap is not None and spec["runtime"] > cap:
         return Check(what, FAIL, f"{spec['runtime']} min > {cap} min, the partition's MaxTime or the QOS's MaxWall: "
                      "SLURM takes the job, which then pends for ever", f"lower resources.{stage}.runtime to {cap} (a "
