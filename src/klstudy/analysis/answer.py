@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from klstudy.analysis.atlas import ratio_text
+from klstudy.analysis.atlas import CLAMP_MARK, ratio_text
 from klstudy.frameworks import OFF_BY_SWITCH, OFFERS, PRESETS, SUBCLASS, beta_key
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,7 +26,6 @@ FIELD_BETA, STRONG_BETA = 0.04, 1.0  # the β each ratio is read at: one the fie
 TOLERANCE = 0.05  # as explain.STRENGTH_TOLERANCE: a factor this close to 1 is the strength asked
 PAGES = (ROOT / "docs" / "analysis.md",)
 BEGIN, END = "<!-- the answer table: begin -->", "<!-- the answer table: end -->"
-CLAMP_MARK = "†"  # as the atlas's page: the preset's clamp binds at that end point, which then depends on the path
 # Every word of the table a reader meets first, said before it.
 LEGEND = (
     "KLs are named estimator-placement ([KL names](kl-names.md)): `k1-reward`, K1 subtracted from the reward before "
