@@ -27,6 +27,7 @@ from klstudy.claims_rule import (
     BASE,
     FDR_NAMES,
     FDR_VALID_UNDER,
+    MARGIN_ENDS,
     SHOWN,
     judged,
     margin_ends,
@@ -455,7 +456,7 @@ def claims_table(config: dict, tables: dict, tests: pd.DataFrame) -> pd.DataFram
     rows = [
         row for name, claim in config.get("claims", {}).items() for row in claim_rows(name, claim, config, runs, tests)
     ]
-    work = pd.DataFrame(rows, columns=[*COLUMNS, "margin", "why", "above", "below"])
+    work = pd.DataFrame(rows, columns=[*COLUMNS, "margin", "why", *(c for c in MARGIN_ENDS if c not in COLUMNS)])
     table = judged(work, config["claims_rule"]) if len(work) else work
     table = table[COLUMNS].copy()
     digests = base_model_digests(tables["cells"])  # a column, since the report shows the CSV, not the caption
