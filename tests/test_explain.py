@@ -293,8 +293,8 @@ def test_a_group_of_one_is_refused_naming_the_field():
 
 @pytest.mark.deep
 def test_every_explain_command_of_the_pages_runs_as_copied():
-    """The docs tier checks a page's commands against `--help` only; these are run, as a reader copies them (verl at
-    G = 8, which the toy does not enumerate, once crashed: atlas.end_points)."""
+    """The docs tier runs only the commands a shown output follows, and checks the others against `--help`; these are
+    all run, as a reader copies them (verl at G = 8, which the toy cannot enumerate, once crashed: atlas.end_points)."""
     pages = [Path("README.md"), *sorted(Path("docs").glob("*.md"))]
     pattern = r"\.venv/bin/python -m klstudy explain [^`\n]*"
     commands = {m for page in pages for m in re.findall(pattern, page.read_text())}
