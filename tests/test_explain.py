@@ -32,7 +32,7 @@ def test_a_framework_whose_behaviour_changed_has_a_preset_per_behaviour():
     assert (p["trl-1.9"].kl, p["trl-1.16"].kl) == ("k3-loss", "k3-loss-ratio")
     assert (p["nemo-rl-0.6"].kl, p["nemo-rl-0.7"].kl) == ("k3-loss", "k3-loss-score")
     assert (p["slime-0.3-default"].kl, p["slime-0.3-scripts"].kl) == ("k1-loss", "k3-loss")
-    assert p["openrlhf-0.11-kl-in-reward"].kl == "k1-advantage" and p["areal-1.0-grpo"].kl == "k1-advantage"
+    assert p["openrlhf-0.11-k1-advantage"].kl == "k1-advantage" and p["areal-1.0-grpo"].kl == "k1-advantage"
     assert p["openrlhf-0.11-reinforce-baseline"].normalisation == "group_whiten"
     assert p["verl-0.7-kl-loss"].group == 5 and p["skyrl-0.3"].default_beta == 0.001
 
@@ -53,7 +53,7 @@ def test_the_trl_preset_is_what_the_installed_trl_defaults_to():
     "framework, version, expected",
     [("TRL", "0.26.0", "trl-1.9"), ("TRL", "1.9.2", "trl-1.9"), ("trl", "1.12.1", "trl-1.16"),
      ("NeMo-RL", "0.6.0", "nemo-rl-0.6"), ("NeMo-RL", "0.7.0", "nemo-rl-0.7"), ("SkyRL", "0.3.0", "skyrl-0.3"),
-     ("OpenRLHF", "0.11.0", "openrlhf-0.11-kl-in-reward"), ("slime", "0.3.1", "slime-0.3-default"),
+     ("OpenRLHF", "0.11.0", "openrlhf-0.11-k1-advantage"), ("slime", "0.3.1", "slime-0.3-default"),
      ("verl", "0.7.0", "verl-0.7-kl-loss")],
 )  # fmt: skip
 def test_a_framework_and_version_find_their_default_preset(framework, version, expected):
@@ -168,7 +168,7 @@ def test_explain_prints_a_release_and_a_setting_no_preset_covers(tmp_path):
         assert sum(line.startswith("β_eff/β, ") for line in out.splitlines()) == 2, out
         assert sum(line.startswith("limits:") and "T = 2" in line for line in out.splitlines()) == 1, out
     assert "advantages grpo, G = 5: β_eff/β 1 exactly" in outputs[0]
-    assert "other preset of verl 0.7.0: verl-0.7-kl-in-reward" in outputs[0]
+    assert "other preset of verl 0.7.0: verl-0.7-k1-reward" in outputs[0]
     printed = [line for out in outputs for line in printed_commands(out)]
     assert len(printed) >= 3 and all(line.endswith(f"--config {config}") for line in printed), printed
 

@@ -86,7 +86,7 @@ PRESETS = {
         "which the toy's on-policy update leaves out",
         is_default=True,
     ),
-    "verl-0.7-kl-in-reward": Preset(
+    "verl-0.7-k1-reward": Preset(
         "verl", "0.7.0",
         "verl/trainer/config/ppo_trainer.yaml:87 use_kl_in_reward False, :90 kl_penalty kl (K1), :102 kl_ctrl.kl_coef "
         "0.001, :84 norm_adv_by_std_in_grpo True; verl/trainer/ppo/ray_trainer.py:154 (scores − β·K1 per token, before "
@@ -103,7 +103,7 @@ PRESETS = {
         "k3-loss", "group_std", 8, 0.01, clamp=10.0, recipe_beta=0.001,
         note="its GRPO script without its dynamic filtering",
     ),
-    "openrlhf-0.11-kl-in-reward": Preset(
+    "openrlhf-0.11-k1-advantage": Preset(
         "OpenRLHF", "0.11.0",
         "openrlhf/cli/train_ppo_ray.py:419 init_coef 0.01, :422-429 estimator k1, :485 use_loss False (the KL in "
         "the reward); trainer/ppo_utils/experience_maker.py:205-210 (K per token from the rollout's log-probs), "
