@@ -91,6 +91,8 @@ def test_a_release_is_explained_at_its_own_beta_and_off_by_default_said(framewor
 def test_a_version_no_preset_covers_is_refused_naming_what_was_read():
     with pytest.raises(ValueError, match="TRL 0.26.0–1.9.2"):
         explain.preset_for("TRL", "0.21.0")
+    with pytest.raises(ValueError, match="not read, even where its functions are checked"):
+        explain.preset_for("verl", "0.9.0")  # checked against kl.py (docs/frameworks.md), its defaults not read
 
 
 @pytest.mark.parametrize("name", sorted(presets.PRESETS))

@@ -123,7 +123,8 @@ def release_presets(framework: str, version: str) -> list[str]:
             names.append(name)
     if not names:
         known = sorted({f"{p.framework} {p.version}" for p in PRESETS.values()})
-        raise ValueError(f"no preset of {framework} {version}: the presets read are {known}")
+        raise ValueError(f"no preset of {framework} {version} (its defaults were not read, even where its functions "
+                         f"are checked: docs/frameworks.md): the presets read are {known}; for your setting, --kl")
     return sorted(names, key=lambda n: not PRESETS[n].is_default)
 
 
