@@ -1,6 +1,6 @@
 """The answer table docs/analysis.md leads with (README.md links it), after the words it uses: a row per framework
-release, its default KL, the key that sets β, what the default amounts to (β_eff/β), and the setting it offers whose KL
-gradient is unbiased, at the strength asked for.
+release, its default KL, what the default amounts to (β_eff/β), and the setting it offers whose KL gradient is
+unbiased with its β_eff/β; below it, a note per release: the keys that set β, the flags, what the toy does not model.
 
 Written from the code, never typed: the presets and what each framework offers (frameworks.py), each setting's bias
 (explain.kl_gradient_bias, exact in the toy) and β_eff/β from the atlas's committed run (docs/atlas/tables/atlas.csv,
@@ -73,10 +73,18 @@ class Row(NamedTuple):
     normalisations: set  # the advantages it names, which the legend defines
 
 
-def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None = None) -> tuple[str, ...]:
-    """(the recommended setting, its β_eff/β at the field's and a strong β, how to ask for it, its advantages where
-    it has a setting) in ``preset``'s framework (explain.recommendation: its std off where it can); ``name``, the
-    preset's in PRESETS."""
+class Recommended(NamedTuple):
+    """The recommended setting of a release as the table gives it."""
+
+    cell: str  # the KL and its advantages
+    strength: str  # β_eff/β at the field's and a strong β
+    how: str  # the flags or keys that ask for it (the note)
+    normalisation: str | None  # None: no setting
+
+
+def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None = None) -> Recommended:
+    """The unbiased setting ``preset``'s framework offers (explain.recommendation: its std off where it can) or
+    klstudy's KLTrainer, as the table gives it; ``name``, the preset's in PRESETS."""
     from klstudy.analysis import explain
 
     setting = explain.Setting(preset.kl, preset.normalisation, preset.group, 1.0, preset.clamp, preset.framework)
@@ -85,13 +93,14 @@ def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None
         kinds = sorted({preset.kl, *(c for c, _ in OFFERS.get(preset.framework, []))})
         how = f"none ({', '.join(kinds)}: biased)"
         if found is None:
-            return "none", "–", how
+            return Recommended("none", "–", how, None)
         trainer = "klstudy's [`KLTrainer`](tutorial-kltrainer.md) (TRL 1.16.0)"
-        return f"{found.config}, `KLTrainer` ({found.normalisation})", _strength(atlas, found, preset, name), (
-            f"{how}; {trainer}: {found.how}"), found.normalisation  # fmt: skip
+        return Recommended(f"{found.config}, `KLTrainer` ({found.normalisation})", _strength(atlas, found, preset,
+                           name), f"{how}; {trainer}: {found.how}", found.normalisation)  # fmt: skip
     key = beta_key(preset.framework, found.config)
     how = found.how + ("" if key == beta_key(preset.framework, preset.kl) else f", β: `{key}`")
-    return f"{found.config} ({found.normalisation})", _strength(atlas, found, preset, name), how, found.normalisation
+    return Recommended(f"{found.config} ({found.normalisation})", _strength(atlas, found, preset, name), how,
+                       found.normalisation)  # fmt: skip
 
 
 def _strength(atlas: pd.DataFrame, found, preset, name: str | None) -> str:
@@ -102,29 +111,33 @@ def _strength(atlas: pd.DataFrame, found, preset, name: str | None) -> str:
     return " / ".join(r for r, _ in read) + ("" if group == preset.group else f" (at G {group})")
 
 
+def _default_key(p) -> str:
+    """The note's head: the key that sets the default KL's β, and why the KL is off where it is."""
+    key = beta_key(p.framework, p.kl)
+    if p.default_beta:
+        return f"β: `{key}`"
+    if p.framework in OFF_BY_SWITCH:
+        return f"off: {OFF_BY_SWITCH[p.framework]}; β: `{key}`"
+    return f"off: `{key}` = 0"
+
+
 def row(name: str, p, atlas: pd.DataFrame, toy_section: dict) -> Row:
     """A default preset's cells and note."""
-    key = f"β: `{beta_key(p.framework, p.kl)}`"
-    if not p.default_beta and p.framework not in OFF_BY_SWITCH:
-        key = f"`{beta_key(p.framework, p.kl)}` = 0"
     if p.default_beta:
         default = f"{p.kl}, β {p.default_beta:g}"
         amounts = ratio_at(atlas, p.kl, p.normalisation, p.group, p.default_beta, name)[0]
-        off = ""
     else:
         default, amounts = f"off; on: {p.kl}", "–"
-        off = f"off: {OFF_BY_SWITCH[p.framework]}; " if p.framework in OFF_BY_SWITCH else "off: "
         if p.recipe_beta:
             ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
             amounts = f"{ratio} (script's β {p.recipe_beta:g})"
-    setting, strength, how, *normalisations = recommended(p, atlas, toy_section, name)
+    rec = recommended(p, atlas, toy_section, name)
     release = f"{p.framework} {p.version}"
     modelled_as = f"({'modelled: ' if p.modelled else ''}{p.normalisation}, {p.group})"
-    cells = (release, f"{default} {modelled_as}", amounts, setting, strength)
-    cells = dict(zip(COLUMNS, cells, strict=True))
+    cells = dict(zip(COLUMNS, (release, f"{default} {modelled_as}", amounts, rec.cell, rec.strength), strict=True))
     modelled = f" {p.modelled[:1].upper()}{p.modelled[1:]}." if p.modelled else ""
-    note = f"- **{release}**: {off}{key}.{modelled} Recommended: {how}."
-    return Row(cells, note, {p.normalisation, *normalisations})
+    note = f"- **{release}**: {_default_key(p)}.{modelled} Recommended: {rec.how}."
+    return Row(cells, note, {p.normalisation} | ({rec.normalisation} if rec.normalisation else set()))
 
 
 def table(atlas: pd.DataFrame, toy_section: dict) -> list[Row]:

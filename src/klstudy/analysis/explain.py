@@ -49,8 +49,8 @@ EXACT = {
 }
 # Said under a measured line of an EXACT setting: where the toy's measurement reads other than 1, it is the toy's.
 MEASURED_VS_EXACT = (
-    "  (this setting's β_eff/β is 1 exactly, by theory: a measured value other than 1.00 here is the toy's limit, "
-    "its optimum curve or its training not reaching that β)"
+    "  (exactly, by theory, this setting's β_eff/β is 1: where a measured line above reads otherwise, the toy's "
+    "training or its optimum curve did not reach that β)"
 )
 # The words explain's output uses, said once before its numbers.
 WORDS = (
@@ -301,7 +301,7 @@ def suggestion(setting: Setting, toy_section: dict, own: str = "this setting") -
 
 
 def recommendation(setting: Setting, toy_section: dict, own: str = "this setting") -> Recommendation | None:
-    """(configuration, advantages, how to ask for them) recommended in ``setting``'s framework, as the answer table
+    """The Recommendation (configuration, advantages, how to ask) in ``setting``'s framework, as the answer table
     (analysis/answer.py) gives it: the suggestion, with the group mean only where the framework has that switch and
     the KL is in the reward (EXACT); klstudy's subclass where the framework offers no unbiased KL (SUBCLASS); None
     where neither."""
