@@ -200,6 +200,7 @@ def test_trl_off_by_default_is_pointed_to_kltrainer_and_slime_to_none():
     """Computed at no β, a release still gets its recommendation where nothing need be computed for it."""
     trl = explain.explain_release(explain.resolve_release("TRL", "1.16.0"), TOY)
     assert "KLTrainer" in trl and "k1-reward" in trl and "advantages rloo" in trl and "= 1 at any β, exactly" in trl
+    assert explain.WORDS in trl
     slime = explain.explain_release(explain.resolve_release("slime", "0.3.1"), TOY)
     assert "recommended setting: none whose KL gradient is unbiased among what slime offers" in slime
 

@@ -443,7 +443,8 @@ def explain_release(release: Release, toy_section: dict, range_betas=RANGE_BETAS
     if release.setting:
         computed = [explain(release.setting, toy_section, range_betas, config)]
     else:
-        computed = recommended_when_off(release.names[0], toy_section, config)
+        lines = recommended_when_off(release.names[0], toy_section, config)
+        computed = [WORDS, *lines] if lines else []  # its β_eff said in words
     return "\n".join([*release.head, *computed, *others])
 
 
