@@ -32,7 +32,7 @@ def test_a_framework_whose_behaviour_changed_has_a_preset_per_behaviour():
     assert (p["trl-1.9"].kl, p["trl-1.16"].kl) == ("k3-loss", "k3-loss-ratio")
     assert (p["nemo-rl-0.6"].kl, p["nemo-rl-0.7"].kl) == ("k3-loss", "k3-loss-score")
     assert (p["slime-0.3-default"].kl, p["slime-0.3-scripts"].kl) == ("k1-loss", "k3-loss")
-    assert p["openrlhf-0.11-kl-in-reward"].kl == "k1-advantage" and p["areal-1.0-grpo"].kl == "k1-advantage"
+    assert p["openrlhf-0.11-k1-advantage"].kl == "k1-advantage" and p["areal-1.0-grpo"].kl == "k1-advantage"
     assert p["openrlhf-0.11-reinforce-baseline"].normalisation == "group_whiten"
     assert p["verl-0.7-kl-loss"].group == 5 and p["skyrl-0.3"].default_beta == 0.001
 
@@ -53,7 +53,7 @@ def test_the_trl_preset_is_what_the_installed_trl_defaults_to():
     "framework, version, expected",
     [("TRL", "0.26.0", "trl-1.9"), ("TRL", "1.9.2", "trl-1.9"), ("trl", "1.12.1", "trl-1.16"),
      ("NeMo-RL", "0.6.0", "nemo-rl-0.6"), ("NeMo-RL", "0.7.0", "nemo-rl-0.7"), ("SkyRL", "0.3.0", "skyrl-0.3"),
-     ("OpenRLHF", "0.11.0", "openrlhf-0.11-kl-in-reward"), ("slime", "0.3.1", "slime-0.3-default"),
+     ("OpenRLHF", "0.11.0", "openrlhf-0.11-k1-advantage"), ("slime", "0.3.1", "slime-0.3-default"),
      ("verl", "0.7.0", "verl-0.7-kl-loss")],
 )  # fmt: skip
 def test_a_framework_and_version_find_their_default_preset(framework, version, expected):
@@ -91,6 +91,8 @@ def test_a_release_is_explained_at_its_own_beta_and_off_by_default_said(framewor
 def test_a_version_no_preset_covers_is_refused_naming_what_was_read():
     with pytest.raises(ValueError, match="TRL 0.26.0–1.9.2"):
         explain.preset_for("TRL", "0.21.0")
+    with pytest.raises(ValueError, match="not read, even where its functions are checked"):
+        explain.preset_for("verl", "0.9.0")  # checked against kl.py (docs/frameworks.md), its defaults not read
 
 
 @pytest.mark.parametrize("name", sorted(presets.PRESETS))
@@ -144,7 +146,7 @@ def printed_commands(out: str) -> list[str]:
 CASES = [
     (["--framework", "verl", "--version", "0.7.0"], "verl-0.7-kl-loss", "off by default"),
     (["--framework", "verl", "--version", "0.7.0", "--beta", "0.3", "--", "algorithm.use_kl_in_reward=True",
-      "actor_rollout_ref.rollout.n=5"], "k1-reward, advantages group_std, G = 5, β = 0.3", "your verl 0.7.0"),
+      "actor_rollout_ref.rollout.n=5"], "k1-reward, advantages group_std (", "your verl 0.7.0"),
     (["--kl", "k2-advantage", "--normalisation", "loo_std", "--group", "3", "--beta", "1"], "k2-advantage",
      "recommended setting: name the framework (--on"),
 ]  # fmt: skip
@@ -167,8 +169,9 @@ def test_explain_prints_a_release_and_a_setting_no_preset_covers(tmp_path):
         assert named in out and said in out, out
         assert sum(line.startswith("β_eff/β, ") for line in out.splitlines()) == 2, out
         assert sum(line.startswith("limits:") and "T = 2" in line for line in out.splitlines()) == 1, out
-    assert "advantages grpo, G = 5: β_eff/β 1 exactly" in outputs[0]
-    assert "other preset of verl 0.7.0: verl-0.7-kl-in-reward" in outputs[0]
+    assert "advantages grpo, G = 5: β_eff/β = 1 at any β, exactly (theory, not measured" in outputs[0]
+    assert "G = 5, β = 0.3" in outputs[1] and all(explain.WORDS in out for out in outputs)
+    assert "other preset of verl 0.7.0: verl-0.7-k1-reward" in outputs[0]
     printed = [line for out in outputs for line in printed_commands(out)]
     assert len(printed) >= 3 and all(line.endswith(f"--config {config}") for line in printed), printed
 
@@ -188,7 +191,7 @@ def test_verl_is_recommended_its_std_off_never_a_beta_that_keeps_the_std(beta):
     release = explain.resolve_release("verl", "0.7.0", beta=beta)
     assert "β 0.001 once on" in release.head[0]
     [line] = explain.recommended(release.setting, TOY, {}, None)
-    assert "k1-reward" in line and "advantages grpo" in line and "β_eff/β 1 exactly at any β" in line
+    assert "k1-reward" in line and "advantages grpo" in line and "β_eff/β = 1 at any β, exactly" in line
     assert "norm_adv_by_std_in_grpo=False" in line and "actor_rollout_ref.actor.use_kl_loss=False" in line
     assert "set β" not in line and "7.28e-06" not in line
 
@@ -196,31 +199,23 @@ def test_verl_is_recommended_its_std_off_never_a_beta_that_keeps_the_std(beta):
 def test_trl_off_by_default_is_pointed_to_kltrainer_and_slime_to_none():
     """Computed at no β, a release still gets its recommendation where nothing need be computed for it."""
     trl = explain.explain_release(explain.resolve_release("TRL", "1.16.0"), TOY)
-    assert "KLTrainer" in trl and "k1-reward" in trl and "advantages rloo" in trl and "1 exactly" in trl
+    assert "KLTrainer" in trl and "k1-reward" in trl and "advantages rloo" in trl and "= 1 at any β, exactly" in trl
+    assert explain.WORDS in trl
     slime = explain.explain_release(explain.resolve_release("slime", "0.3.1"), TOY)
     assert "recommended setting: none whose KL gradient is unbiased among what slime offers" in slime
 
 
-def test_the_answer_table_and_explain_recommend_the_same_setting_for_every_release():
-    """Each release's row of the answer table (analysis/answer.py) names the KL and advantages explain recommends at
-    its default, klstudy's KLTrainer where it does, and β_eff/β 1 in the atlas's run where explain says 1 exactly."""
-    from klstudy.analysis import answer
+def test_the_output_defines_its_words_and_tells_the_exact_value_from_the_measured():
+    """explain's terms are defined in its output (G, T, β_eff, measured, exactly, †), none left that a user does not
+    know (J_β, the flow); an EXACT setting's measured lines are told apart from its exact 1."""
+    from klstudy.analysis.atlas import CLAMP_MARK
 
-    rows = answer.markdown().splitlines()
-    for name, p in presets.PRESETS.items():
-        if not p.is_default or p.status != "release":
-            continue
-        cell = next(r for r in rows if r.startswith(f"| {p.framework} {p.version} ")).split("|")[4]
-        found = explain.recommendation(explain.Setting.of_preset(name), TOY)
-        if found is None:
-            assert cell.strip().startswith("no unbiased KL") and "KLTrainer" not in cell, name
-            continue
-        config, normalisation, how = found
-        advantages = answer.ADVANTAGE_WORDS.get(normalisation, normalisation)
-        assert f"{config} (" in cell and f"advantages {advantages})" in cell, (name, found, cell)
-        assert ("KLTrainer" in how) == ("KLTrainer" in cell), name
-        if (config, normalisation) in explain.EXACT:
-            assert "β_eff/β 1.00 / 1.00" in cell, (name, cell)
+    for word in ("G, ", "T, ", "β_eff, ", "measured: ", "exactly: ", f"{CLAMP_MARK}: "):
+        assert word in explain.WORDS, word
+    setting = explain.Setting("k1-reward", "grpo", 5, 0.3, framework="verl")
+    lines = explain.explain(setting, TOY, range_betas=()).splitlines()
+    assert lines[1] == explain.WORDS and explain.MEASURED_VS_EXACT in lines
+    assert not any("J_β" in line or "flow" in line for line in lines), lines
 
 
 def test_flags_that_cannot_be_combined_are_refused_before_computing():

@@ -166,7 +166,7 @@ def reduced_config() -> dict:
     # advantage in each), one β, a short length sweep, a few Monte Carlo seeds.
     config["toy"]["atlas"] = {
         "configs": ["k3-loss", "k1-advantage"], "normalisations": ["rloo", "group_std"], "group_sizes": [2, 4],
-        "betas": [1.0], "presets": ["trl-1.16", "openrlhf-0.11-kl-in-reward"],
+        "betas": [1.0], "presets": ["trl-1.16", "openrlhf-0.11-k1-advantage"],
         "length": {"settings": ["k3-loss/rloo/G2", "trl-1.16"], "max_length": {"parametric": 3, "tabular": 3}},
         "monte_carlo": {"settings": ["k3-loss/rloo/G4", "k3-loss/group_std/G2", "k1-advantage/group_std/G2",
                                      "trl-1.16"], "betas": [1.0], "seeds": 3},

@@ -151,7 +151,8 @@ def read_openrlhf(keys: Keys, preset: Preset, group: int | None) -> Read:
         "--algo.advantage.estimator", "group_norm", OPENRLHF_ADVANTAGES | {"gae": None}
     ) or _refuse("OpenRLHF --algo.advantage.estimator gae (its default) needs a critic, which the toy has not")
     if not keys.given("--algo.advantage.estimator"):
-        notes.append("--algo.advantage.estimator group_norm (its default, gae, needs a critic)")
+        notes.append("advantages modelled as --algo.advantage.estimator group_norm: its default, gae, is PPO with a "
+                     "critic, outside the toy")
     if keys.given("--algo.kl.target"):
         _refuse("OpenRLHF --algo.kl.target (an adaptive coefficient): the toy holds a fixed β only")
     estimator = keys.choice("--algo.kl.estimator", "k1", {e: e for e in kl.ESTIMATORS})

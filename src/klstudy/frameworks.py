@@ -37,6 +37,9 @@ class Preset:
     # The framework's default KL setup at that release: the one its defaults turn on or, where its default β is 0,
     # the one its default KL switch (or recipe) turns on. `klstudy explain --framework` explains it first.
     is_default: bool = False
+    # Where the framework's default is outside the toy: what it is, and what this preset models instead (the answer
+    # table's notes and explain say it).
+    modelled: str = ""
 
     def __post_init__(self):
         kl.KLSpec.from_name(self.kl, 1.0, clamp=self.clamp)  # the one check of a configuration
@@ -86,7 +89,7 @@ PRESETS = {
         "which the toy's on-policy update leaves out",
         is_default=True,
     ),
-    "verl-0.7-kl-in-reward": Preset(
+    "verl-0.7-k1-reward": Preset(
         "verl", "0.7.0",
         "verl/trainer/config/ppo_trainer.yaml:87 use_kl_in_reward False, :90 kl_penalty kl (K1), :102 kl_ctrl.kl_coef "
         "0.001, :84 norm_adv_by_std_in_grpo True; verl/trainer/ppo/ray_trainer.py:154 (scores − β·K1 per token, before "
@@ -103,16 +106,18 @@ PRESETS = {
         "k3-loss", "group_std", 8, 0.01, clamp=10.0, recipe_beta=0.001,
         note="its GRPO script without its dynamic filtering",
     ),
-    "openrlhf-0.11-kl-in-reward": Preset(
+    "openrlhf-0.11-k1-advantage": Preset(
         "OpenRLHF", "0.11.0",
         "openrlhf/cli/train_ppo_ray.py:419 init_coef 0.01, :422-429 estimator k1, :485 use_loss False (the KL in "
-        "the reward); trainer/ppo_utils/experience_maker.py:205-210 (K per token from the rollout's log-probs), "
-        ":264-270 (the group's baseline or ÷ std on the task reward), :276-282 (−β·K per token, compute_reward), "
-        ":302-307 (reward-to-go, γ = 1); openrlhf/models/utils.py:64-95 (K1 ±10), :98-126 (compute_reward)",
+        "the reward), :477-483 advantage estimator gae, :413-414 n_samples_per_prompt 1; "
+        "trainer/ppo_utils/experience_maker.py:205-210 (K per token from the rollout's log-probs), :264-270 (the "
+        "group's baseline or ÷ std on the task reward), :276-282 (−β·K per token, compute_reward), :302-307 "
+        "(reward-to-go, γ = 1); openrlhf/models/utils.py:64-95 (K1 ±10), :98-126 (compute_reward)",
         "k1-advantage", "group_std", 8, 0.01, clamp=10.0,
-        note="--algo.advantage.estimator group_norm with the default KL; its default estimator (gae) needs a critic, "
-        "which the toy has not",
+        note="the default KL",
         is_default=True,
+        modelled="its default advantages, `--algo.advantage.estimator gae` (PPO with a critic, one response a "
+        "prompt), are outside the toy; modelled: `group_norm`, G = 8, as its GRPO script",
     ),
     "openrlhf-0.11-reinforce-baseline": Preset(
         "OpenRLHF", "0.11.0",
@@ -176,9 +181,10 @@ PRESETS = {
         "--n-samples-per-prompt 1, :995-999 GRPO std normalisation on; slime/ray/rollout.py:700-706 (− group mean, "
         "÷ Bessel std + 1e-6); slime/utils/ppo_utils.py (K1 unclamped, path-wise)",
         "k1-loss", "group_std", 8, 0.0,
-        note="with --use-kl-loss and a coefficient; G = 8 as 35 of its 42 shipped scripts (the default, 1, has no "
-        "group)",
+        note="with --use-kl-loss and a coefficient",
         is_default=True,
+        modelled="its default `--n-samples-per-prompt` 1 has no group; modelled: G = 8, as 35 of its 42 shipped "
+        "scripts",
     ),
     "slime-0.3-scripts": Preset(
         "slime", "0.3.1",
@@ -253,7 +259,7 @@ STD_OFF = {"verl": "algorithm.norm_adv_by_std_in_grpo=False", "TRL": "scale_rewa
 OFF_BY_SWITCH = {"verl": "use_kl_loss and use_kl_in_reward false; β 0.001 once on"}
 # Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
 # advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
-SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward', β: `beta`")}
+SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward'")}
 
 
 def clamp_of(framework: str, config: str) -> float | None:

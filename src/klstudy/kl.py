@@ -468,6 +468,18 @@ WHITENED = {"group_whiten": "grpo", "whiten": "none"}
 ADVANTAGES.update({name: _whitened(centre) for name, centre in WHITENED.items()})
 
 
+# Each normalisation in a user's words (explain's output and the answer table's legend; docs/glossary.md): one name,
+# one normalisation. "whiten" and "group_whiten" differ in what is subtracted before the whitening.
+ADVANTAGE_WORDS = {
+    "rloo": "R − the others' mean (leave-one-out)",
+    "grpo": "the group mean only: Dr. GRPO's, not GRPO's",
+    "group_std": "GRPO's: − the group's mean, ÷ its std",
+    "batch_std": "− the group's mean, ÷ the batch's std",
+    "loo_std": "leave-one-out, ÷ the others' std",
+    "group_whiten": "− the group's mean, then every token's advantage whitened over the batch",
+    "whiten": "no baseline, then every token's advantage whitened over the batch",
+}
+
 STD_NORMALISATIONS = ("group_std", "batch_std", "loo_std")  # the ones that take a framework's ε
 
 

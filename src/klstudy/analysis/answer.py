@@ -1,6 +1,6 @@
 """The answer table docs/analysis.md leads with (README.md links it), after the words it uses: a row per framework
-release, its default KL, the key that sets β, what the default amounts to (β_eff/β), and the setting it offers whose KL
-gradient is unbiased, at the strength asked for.
+release, its default KL, what the default amounts to (β_eff/β), and the setting it offers whose KL gradient is
+unbiased with its β_eff/β; below it, a note per release: the keys that set β, the flags, what the toy does not model.
 
 Written from the code, never typed: the presets and what each framework offers (frameworks.py), each setting's bias
 (explain.kl_gradient_bias, exact in the toy) and β_eff/β from the atlas's committed run (docs/atlas/tables/atlas.csv,
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 import yaml
 
 from klstudy.analysis.atlas import CLAMP_MARK, ratio_text
-from klstudy.frameworks import OFF_BY_SWITCH, OFFERS, PRESETS, SUBCLASS, beta_key
+from klstudy.frameworks import OFF_BY_SWITCH, OFFERS, PRESETS, beta_key
+from klstudy.kl import ADVANTAGE_WORDS
 
 ROOT = Path(__file__).resolve().parents[3]
 ATLAS = ROOT / "docs" / "atlas" / "tables" / "atlas.csv"
@@ -26,22 +28,24 @@ FIELD_BETA, STRONG_BETA = 0.04, 1.0  # the β each ratio is read at: one the fie
 TOLERANCE = 0.05  # as explain.STRENGTH_TOLERANCE: a factor this close to 1 is the strength asked
 PAGES = (ROOT / "docs" / "analysis.md",)
 BEGIN, END = "<!-- the answer table: begin -->", "<!-- the answer table: end -->"
-# Every word of the table a reader meets first, said before it.
+# Every word of the table a reader meets first, said before it (the advantages' words: kl.ADVANTAGE_WORDS).
 LEGEND = (
-    "KLs are named estimator-placement ([KL names](kl-names.md)): `k1-reward`, K1 subtracted from the reward before "
-    "the advantage; `k1-advantage`, K1 per token added to the advantage after its normalisation (OpenRLHF's and "
-    'AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: its gradient as TRL ≥ 1.10, '
-    "NeMo-RL 0.7 take it). Advantages of the G responses to a prompt "
-    "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): `group_std`, GRPO's ÷ the group's std; `grpo`, the group "
-    "mean only (Dr. GRPO's, not GRPO's); `rloo`, leave-one-out; `loo_std`, RLOO ÷ the others' std; `whiten`, ÷ the "
-    "batch's std. β_eff/β: strength obtained over strength asked, in the toy's parametric family (the paper's policy; "
-    "the other, tabular, is any distribution), "
-    "or why none: `< x`, more KL than any optimum; `unsettled`, still moving; `drifts`, no fixed point. "
+    "KLs are named estimator-placement ([KL names](kl-names.md)): `k1-reward`, K1 subtracted from the sequence's "
+    "reward before the advantage; `k1-advantage`, K1 per token added to the advantage after its normalisation "
+    '(OpenRLHF\'s and AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: its gradient as '
+    "TRL ≥ 1.10, NeMo-RL 0.7 take it). Advantages of the G responses to a prompt "
+    "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): {advantages}. β_eff/β: strength obtained over strength "
+    "asked, in the toy's parametric family (the paper's policy; at G 4: the atlas's nearest G); off 1 by over "
+    "{tolerance}, set the β `klstudy explain` computes; or why none: {why}. "
     f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point and the β to set depend on the "
-    "path ([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate))."
+    "path ([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate)). `modelled:` the default is outside the toy. Below "
+    "the table: each row's keys, flags, and what it models."
 )
-# `grpo` is Dr. GRPO's normalisation (the group mean only), which a reader takes for GRPO's ÷ std (docs/glossary.md).
-ADVANTAGE_WORDS = {"grpo": "`grpo`, the group mean only"}
+# The atlas's words for a β_eff/β it has not (atlas.ratio_text), each said in the legend where the table uses it.
+WHY_NONE = {"<": "`< x`, more KL than any optimum", "unsettled": "`unsettled`, still moving",
+            "drifts": "`drifts`, no fixed point"}  # fmt: skip
+COLUMNS = ("release", "default (advantages, G)", "its β_eff/β", "recommended (unbiased KL)",
+           f"its β_eff/β at β {FIELD_BETA:g} / {STRONG_BETA:g}")  # fmt: skip
 
 
 def ratio_at(
@@ -61,84 +65,100 @@ def ratio_at(
     return ratio_text(row), int(nearest)
 
 
-def _number(ratio: str) -> float | None:
-    """A ratio_at cell's β_eff/β, None where it has none."""
-    try:
-        return float(ratio.rstrip(CLAMP_MARK))
-    except ValueError:
-        return None
+class Row(NamedTuple):
+    """One release: its table cells, and its note below the table (the keys and flags)."""
+
+    cells: dict
+    note: str
+    normalisations: set  # the advantages it names, which the legend defines
 
 
-def _strength(ratios: list[str], at: str) -> str:
-    """β_eff/β at the field's and a strong β, and the advice to set another β where either is not the asked."""
-    words = f"β_eff/β {' / '.join(ratios)} ({at})"
-    asked = all(_number(r) is not None and abs(_number(r) - 1) <= TOLERANCE for r in ratios)
-    return words if asked else words + ": set the β explain computes"
+class Recommended(NamedTuple):
+    """The recommended setting of a release as the table gives it."""
+
+    cell: str  # the KL and its advantages
+    strength: str  # β_eff/β at the field's and a strong β
+    how: str  # the flags or keys that ask for it (the note)
+    normalisation: str | None  # None: no setting
 
 
-def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None = None) -> str:
-    """The unbiased setting ``preset``'s framework offers (explain.recommendation: its std off where it can), with
-    β_eff/β at the field's and a strong β, and the β to set for the strength asked; ``name``, the preset's in
-    PRESETS."""
+def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None = None) -> Recommended:
+    """The unbiased setting ``preset``'s framework offers (explain.recommendation: its std off where it can) or
+    klstudy's KLTrainer, as the table gives it; ``name``, the preset's in PRESETS."""
     from klstudy.analysis import explain
 
     setting = explain.Setting(preset.kl, preset.normalisation, preset.group, 1.0, preset.clamp, preset.framework)
     found = explain.recommendation(setting, toy_section, own="its default")
-    if explain.suggestion(setting, toy_section) is None:  # the framework's own trainer offers none
+    if found is None or found.via_subclass:  # the framework's own trainer offers none
         kinds = sorted({preset.kl, *(c for c, _ in OFFERS.get(preset.framework, []))})
-        answer = f"no unbiased KL ({', '.join(kinds)}: biased)"
+        how = f"none ({', '.join(kinds)}: biased)"
         if found is None:
-            return answer
-        config, normalisation, words = SUBCLASS[preset.framework]
-        via = "with klstudy's [`KLTrainer`](tutorial-kltrainer.md) (TRL 1.16.0)"
-        return f"{answer}; {via}: {config} ({_setting(atlas, config, normalisation, words, preset, name)}"
-    config, normalisation, switch = found
-    words = f"{switch}, β: `{beta_key(preset.framework, config)}`"
-    return f"{config} ({_setting(atlas, config, normalisation, words, preset, name)}"
+            return Recommended("none", "–", how, None)
+        trainer = "klstudy's [`KLTrainer`](tutorial-kltrainer.md) (TRL 1.16.0)"
+        return Recommended(f"{found.config}, `KLTrainer` ({found.normalisation})", _strength(atlas, found, preset,
+                           name), f"{how}; {trainer}: {found.how}", found.normalisation)  # fmt: skip
+    key = beta_key(preset.framework, found.config)
+    how = found.how + ("" if key == beta_key(preset.framework, preset.kl) else f", β: `{key}`")
+    return Recommended(f"{found.config} ({found.normalisation})", _strength(atlas, found, preset, name), how,
+                       found.normalisation)  # fmt: skip
 
 
-def _setting(atlas: pd.DataFrame, config: str, normalisation: str, words: str, preset, name: str | None) -> str:
-    """How to ask for ``config`` and, read at ``preset``'s G, its β_eff/β: the text after the KL's name."""
-    own = name if config == preset.kl and normalisation == preset.normalisation else None
-    read = [ratio_at(atlas, config, normalisation, preset.group, b, own) for b in (FIELD_BETA, STRONG_BETA)]
+def _strength(atlas: pd.DataFrame, found, preset, name: str | None) -> str:
+    """β_eff/β of the recommended setting at the field's and a strong β, read at ``preset``'s G (or the nearest)."""
+    own = name if (found.config, found.normalisation) == (preset.kl, preset.normalisation) else None
+    read = [ratio_at(atlas, found.config, found.normalisation, preset.group, b, own) for b in (FIELD_BETA, STRONG_BETA)]
     group = read[0][1]
-    at = f"G = {group}" + ("" if group == preset.group else f", the atlas's nearest to {preset.group}")
-    advantages = ADVANTAGE_WORDS.get(normalisation, normalisation)
-    return f"{words}, advantages {advantages}): {_strength([r for r, _ in read], at)}"
+    return " / ".join(r for r, _ in read) + ("" if group == preset.group else f" (at G {group})")
 
 
-def table(atlas: pd.DataFrame, toy_section: dict) -> pd.DataFrame:
-    rows = []
-    for name, p in PRESETS.items():
-        if not p.is_default or p.status != "release":
-            continue
-        key = f"β: `{beta_key(p.framework, p.kl)}`"
-        if p.default_beta:
-            default = f"on: {p.kl}, {key} = {p.default_beta:g}"
-            ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.default_beta, name)
-            amounts = f"{ratio} at β = {p.default_beta:g}"
-        else:
-            off = OFF_BY_SWITCH.get(p.framework, "β = 0")
-            default, amounts = f"off ({off}); turned on: {p.kl}, {key}", "– (off)"
-            if p.recipe_beta:
-                ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
-                amounts += f"; at its example script's β {p.recipe_beta:g}: {ratio}"
-        rows.append({
-            "release": f"{p.framework} {p.version}", "default: KL, the key that sets β (advantages, G)": f"{default} "
-            f"({p.normalisation}, G = {p.group})", "β_eff/β of the default": amounts,
-            f"recommended KL (unbiased gradient), β_eff/β at β = {FIELD_BETA:g} / {STRONG_BETA:g}": recommended(
-                p, atlas, toy_section, name
-            ),
-        })  # fmt: skip
-    return pd.DataFrame(rows)
+def _default_key(p) -> str:
+    """The note's head: the key that sets the default KL's β, and why the KL is off where it is."""
+    key = beta_key(p.framework, p.kl)
+    if p.default_beta:
+        return f"β: `{key}`"
+    if p.framework in OFF_BY_SWITCH:
+        return f"off: {OFF_BY_SWITCH[p.framework]}; β: `{key}`"
+    return f"off: `{key}` = 0"
+
+
+def row(name: str, p, atlas: pd.DataFrame, toy_section: dict) -> Row:
+    """A default preset's cells and note."""
+    if p.default_beta:
+        default = f"{p.kl}, β {p.default_beta:g}"
+        amounts = ratio_at(atlas, p.kl, p.normalisation, p.group, p.default_beta, name)[0]
+    else:
+        default, amounts = f"off; on: {p.kl}", "–"
+        if p.recipe_beta:
+            ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
+            amounts = f"{ratio} (script's β {p.recipe_beta:g})"
+    rec = recommended(p, atlas, toy_section, name)
+    release = f"{p.framework} {p.version}"
+    modelled_as = f"({'modelled: ' if p.modelled else ''}{p.normalisation}, {p.group})"
+    cells = dict(zip(COLUMNS, (release, f"{default} {modelled_as}", amounts, rec.cell, rec.strength), strict=True))
+    modelled = f" {p.modelled[:1].upper()}{p.modelled[1:]}." if p.modelled else ""
+    note = f"- **{release}**: {_default_key(p)}.{modelled} Recommended: {rec.how}."
+    return Row(cells, note, {p.normalisation} | ({rec.normalisation} if rec.normalisation else set()))
+
+
+def table(atlas: pd.DataFrame, toy_section: dict) -> list[Row]:
+    return [row(name, p, atlas, toy_section) for name, p in PRESETS.items() if p.is_default and p.status == "release"]
 
 
 def markdown(atlas_path: Path = ATLAS, config_path: Path = ROOT / "config.yaml") -> str:
     from klstudy.config import validate_config
 
     toy = validate_config(yaml.safe_load(Path(config_path).read_text()))["toy"]
-    legend = textwrap.fill(LEGEND, 120, break_long_words=False, break_on_hyphens=False)
-    return f"{legend}\n\n{table(pd.read_csv(atlas_path), toy).to_markdown(index=False)}"
+    rows = table(pd.read_csv(atlas_path), toy)
+    used = set().union(*(r.normalisations for r in rows))
+    advantages = "; ".join(f"`{name}`, {words}" for name, words in ADVANTAGE_WORDS.items() if name in used)
+    cells = " ".join(" ".join(r.cells.values()) for r in rows)
+    why = "; ".join(words for word, words in WHY_NONE.items() if word in cells)
+    legend = LEGEND.format(advantages=advantages, tolerance=f"{TOLERANCE:.0%}", why=why)
+    legend = textwrap.fill(legend, 120, break_long_words=False, break_on_hyphens=False)
+    notes = "\n".join(textwrap.fill(r.note, 120, subsequent_indent="  ", break_long_words=False,
+                                     break_on_hyphens=False) for r in rows)  # fmt: skip
+    grid = pd.DataFrame([r.cells for r in rows]).to_markdown(index=False)
+    return f"{legend}\n\n{grid}\n\n{notes}"
 
 
 def between_marks(page: str) -> str:

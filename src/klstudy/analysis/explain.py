@@ -21,6 +21,7 @@ asked, within the toy's limits, which the output says (its running time: docs/an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,10 +41,35 @@ BIAS_SETTING, BIAS_LENGTHS = "apart", (1, 4)
 # and under the group mean only, which is (G−1)/G times RLOO's advantage for the task and the KL term alike
 # (docs/fixed-points.md). The toy cannot resolve them at a field's small β; these need no computing.
 EXACT = {
-    ("k1-reward", "rloo"): "β_eff/β 1 exactly at any β (its end point is the KL-regularised optimum)",
-    ("k1-reward", "grpo"): "β_eff/β 1 exactly at any β (the group-mean advantage is (G−1)/G times the leave-one-out "
-    "one for the task and the KL term alike, so the end point is RLOO's: the KL-regularised optimum)",
+    ("k1-reward", "rloo"): "β_eff/β = 1 at any β, exactly (theory, not measured: its end point is the "
+    "KL-regularised optimum)",
+    ("k1-reward", "grpo"): "β_eff/β = 1 at any β, exactly (theory, not measured: the group-mean advantage is (G−1)/G "
+    "times the leave-one-out one for the task and the KL term alike, so the end point is RLOO's, the KL-regularised "
+    "optimum)",
 }
+# Said under a measured line of an EXACT setting: where the toy's measurement reads other than 1, it is the toy's.
+MEASURED_VS_EXACT = (
+    "  (exactly, by theory, this setting's β_eff/β is 1: where a measured line above reads otherwise, the toy's "
+    "training or its optimum curve did not reach that β)"
+)
+# The words explain's output uses, said once before its numbers.
+WORDS = (
+    "words: G, responses per prompt; T, tokens per sequence of the toy; β_eff, the β whose exact optimum of "
+    "E[R] − β·KL has the KL this setting's training ends at, so β_eff/β is the strength obtained over the strength "
+    "asked (< 1: weaker); measured: the toy's training run to its end point, in its two policy families (tabular: "
+    "any distribution over sequences; parametric: the paper's two-parameter policy); exactly: by theory; †: the "
+    "framework's clamp on the KL estimate binds, so the end point depends on the path"
+)
+
+
+class Recommendation(NamedTuple):
+    """The setting recommended in a framework: its KL configuration, advantages, how to ask for them, and whether
+    it is klstudy's subclass because the framework's own trainer offers no unbiased KL (SUBCLASS)."""
+
+    config: str
+    normalisation: str
+    how: str
+    via_subclass: bool = False
 
 
 @dataclass
@@ -97,7 +123,8 @@ def release_presets(framework: str, version: str) -> list[str]:
             names.append(name)
     if not names:
         known = sorted({f"{p.framework} {p.version}" for p in PRESETS.values()})
-        raise ValueError(f"no preset of {framework} {version}: the presets read are {known}")
+        raise ValueError(f"no preset of {framework} {version} (its defaults were not read, even where its functions "
+                         f"are checked: docs/frameworks.md): the presets read are {known}; for your setting, --kl")
     return sorted(names, key=lambda n: not PRESETS[n].is_default)
 
 
@@ -162,16 +189,19 @@ def end_points(setting: Setting, section: dict, range_betas=RANGE_BETAS) -> dict
     return tables
 
 
-def _meaning(ratio: str) -> str:
-    """atlas.ratio_text's words spelled out for one line of output."""
+def _meaning(row) -> str:
+    """atlas.ratio_text's words for one end point (a row of atlas.end_points), spelled out for one line of output."""
     from klstudy.analysis import atlas  # torch: only when something is computed
 
+    ratio = atlas.ratio_text(row)
     clamped = ratio.endswith(atlas.CLAMP_MARK)
     ratio = ratio.removesuffix(atlas.CLAMP_MARK)
     if ratio.startswith("<"):
-        ratio = f"{ratio} (more KL than any optimum of J_β has)"
-    ratio = {"drifts": "none (no fixed point: it drifts to the reward's maximum)",
-             "unsettled": "unsettled (still moving when its flow stopped)"}.get(ratio, ratio)  # fmt: skip
+        ratio = (f"{ratio} (it ends with more KL than the exact optimum at β = {row.curve_beta_min:g}, the smallest β "
+                 "the toy computes the optimum at: β_eff is below that, by how much the toy cannot say)")  # fmt: skip
+    ratio = {"drifts": "none (no fixed point: training drifts toward the reward's maximum)",
+             "unsettled": "unsettled (the toy's training was still moving when it stopped: no end point to read)"
+             }.get(ratio, ratio)  # fmt: skip
     return ratio + (" (its clamp binds there: the end point depends on the path)" if clamped else "")
 
 
@@ -206,17 +236,21 @@ def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS, config
     section = toy_section["fixed_points"]
     bias = kl_gradient_bias(setting.config, toy_section)
     lines = [
-        f"setting: {setting.label or setting.config}: {setting.config}, advantages {setting.normalisation}, "
-        f"G = {setting.group}, β = {setting.beta:g}" + (f", clamp ±{setting.clamp:g}" if setting.clamp else ""),
+        f"setting: {setting.label or setting.config}: {setting.config}, advantages {setting.normalisation} "
+        f"({kl.ADVANTAGE_WORDS[setting.normalisation]}), G = {setting.group}, β = {setting.beta:g}"
+        + (f", clamp ±{setting.clamp:g}" if setting.clamp else ""),
+        WORDS,
         f"KL term: {describe(setting.config)}",
         "its gradient: "
         + ("unbiased" if unbiased(bias) else "biased")
-        + " for the sequence-level KL (exact bias in the toy, policy far from the reference ('apart'): "
+        + " for the sequence-level KL (its bias, exactly, in the toy with the policy far from the reference: "
         + ", ".join(f"{b:.2g} at T = {t}" for t, b in bias.items())
         + ")",
     ]
     tables = end_points(setting, section, range_betas)
     lines += [strength_line(family, table, setting.beta, section) for family, table in tables.items()]
+    if (setting.config, setting.normalisation) in EXACT:
+        lines.append(MEASURED_VS_EXACT)
     lines += recommended(setting, toy_section, tables, config)
     lines.append(limits(section))
     return "\n".join(lines)
@@ -224,8 +258,6 @@ def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS, config
 
 def strength_line(family: str, table, beta: float, section: dict) -> str:
     """β_eff/β of one family at ``beta`` and over the rest of the table's β."""
-    from klstudy.analysis import atlas  # torch: only when something is computed
-
     at = table[table.beta == beta].iloc[0]
     rest = table[table.beta != beta]
     resolved = rest[rest.resolution == "β_eff"]
@@ -242,7 +274,7 @@ def strength_line(family: str, table, beta: float, section: dict) -> str:
     if not len(rest):
         span = ""
     return (
-        f"β_eff/β, {family} family (T = {section['length']}): {_meaning(atlas.ratio_text(at))} at β = {beta:g} "
+        f"β_eff/β, {family} family, measured (T = {section['length']}): {_meaning(at)} at β = {beta:g} "
         + (f"(too many groups of G = {at.group} to enumerate)" if at.status == "not enumerated"
            else f"(task reward {at.reward:.3g}, KL {at.kl:.3g})") + (f"; {span}" if span else "")
     )
@@ -268,8 +300,8 @@ def suggestion(setting: Setting, toy_section: dict, own: str = "this setting") -
     return None
 
 
-def recommendation(setting: Setting, toy_section: dict, own: str = "this setting") -> tuple[str, str, str] | None:
-    """(configuration, advantages, how to ask for them) recommended in ``setting``'s framework, as the answer table
+def recommendation(setting: Setting, toy_section: dict, own: str = "this setting") -> Recommendation | None:
+    """The Recommendation (configuration, advantages, how to ask) in ``setting``'s framework, as the answer table
     (analysis/answer.py) gives it: the suggestion, with the group mean only where the framework has that switch and
     the KL is in the reward (EXACT); klstudy's subclass where the framework offers no unbiased KL (SUBCLASS); None
     where neither."""
@@ -277,12 +309,18 @@ def recommendation(setting: Setting, toy_section: dict, own: str = "this setting
     if found is None:
         if setting.framework not in SUBCLASS:
             return None
-        name, normalisation, words = SUBCLASS[setting.framework]
-        return name, normalisation, f"klstudy's KLTrainer (TRL 1.16.0, docs/tutorial-kltrainer.md): {words}"
+        return Recommendation(*SUBCLASS[setting.framework], via_subclass=True)
     name, switch = found
     if setting.framework in STD_OFF and name.endswith("-reward") and (name, setting.normalisation) not in EXACT:
-        return name, "grpo", f"{switch}, {STD_OFF[setting.framework]}"
-    return name, setting.normalisation, switch
+        return Recommendation(name, "grpo", f"{switch}, {STD_OFF[setting.framework]}")
+    return Recommendation(name, setting.normalisation, switch)
+
+
+def _how(found: Recommendation) -> str:
+    """How to ask for the recommended setting, in explain's output."""
+    if found.via_subclass:
+        return f"klstudy's KLTrainer (TRL 1.16.0, docs/tutorial-kltrainer.md): {found.how}"
+    return found.how
 
 
 def recommended(setting: Setting, toy_section: dict, tables: dict, config: str | None) -> list[str]:
@@ -290,12 +328,17 @@ def recommended(setting: Setting, toy_section: dict, tables: dict, config: str |
     the β to set where that is not the strength asked, and the same with the std off where the framework can."""
     if not setting.framework:
         return ["recommended setting: name the framework (--on, with --kl) to look among its options"]
-    found = recommendation(setting, toy_section)
+    return recommended_lines(setting, recommendation(setting, toy_section), toy_section, tables, config)
+
+
+def recommended_lines(setting: Setting, found: Recommendation | None, toy_section: dict, tables: dict,
+                      config: str | None) -> list[str]:  # fmt: skip
+    """``recommended``'s lines for ``found``, the recommendation already made."""
     if found is None:
         listed = ", ".join(c for c, _ in OFFERS.get(setting.framework, [])) or "its KL loss only"
         return [f"recommended setting: none whose KL gradient is unbiased among what {setting.framework} offers "
                 f"({listed})"]  # fmt: skip
-    name, normalisation, switch = found
+    name, normalisation, switch = found.config, found.normalisation, _how(found)
     candidate = Setting(name, normalisation, setting.group, setting.beta, clamp_of(setting.framework, name),
                         setting.framework, name)  # fmt: skip
     head = f"recommended (its KL gradient unbiased): {name} ({switch}), advantages {normalisation}, "
@@ -372,7 +415,7 @@ def resolve_release(framework: str, version: str, beta: float | None = None, tok
                           default.framework, f"your {release} setting ({' '.join(tokens)}){notes}")  # fmt: skip
         setting.check()
         return Release(names, setting, [])
-    head = []
+    head = [f"{release}: {default.modelled}"] if default.modelled else []
     if not default.default_beta:
         at = ("the β given" if beta else "its example script's β") if beta or own_beta(default) else None
         off = OFF_BY_SWITCH.get(default.framework, "its default β is 0")
@@ -400,7 +443,8 @@ def explain_release(release: Release, toy_section: dict, range_betas=RANGE_BETAS
     if release.setting:
         computed = [explain(release.setting, toy_section, range_betas, config)]
     else:
-        computed = recommended_when_off(release.names[0], toy_section, config)
+        lines = recommended_when_off(release.names[0], toy_section, config)
+        computed = [WORDS, *lines] if lines else []  # its β_eff said in words
     return "\n".join([*release.head, *computed, *others])
 
 
@@ -409,4 +453,6 @@ def recommended_when_off(name: str, toy_section: dict, config: str | None, beta:
     one at β_eff/β 1 exactly (EXACT; its command at ``beta``, as the head's)."""
     setting = Setting.of_preset(name, beta)
     found = recommendation(setting, toy_section)
-    return recommended(setting, toy_section, {}, config) if found is None or found[:2] in EXACT else []
+    if found is None or found[:2] in EXACT:
+        return recommended_lines(setting, found, toy_section, {}, config)
+    return []
