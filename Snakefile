@@ -57,7 +57,7 @@ onstart:
     if workflow.non_local_exec:
         from klstudy.run.preflight import run_before_submitting
 
-        if SQUEUE_FAILED:  # adopt.smk: the jobs left in the queue are unknown, and would run a second time
+        if SQUEUE_FAILED:  # common.smk: the jobs left in the queue are unknown, and would run a second time
             raise SystemExit(f"klstudy: {SQUEUE_FAILED}: not submitting, since a job of this directory still in the"
                              " queue would run a second time; run again once squeue answers")
 

@@ -1,11 +1,13 @@
-# Adoption (klstudy/run/adopt.py): a job that an earlier Snakemake of this directory left in the SLURM queue, running or
-# pending, of any cluster rule, is made here by a local rule that waits for it, never submitted a second time. Each
-# cluster rule X has its twin adopted_X, ordered first, with X's input, params and outputs, so that what Snakemake
-# records for the job is what it would record for X's, and nothing reruns afterwards. Its outputs are update():
-# Snakemake removes a job's existing outputs before it starts, and the adopted job may still be writing them. Once the
-# job has left the queue its outputs are Snakemake's as if X had run; a job that ended without them fails in this run,
-# and the next submits it again. Its log is its own (the job's would be deleted before it starts), it has no benchmark
-# (it would replace the job's), and it holds the job's training or evaluation slot.
+# Adoption (klstudy/run/adopt.py; its helpers in common.smk): a job that an earlier Snakemake of this directory left in
+# the SLURM queue, running or pending, of any cluster rule, is made here by a local rule that waits for it, never
+# submitted a second time. Each cluster rule X (not local: workflow._localrules holds the Snakefile's localrules and
+# every `localrule: True`) has its twin adopted_X, ordered first, built from X itself: X's input and params, so that
+# what Snakemake records for the job is what it would record for X's and nothing reruns afterwards, and X's outputs
+# as update(): Snakemake removes a job's existing outputs before it starts, and the adopted job may still be writing
+# them. Once the job has left the queue its outputs are Snakemake's as if X had run; a job that ended without them
+# fails in this run, and the next submits it again. Its log is its own (the job's would be deleted before it starts),
+# it has no benchmark (it would replace the job's), and it holds the job's training or evaluation slot. (train.smk
+# orders adopted_train_rl before refused_train_rl too.)
 
 for original in [rule for rule in workflow.rules if rule.name not in workflow._localrules]:  # the cluster rules
 
