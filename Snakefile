@@ -57,9 +57,9 @@ onstart:
     if workflow.non_local_exec:
         from klstudy.run.preflight import run_before_submitting
 
-        if SQUEUE_FAILED:  # common.smk: the jobs left in the queue are unknown, and would be trained a second time
-            raise SystemExit(f"klstudy: {SQUEUE_FAILED}: not submitting, since a training job of this directory still"
-                             " in the queue would be trained a second time; run again once squeue answers")
+        if SQUEUE_FAILED:  # common.smk: the jobs left in the queue are unknown, and would run a second time
+            raise SystemExit(f"klstudy: {SQUEUE_FAILED}: not submitting, since a job of this directory still in the"
+                             " queue would run a second time; run again once squeue answers")
 
         train_rl = workflow.get_rule("train_rl")
         train_rl.restart_times = max(CLUSTER_TRAIN_RETRIES, workflow.execution_settings.retries)
@@ -114,3 +114,7 @@ rule all:
         divergence_outputs(),
         figure_outputs(),
     default_target: True
+
+
+# Last, once every rule is defined: each cluster rule's twin that waits for its job left in the queue.
+include: "workflow/rules/adopt.smk"

@@ -1,7 +1,8 @@
-"""A Snakemake that finds training jobs of an earlier one in the queue adopts them (klstudy.run.adopt, train.smk).
+"""A Snakemake that finds jobs of an earlier one in the queue adopts them (klstudy.run.adopt, adopt.smk).
 
-Here against a scripted `squeue` on PATH: which jobs are this directory's, and a real Snakemake run in which the
-adopted cell waits for its job and keeps what that job wrote while the other cell is trained. The same under a real
+Here against a scripted `squeue` on PATH: which jobs are this directory's, a dry run that plans a training and an
+evaluation job left in the queue as waits, and a real Snakemake run in which the adopted cell waits for its job and
+keeps what that job wrote while the other cell is trained. The same under a real
 SLURM, across two drivers, is test_slurm.py's succession test.
 """
 
@@ -28,30 +29,25 @@ def queue_line(job, workdir, name=RUN, comment=SEED0):
     return f"{job}|{name}|{workdir}|{comment}"
 
 
-def test_only_snakemakes_training_jobs_from_this_directory_are_adopted_in_any_state(tmp_path):
+def test_only_snakemakes_jobs_from_this_directory_are_adopted_in_any_state(tmp_path):
     """squeue's %Z is the physical directory: a Snakemake started through a symbolic link finds its jobs there."""
     other = tmp_path / "other"
     other.mkdir()
     (tmp_path / "link").symlink_to(tmp_path)
+    evaluation = "rule_evaluate_cell_wildcards_onpolicy_tiny_k1-reward_0.1_0"
     lines = [
         queue_line("1", tmp_path),
         queue_line("2", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_1")),  # a requeued slice
         queue_line("3", other),  # another clone's
         queue_line("4", tmp_path, name="interactive"),  # a job submitted by hand
-        queue_line("5", tmp_path, comment="my own"),
         queue_line("6", tmp_path, name="klstudy-driver", comment=""),  # the driver
-        queue_line("7", tmp_path, comment="rule_evaluate_cell_wildcards_onpolicy_tiny_k1-reward_0.1_0"),
-        queue_line("8", tmp_path, comment=SEED0.replace("_0.1_0", "_0.1_9")),  # a cell not in the config
+        queue_line("7", tmp_path, comment=evaluation),
     ]
     asked = []
     squeue = lambda command, **_: asked.append(command) or SimpleNamespace(stdout="\n".join(lines) + "\n")  # noqa: E731
-    cells = [dict(study="onpolicy", model="tiny", kl="k1-reward", beta=0.1, seed=seed) for seed in (0, 1)]
-    adopted = adopt.left_training_jobs(tmp_path / "link", cells, run=squeue)
+    adopted = adopt.left_jobs(tmp_path / "link", run=squeue)
     assert "--all" in asked[0], "a hidden partition's jobs are listed too"
-    assert adopted == {
-        ("onpolicy", "tiny", "k1-reward", "0.1", "0"): "1",
-        ("onpolicy", "tiny", "k1-reward", "0.1", "1"): "2",
-    }
+    assert adopted == {SEED0: "1", SEED0.replace("_0.1_0", "_0.1_1"): "2", evaluation: "7"}
 
 
 def answers(squeue, sacct=(1, "")):
@@ -123,16 +119,24 @@ def with_queue(tmp_path: Path, state: str) -> dict:
 CELL = "results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~{}"
 
 
-def test_a_dry_run_plans_the_adopted_cell_as_a_wait_and_every_other_cell_as_training(tmp_path):
+def test_a_dry_run_plans_each_job_left_in_the_queue_as_a_wait_and_every_other_as_its_rule(tmp_path):
+    """Seed 0's training job and the base model's evaluation with its chat template are in the queue: each is made by
+    its rule's adopted twin; seed 1 is trained and the evaluation without the template is submitted."""
     config = two_cells(tmp_path)
     env = with_queue(tmp_path, "PENDING")  # a requeued slice: adopted as a running job is
+    with (tmp_path / "queue").open("a") as queue:
+        queue.write(queue_line("42", tmp_path, comment="rule_evaluate_base_wildcards_tiny_on") + "\n")
+    task = yaml.safe_load(config.read_text())["evaluation"]["tasks"][0]
+    evaluations = [f"results/evals/base/tiny/template~{template}/{task}.json" for template in ("on", "off")]
     command = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--cores", "2", "-n",
-               *(f"{CELL.format(seed)}/summary.json" for seed in (0, 1)), "--configfile", str(config)]  # fmt: skip
+               *(f"{CELL.format(seed)}/summary.json" for seed in (0, 1)), *evaluations,
+               "--configfile", str(config)]  # fmt: skip
     plan = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert plan.returncode == 0, plan.stderr[-3000:]
     out = plan.stdout + plan.stderr
-    assert "rule adopted_train_rl:" in out and "seed~0/summary.json" in out.split("rule adopted_train_rl:")[1][:600]
-    assert out.count("rule train_rl:") == 1 and "seed~1/summary.json" in out.split("rule train_rl:")[1][:600]
+    for rule, made in (("adopted_train_rl", "seed~0/summary.json"), ("train_rl", "seed~1/summary.json"),
+                       ("adopted_evaluate_base", "template~on/"), ("evaluate_base", "template~off/")):  # fmt: skip
+        assert out.count(f"rule {rule}:") == 1 and made in out.split(f"rule {rule}:")[1][:600], out[-3000:]
 
 
 @pytest.mark.workflow  # a Snakemake run that trains one cell (about 50 s)

@@ -7,7 +7,7 @@ limit once it has saved a checkpoint, resubmitted by the profile's `retries` wit
 resumes from its checkpoint to the metrics of an uninterrupted run. A training job asking for GPUs gets them on one
 node and starts a process per GPU; the preflight's SLURM rows pass and fail against the local cluster; and a driver
 run as a SLURM job (slurm/driver.sbatch) brought to its time limit leaves its jobs to its successor, which adopts
-them and submits a new cell at once. Needs root (the script
+them, training and evaluation, and submits a new cell at once. Needs root (the script
 installs slurm-wlm, slurmdbd, munge and MariaDB if missing); `make test-slurm` runs it (marker `slurm`).
 """
 
@@ -462,6 +462,14 @@ def squeue_state(env, job: str) -> str:
     ).stdout.strip()
 
 
+def queued(env, workdir: Path, comment: str) -> tuple[str, str]:
+    """(id, state) of ``workdir``'s job in the queue that the SLURM plugin commented ``comment``, else ("", "")."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%T|%k|%Z"], env=env, capture_output=True, text=True).stdout
+    rows = [line.split("|", 3) for line in out.splitlines()]
+    return next(((job, state) for job, state, note, directory in rows
+                 if note == comment and Path(directory).resolve() == workdir.resolve()), ("", ""))  # fmt: skip
+
+
 def slice_and_hold(env, workdir: Path, job: str, seed: int, deadline: float) -> None:
     """SLURM's warning to ``job`` (as in the slice test): it saves and requeues itself; held once pending, so that it
     is still a pending requeued job when the next driver starts."""
@@ -476,11 +484,12 @@ def slice_and_hold(env, workdir: Path, job: str, seed: int, deadline: float) -> 
 
 @pytest.mark.slow  # minutes: `make test-all`
 def test_a_drivers_successor_adopts_its_jobs_and_submits_new_cells_at_once(cluster, tmp_path):
-    """slurm/driver.sbatch runs Snakemake as a SLURM job, at most two of three cells training (cluster.training_slots).
-    While one trains (suspended, so that it outlasts what follows on any machine) and the other's job has requeued
-    itself for its next slice (held pending), the driver's time limit comes: it submits its successor and ends, leaving
-    both in the queue. With three slots now, the successor adopts both and submits the third cell while they are still
-    there. Each cell is trained by one job, the sliced one's under its first id, requeued; nothing is cancelled."""
+    """slurm/driver.sbatch runs Snakemake as a SLURM job, at most two of three cells training (cluster.training_slots),
+    and the base model's evaluation. While it evaluates and one cell trains (both suspended, so that they outlast what
+    follows on any machine) and the other's job has requeued itself for its next slice (held pending), the driver's
+    time limit comes: it submits its successor and ends, leaving all three in the queue. With three slots now, the
+    successor adopts them and submits the third cell while they are still there. Each cell is trained by one job, the
+    sliced one's under its first id, requeued, and the evaluation made by one job; nothing is cancelled."""
     config = small_grid(cells=3, steps=400)  # the test suspends and holds jobs: their length needs no margin
     for spec in config["resources"].values():
         spec["cpus"] = 1
@@ -490,8 +499,13 @@ def test_a_drivers_successor_adopts_its_jobs_and_submits_new_cells_at_once(clust
     cluster_yaml.write_text(yaml.safe_dump({"cluster": {"cpu_partition": "shared", "training_slots": 2}}))
     (tmp_path / "logs").mkdir()
     cells = [tmp_path / f"results/runs/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed}/summary.json" for seed in range(3)]
+    evaluated = tmp_path / f"results/evals/base/tiny/template~on/{config['evaluation']['tasks'][0]}.json"
     deadline = time.monotonic() + HARD_LIMIT
-    first = submit_driver(cluster, tmp_path, cells)
+    first = submit_driver(cluster, tmp_path, [*cells, evaluated])
+    evaluating = "rule_evaluate_base_wildcards_tiny_on"  # the plugin's comment: the rule and its wildcards
+    wait_for("the evaluation running", lambda: queued(cluster, tmp_path, evaluating)[1] == "RUNNING", deadline)
+    evaluation = queued(cluster, tmp_path, evaluating)[0]
+    subprocess.run(["scontrol", "suspend", evaluation], env=cluster, check=True)
     wait_for("two cells training", lambda: len(running_jobs(cluster, tmp_path, "train_rl")) == 2, deadline)
     jobs = rule_jobs(cluster, tmp_path, "train_rl")
     seed_of = dict(zip(jobs.job_id, jobs.wildcards.str.rsplit("_", n=1).str[-1].astype(int), strict=True))
@@ -509,8 +523,10 @@ def test_a_drivers_successor_adopts_its_jobs_and_submits_new_cells_at_once(clust
     successor = re.search(r"successor job (\d+) submitted", (tmp_path / "logs" / f"driver-{first}.log").read_text())
     assert successor, (tmp_path / "logs" / f"driver-{first}.log").read_text()[-3000:]
     wait_for("the third cell submitted", lambda: len(rule_jobs(cluster, tmp_path, "train_rl")) == 3, deadline)
-    assert (squeue_state(cluster, running), squeue_state(cluster, sliced)) == ("SUSPENDED", "PENDING")  # still there
+    still = (squeue_state(cluster, running), squeue_state(cluster, sliced), squeue_state(cluster, evaluation))
+    assert still == ("SUSPENDED", "PENDING", "SUSPENDED"), still
     subprocess.run(["scontrol", "resume", running], env=cluster, check=True)
+    subprocess.run(["scontrol", "resume", evaluation], env=cluster, check=True)
     subprocess.run(["scontrol", "release", sliced], env=cluster, check=True)
 
     wait_for("the successor's end", lambda: job_state(cluster, successor[1]) not in ("RUNNING", "PENDING", ""),
@@ -520,7 +536,11 @@ def test_a_drivers_successor_adopts_its_jobs_and_submits_new_cells_at_once(clust
     for job in (running, sliced):  # each waited for by the successor
         adopted = tmp_path / f"logs/train/onpolicy/tiny/k1-reward/beta~0.1/seed~{seed_of[job]}.adopted.log"
         assert f"adopted: job {job} left the queue" in adopted.read_text(), log[-3000:]
-    assert all(json.loads(cell.read_text())["status"] == "ok" for cell in cells)
+    assert all(json.loads(cell.read_text())["status"] == "ok" for cell in cells) and evaluated.exists()
+    evaluations = rule_jobs(cluster, tmp_path, "evaluate_base")
+    assert list(evaluations.job_id) == [evaluation] and set(evaluations.state) == {"COMPLETED"}, evaluations  # once
+    waited = (tmp_path / "logs/evaluate/base/tiny/template~on.adopted.log").read_text()
+    assert f"adopted: job {evaluation} left the queue" in waited, waited
     jobs = rule_jobs(cluster, tmp_path, "train_rl")
     assert len(jobs) == 3 and set(jobs.state) == {"COMPLETED"}, jobs  # one job per cell, none cancelled
     runs = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", sliced, "--format=State"], env=cluster,

@@ -7,6 +7,7 @@ import shlex
 import shutil
 import subprocess
 
+from snakemake.io import is_flagged
 from snakemake.settings.types import DeploymentMethod
 
 from klstudy.kl import NAME_PATTERN
@@ -28,7 +29,6 @@ from klstudy.config import (
 )
 from klstudy.figure_plan import CLAIMS_FIGURE, claims_figures, training_figures
 from klstudy.run import adopt, devices, failures
-from klstudy.run.adopt import CELL_WILDCARDS
 from klstudy.run.estimate import gpu_resources
 from klstudy.run.preflight import job_partition, runtime_cap
 
@@ -81,19 +81,19 @@ REQUEUE_SLICE = (
 )
 
 
-# ---- Adoption (adopt.py, train.smk's adopted_train_rl): the training jobs an earlier Snakemake of this directory left
-# in the queue, {cell's wildcard values: job id}, asked of squeue once by the main Snakemake. Without an answer, a run
-# that submits stops before its first job (the Snakefile's onstart: which executor runs is not known yet here), as it
-# would train those cells a second time; a dry run or one machine's run adopts nothing.
+# ---- Adoption (adopt.py, adopt.smk's rules): the jobs an earlier Snakemake of this directory left in the queue, {the
+# plugin's comment (adopt.comment): job id}, asked of squeue once by the main Snakemake. Without an answer, a run that
+# submits stops before its first job (the Snakefile's onstart: which executor runs is not known yet here), as it would
+# run those jobs a second time; a dry run or one machine's run adopts nothing.
 SQUEUE_FAILED = None
 
 
-def left_training_jobs():
+def left_jobs():
     global SQUEUE_FAILED
     if not (workflow.is_main_process and shutil.which("squeue")):
         return {}
     try:
-        return adopt.left_training_jobs(Path.cwd(), all_cells(config))
+        return adopt.left_jobs(Path.cwd())
     except (OSError, subprocess.CalledProcessError) as error:
         said = (getattr(error, "stderr", None) or str(error)).strip().splitlines() or [""]
         SQUEUE_FAILED = f"squeue did not answer ({said[-1]})"
@@ -102,36 +102,37 @@ def left_training_jobs():
         return {}
 
 
-ADOPTED = left_training_jobs()
+ADOPTED = left_jobs()
 
 
-def cell_key(wildcards) -> tuple:
-    """A cell's wildcard values in adopt.CELL_WILDCARDS's order: ADOPTED's keys."""
-    return tuple(wildcards[key] for key in CELL_WILDCARDS)
+def only_adopted(rule):
+    """adopted_<rule>'s input: none for a job of ``rule`` left in the queue, UNMADE for any other."""
+    return lambda wildcards: [] if adopt.comment(rule, wildcards) in ADOPTED else [UNMADE]
 
 
-def adopted_job(wildcards):
-    """The SLURM job an adopted cell waits for."""
-    return ADOPTED[cell_key(wildcards)]
+def adopted_job(rule):
+    """The SLURM job that adopted_<rule> waits for."""
+    return lambda wildcards: Unrecorded(ADOPTED[adopt.comment(rule, wildcards)])
 
 
-# adopted_train_rl's and refused_train_rl's input for a cell that is not theirs: a file that nothing makes, so that
-# Snakemake passes the rule over (a missing input) for the next that makes the cell's files, and at last train_rl.
-UNMADE = ".snakemake/klstudy: a file that nothing makes"
-
-
-def only_adopted(wildcards):
-    """adopted_train_rl's input: none for an adopted cell, UNMADE for any other."""
-    return [] if cell_key(wildcards) in ADOPTED else [UNMADE]
+def updated(file):
+    """An adopted rule's output: ``file``'s pattern, a directory where it is one, update(). A new string: flagging the
+    rule's own would make its outputs update() too."""
+    return update(directory(str(file)) if is_flagged(file, "directory") else str(file))
 
 
 # Waits while the job is in the queue (a requeued slice pends, then runs again under its id), polling squeue as the
 # SLURM plugin itself does; an squeue that fails is asked again (adopt.left_queue).
 ADOPTED_WAIT = (
-    '{{ echo "adopted: waiting for job {params.job} of {wildcards.study}/{wildcards.model}/{wildcards.kl}/'
-    'beta~{wildcards.beta}/seed~{wildcards.seed}"; python -m klstudy.run.adopt {params.job}; }} > {log} 2>&1'
+    '{{ echo "adopted: waiting for job {params.job} ({wildcards})"; python -m klstudy.run.adopt {params.job}; }}'
+    " > {log} 2>&1"
 )
 # ---- end of adoption
+
+
+# An adopted job's (adopt.smk) and refused_train_rl's input for a job that is not theirs: a file that nothing makes, so
+# that Snakemake passes the rule over (a missing input) for the next that makes the job's files, and at last the rule's.
+UNMADE = ".snakemake/klstudy: a file that nothing makes"
 
 
 # A retry within a run after a deterministic failure, or once the cell has had cluster.max_attempts jobs (failures.py),
@@ -192,6 +193,9 @@ class Unrecorded:
 
     def __str__(self):
         return self.text
+
+
+CELL_WILDCARDS = ("study", "model", "kl", "beta", "seed")  # RUN_PATH's
 
 
 def unrecorded_path(pattern: str):

@@ -44,38 +44,10 @@ rule train_rl:
         TRAIN_SHELL
 
 
-# A cell whose train_rl job an earlier Snakemake of this directory left in the queue, running or pending (common.smk,
-# ADOPTED): made here, on the submit host, by waiting for that job to leave the queue, while every other cell is
-# submitted. Then the job's outputs are the cell's: Snakemake checks them as for any job, and a cell whose job ended
-# without them fails in this run (the next run trains it on from its checkpoint). Its outputs are update(): Snakemake
-# removes a job's existing outputs before it starts, and the adopted job is still writing metrics.jsonl. Its input and
-# params are train_rl's, so that what Snakemake records for the cell is the same; its log is its own (the training's
-# would be deleted before it starts), and it has no benchmark (it would replace the training's).
-rule adopted_train_rl:
-    input:
-        **TRAIN_INPUT,
-        adopted=only_adopted,
-    output:
-        **{name: update(path) for name, path in TRAIN_OUTPUT.items()},
-    params:
-        training=training_param,
-        job=lambda wildcards: Unrecorded(adopted_job(wildcards)),
-    log:
-        f"logs/train/{RUN_PATH}.adopted.log",
-    localrule: True
-    retries: 0
-    resources:
-        training_slots=1,  # it stands for the adopted job, which holds one
-    conda:
-        "../../envs/klstudy.yaml"
-    shell:
-        ADOPTED_WAIT
-
-
 # A cell refused before its first job (common.smk's _refused: it has had cluster.max_attempts jobs, or its last attempt
 # on the cluster failed deterministically): made here, on the submit host, by failing with that reason, so that no job
-# is submitted. Its input, params and update() outputs are adopted_train_rl's, for the same reasons: a finished cell
-# does not rerun for it, and its failure removes nothing the cell's jobs wrote.
+# is submitted. Its input, params and update() outputs are train_rl's, as an adopted job's are (adopt.smk), for the same
+# reasons: a finished cell does not rerun for it, and its failure removes nothing the cell's jobs wrote.
 rule refused_train_rl:
     input:
         **TRAIN_INPUT,

@@ -1,14 +1,11 @@
-"""Training jobs that an earlier Snakemake of this directory left in the SLURM queue, for this one to adopt.
+"""Jobs that an earlier Snakemake of this directory left in the SLURM queue, for this one to adopt.
 
 A driver at its time limit (slurm/driver.sbatch), or one killed, leaves its jobs in the queue, running or pending (a
-slice that requeued itself, a preempted job). Its successor must neither run those cells a second time nor cancel
-them, nor wait for them before it submits anything else. So ``left_training_jobs`` asks squeue for them when the
-Snakefile is read, and each such cell is made by the local rule ``adopted_train_rl`` (workflow/rules/train.smk), which
-waits for that job to leave the queue (``python -m klstudy.run.adopt JOB``); every other cell is submitted at once.
-A failed squeue is never read as an empty queue: a cluster run stops (the Snakefile), a wait asks again (left_queue).
-
-A job is this directory's Snakemake's when squeue's working directory (%Z) is this one, compared as real paths, and
-the SLURM plugin named it by its run's UUID and commented it ``rule_<rule>_wildcards_<values joined by _>``."""
+slice that requeued itself, a preempted job). Its successor must neither run them a second time nor cancel them, nor
+wait for them before it submits anything else. So ``left_jobs`` asks squeue for them when the Snakefile is read, and
+each is made by its rule's local twin (workflow/rules/adopt.smk), which waits for it to leave the queue (``python -m
+klstudy.run.adopt JOB``); every other job is submitted at once. A failed squeue is never read as an empty queue: a
+cluster run stops (the Snakefile), a wait asks again (left_queue)."""
 
 from __future__ import annotations
 
@@ -20,23 +17,26 @@ import time
 from pathlib import Path
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-CELL_WILDCARDS = ("study", "model", "kl", "beta", "seed")  # in the order of RUN_DIR, as the plugin joins them
 # A job's states once it has ended (squeue shows them for MinJobAge). Not PREEMPTED: with --requeue it pends again.
 FINAL = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 
 
-def left_training_jobs(workdir: Path, cells: list[dict], run=subprocess.run) -> dict[tuple, str]:
-    """{a cell's wildcard values (CELL_WILDCARDS, as strings): the id of its train_rl job that a Snakemake of this user
-    submitted from ``workdir`` and is still in the queue}, in any state and partition (--all: a hidden one's too)."""
-    wildcards = [tuple(str(cell[key]) for key in CELL_WILDCARDS) for cell in cells]
-    by_comment = {"rule_train_rl_wildcards_" + "_".join(values): values for values in wildcards}  # the plugin's
+def comment(rule: str, wildcards) -> str:
+    """The SLURM plugin's comment of a job of ``rule`` with these wildcard values, in its order (get_job_wildcards)."""
+    values = "_".join(wildcards).replace("/", "_")
+    return f"rule_{rule}_wildcards_{values}" if values else f"rule_{rule}"
+
+
+def left_jobs(workdir: Path, run=subprocess.run) -> dict[str, str]:
+    """{comment: id} of every job still in the queue, in any state and partition (--all: a hidden one's too), that a
+    Snakemake of this user submitted from ``workdir`` (squeue's %Z, as real paths) and named by its run's UUID."""
     shown = run(["squeue", "--noheader", "--me", "--all", "--format=%i|%j|%Z|%k"], capture_output=True, text=True,
                 check=True).stdout  # fmt: skip
     here, found = os.path.realpath(workdir), {}
     for line in shown.splitlines():
-        job, name, directory, comment = (line.split("|", 3) + [""] * 4)[:4]
-        if os.path.realpath(directory) == here and UUID.search(name) and comment in by_comment:
-            found[by_comment[comment]] = job
+        job, name, directory, note = (line.split("|", 3) + [""] * 4)[:4]
+        if os.path.realpath(directory) == here and UUID.search(name):
+            found[note] = job
     return found
 
 
@@ -57,7 +57,7 @@ def left_queue(job: str, run=subprocess.run) -> bool:
     return False
 
 
-if __name__ == "__main__":  # adopted_train_rl's shell: python -m klstudy.run.adopt JOB
+if __name__ == "__main__":  # an adopted rule's shell: python -m klstudy.run.adopt JOB
     job, poll = sys.argv[1], float(os.environ.get("KLSTUDY_ADOPT_POLL", 60))
     while not left_queue(job):
         time.sleep(poll)
