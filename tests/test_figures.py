@@ -101,7 +101,7 @@ def toy_figures_drawn() -> list[tuple[str, object, str]]:
                                          flow) for name in fp.FAMILIES], ignore_index=True)  # fmt: skip
     return [("fig01_toy_bias_variance", *toy_figures.draw_fig01(*toy_results())),
             ("toy_fixed_points", *toy_figures.draw_toy_fixed_points(*toy_end_points())),
-            ("atlas", *atlas_figures.figure(points, ATLAS, beta_min=1e-3)),
+            ("atlas", *atlas_figures.figure(points, ATLAS)),
             ("atlas_length", *atlas_figures.length_figure(atlas.length_sweep(ATLAS, flow), ATLAS))]
 
 
