@@ -40,14 +40,34 @@ def _dashes(style) -> tuple:
     return (float(offset), tuple(float(x) for x in pattern) if pattern else None)
 
 
+def expected_style(gid: str) -> dict | None:
+    """What the style table says an artist tagged ``gid`` looks like (None: not tagged)."""
+    match = encoding.GID.match(gid or "")
+    if not match:
+        return None
+    kl_config, part = match["kl"], match["part"] or "line"
+    beta = float(match["beta"]) if match["beta"] else None
+    beta = 0 if kl_config == encoding.NO_KL and part != "key" else beta
+    expected = {"color": mcolors.to_hex(encoding.config_colour(kl_config)), "part": part}
+    if part in ("line", "marker"):
+        marker = encoding.marker_of(kl_config)
+        expected.update(marker=marker["marker"], fillstyle=marker["fillstyle"],
+                        hollow=marker.get("markerfacecolor") == "white")  # fmt: skip
+    if part in ("line", "key"):
+        expected["linestyle"] = encoding.beta_linestyle(beta)
+    if part.startswith("bar"):
+        expected["hatch"] = encoding.NO_TEMPLATE_HATCH if part == "bar_no_template" else encoding.beta_hatch(beta)
+    return expected
+
+
 def tagged(fig) -> list:
     """Every artist of the figure (legends' included) that carries a style gid."""
     found = []
     for artist in fig.findobj(lambda a: bool(getattr(a, "get_gid", lambda: None)())):
-        if encoding.expected_style(artist.get_gid()):
+        if expected_style(artist.get_gid()):
             found.append(artist)
     for legend in fig.legends:
-        found += [h for h in legend.legend_handles if h is not None and encoding.expected_style(h.get_gid() or "")]
+        found += [h for h in legend.legend_handles if h is not None and expected_style(h.get_gid() or "")]
     return list(dict.fromkeys(found))
 
 
@@ -55,7 +75,7 @@ def style_problems(fig) -> list[str]:
     """Each tagged artist against the style table: colour, marker shape and fill, line style, hatch."""
     found = []
     for artist in tagged(fig):
-        expected = encoding.expected_style(artist.get_gid())
+        expected = expected_style(artist.get_gid())
         name = f"{artist.get_gid()} ({type(artist).__name__})"
         part = expected["part"]
         if isinstance(artist, Line2D):

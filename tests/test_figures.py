@@ -94,15 +94,32 @@ ATLAS = {"configs": ["k3-loss"], "normalisations": ["rloo", "group_std"], "group
                     "max_length": {"tabular": 2, "parametric": 3}}}  # fmt: skip
 
 
+FLOW = {"step": 0.25, "steps": 200, "newton_every": 25}
+
+
 def toy_figures_drawn() -> list[tuple[str, object, str]]:
-    """Figure 1, the fixed points and the atlas's two figures, from small tables."""
-    flow, one = {"step": 0.25, "steps": 200, "newton_every": 25}, {"kind": "ones_at_least", "threshold": 1}
+    """Figure 1, the fixed points and the atlas's three figures, from small tables."""
+    flow, one = FLOW, {"kind": "ones_at_least", "threshold": 1}
     points = pd.concat([atlas.end_points(fp.Family(name, 2, -0.5, 0.1), one, atlas.grid_settings(ATLAS), [0.3, 1.0],
                                          flow) for name in fp.FAMILIES], ignore_index=True)  # fmt: skip
     return [("fig01_toy_bias_variance", *toy_figures.draw_fig01(*toy_results())),
             ("toy_fixed_points", *toy_figures.draw_toy_fixed_points(*toy_end_points())),
-            ("atlas", *atlas_figures.figure(points, ATLAS, beta_min=1e-3)),
+            ("atlas", *atlas_figures.figure(points, ATLAS)), ("atlas_grid", *atlas_figures.grid_figure(points, ATLAS)),
             ("atlas_length", *atlas_figures.length_figure(atlas.length_sweep(ATLAS, flow), ATLAS))]
+
+
+def test_the_length_figure_says_where_two_beta_lines_of_a_setting_coincide():
+    """β_eff/β equal at every T for two β (K1 in reward with RLOO: 1 at each) draws one line over the other: the
+    legend names those β, found from the values; a β whose line differs is not named."""
+    swept = atlas.length_sweep(ATLAS, FLOW)
+    assert np.isfinite(swept.beta_eff_ratio).any()
+    length = pd.concat([swept, swept.assign(beta=0.3), swept.assign(beta=3.0, beta_eff_ratio=swept.beta_eff_ratio * 2)])
+    fig, _ = atlas_figures.length_figure(length, dict(ATLAS, length=dict(ATLAS["length"], betas=[0.3, 1.0, 3.0])))
+    legend = " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    assert set(re.findall(r"β = ([\d.]+(?: and [\d.]+)*) coincide", legend)) == {"0.3 and 1"}
+    fig, _ = atlas_figures.length_figure(swept, ATLAS)
+    assert "coincide" not in " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    plt.close("all")
 
 
 @pytest.fixture(scope="module")

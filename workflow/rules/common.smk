@@ -166,6 +166,7 @@ def toy_outputs():
         "figures/toy_fixed_points.png",
         "figures/toy_claims.csv",
         "figures/atlas.png",
+        "figures/atlas_grid.png",
         "figures/atlas_length.png",
         "figures/atlas.csv",
     ]

@@ -98,6 +98,12 @@ def heldout_table(config: dict, results: Path) -> pd.DataFrame:
     return table
 
 
+def question_scores(rows: pd.DataFrame) -> list:
+    """Each row's per_prompt decoded (heldout_table keeps it as JSON); None where the run logged none."""
+    column = rows["per_prompt"] if "per_prompt" in rows else [None] * len(rows)
+    return [json.loads(v) if isinstance(v, str) else v if isinstance(v, list) else None for v in column]
+
+
 EVALUATION_RESULTS = ["mean_at_k", "stderr", "unread", "k", "cell_status"]  # unread: answers no rule could read
 EVALUATION_COLUMNS = CELL_COLUMNS + ["chat_template", "task", *EVALUATION_RESULTS]
 

@@ -34,7 +34,7 @@ from klstudy.claims_rule import (
     paired_test,
 )
 from klstudy.config import baseline_beta_of, claim_models, selected_betas
-from klstudy.report.aggregate import window_mean
+from klstudy.report.aggregate import question_scores, window_mean
 
 METRICS = {
     "final_kl": "KL(π_θ‖π_ref) at the end of training (K3 estimate, mean of the last final_steps steps)",
@@ -116,10 +116,9 @@ def training_series(metric: str, rows: pd.DataFrame) -> dict:
     series = {}
     for seed, run in rows.groupby("seed"):
         run = run.sort_values("step").set_index("step")
-        per_question = run.per_prompt if "per_prompt" in run else pd.Series(None, index=run.index)
         series[int(seed)] = pd.DataFrame(
             {"value": run.pass_at_1.astype(float), "se": run.stderr.astype(float),
-             "per_question": [json.loads(v) if isinstance(v, str) else None for v in per_question]},
+             "per_question": question_scores(run)},
             index=run.index,
         )  # fmt: skip
     return series

@@ -99,8 +99,8 @@ def _toy_monte_carlo(args):
        png=req("the figure (a PDF is written beside it)"))  # fmt: skip
 def _toy_fixed_points_report(args):
     from klstudy.analysis import effective_beta, monte_carlo
-    from klstudy.report.figures.encoding import config_words
-    from klstudy.report.figures.toy import toy_fixed_points_figure
+    from klstudy.report.figures.encoding import config_words, save
+    from klstudy.report.figures.toy import draw_toy_fixed_points
 
     config = args.settings
     section = config["toy"]["fixed_points"]
@@ -109,7 +109,8 @@ def _toy_fixed_points_report(args):
     agreed = monte_carlo.agreement(end_points, points)
     claims = monte_carlo.toy_claims(end_points, points, section["claims"], config["claims_rule"], section["tolerance"])
     out = Path(args.png)
-    text = toy_fixed_points_figure(points, _read_csvs(args.frontiers), agreed, section, out)
+    fig, text = draw_toy_fixed_points(points, _read_csvs(args.frontiers), agreed, section)
+    save(out, fig)
     monte_carlo.write_tables(points, agreed, claims, out.parent, name=config_words)
     _caption_before_table(out, text)
     print(claims.to_string(index=False))
@@ -139,7 +140,7 @@ def _toy_atlas(args):
 def _toy_atlas_report(args):
     import pandas as pd
 
-    from klstudy.analysis import atlas, effective_beta, fixed_points
+    from klstudy.analysis import atlas, fixed_points
     from klstudy.report.figures import atlas as atlas_figures
 
     _threads(args.threads)
@@ -155,7 +156,7 @@ def _toy_atlas_report(args):
     )
     judged = atlas.claims(runs, points, section, config["claims_rule"], fixed["tolerance"])
     out = Path(args.png)
-    text = atlas_figures.draw(points, length, out, section, beta_min=effective_beta.EFFECTIVE_BETA_RANGE[0])
+    text = atlas_figures.draw(points, length, out, section)
     atlas.write_tables(points, length, runs, judged, section, out.parent)
     _caption_before_table(out, text)
     print(judged.to_string(index=False))
@@ -177,6 +178,7 @@ def _caption_before_table(png: Path, caption: str) -> None:
 def _fig01(args):
     import pandas as pd
 
-    from klstudy.report.figures.toy import fig01_toy_bias_variance
+    from klstudy.report.figures.encoding import save
+    from klstudy.report.figures.toy import draw_fig01
 
-    fig01_toy_bias_variance(_read_csvs(args.inputs), pd.read_csv(args.tests), Path(args.out), args.settings)
+    save(Path(args.out), *draw_fig01(_read_csvs(args.inputs), pd.read_csv(args.tests), args.settings))

@@ -6,7 +6,7 @@
     training   each study's training dynamics: reward, KL and gradient norm over steps
     forest     the claims forests: every claim's effect ± critical·se, coloured by its verdict
     toy        the toy model's: Figure 1, and where each configuration's training ends against the optimum
-    atlas      the atlas's: how strongly each framework's KL setup regularises, and its length sweep
+    atlas      the atlas's: how strongly each preset and configuration regularises (presets; grid), its length sweep
     redraw     every figure of a shipped folder from its tables/ (`klstudy redraw`), its README.md
 """
 

@@ -20,7 +20,7 @@ from klstudy.report.figures.toy import coinciding
 AXIS_NAMES = {"rloo": "RLOO", "grpo": "− mean", "group_std": "÷ group std", "batch_std": "÷ batch std",
               "loo_std": "LOO ÷ std", "none": "none", "group_whiten": "− mean, whitened",
               "whiten": "whitened"}  # fmt: skip
-LENGTH_FIGURE = "atlas_length"  # the length sweep's figure, beside the atlas's (its PNG and caption, .md)
+GRID_FIGURE, LENGTH_FIGURE = "atlas_grid", "atlas_length"  # beside the atlas's presets (each PNG and caption, .md)
 BOUND_MARKERS = {"x": r"$\leftarrow$", "y": r"$\downarrow$"}  # no β_eff: below this bound
 # The length caption's two values of a line: β_eff/β where its first and last values are, not at T = 1 and the last T.
 ENDS_OF_A_LINE = ("at the first T with a value", "at the last T with a value")
@@ -86,8 +86,8 @@ def _stops(ax, places, rows: pd.DataFrame, config: str, taken: dict, axis: str =
 
 def _mark_handles() -> list:
     """The legend's entries for what a setup without a β_eff draws (BOUND_MARKERS, _stops)."""
-    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for m, w in ((BOUND_MARKERS["y"],
-            "no β_eff: below the bound"), (">", "drifts"), ("P", "still moving"), ("x", "no β_eff found, no bound"))]
+    marks = {"no β_eff: below the bound": BOUND_MARKERS["y"], **encoding.UNSETTLED_MARKERS, "no β_eff, no bound": "x"}
+    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for w, m in marks.items()]
 
 
 def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
@@ -96,7 +96,7 @@ def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
         line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float) if np.isfinite(v) and v > 0]  # fmt: skip
     high, lowest = max(values) * 1.6, min(values)
     low = min(lowest / 1.6, lowest / (high / lowest) ** (room / (1 - room)))
-    subs = (1, 2, 5)[:: 1 + (axis == "x")] if high / low < 1000 and not room else (1,)  # the grid's: decades
+    subs = (1, 2, 5)[:: 1 + (axis == "x")] if high / low < (100 if room else 1000) else (1,)  # else decades
     for ax in axes:
         getattr(ax, f"set_{axis}scale")("log")
         getattr(ax, f"set_{axis}lim")(low, high)
@@ -115,34 +115,51 @@ def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
             ax.axhspan(low, edge, color="0.9", zorder=0, linewidth=0)
 
 
-def figure(points: pd.DataFrame, section: dict | None = None, *, beta_min: float):
-    """Per policy family, a column per β: the presets (a row per group that ends alike at every β), then the grid
-    (normalisation × G on x, a line per KL configuration). Returns (figure, caption)."""
-    presets, betas = presets_of(section or {}), (section or {}).get("betas") or sorted(points.beta.unique())
-    families = list(dict.fromkeys((points := points[points.beta.isin(betas)]).family))
-    fig = plt.figure(figsize=(encoding.FULL_WIDTH, 9.0), layout="constrained")
-    rows = [1.7] + [1] * -(-len(betas) // 2)  # a family's presets, then its grid two β a row (two columns wide)
-    spec = fig.add_gridspec(len(rows) * len(families), 2 * len(betas), height_ratios=rows * len(families))
+def _selected(points: pd.DataFrame, section: dict | None):
+    """The points at the section's β (default: every β), which of them are presets', the β and the families."""
+    betas = (section or {}).get("betas") or sorted(points.beta.unique())
+    points = points[points.beta.isin(betas)]
+    preset = points.get("preset", pd.Series(np.nan, index=points.index)).fillna("").astype(str) != ""
+    return points, preset, betas, list(dict.fromkeys(points.family))
+
+
+def figure(points: pd.DataFrame, section: dict | None = None):
+    """Per policy family, a panel per β of the frameworks' presets, a row per group that ends alike at every β (the
+    grid of KL configurations: grid_figure). Returns (figure, caption)."""
+    presets, (points, preset, betas, families) = presets_of(section or {}), _selected(points, section)
+    fig, axes = plt.subplots(len(families), len(betas), figsize=(encoding.FULL_WIDTH, 6.8), squeeze=False,
+                             sharey="row", layout="constrained")  # fmt: skip
     caption, quoted = Caption(), []
-    for f, family in enumerate(families):
-        mine, top, n = points[points.family == family], f * len(rows), len(betas)
-        preset = mine.get("preset", pd.Series(np.nan, index=mine.index)).fillna("").astype(str) != ""
-        _presets_row(axes := _panels(fig, [spec[top, 2 * i : 2 * i + 2] for i in range(n)]), mine[preset], presets,
-                     betas, family, caption, quoted)  # fmt: skip
-        _log_axis(axes, "x")
-        grid = _panels(fig, [spec[top + 1 + i // 2, n * (i % 2) : n * (i % 2 + 1)] for i in range(n)])
-        room = [_grid_row(grid[i : i + 2], mine[~preset], betas[i : i + 2], family * (i == 0)) for i in range(0, n, 2)]
-        _log_axis(grid, "y", max(room))
+    for row, family in zip(axes, families, strict=True):
+        _presets_row(row, points[preset & (points.family == family)], presets, betas, family, caption, quoted)
+    _log_axis(list(axes.ravel()), "x")
     encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), 3)
-    fig.suptitle("How strongly each setup regularises: β_eff/β (toy model, exact)")
+    fig.suptitle("How strongly each framework's preset regularises: β_eff/β (toy model, exact)")
     caption.add(
-        "**How strongly each setup practitioners run regularises (toy model of §3.3, exact).** β_eff is the β whose "
-        "optimum of J_β has the setup's KL to the reference; below the dashed 1 a setup regularises more weakly than "
-        f"asked. Per policy family, at T = {caption.number(int(points['T'].iloc[0]))} tokens: the frameworks' "
-        "presets as their code ships them (a row per group that ends alike), then each KL configuration over the "
-        "advantage normalisations and G (RLOO's update does not depend on G), a panel per β. An arrow: no β_eff, "
-        "β_eff/β below where it is drawn; on a panel's edge, why a setup has none (▶ ✚ ×; the table below).",
+        "**How strongly each framework's KL setup regularises, as its code ships it (toy model of §3.3, exact).** "
+        f"β_eff/β per policy family at T = {caption.number(int(points['T'].iloc[0]))} tokens, a row per group of "
+        "presets that end alike, a panel per β; below the dashed 1 a setup regularises more weakly than asked.",
         table(["family, preset", "β_eff/β at the largest β"], quoted) if quoted else "")  # fmt: skip
+    return fig, finish(fig, caption)
+
+
+def grid_figure(points: pd.DataFrame, section: dict | None = None):
+    """Per policy family, a panel per β (two a row): each KL configuration over the advantage normalisations and G.
+    Returns (figure, caption)."""
+    points, preset, betas, families = _selected(points, section)
+    pairs, n = -(-len(betas) // 2), len(betas)
+    fig = plt.figure(figsize=(encoding.FULL_WIDTH, encoding.MAX_HEIGHT), layout="constrained")
+    spec = fig.add_gridspec(pairs * len(families), min(n, 2))
+    for f, i in [(f, i) for f in range(len(families)) for i in range(0, n, 2)]:  # a row's β on one scale of its own
+        row = _panels(fig, [spec[f * pairs + i // 2, k] for k in range(len(betas[i : i + 2]))])
+        grid = points[~preset & (points.family == families[f])]
+        _log_axis(row, "y", _grid_row(row, grid, families[f], betas[i : i + 2]))
+    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), 3)
+    fig.suptitle("How strongly each KL configuration regularises: β_eff/β over normalisation and G (toy model, exact)")
+    (caption := Caption()).add(
+        "**How strongly each KL configuration regularises over the advantage normalisations and group sizes G (toy "
+        "model of §3.3, exact).** β_eff/β per policy family and β, a line per configuration, broken between "
+        "normalisations (RLOO's update does not depend on G); below the dashed 1 weaker than asked.")
     return fig, finish(fig, caption)
 
 
@@ -173,9 +190,13 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
         ax.set(title=f"β = {beta:g}", ylim=(len(groups) - 0.5, -0.5), xlabel="β_eff / β")
         ax.grid(alpha=0.3)
     axes[0].set_yticks(range(len(groups)), names, fontsize=7)
-    axes[0].set_ylabel(f"{family} presets")
-    for tick, group in zip(axes[0].get_yticklabels(), groups, strict=True):
-        tick.set_color(config_colour(rows[rows.setting == group[0]].config.iloc[0]))
+    axes[0].set(ylabel=f"{family} policy: presets")
+    axes[0].tick_params(axis="y", pad=13, length=0)  # black names (legible printed), each after its configuration's
+    beside = axes[0].get_yaxis_transform() + ScaledTranslation(-8 / 72, 0, axes[0].figure.dpi_scale_trans)  # marker
+    for y, group in enumerate(groups):
+        config = rows[rows.setting == group[0]].config.iloc[0]
+        tag(axes[0].plot(0, y, transform=beside, ls="", ms=5, clip_on=False, label="_swatch", color=config_colour(
+            config), **marker_of(config))[0], config, None, "marker")  # fmt: skip
 
 
 def _places(rows: pd.DataFrame) -> dict:
@@ -189,7 +210,7 @@ def _places(rows: pd.DataFrame) -> dict:
     return places
 
 
-def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> float:
+def _grid_row(axes, rows: pd.DataFrame, family: str, betas: list) -> float:
     """A panel per β: x each normalisation (named on top) and G, a line per configuration broken between them, each
     at its own offset within every cell (none hidden). Returns the fraction of a panel its bottom edge's marks take."""
     rows = rows.assign(bound=_bounds(rows)).sort_values(["normalisation", "group"], kind="stable")
@@ -206,9 +227,8 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> float:
             line = pd.Series(at.beta_eff_ratio.to_numpy(), index=xs).groupby(level=0).first().reindex(
                 sorted({*places.values(), *breaks}))  # fmt: skip
             shift = encoding.dodge(configs.index(config), len(configs), 0.95)  # one place in every cell
-            tag(ax.plot(line.index + shift, line, ms=3, lw=0.7, path_effects=[patheffects.withStroke(
+            tag(ax.plot(line.index + shift, line, ms=3.5, lw=0.7, path_effects=[patheffects.withStroke(
                 linewidth=1.5, foreground="white")], **style_of(config))[0], config, None, "marker")  # fmt: skip
-            ax.plot(line.index + shift, line, ls="", ms=3, zorder=2.5, color=config_colour(config), **marker_of(config))
             for x, bound in zip(xs, at.bound, strict=True):
                 _draw_point(ax, x + shift, np.nan, bound, config, "y", taken[ax])
             _stops(ax, np.array(xs) + shift, at, config, taken[ax])
@@ -218,9 +238,9 @@ def _grid_row(axes, rows: pd.DataFrame, betas: list, family: str) -> float:
         (top := ax.secondary_xaxis("top")).tick_params(length=0)
         top.set_xticks([np.mean([x for (n, _), x in places.items() if n == name]) for name in names],
                        [AXIS_NAMES.get(n, n) for n in names], fontsize=7)  # fmt: skip
-        ax.set(title=f"β = {beta:g}", xlabel="G")
+        ax.set(title=f"{family} policy, β = {beta:g}", xlabel="G")
         ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel(f"{family} grid:\nβ_eff / β" if family else "β_eff / β")  # the family's once
+    axes[0].set_ylabel("β_eff / β")
     return 0.05 * (2 + max([n for t in taken.values() for (_, kind), n in t.items() if kind == "stop"] + [0]))
 
 
@@ -232,10 +252,15 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     panels = list(dict.fromkeys(zip(rows.family, rows.normalisation, strict=True)))
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(encoding.FULL_WIDTH, 3.6), squeeze=False, sharey=True,
                              layout="constrained")  # fmt: skip
-    caption, quoted, names = Caption(), [], {}
+    caption, quoted, names, alike, shown = Caption(), [], {}, {}, {}  # alike: {configuration: {"0.3 and 1": axes}}
     for ax, (family, normalisation) in zip(axes[0], panels, strict=False):
         taken = {}
         mine = rows[(rows.family == family) & (rows.normalisation == normalisation)].assign(bound=lambda r: _bounds(r))
+        for _, at in mine.groupby("setting", sort=False):  # a setting's β whose lines coincide (drawn as one)
+            betas = {b: g.sort_values("T").beta_eff_ratio.to_numpy(dtype=float) for b, g in at.groupby("beta")}
+            shown.setdefault(config := at.config.iloc[0], {})[ax] = None
+            for same in [g for g in coinciding(betas) if len(g) > 1 and np.isfinite(betas[g[0]]).any()]:
+                alike.setdefault(config, {}).setdefault(" and ".join(f"{b:g}" for b in same), {})[ax] = None
         for k, ((_, beta), group) in enumerate(lines := list(mine.groupby(["setting", "beta"], sort=False))):
             group = group.sort_values("T").assign(T=lambda g, k=k: g["T"] + encoding.dodge(k, len(lines), 0.4))
             first = group.iloc[0]
@@ -256,25 +281,26 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("β_eff / β")
     _log_axis(list(axes[0]), "y")
-    handles = [plt.Line2D([], [], color=config_colour(c), label="; ".join(n), **marker_of(c))
+    where = lambda c, on: "" if on.keys() == shown[c].keys() else ": " + "; ".join(ax.get_title() for ax in on)
+    said = {c: "".join(f"\n(β = {b} coincide{where(c, on)})" for b, on in alike.get(c, {}).items()) for c in names}
+    handles = [plt.Line2D([], [], color=config_colour(c), label="; ".join(n) + said[c], **marker_of(c))
                for c, n in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
-    fig.legend(handles=handles + _mark_handles(), loc="outside lower center", ncols=4)
+    encoding.legend_below(fig, handles + _mark_handles(), 4)
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
     caption.add("**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
         f"ceil({fraction} × T) ones in T tokens; below the dashed 1 a setup regularises more weakly than asked. A "
         "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration) and "
-        "β (line style). Where a line has no value: an arrow where β_eff/β lies below a bound under 1, drawn at the "
-        "bound; else a mark on the bottom edge says why: ▶ drifts, ✚ still moving, × stable, but no β_eff found and no "
-        "bound under 1 (the length table has each row).",
+        "β (line style); where two β of a setting coincide, the legend says so.",
         table(["panel", "setting", "β", *ENDS_OF_A_LINE], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
 
-def draw(points: pd.DataFrame, length: pd.DataFrame, png, section: dict | None = None, *, beta_min: float) -> str:
-    """figure() to ``png`` and length_figure() beside it, with PDFs (and its caption); returns the atlas's caption."""
-    fig, text = figure(points, section, beta_min=beta_min)
-    save(fig, png)
-    length_fig, length_text = length_figure(length, section)
-    save(length_fig, Path(png).with_name(f"{LENGTH_FIGURE}.png"), length_text)
+def draw(points: pd.DataFrame, length: pd.DataFrame, png, section: dict | None = None) -> str:
+    """figure() to ``png``, grid_figure() and length_figure() beside it, with PDFs (and their captions); returns the
+    atlas's caption (its Markdown has its table)."""
+    save(Path(png).with_name(f"{GRID_FIGURE}.png"), *grid_figure(points, section))
+    save(Path(png).with_name(f"{LENGTH_FIGURE}.png"), *length_figure(length, section))
+    fig, text = figure(points, section)
+    save(png, fig)
     return text

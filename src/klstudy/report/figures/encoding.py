@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import matplotlib as mpl
-import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import pandas as pd
 
@@ -100,26 +99,6 @@ def tag(artist, kl_config: str, beta=None, part: str = "line"):
     return artist
 
 
-def expected_style(gid: str) -> dict | None:
-    """What the style table says an artist tagged ``gid`` looks like (None: not tagged)."""
-    match = GID.match(gid or "")
-    if not match:
-        return None
-    kl_config, part = match["kl"], match["part"] or "line"
-    beta = float(match["beta"]) if match["beta"] else None
-    beta = 0 if kl_config == NO_KL and part != "key" else beta
-    expected = {"color": mcolors.to_hex(config_colour(kl_config)), "part": part}
-    if part in ("line", "marker"):
-        marker = marker_of(kl_config)
-        expected.update(marker=marker["marker"], fillstyle=marker["fillstyle"],
-                        hollow=marker.get("markerfacecolor") == "white")  # fmt: skip
-    if part in ("line", "key"):
-        expected["linestyle"] = beta_linestyle(beta)
-    if part.startswith("bar"):
-        expected["hatch"] = NO_TEMPLATE_HATCH if part == "bar_no_template" else beta_hatch(beta)
-    return expected
-
-
 LOSS_GRADIENT_NAMES = {"ratio": "ratio-weighted", "score": "score-weighted", "st": "K2-gradient",
                        "isst": "weighted K2-gradient"}  # fmt: skip
 
@@ -201,8 +180,8 @@ def scale_text(config: dict, models) -> str:
     return f"{names[0].upper()}{names[1:]}, {data} data."
 
 
-def save(fig, png: Path, caption: str | None = None) -> None:
-    """Write the figure at its print size as PNG (DPI) and PDF and, given its caption, <name>.md beside them."""
+def save(png: Path, fig, caption: str | None = None) -> None:
+    """Write ``png`` (DPI) and its PDF at the figure's print size and, given its caption, <name>.md beside them."""
     width, height = fig.get_size_inches()
     if round(width, 3) not in (SINGLE_COLUMN, FULL_WIDTH) or height > MAX_HEIGHT + 1e-9:
         raise ValueError(f"a figure of {width:.2f} × {height:.2f} in: print sizes are {SINGLE_COLUMN} or "

@@ -82,7 +82,7 @@ def draw_claims_forest(claims: pd.DataFrame, config: dict, metric: str | None = 
         handles.append(plt.Line2D([], [], color=UNTESTED_COLOUR, marker="o", linewidth=0.9, label="no prediction"))
     if rows.margin.notna().any():
         handles.append(plt.Rectangle((0, 0), 1, 1, color=MARGIN_COLOUR, label="margin of a claim of no difference"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=4)
+    encoding.legend_below(fig, handles, 4)
     models = rows.model.dropna().unique() if "model" in rows else []
     caption = Caption()
     caption.add("" if is_result(config, f"{CLAIMS_FIGURE}_{metric}") else PIPELINE_CHECK,
@@ -199,5 +199,4 @@ def _right_text(row: dict) -> tuple[str, str]:
 
 def claims_forest(claims: pd.DataFrame, config: dict, png: Path, metric: str | None = None) -> None:
     """draw_claims_forest, written to ``png`` (a PDF and the caption, <name>.md, beside it)."""
-    fig, text = draw_claims_forest(claims, config, metric)
-    save(fig, png, text)
+    save(png, *draw_claims_forest(claims, config, metric))

@@ -4,7 +4,6 @@ caption quotes, its seeds, why it is empty."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
@@ -13,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from klstudy.kl import NO_KL
-from klstudy.report.aggregate import final_values, mean_and_se, step_values, trailing_mean
+from klstudy.report.aggregate import final_values, mean_and_se, question_scores, step_values, trailing_mean
 from klstudy.report.figures import encoding
 from klstudy.report.figures.encoding import beta_hatch, dodge, kl_label, marker_of, step_axis, style_of, tag, task_name
 
@@ -99,9 +98,9 @@ def base_heldout(heldout: pd.DataFrame, config: dict, model: str, data: str) -> 
     distinct = rows.drop_duplicates(["seed", "pass_at_1"])
     if distinct.empty:
         return math.nan, math.nan
-    scores = [json.loads(v) if isinstance(v, str) else v for v in distinct.get("per_prompt", [None] * len(distinct))]
+    scores, ses = question_scores(distinct), distinct.get("stderr", pd.Series(math.nan, index=distinct.index))
     pooled = all(isinstance(v, list) for v in scores) and len({len(v) for v in scores}) == 1 and len(scores[0]) > 1
-    se = np.std(np.mean(scores, 0), ddof=1) / math.sqrt(len(scores[0])) if pooled else distinct.get("stderr").mean()
+    se = np.std(np.mean(scores, 0), ddof=1) / math.sqrt(len(scores[0])) if pooled else ses.mean()
     return float(distinct.pass_at_1.mean()), float(se)
 
 

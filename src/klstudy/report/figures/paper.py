@@ -158,5 +158,4 @@ def _legend(kept, config: dict) -> list:
 
 def paper_figure(name: str, config: dict, tables: dict, png: Path, claims: pd.DataFrame | None = None) -> None:
     """draw_paper_figure, written to ``png`` (a PDF and the caption, <name>.md, beside it)."""
-    fig, text = draw_paper_figure(name, config, tables, claims)
-    encoding.save(fig, png, text)
+    encoding.save(png, *draw_paper_figure(name, config, tables, claims))

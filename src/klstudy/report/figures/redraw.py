@@ -15,7 +15,7 @@ from klstudy.report.figures.captions import conventions
 README = "README.md"
 CONVENTIONS_PAGE = "figures.md"  # docs/figures.md: how to read every figure, said once
 TABLE_MARK = "<!-- the table -->"  # where a toy report's Markdown leaves the figure's caption for its table
-EXACT = ("fig01_toy_bias_variance", "toy_fixed_points", "atlas", "atlas_length")  # exact analyses: always results
+EXACT = ("fig01_toy_bias_variance", "toy_fixed_points", "atlas", "atlas_grid", "atlas_length")  # always results
 
 
 def readme(config: dict, drawn: list[str] | None = None, link: str | None = None) -> str:
@@ -57,7 +57,7 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
     lists; write its README.md and the conventions page beside it; returns the names drawn."""
     from klstudy.report import aggregate
     from klstudy.report.figures import atlas, forest, paper, toy, training
-    from klstudy.report.figures.encoding import read_claims
+    from klstudy.report.figures.encoding import read_claims, save
 
     folder = Path(folder)
     tables = Path(tables) if tables else folder / "tables"
@@ -83,8 +83,8 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
     settings = config.get("toy", {}).get("settings", {})
     if settings and all((tables / "toy" / f"{s}.csv").is_file() for s in settings) and want(EXACT[0]):
         results = pd.concat([pd.read_csv(tables / "toy" / f"{s}.csv") for s in settings], ignore_index=True)
-        toy.fig01_toy_bias_variance(results, pd.read_csv(tables / "toy" / "unbiasedness.csv"),
-                                    folder / f"{EXACT[0]}.png", settings)  # fmt: skip
+        save(folder / f"{EXACT[0]}.png", *toy.draw_fig01(results, pd.read_csv(tables / "toy" / "unbiasedness.csv"),
+                                                          settings))  # fmt: skip
         drawn.append(EXACT[0])
     if (tables / "toy_fixed_points.csv").is_file() and want("toy_fixed_points"):
         from klstudy.analysis.monte_carlo import fixed_points_markdown
@@ -92,19 +92,18 @@ def redraw(folder: Path, tables: Path | None = None) -> list[str]:
 
         points = pd.read_csv(tables / "toy_fixed_points.csv")
         fronts = pd.concat([pd.read_csv(p) for p in sorted((tables / "toy" / "frontier").glob("*.csv"))])
-        text = toy.toy_fixed_points_figure(points, fronts, pd.read_csv(tables / "toy_monte_carlo.csv"),
-                                           config["toy"]["fixed_points"], folder / "toy_fixed_points.png")  # fmt: skip
+        fig, text = toy.draw_toy_fixed_points(points, fronts, pd.read_csv(tables / "toy_monte_carlo.csv"),
+                                              config["toy"]["fixed_points"])  # fmt: skip
+        save(folder / "toy_fixed_points.png", fig)
         _with_table(folder / "toy_fixed_points.md", "toy_fixed_points", text,
                     f"\n\n{fixed_points_markdown(points, config_words)}")  # fmt: skip
         drawn.append("toy_fixed_points")
     if (tables / "atlas.csv").is_file() and want("atlas"):
-        from klstudy.analysis.effective_beta import EFFECTIVE_BETA_RANGE
-
         text = atlas.draw(pd.read_csv(tables / "atlas.csv"), pd.read_csv(tables / "atlas_length.csv"),
-                          folder / "atlas.png", config["toy"]["atlas"], beta_min=EFFECTIVE_BETA_RANGE[0])  # fmt: skip
+                          folder / "atlas.png", config["toy"]["atlas"])  # fmt: skip
         old = (folder / "atlas.md").read_text() if (folder / "atlas.md").is_file() else ""
         _with_table(folder / "atlas.md", "atlas", text, old.split(TABLE_MARK, 1)[1] if TABLE_MARK in old else "")
-        drawn += ["atlas", atlas.LENGTH_FIGURE]
+        drawn += ["atlas", atlas.GRID_FIGURE, atlas.LENGTH_FIGURE]
     for name in drawn:  # a shipped folder keeps the PNG and its caption; the PDF is the workflow's
         (folder / f"{name}.pdf").unlink(missing_ok=True)
     (folder / README).write_text(readme(config, drawn, f"../{CONVENTIONS_PAGE}"))

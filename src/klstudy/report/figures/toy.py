@@ -3,8 +3,6 @@ training ends against the optimum (the fixed points), at print size."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -14,7 +12,7 @@ from matplotlib.legend_handler import HandlerTuple
 from klstudy.kl import PATHWISE, exactly_zero
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, finish
-from klstudy.report.figures.encoding import config_colour, dodge, key_handles, kl_label, marker_of, save, style_of, tag
+from klstudy.report.figures.encoding import config_colour, dodge, key_handles, kl_label, marker_of, style_of, tag
 
 
 def coinciding(series: dict[str, np.ndarray]) -> list[list[str]]:
@@ -40,12 +38,6 @@ def short_names(names: list[str]) -> str:
         estimator, _, rest = kl_label(name).partition(" ")
         estimators.setdefault(rest, []).append(estimator)
     return "; ".join(f"{'/'.join(e)} {rest}" for rest, e in estimators.items())
-
-
-def fig01_toy_bias_variance(results: pd.DataFrame, tests: pd.DataFrame, png: Path, settings: dict | None = None):
-    """draw_fig01, written to ``png`` (a PDF and the caption, <name>.md, beside it)."""
-    fig, text = draw_fig01(results, tests, settings)
-    save(fig, png, text)
 
 
 def draw_fig01(results: pd.DataFrame, tests: pd.DataFrame, definitions: dict | None = None):
@@ -107,13 +99,19 @@ def draw_coinciding(ax, lines: dict[str, pd.Series], place=lambda x, i, n: x * 2
     slots = dict(zip(by_value, [*range(0, len(groups), 2), *range(1, len(groups), 2)], strict=True))
     for i, names in enumerate(groups):
         x, y = place(lines[names[0]].index.to_numpy(dtype=float), slots[i], len(groups)), lines[names[0]].to_numpy()
-        tag(ax.plot(x, y, color=config_colour(names[0]), label="_group")[0], names[0], None, "band")
+        _draw_group(ax, names, x, y)
         if named and len(names) > 1:  # the legend names each; the panel says which are one line (Figure 1's bias)
             ax.annotate(group_label(names), (x[-1], y[-1]), (-4, 5), "data", "offset points", ha="right", fontsize=7)
-        for k, name in enumerate(names):
-            tag(ax.plot(x[k :: len(names)], y[k :: len(names)], markersize=5, label="_member", zorder=3, path_effects=[
-                patheffects.withStroke(linewidth=2, foreground="white")], **{**style_of(name), "linestyle": ""})[0],
-                name, None, "marker")  # fmt: skip
+
+
+def _draw_group(ax, names: list[str], x, y):
+    """One line in the first's colour, its markers alternating between ``names``, each ringed in white; the line."""
+    line = tag(ax.plot(x, y, color=config_colour(names[0]), label="_group")[0], names[0], None, "band")
+    for k, name in enumerate(names):
+        tag(ax.plot(x[k :: len(names)], y[k :: len(names)], markersize=5, label="_member", zorder=3, path_effects=[
+            patheffects.withStroke(linewidth=2, foreground="white")], **{**style_of(name), "linestyle": ""})[0],
+            name, None, "marker")  # fmt: skip
+    return line
 
 
 def _bias_panel(ax, rows: pd.DataFrame) -> None:
@@ -128,13 +126,6 @@ def _bias_panel(ax, rows: pd.DataFrame) -> None:
         if len(line):
             lines[config] = pd.Series((line.exact_bias**2).to_numpy(), index=line["T"].to_numpy())
     draw_coinciding(ax, lines, named=True)
-
-
-def toy_fixed_points_figure(points, fronts, agreed, section: dict, png: Path) -> str:
-    """draw_toy_fixed_points to ``png`` (a PDF beside it); returns the caption (the table's Markdown has it)."""
-    fig, text = draw_toy_fixed_points(points, fronts, agreed, section)
-    save(fig, png)
-    return text
 
 
 def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, section: dict):
@@ -190,8 +181,7 @@ def _end_points_panel(ax, points: pd.DataFrame, front: pd.DataFrame, family: str
         group = points[points.config == names[0]].sort_values("beta")
         stable, label = group[group.status == "stable"], group_label(names)
         if len(stable):  # Figure 1's way: one line, its markers alternating; named here for the figure's legend
-            draw_coinciding(ax, dict.fromkeys(names, pd.Series(stable.reward.to_numpy(), stable.kl)), lambda x, *_: x)
-            ax.lines[-1 - len(names)].set_label(label)
+            _draw_group(ax, names, stable.kl.to_numpy(), stable.reward.to_numpy()).set_label(label)
         ends += [(e.kl, e.reward, e.status, names[0], config_colour(names[0]), label if stable.empty else "_unsettled")
                  for e in group.round(3).drop_duplicates(["kl", "reward"]).itertuples()]  # fmt: skip
     # Each at its true KL; one with no fixed point that would overlap an end point drawn (within 0.09 in, at the

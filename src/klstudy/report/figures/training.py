@@ -76,5 +76,4 @@ def draw_training_figure(study: str, config: dict, tables: dict):
 
 def training_figure(study: str, config: dict, tables: dict, png: Path) -> None:
     """draw_training_figure, written to ``png`` (and a PDF beside it)."""
-    fig, text = draw_training_figure(study, config, tables)
-    save(fig, png, text)
+    save(png, *draw_training_figure(study, config, tables))
