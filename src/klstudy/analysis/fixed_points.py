@@ -31,6 +31,7 @@ effective β of an end point: effective_beta.py.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -238,6 +239,29 @@ LINEAR_NORMALISATIONS = ("rloo", "grpo", "batch_std", *kl.WHITENED)
 ENUMERATION_LIMIT = 2_000_000  # (classes × multisets × G) per θ beyond which a non-linear one is not enumerated
 
 
+@functools.cache
+def _multisets(classes: int, group: int) -> tuple[torch.Tensor, ...]:
+    """What NormalisedUpdate enumerates for groups of ``group`` members drawn from ``classes`` classes (shared by every
+    β and configuration with them): the others' multisets ``others`` (M, G − 1) of class indices, their class
+    ``counts`` (M, classes) and log multinomial coefficients (M,); and, since a member of class c with the others m
+    is in the group {c} ∪ m, and every normalisation gives members of one class the same advantage, the groups to
+    compute advantages on, each multiset of G classes once (``groups``, (K, G) sorted class indices: 1/4 of the
+    (c, m) pairs at 16 classes and G = 5) with ``member`` (classes, M): where (c, m)'s own advantage is in the
+    flattened (K, G) table."""
+    others = list(itertools.combinations_with_replacement(range(classes), group - 1))
+    counts = torch.nn.functional.one_hot(torch.tensor(others), classes).sum(-2).to(DTYPE)
+    log_multinomial = torch.lgamma(torch.tensor(float(group), dtype=DTYPE)) - torch.lgamma(counts + 1).sum(-1)
+    groups = list(itertools.combinations_with_replacement(range(classes), group))
+    position = {members: k for k, members in enumerate(groups)}
+
+    def where(c: int, rest: tuple) -> int:
+        members = tuple(sorted((c, *rest)))
+        return position[members] * group + members.index(c)
+
+    member = torch.tensor([[where(c, rest) for rest in others] for c in range(classes)])
+    return torch.tensor(others), counts, log_multinomial, torch.tensor(groups), member
+
+
 class NormalisedUpdate:
     """u(θ) = −∇_θ E[loss]/T for one configuration with the advantage normalisation ``normalisation`` (kl.ADVANTAGES)
     and groups of ``group`` sequences, exact by exchangeability: the group's loss is the mean of its members', so
@@ -272,39 +296,19 @@ class NormalisedUpdate:
         if normalisation in LINEAR_NORMALISATIONS:
             self.others = None
             return
-        others = torch.tensor(list(itertools.combinations_with_replacement(range(classes), group - 1)))
-        if classes * len(others) * group > ENUMERATION_LIMIT:
+        if classes * math.comb(classes + group - 2, group - 1) * group > ENUMERATION_LIMIT:  # × the others' multisets
             raise ValueError(f"{normalisation} at G = {group} with {classes} classes: too many groups to enumerate")
-        self.others = others  # (M, G − 1) class indices of the other members
-        self.counts = torch.nn.functional.one_hot(others, classes).sum(-2).to(DTYPE)  # (M, classes)
-        log_g_factorial = torch.lgamma(torch.tensor(float(group), dtype=DTYPE))  # log (G − 1)!
-        self.log_multinomial = log_g_factorial - torch.lgamma(self.counts + 1).sum(-1)
-        self._index_groups(classes)
+        self.others, self.counts, self.log_multinomial, self.groups, self.member = _multisets(classes, group)
         # Without the KL in the reward the classes' shaped rewards are the task reward's values, whatever θ: so are
         # the advantages, computed here once.
         self.fixed_advantages = None if spec.in_reward else self._member_advantages(rewards[self.first])
 
-    def _index_groups(self, classes: int):
-        """A group of a member of class c and the others m is the multiset {c} ∪ m of G classes, and every
-        normalisation gives members of one class the same advantage: so the advantages are computed once per
-        multiset (``groups``: (K, G) sorted class indices, a fraction of the (c, m) pairs, 1/4 at 16 classes and
-        G = 5) and ``member`` (classes, M) says where (c, m)'s own advantage is in the flattened (K, G) table."""
-        groups = list(itertools.combinations_with_replacement(range(classes), self.group))
-        position = {group: k for k, group in enumerate(groups)}
-
-        def where(c: int, others: list) -> int:
-            full = tuple(sorted((c, *others)))
-            return position[full] * self.group + full.index(c)
-
-        others = self.others.tolist()
-        self.groups = torch.tensor(groups)
-        self.member = torch.tensor([[where(c, m) for m in others] for c in range(classes)])
-
     def _member_advantages(self, value: torch.Tensor) -> torch.Tensor:
-        """E[A_1 | y_1 of class c, the others m] for every class c and multiset m: (..., classes, M), from each
-        class's shaped reward ``value`` (..., classes)."""
-        advantages = kl.ADVANTAGES[self.normalisation](value[..., self.groups])  # (..., K, G)
-        return advantages.flatten(-2)[..., self.member]
+        """A_1 of the group of a first member of class c and the others m, for every class c and multiset m:
+        (..., classes, M), from each class's shaped reward ``value`` (..., classes)."""
+        groups = value.index_select(-1, self.groups.flatten()).unflatten(-1, self.groups.shape)  # (..., K, G)
+        advantages = kl.ADVANTAGES[self.normalisation](groups).flatten(-2)
+        return advantages.index_select(-1, self.member.flatten()).unflatten(-1, self.member.shape)
 
     def conditional_advantages(self, token_logp: torch.Tensor) -> torch.Tensor:
         """a_t(y) = E[A_1,t | y_1 = y] for every token of every sequence under the policy of ``token_logp``
@@ -523,7 +527,14 @@ def fixed_point_table(
 def optimum_sweep(family: Family, rewards: torch.Tensor, betas) -> dict:
     """{β: θ of the family's optimum}, by continuation down ``beta_ladder(betas)``, each search started from the
     previous rung's optimum; None below the β where the parametric family's optimum leaves for the boundary (Newton's
-    method finds none: its logits grow without bound as β → 0)."""
+    method finds none: its logits grow without bound as β → 0). Computed once per family, reward and β (the atlas
+    asks for it with every setting)."""
+    return dict(_optimum_sweep(family, tuple(rewards.tolist()), tuple(betas)))
+
+
+@functools.lru_cache(maxsize=16)
+def _optimum_sweep(family: Family, rewards: tuple, betas: tuple) -> dict:
+    rewards = torch.tensor(rewards, dtype=DTYPE)
     optima, start = {}, family.reference_theta()
     for beta in beta_ladder(betas, rungs=25):
         try:
