@@ -378,8 +378,12 @@ def _spread(values: torch.Tensor) -> torch.Tensor:
     (trl.trainer.utils.nanstd: the mean squared deviation × n/(n−1), then the root), so that the two agree bitwise in
     float32, TRL's rewards' dtype (TRL computes n/(n−1) in float32 whatever the rewards' dtype: from float64 rewards
     the two differ by up to 2e-8, relatively)."""
-    deviation = values - values.mean(-1, keepdim=True)
-    count = values.shape[-1]
+    return _spread_of_deviations(values - values.mean(-1, keepdim=True))
+
+
+def _spread_of_deviations(deviation: torch.Tensor) -> torch.Tensor:
+    """_spread from the deviations from the mean, which group_std_advantages has already computed."""
+    count = deviation.shape[-1]
     return (deviation.square().mean(-1, keepdim=True) * (count / (count - 1))).sqrt()
 
 
@@ -388,7 +392,8 @@ def group_std_advantages(rewards: torch.Tensor, epsilon: float = STD_EPSILON) ->
     by the group's standard deviation (Bessel-corrected) + ``epsilon`` (TRL 1e-4; verl and SkyRL 1e-6, OpenRLHF
     1e-9). Scale-free: it reweights the task gradient by each prompt's spread of rewards, which the KL term in the
     loss does not share."""
-    return group_mean_advantages(rewards) / (_spread(rewards) + epsilon)
+    centred = group_mean_advantages(rewards)  # the deviations _spread takes: computed once
+    return centred / (_spread_of_deviations(centred) + epsilon)
 
 
 def batch_std_advantages(

@@ -31,6 +31,7 @@ effective β of an end point: effective_beta.py.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -238,6 +239,29 @@ LINEAR_NORMALISATIONS = ("rloo", "grpo", "batch_std", *kl.WHITENED)
 ENUMERATION_LIMIT = 2_000_000  # (classes × multisets × G) per θ beyond which a non-linear one is not enumerated
 
 
+@functools.cache
+def _multisets(classes: int, group: int) -> tuple[torch.Tensor, ...]:
+    """What NormalisedUpdate enumerates for groups of ``group`` members drawn from ``classes`` classes (shared by every
+    β and configuration with them): the others' multisets ``others`` (M, G − 1) of class indices, their class
+    ``counts`` (M, classes) and log multinomial coefficients (M,); and, since a member of class c with the others m
+    is in the group {c} ∪ m, and every normalisation gives members of one class the same advantage, the groups to
+    compute advantages on, each multiset of G classes once (``groups``, (K, G) sorted class indices: 1/4 of the
+    (c, m) pairs at 16 classes and G = 5) with ``member`` (classes, M): where (c, m)'s own advantage is in the
+    flattened (K, G) table."""
+    others = list(itertools.combinations_with_replacement(range(classes), group - 1))
+    counts = torch.nn.functional.one_hot(torch.tensor(others), classes).sum(-2).to(DTYPE)
+    log_multinomial = torch.lgamma(torch.tensor(float(group), dtype=DTYPE)) - torch.lgamma(counts + 1).sum(-1)
+    groups = list(itertools.combinations_with_replacement(range(classes), group))
+    position = {members: k for k, members in enumerate(groups)}
+
+    def where(c: int, rest: tuple) -> int:
+        members = tuple(sorted((c, *rest)))
+        return position[members] * group + members.index(c)
+
+    member = torch.tensor([[where(c, rest) for rest in others] for c in range(classes)])
+    return torch.tensor(others), counts, log_multinomial, torch.tensor(groups), member
+
+
 class NormalisedUpdate:
     """u(θ) = −∇_θ E[loss]/T for one configuration with the advantage normalisation ``normalisation`` (kl.ADVANTAGES)
     and groups of ``group`` sequences, exact by exchangeability: the group's loss is the mean of its members', so
@@ -272,13 +296,19 @@ class NormalisedUpdate:
         if normalisation in LINEAR_NORMALISATIONS:
             self.others = None
             return
-        others = torch.tensor(list(itertools.combinations_with_replacement(range(classes), group - 1)))
-        if classes * len(others) * group > ENUMERATION_LIMIT:
+        if classes * math.comb(classes + group - 2, group - 1) * group > ENUMERATION_LIMIT:  # × the others' multisets
             raise ValueError(f"{normalisation} at G = {group} with {classes} classes: too many groups to enumerate")
-        self.others = others  # (M, G − 1) class indices of the other members
-        self.counts = torch.nn.functional.one_hot(others, classes).sum(-2).to(DTYPE)  # (M, classes)
-        log_g_factorial = torch.lgamma(torch.tensor(float(group), dtype=DTYPE))  # log (G − 1)!
-        self.log_multinomial = log_g_factorial - torch.lgamma(self.counts + 1).sum(-1)
+        self.others, self.counts, self.log_multinomial, self.groups, self.member = _multisets(classes, group)
+        # Without the KL in the reward the classes' shaped rewards are the task reward's values, whatever θ: so are
+        # the advantages, computed here once.
+        self.fixed_advantages = None if spec.in_reward else self._member_advantages(rewards[self.first])
+
+    def _member_advantages(self, value: torch.Tensor) -> torch.Tensor:
+        """A_1 of the group of a first member of class c and the others m, for every class c and multiset m:
+        (..., classes, M), from each class's shaped reward ``value`` (..., classes)."""
+        groups = value.index_select(-1, self.groups.flatten()).unflatten(-1, self.groups.shape)  # (..., K, G)
+        advantages = kl.ADVANTAGES[self.normalisation](groups).flatten(-2)
+        return advantages.index_select(-1, self.member.flatten()).unflatten(-1, self.member.shape)
 
     def conditional_advantages(self, token_logp: torch.Tensor) -> torch.Tensor:
         """a_t(y) = E[A_1,t | y_1 = y] for every token of every sequence under the policy of ``token_logp``
@@ -316,12 +346,11 @@ class NormalisedUpdate:
             return kl.ADVANTAGES[self.centre](groups)[..., 0]
         classes = self.counts.shape[-1]
         class_prob = torch.zeros(*prob.shape[:-1], classes, dtype=DTYPE).index_add_(-1, self.classes, prob)
-        value = shaped[..., self.first]  # each class's shaped reward (one value per class)
-        others = value[..., self.others]  # (..., M, G − 1)
-        own = value[..., :, None, None].expand(*value.shape, len(self.others), 1)
-        groups = torch.cat([own, others.unsqueeze(-3).expand(*value.shape, *others.shape[-2:])], -1)
+        advantages = self.fixed_advantages
+        if advantages is None:
+            advantages = self._member_advantages(shaped[..., self.first])  # each class's shaped reward: one value
         log_weight = self.log_multinomial + (torch.xlogy(self.counts, class_prob.unsqueeze(-2))).sum(-1)  # (..., M)
-        advantage = (kl.ADVANTAGES[self.normalisation](groups)[..., 0] * log_weight.exp().unsqueeze(-2)).sum(-1)
+        advantage = (advantages * log_weight.exp().unsqueeze(-2)).sum(-1)
         return advantage[..., self.classes]
 
     def __call__(self, theta: torch.Tensor) -> torch.Tensor:
@@ -348,16 +377,30 @@ def _newton(update, theta: torch.Tensor, iterations: int = 40) -> tuple[torch.Te
     """A zero of ``update`` by Newton's method with backtracking on ‖u‖; (θ, converged). Converged means the Newton
     step itself is below NEWTON_STEP in every coordinate: a criterion in θ, since near the boundary u is below any
     absolute tolerance without vanishing (there the step stays of order one, along the drift)."""
+    theta, slope = _newton_slope(update, theta, iterations)
+    return theta, slope is not None
+
+
+def stable_zero(update, theta: torch.Tensor, iterations: int = 40) -> tuple[torch.Tensor, bool]:
+    """_newton's (θ, found), found only where it converged to a stable zero (is_stable's test, on the Jacobian its
+    last step took at that θ: the same matrix, not computed twice)."""
+    theta, slope = _newton_slope(update, theta, iterations)
+    return theta, slope is not None and _attracting(slope)
+
+
+def _newton_slope(update, theta: torch.Tensor, iterations: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """_newton's iterations: (θ, ∂u/∂θ at θ where it converged, else None)."""
     value = update(theta)
     for _ in range(iterations):
+        slope = jacobian(update, theta)
         try:
-            step = torch.linalg.solve(jacobian(update, theta), value)
+            step = torch.linalg.solve(slope, value)
         except RuntimeError:  # singular: no isolated zero here
-            return theta, False
+            return theta, None
         if not torch.isfinite(step).all():
-            return theta, False
+            return theta, None
         if step.abs().max() < NEWTON_STEP:
-            return theta, not _saturated(update.family, theta)
+            return theta, None if _saturated(update.family, theta) else slope
         scale = 1.0
         while scale > 1e-4:
             candidate = theta - scale * step
@@ -367,10 +410,10 @@ def _newton(update, theta: torch.Tensor, iterations: int = 40) -> tuple[torch.Te
                 break
             scale /= 2
         else:
-            return theta, False
+            return theta, None
         if _saturated(update.family, theta):
-            return theta, False
-    return theta, False
+            return theta, None
+    return theta, None
 
 
 def _saturated(family: Family, theta: torch.Tensor) -> bool:
@@ -379,7 +422,11 @@ def _saturated(family: Family, theta: torch.Tensor) -> bool:
 
 def is_stable(update: ExpectedUpdate, theta: torch.Tensor) -> bool:
     """Every eigenvalue of ∂u/∂θ has a negative real part: the expected update's flow is drawn to θ."""
-    return bool(torch.linalg.eigvals(jacobian(update, theta)).real.max() < 0)
+    return _attracting(jacobian(update, theta))
+
+
+def _attracting(slope: torch.Tensor) -> bool:
+    return bool(torch.linalg.eigvals(slope).real.max() < 0)
 
 
 def follow(update, theta: torch.Tensor, flow: dict) -> tuple[torch.Tensor, str]:
@@ -389,8 +436,8 @@ def follow(update, theta: torch.Tensor, flow: dict) -> tuple[torch.Tensor, str]:
     "still moving": neither within ``flow['steps']`` steps."""
     for step in range(flow["steps"]):
         if step % flow["newton_every"] == 0:
-            candidate, converged = _newton(update, theta, iterations=12)
-            if converged and is_stable(update, candidate):
+            candidate, found = stable_zero(update, theta, iterations=12)
+            if found:
                 return candidate, "stable"
         value = update(theta)
         theta = theta + flow["step"] * value / value.abs().max()
@@ -422,8 +469,8 @@ def fixed_point_branch(
     points, start = {}, family.reference_theta()
     for beta in beta_ladder(betas):
         update = update_of(kl.KLSpec.from_name(spec_name, beta, clamp=clamp))
-        theta, converged = _newton(update, start)
-        if converged and is_stable(update, theta):
+        theta, found = stable_zero(update, start)
+        if found:
             points[beta], start = FixedPoint(theta, "stable"), theta
         elif beta in betas:
             theta, status = follow(update, family.reference_theta(), flow)
@@ -480,7 +527,14 @@ def fixed_point_table(
 def optimum_sweep(family: Family, rewards: torch.Tensor, betas) -> dict:
     """{β: θ of the family's optimum}, by continuation down ``beta_ladder(betas)``, each search started from the
     previous rung's optimum; None below the β where the parametric family's optimum leaves for the boundary (Newton's
-    method finds none: its logits grow without bound as β → 0)."""
+    method finds none: its logits grow without bound as β → 0). Computed once per family, reward and β (the atlas
+    asks for it with every setting)."""
+    return dict(_optimum_sweep(family, tuple(rewards.tolist()), tuple(betas)))
+
+
+@functools.lru_cache(maxsize=16)
+def _optimum_sweep(family: Family, rewards: tuple, betas: tuple) -> dict:
+    rewards = torch.tensor(rewards, dtype=DTYPE)
     optima, start = {}, family.reference_theta()
     for beta in beta_ladder(betas, rungs=25):
         try:
