@@ -73,6 +73,14 @@ def test_the_readme_is_a_five_minute_read():
     assert len(longest.split()) <= 40, f"a README table cell of {len(longest.split())} words: {longest[:80]}…"
 
 
+def test_the_user_pages_stay_within_their_budget():
+    """The user pages (README.md, docs/*.md, docs/atlas/*.md; not the record, not the shipped runs' captions) at most
+    26,000 words, as `cat README.md docs/*.md docs/atlas/*.md | wc -w` counts: a manual a user reads, not a record."""
+    pages = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "atlas").glob("*.md"))]
+    words = sum(len(page.read_text().split()) for page in pages)
+    assert words <= 26_000, f"the user pages are {words} words; at most 26,000 (cut where a page repeats another)"
+
+
 # ------------------------------------------------------------------------------------------- history words
 
 
