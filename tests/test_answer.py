@@ -39,7 +39,7 @@ def test_a_framework_without_an_unbiased_kl_says_so_and_one_with_the_std_off_nam
     trl, verl = rows["TRL 1.10.0–1.16.0"], rows["verl 0.7.0"]
     assert "none (k3-loss-ratio: biased)" in trl.note and "off: `beta` = 0" in trl.note
     assert "algorithm.norm_adv_by_std_in_grpo=False" in verl.note and verl.cells[STRENGTH].startswith("1.00 / 1.00")
-    assert verl.cells[RECOMMENDED] == "k1-reward (grpo)"
+    assert verl.cells[RECOMMENDED] == "k1-reward (mean)"
 
 
 def test_a_value_where_the_clamp_binds_is_marked_and_trl_users_are_pointed_to_kltrainer(rows, expected):
@@ -108,7 +108,7 @@ def test_a_default_with_no_beta_eff_says_why_in_the_atlas_words_the_legend_defin
         assert cell.startswith(f"unsettled{answer.CLAMP_MARK}") and "not resolved" not in cell, cell
     legend = expected.split("\n\n", 1)[0].replace("\n", " ")
     assert answer.WHY_NONE["unsettled"] in legend and answer.WHY_NONE["drifts"] not in legend
-    assert "Dr. GRPO's, not GRPO's" in legend
+    assert kl.ADVANTAGE_WORDS["mean"] in legend  # the group mean only: not GRPO's own, which is group_std
 
 
 def test_the_answer_table_and_explain_recommend_the_same_setting_for_every_release(rows):

@@ -169,7 +169,7 @@ def test_explain_prints_a_release_and_a_setting_no_preset_covers(tmp_path):
         assert named in out and said in out, out
         assert sum(line.startswith("β_eff/β, ") for line in out.splitlines()) == 2, out
         assert sum(line.startswith("limits:") and "T = 2" in line for line in out.splitlines()) == 1, out
-    assert "advantages grpo, G = 5: β_eff/β = 1 at any β, exactly (theory, not measured" in outputs[0]
+    assert "advantages mean, G = 5: β_eff/β = 1 at any β, exactly (theory, not measured" in outputs[0]
     assert "G = 5, β = 0.3" in outputs[1] and all(explain.WORDS in out for out in outputs)
     assert "other preset of verl 0.7.0: verl-0.7-k1-reward" in outputs[0]
     printed = [line for out in outputs for line in printed_commands(out)]
@@ -191,7 +191,7 @@ def test_verl_is_recommended_its_std_off_never_a_beta_that_keeps_the_std(beta):
     release = explain.resolve_release("verl", "0.7.0", beta=beta)
     assert "β 0.001 once on" in release.head[0]
     [line] = explain.recommended(release.setting, TOY, {}, None)
-    assert "k1-reward" in line and "advantages grpo" in line and "β_eff/β = 1 at any β, exactly" in line
+    assert "k1-reward" in line and "advantages mean" in line and "β_eff/β = 1 at any β, exactly" in line
     assert "norm_adv_by_std_in_grpo=False" in line and "actor_rollout_ref.actor.use_kl_loss=False" in line
     assert "set β" not in line and "7.28e-06" not in line
 
@@ -212,7 +212,7 @@ def test_the_output_defines_its_words_and_tells_the_exact_value_from_the_measure
 
     for word in ("G, ", "T, ", "β_eff, ", "measured: ", "exactly: ", f"{CLAMP_MARK}: "):
         assert word in explain.WORDS, word
-    setting = explain.Setting("k1-reward", "grpo", 5, 0.3, framework="verl")
+    setting = explain.Setting("k1-reward", "mean", 5, 0.3, framework="verl")
     lines = explain.explain(setting, TOY, range_betas=()).splitlines()
     assert lines[1] == explain.WORDS and explain.MEASURED_VS_EXACT in lines
     assert not any("J_β" in line or "flow" in line for line in lines), lines
@@ -233,13 +233,13 @@ def test_flags_that_cannot_be_combined_are_refused_before_computing():
       ("k1-reward", "group_std", 5, 0.001, None)),
      ("verl", "0.7.0", ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=mse",
                         "actor_rollout_ref.actor.kl_loss_coef=0.01", "algorithm.norm_adv_by_std_in_grpo=False",
-                        "actor_rollout_ref.rollout.n=8"], ("k2-loss", "grpo", 8, 0.01, None)),
+                        "actor_rollout_ref.rollout.n=8"], ("k2-loss", "mean", 8, 0.01, None)),
      ("verl", "0.7.0", ["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl",
                         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.rollout.n=4"],
       ("k3-both", "group_std", 4, 0.001, 10.0)),
      ("verl", "0.7.0", ["actor_rollout_ref.rollout.n=5"], (kl.NO_KL, "group_std", 5, 0.0, None)),
      ("TRL", "1.16.0", ["beta=0.04", "scale_rewards=none", "num_generations=4", "loss_type=dr_grpo"],
-      ("k3-loss-ratio", "grpo", 4, 0.04, None)),
+      ("k3-loss-ratio", "mean", 4, 0.04, None)),
      ("TRL", "1.16.0", ["beta=0.04", "use_bias_correction_kl=False", "scale_rewards=batch"],
       ("k3-loss", "batch_std", 8, 0.04, None)),
      ("TRL", "1.9.2", ["beta=0.1"], ("k3-loss", "group_std", 8, 0.1, None)),

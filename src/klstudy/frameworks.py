@@ -250,7 +250,7 @@ BETA_KEYS = {
     "slime": {"*": "--kl-loss-coef"},
     "ROLL": {"*": "kl_loss_coef"},
 }
-# The switch that turns the advantage's ÷ std off (kl.ADVANTAGES "grpo": the group mean only), where it was read
+# The switch that turns the advantage's ÷ std off (kl.ADVANTAGES "mean": R − the group's mean only), where it was read
 # (SkyRL's: its ppo_base_config.yaml, "set to false to disable normalization by std in GRPO").
 STD_OFF = {"verl": "algorithm.norm_adv_by_std_in_grpo=False", "TRL": "scale_rewards='none'",
            "SkyRL": "trainer.algorithm.grpo_norm_by_std=false"}  # fmt: skip

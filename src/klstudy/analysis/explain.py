@@ -43,7 +43,7 @@ BIAS_SETTING, BIAS_LENGTHS = "apart", (1, 4)
 EXACT = {
     ("k1-reward", "rloo"): "β_eff/β = 1 at any β, exactly (theory, not measured: its end point is the "
     "KL-regularised optimum)",
-    ("k1-reward", "grpo"): "β_eff/β = 1 at any β, exactly (theory, not measured: the group-mean advantage is (G−1)/G "
+    ("k1-reward", "mean"): "β_eff/β = 1 at any β, exactly (theory, not measured: the group-mean advantage is (G−1)/G "
     "times the leave-one-out one for the task and the KL term alike, so the end point is RLOO's, the KL-regularised "
     "optimum)",
 }
@@ -312,7 +312,7 @@ def recommendation(setting: Setting, toy_section: dict, own: str = "this setting
         return Recommendation(*SUBCLASS[setting.framework], via_subclass=True)
     name, switch = found
     if setting.framework in STD_OFF and name.endswith("-reward") and (name, setting.normalisation) not in EXACT:
-        return Recommendation(name, "grpo", f"{switch}, {STD_OFF[setting.framework]}")
+        return Recommendation(name, "mean", f"{switch}, {STD_OFF[setting.framework]}")
     return Recommendation(name, setting.normalisation, switch)
 
 
@@ -349,8 +349,8 @@ def recommended_lines(setting: Setting, found: Recommendation | None, toy_sectio
     same = name == setting.config and normalisation == setting.normalisation
     lines = [head + strength_at(candidate, section, tables if same else end_points(candidate, section, ()), config)]
     std_off = STD_OFF.get(setting.framework)
-    if std_off and normalisation != "grpo":
-        plain = Setting(name, "grpo", setting.group, setting.beta, candidate.clamp, setting.framework, name)
+    if std_off and normalisation != "mean":
+        plain = Setting(name, "mean", setting.group, setting.beta, candidate.clamp, setting.framework, name)
         lines.append(f"  with the std off ({std_off}): " + strength_at(plain, section, end_points(plain, section, ()),
                                                                         config))  # fmt: skip
     return lines
