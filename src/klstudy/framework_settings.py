@@ -117,7 +117,13 @@ def read_verl(keys: Keys, preset: Preset, group: int | None) -> Read:
     """verl 0.7.0 (ppo_trainer.yaml:84-102, actor/actor.yaml:95-105): GRPO, the KL in the reward, the KL loss or
     both (one estimator and one β: kl.py's 'both')."""
     notes = []
-    keys.choice("algorithm.adv_estimator", "grpo", {"grpo": "grpo"})  # the presets read verl's GRPO only
+    keys.choice("algorithm.adv_estimator", "gae", {"grpo": "grpo", "gae": None}) or _refuse(
+        "verl algorithm.adv_estimator=gae (its default) is PPO with a critic, outside the toy; the toy models "
+        "algorithm.adv_estimator=grpo, as verl's example scripts set it"
+    )
+    if not keys.given("algorithm.adv_estimator"):
+        notes.append("advantages modelled as algorithm.adv_estimator=grpo: its default, gae, is PPO with a critic, "
+                     "outside the toy")  # fmt: skip
     in_reward = keys.flag("algorithm.use_kl_in_reward", False)
     reward_estimator = keys.choice("algorithm.kl_penalty", "kl", VERL_ESTIMATORS)
     reward_beta = keys.number("algorithm.kl_ctrl.kl_coef", 0.001)

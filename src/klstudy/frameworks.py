@@ -58,6 +58,10 @@ class Preset:
     def as_row(self) -> dict:
         return asdict(self)
 
+# verl's own default advantage (ppo_trainer.yaml `adv_estimator: gae`, read at v0.9.0:74), as OpenRLHF's, is PPO
+# with a critic: its presets model its GRPO, as its example scripts set it.
+VERL_GAE = ("its default advantages, `algorithm.adv_estimator=gae` (PPO with a critic), are outside the toy; "
+            "modelled: `algorithm.adv_estimator=grpo`, as its example script")
 
 PRESETS = {
     "trl-1.9": Preset(
@@ -87,6 +91,7 @@ PRESETS = {
         "k3-loss", "group_std", 5, 0.0, clamp=10.0, recipe_beta=0.001,
         note="the recipe trains 1024 prompts a batch in minibatches of 256 (:10, :18): 3 of 4 updates off-policy, "
         "which the toy's on-policy update leaves out",
+        modelled=VERL_GAE,
         is_default=True,
     ),
     "verl-0.7-k1-reward": Preset(
@@ -256,7 +261,7 @@ STD_OFF = {"verl": "algorithm.norm_adv_by_std_in_grpo=False", "TRL": "scale_rewa
            "SkyRL": "trainer.algorithm.grpo_norm_by_std=false"}  # fmt: skip
 # Why the KL is off by default where β alone does not say it: switches off, with a coefficient that is not 0 once on
 # (the presets' sources). Elsewhere off means β = 0.
-OFF_BY_SWITCH = {"verl": "use_kl_loss and use_kl_in_reward false; β 0.001 once on"}
+OFF_BY_SWITCH = {"verl": "use_kl_loss and use_kl_in_reward false"}
 # Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
 # advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
 SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward'")}
