@@ -117,7 +117,8 @@ def read_verl(keys: Keys, preset: Preset, group: int | None) -> Read:
     """verl 0.7.0 (ppo_trainer.yaml:84-102, actor/actor.yaml:95-105): GRPO, the KL in the reward, the KL loss or
     both (one estimator and one β: kl.py's 'both')."""
     notes = []
-    keys.choice("algorithm.adv_estimator", "gae", {"grpo": "grpo", "gae": None}) or _refuse(
+    # omitted, its default gae is read as grpo (modelled, said in the notes); given, gae is refused
+    keys.choice("algorithm.adv_estimator", "grpo", {"grpo": "grpo", "gae": None}) or _refuse(
         "verl algorithm.adv_estimator=gae (its default) is PPO with a critic, outside the toy; the toy models "
         "algorithm.adv_estimator=grpo, as verl's example scripts set it"
     )

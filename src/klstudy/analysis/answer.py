@@ -44,8 +44,9 @@ LEGEND = (
 # The atlas's words for a β_eff/β it has not (atlas.ratio_text), each said in the legend where the table uses it.
 WHY_NONE = {"<": "`< x`, more KL than any optimum", "unsettled": "`unsettled`, still moving",
             "drifts": "`drifts`, no fixed point"}  # fmt: skip
+SUBCLASS_HEAD = "none in {}; `KLTrainer`: "  # the recommended cell where only klstudy's subclass offers one
 COLUMNS = ("release", "default (advantages, G)", "its β_eff/β", "recommended (unbiased KL)",
-           f"its β_eff/β at β {FIELD_BETA:g} / {STRONG_BETA:g}")  # fmt: skip
+           f"β_eff/β at β {FIELD_BETA:g} / {STRONG_BETA:g}")  # fmt: skip
 
 
 def ratio_at(
@@ -95,7 +96,7 @@ def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None
         if found is None:
             return Recommended("none", "–", how, None)
         trainer = "klstudy's [`KLTrainer`](tutorial-kltrainer.md), which needs TRL 1.16.0"
-        return Recommended(f"none in {preset.framework}; `KLTrainer` (TRL 1.16.0): {found.config} "
+        return Recommended(f"{SUBCLASS_HEAD.format(preset.framework)}{found.config} "
                            f"({found.normalisation})", _strength(atlas, found, preset, name),
                            f"{how}; {trainer}: {found.how}", found.normalisation)  # fmt: skip
     key = beta_key(preset.framework, found.config)
@@ -131,9 +132,10 @@ def _default_key(p) -> str:
     key = beta_key(p.framework, p.kl)
     if p.default_beta:
         return f"β: `{key}`"
+    script = f"; its example script's β {p.recipe_beta:g}" if p.recipe_beta else ""
     if p.framework in OFF_BY_SWITCH:
-        return f"off: {OFF_BY_SWITCH[p.framework]}; β: `{key}`"
-    return f"off: `{key}` = 0"
+        return f"off: {OFF_BY_SWITCH[p.framework]}{script}; β: `{key}`"
+    return f"off: `{key}` = 0{script}"
 
 
 def row(name: str, p, atlas: pd.DataFrame, toy_section: dict) -> Row:
@@ -145,7 +147,7 @@ def row(name: str, p, atlas: pd.DataFrame, toy_section: dict) -> Row:
         default, amounts = f"off; on: {p.kl}", "–"
         if p.recipe_beta:
             ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
-            amounts = f"{ratio} (its example script's β {p.recipe_beta:g})"
+            amounts = f"{ratio} (β {p.recipe_beta:g})"  # the note says whose
     rec = recommended(p, atlas, toy_section, name)
     release = f"{p.framework} {p.version}"
     modelled_as = f"({'modelled: ' if p.modelled else ''}{p.normalisation}, {p.group})"
