@@ -60,8 +60,7 @@ class Preset:
 
 # verl's own default advantage (ppo_trainer.yaml `adv_estimator: gae`, read at v0.9.0:74), as OpenRLHF's, is PPO
 # with a critic: its presets model its GRPO, as its example scripts set it.
-VERL_GAE = ("its default advantages, `algorithm.adv_estimator=gae` (PPO with a critic), are outside the toy; "
-            "modelled: `algorithm.adv_estimator=grpo`, as its example script")
+VERL_GAE = "its default `algorithm.adv_estimator=gae` (PPO with a critic) is outside the toy; modelled: `grpo`"
 
 PRESETS = {
     "trl-1.9": Preset(
@@ -121,8 +120,8 @@ PRESETS = {
         "k1-advantage", "group_std", 8, 0.01, clamp=10.0,
         note="the default KL",
         is_default=True,
-        modelled="its default advantages, `--algo.advantage.estimator gae` (PPO with a critic, one response a "
-        "prompt), are outside the toy; modelled: `group_norm`, G = 8, as its GRPO script",
+        modelled="its default `--algo.advantage.estimator gae` (PPO with a critic) is outside the toy; modelled: "
+        "`group_norm`, G = 8, as its GRPO script",
     ),
     "openrlhf-0.11-reinforce-baseline": Preset(
         "OpenRLHF", "0.11.0",

@@ -476,8 +476,8 @@ ADVANTAGE_WORDS = {
     "group_std": "GRPO's: − the group's mean, ÷ its std",
     "batch_std": "− the group's mean, ÷ the batch's std",
     "loo_std": "leave-one-out, ÷ the others' std",
-    "group_whiten": "− the group's mean, then every token's advantage whitened over the batch",
-    "whiten": "no baseline, then every token's advantage whitened over the batch",
+    "group_whiten": "− the group's mean, every token's advantage whitened over the batch",
+    "whiten": "no baseline, every token's advantage whitened over the batch",
 }
 
 STD_NORMALISATIONS = ("group_std", "batch_std", "loo_std")  # the ones that take a framework's ε

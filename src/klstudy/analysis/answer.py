@@ -35,11 +35,10 @@ LEGEND = (
     '(OpenRLHF\'s and AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: its gradient as '
     "TRL ≥ 1.10, NeMo-RL 0.7 take it). Advantages of the G responses to a prompt "
     "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): {advantages}. β_eff/β: strength obtained over strength "
-    "asked, in the toy's parametric family (the paper's policy{nearest}); `1 (exact)`: by theory, at any β and G; "
+    "asked, in the toy's parametric family{nearest}; `1 (exact)`: theory's, at any β and G; "
     "off 1 by over {tolerance}, set the β `klstudy explain` computes; or why none: {why}. "
     f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point and the β to set depend on the "
-    "path ([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate)). `modelled:` the default is outside the toy. Below "
-    "the table: each row's keys, flags, and what it models."
+    "path ([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate)). `modelled:` the default is outside the toy."
 )
 # The atlas's words for a β_eff/β it has not (atlas.ratio_text), each said in the legend where the table uses it.
 WHY_NONE = {"<": "`< x`, more KL than any optimum", "unsettled": "`unsettled`, still moving",
@@ -92,9 +91,10 @@ def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None
     found = explain.recommendation(setting, toy_section, own="its default")
     if found is None or found.via_subclass:  # the framework's own trainer offers none
         kinds = sorted({preset.kl, *(c for c, _ in OFFERS.get(preset.framework, []))})
-        how = f"none among {preset.framework}'s own keys ({', '.join(kinds)}: biased)"
+        how = f"none ({', '.join(kinds)}: biased)"
         if found is None:
             return Recommended("none", "–", how, None)
+        how = f"none among {preset.framework}'s own keys ({', '.join(kinds)}: biased)"
         trainer = "klstudy's [`KLTrainer`](tutorial-kltrainer.md), which needs TRL 1.16.0"
         return Recommended(f"{SUBCLASS_HEAD.format(preset.framework)}{found.config} "
                            f"({found.normalisation})", _strength(atlas, found, preset, name),
@@ -170,7 +170,7 @@ def markdown(atlas_path: Path = ATLAS, config_path: Path = ROOT / "config.yaml")
     advantages = "; ".join(f"`{name}`, {words}" for name, words in ADVANTAGE_WORDS.items() if name in used)
     cells = " ".join(" ".join(r.cells.values()) for r in rows)
     why = "; ".join(words for word, words in WHY_NONE.items() if word in cells)
-    nearest = "; at G n: the atlas's nearest G" if "(at G " in cells else ""
+    nearest = " (at G n: the atlas's nearest G)" if "(at G " in cells else ""
     legend = LEGEND.format(advantages=advantages, tolerance=f"{TOLERANCE:.0%}", why=why, nearest=nearest)
     legend = textwrap.fill(legend, 120, break_long_words=False, break_on_hyphens=False)
     notes = "\n".join(textwrap.fill(r.note, 120, subsequent_indent="  ", break_long_words=False,
