@@ -34,7 +34,7 @@ LEGEND = (
     "reward before the advantage; `k1-advantage`, K1 per token added to the advantage after its normalisation "
     '(OpenRLHF\'s and AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: its gradient as '
     "TRL ≥ 1.10, NeMo-RL 0.7 take it). Advantages of the G responses to a prompt "
-    "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): {advantages}. β_eff/β: strength obtained over strength "
+    "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): {advantages}. β_eff/β: strength obtained ÷ "
     "asked, in the toy's parametric family{nearest}; `1 (exact)`: theory's, at any β and G; "
     "off 1 by over {tolerance}, set the β `klstudy explain` computes; or why none: {why}. "
     f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point and the β to set depend on the "
