@@ -32,8 +32,8 @@ BEGIN, END = "<!-- the answer table: begin -->", "<!-- the answer table: end -->
 LEGEND = (
     "KLs are named estimator-placement ([KL names](kl-names.md)): `k1-reward`, K1 subtracted from the sequence's "
     "reward before the advantage; `k1-advantage`, K1 per token added to the advantage after its normalisation "
-    '(OpenRLHF\'s and AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: its gradient as '
-    "TRL ≥ 1.10, NeMo-RL 0.7 take it). Advantages of the G responses to a prompt "
+    '(OpenRLHF\'s and AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: the gradient '
+    "of TRL ≥ 1.10, NeMo-RL 0.7). Advantages of the G responses to a prompt "
     "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): {advantages}. β_eff/β: strength obtained ÷ "
     "asked, in the toy's parametric family{nearest}; `1 (exact)`: theory's, at any β and G; "
     "off 1 by over {tolerance}, set the β `klstudy explain` computes; or why none: {why}. "
