@@ -281,7 +281,9 @@ def strength_line(family: str, table, beta: float, section: dict) -> str:
     from klstudy.analysis import atlas  # torch: only when something is computed
 
     unresolved = rest[rest.resolution != "β_eff"]
-    why = "not resolved at β = " + ", ".join(f"{r.beta:g} ({atlas.ratio_text(r)})" for r in unresolved.itertuples())
+    reasons = {r.beta: atlas.ratio_text(r) for r in unresolved.itertuples()}  # why each is not resolved (WORDS)
+    why = "; ".join(f"{reason} at β = " + ", ".join(f"{b:g}" for b, r in reasons.items() if r == reason)
+                    for reason in dict.fromkeys(reasons.values()))  # fmt: skip
     span = (low if low == high else f"{low}–{high}") + " at β = " + ", ".join(f"{b:g}" for b in resolved.beta)
     span = (span + (f"; {why}" if len(unresolved) else "")) if len(resolved) else why
     if not len(rest):
