@@ -104,7 +104,7 @@ def main():
         save_strategy="no",
         disable_tqdm=True,
     )
-    ours_extra = dict(kl_estimator="k3", kl_placement="loss", advantage="grpo", measure_reference_kl=True)
+    ours_extra = dict(kl_estimator="k3", kl_placement="loss", advantage="mean", measure_reference_kl=True)
     stock_extra = dict(scale_rewards="none", use_bias_correction_kl=False)
     runs = {
         "ours": lambda: seconds_per_step(KLTrainer, KLTrainerConfig, model_dir, settings, ours_extra, args.steps),

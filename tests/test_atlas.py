@@ -19,7 +19,7 @@ def small(name="tabular", length=2):
     return family, fp.task_reward(family.sequences, ONE)
 
 
-@pytest.mark.parametrize("normalisation", ["rloo", "grpo", "group_std", "loo_std"])
+@pytest.mark.parametrize("normalisation", ["rloo", "mean", "group_std", "loo_std"])
 @pytest.mark.parametrize("group", [2, 3])
 @pytest.mark.parametrize(
     "config",
@@ -94,12 +94,12 @@ def test_whitening_with_the_kl_in_the_advantage_only_rescales_the_group_mean_upd
     for shift in (0.0, 0.3, -0.7):
         theta = family.reference_theta() + shift + torch.linspace(-0.5, 0.5, family.n_params, dtype=fp.DTYPE)
         whitened = fp.NormalisedUpdate(family, rewards, spec, "group_whiten", 4)(theta)
-        centred = fp.NormalisedUpdate(family, rewards, spec, "grpo", 4)(theta)
+        centred = fp.NormalisedUpdate(family, rewards, spec, "mean", 4)(theta)
         ratio = whitened / centred
         assert (ratio > 0).all() and (ratio.max() - ratio.min()) < 1e-10 * float(ratio.mean())
 
 
-@pytest.mark.parametrize("normalisation, group", [("rloo", 2), ("group_std", 4), ("group_std", 2), ("grpo", 8)])
+@pytest.mark.parametrize("normalisation, group", [("rloo", 2), ("group_std", 4), ("group_std", 2), ("mean", 8)])
 def test_k1_in_the_advantage_ends_on_the_optimum_at_beta_over_c(normalisation, group):
     """K1 to go is exact and unscaled, the task term c_G(p)·∇p: K1 in the advantage ends on the tabular optimum of
     J at β / c_G(p_end) (at β itself with RLOO), on the reward–KL frontier whatever the normalisation."""
@@ -133,7 +133,7 @@ def test_the_task_scale_of_each_normalisation():
     [1.39, 1.50] at G = 4, batch std (G − 1)/(G·√(p(1 − p))), each up to TRL's + 1e-4 in the denominator."""
     for p in (0.05, 0.3, 0.5, 0.8, 0.97):
         assert atlas.task_scale("rloo", 4, p) == pytest.approx(1, abs=1e-12)
-        assert atlas.task_scale("grpo", 8, p) == pytest.approx(7 / 8, abs=1e-12)
+        assert atlas.task_scale("mean", 8, p) == pytest.approx(7 / 8, abs=1e-12)
         assert atlas.task_scale("group_std", 2, p) == pytest.approx(0.5 / (2**-0.5 + 1e-4), abs=1e-12)
         assert 1.39 <= atlas.task_scale("group_std", 4, p) <= 1.5
         assert atlas.task_scale("group_std", 8, p) > 1
@@ -146,7 +146,7 @@ def test_the_task_scale_of_each_normalisation():
 
 @pytest.mark.parametrize(
     "normalisation, group",
-    [("grpo", 2), ("group_std", 2), ("group_std", 4), ("batch_std", 4), ("loo_std", 4), ("group_whiten", 4),
+    [("mean", 2), ("group_std", 2), ("group_std", 4), ("batch_std", 4), ("loo_std", 4), ("group_whiten", 4),
      ("whiten", 8)],
 )  # fmt: skip
 def test_a_normalisation_with_the_kl_in_the_loss_ends_where_rloo_ends_at_beta_over_c(normalisation, group):
@@ -167,7 +167,7 @@ def test_a_normalisation_with_the_kl_in_the_loss_ends_where_rloo_ends_at_beta_ov
     assert rloo.reward == pytest.approx(row.reward, abs=1e-9) and rloo.kl == pytest.approx(row.kl, abs=1e-9)
 
 
-@pytest.mark.parametrize("normalisation, group", [("rloo", 2), ("grpo", 4), ("group_std", 2), ("group_std", 3)])
+@pytest.mark.parametrize("normalisation, group", [("rloo", 2), ("mean", 4), ("group_std", 2), ("group_std", 3)])
 def test_k1_in_the_reward_has_a_zero_update_at_the_tabular_optimum(normalisation, group):
     """The tabular derivation: at π*_β the shaped reward R − β·K1 is the same for every sequence, so every
     zero-mean advantage vanishes there, whatever the normalisation; off it, the update does not."""

@@ -169,7 +169,7 @@ def test_explain_prints_a_release_and_a_setting_no_preset_covers(tmp_path):
         assert named in out and said in out, out
         assert sum(line.startswith("β_eff/β, ") for line in out.splitlines()) == 2, out
         assert sum(line.startswith("limits:") and "T = 2" in line for line in out.splitlines()) == 1, out
-    assert "advantages grpo, G = 5: β_eff/β = 1 at any β, exactly (theory, not measured" in outputs[0]
+    assert f"G = 5: β_eff/β = {explain.EXACT_ONE} at any β (theory, not measured" in outputs[0]
     assert "G = 5, β = 0.3" in outputs[1] and all(explain.WORDS in out for out in outputs)
     assert "other preset of verl 0.7.0: verl-0.7-k1-reward" in outputs[0]
     printed = [line for out in outputs for line in printed_commands(out)]
@@ -189,30 +189,35 @@ def test_verl_is_recommended_its_std_off_never_a_beta_that_keeps_the_std(beta):
     """verl 0.7.0 at its example script's β (0.001) or another: K1 in the reward with the group mean only and the KL
     loss off, at the strength asked exactly, not the β under ÷ std that came nearest (7.28e-06 at β 0.001)."""
     release = explain.resolve_release("verl", "0.7.0", beta=beta)
-    assert "β 0.001 once on" in release.head[0]
+    assert "`algorithm.adv_estimator=gae` (PPO with a critic)" in release.head[0]
+    assert "off by default" in release.head[1] and ("its example script's β" in release.head[1]) == (beta is None)
     [line] = explain.recommended(release.setting, TOY, {}, None)
-    assert "k1-reward" in line and "advantages grpo" in line and "β_eff/β = 1 at any β, exactly" in line
+    assert "k1-reward" in line and "advantages mean" in line and f"β_eff/β = {explain.EXACT_ONE} at any β" in line
     assert "norm_adv_by_std_in_grpo=False" in line and "actor_rollout_ref.actor.use_kl_loss=False" in line
+    assert "β: algorithm.kl_ctrl.kl_coef" in line  # the recommended setting's own β key, not the KL loss's
     assert "set β" not in line and "7.28e-06" not in line
 
 
 def test_trl_off_by_default_is_pointed_to_kltrainer_and_slime_to_none():
     """Computed at no β, a release still gets its recommendation where nothing need be computed for it."""
     trl = explain.explain_release(explain.resolve_release("TRL", "1.16.0"), TOY)
-    assert "KLTrainer" in trl and "k1-reward" in trl and "advantages rloo" in trl and "= 1 at any β, exactly" in trl
+    assert "KLTrainer" in trl and "k1-reward" in trl and "advantages rloo" in trl
+    assert f"= {explain.EXACT_ONE} at any β" in trl
+    assert "β: beta" in trl
     assert explain.WORDS in trl
     slime = explain.explain_release(explain.resolve_release("slime", "0.3.1"), TOY)
     assert "recommended setting: none whose KL gradient is unbiased among what slime offers" in slime
 
 
 def test_the_output_defines_its_words_and_tells_the_exact_value_from_the_measured():
-    """explain's terms are defined in its output (G, T, β_eff, measured, exactly, †), none left that a user does not
-    know (J_β, the flow); an EXACT setting's measured lines are told apart from its exact 1."""
+    """explain's terms are defined in its output (G, T, β_eff, measured, exact, not resolved and why, †), none left
+    that a user does not know (J_β, the flow); an EXACT setting's measured lines are told apart from its exact 1."""
     from klstudy.analysis.atlas import CLAMP_MARK
 
-    for word in ("G, ", "T, ", "β_eff, ", "measured: ", "exactly: ", f"{CLAMP_MARK}: "):
+    for word in ("G, ", "T, ", "β_eff, ", "measured: ", "exact: ", "not resolved: ", "unsettled (", "drifts (", "< x (",
+                 f"{CLAMP_MARK}: "):  # fmt: skip
         assert word in explain.WORDS, word
-    setting = explain.Setting("k1-reward", "grpo", 5, 0.3, framework="verl")
+    setting = explain.Setting("k1-reward", "mean", 5, 0.3, framework="verl")
     lines = explain.explain(setting, TOY, range_betas=()).splitlines()
     assert lines[1] == explain.WORDS and explain.MEASURED_VS_EXACT in lines
     assert not any("J_β" in line or "flow" in line for line in lines), lines
@@ -233,13 +238,13 @@ def test_flags_that_cannot_be_combined_are_refused_before_computing():
       ("k1-reward", "group_std", 5, 0.001, None)),
      ("verl", "0.7.0", ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=mse",
                         "actor_rollout_ref.actor.kl_loss_coef=0.01", "algorithm.norm_adv_by_std_in_grpo=False",
-                        "actor_rollout_ref.rollout.n=8"], ("k2-loss", "grpo", 8, 0.01, None)),
+                        "actor_rollout_ref.rollout.n=8"], ("k2-loss", "mean", 8, 0.01, None)),
      ("verl", "0.7.0", ["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl",
                         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.rollout.n=4"],
       ("k3-both", "group_std", 4, 0.001, 10.0)),
      ("verl", "0.7.0", ["actor_rollout_ref.rollout.n=5"], (kl.NO_KL, "group_std", 5, 0.0, None)),
      ("TRL", "1.16.0", ["beta=0.04", "scale_rewards=none", "num_generations=4", "loss_type=dr_grpo"],
-      ("k3-loss-ratio", "grpo", 4, 0.04, None)),
+      ("k3-loss-ratio", "mean", 4, 0.04, None)),
      ("TRL", "1.16.0", ["beta=0.04", "use_bias_correction_kl=False", "scale_rewards=batch"],
       ("k3-loss", "batch_std", 8, 0.04, None)),
      ("TRL", "1.9.2", ["beta=0.1"], ("k3-loss", "group_std", 8, 0.1, None)),
@@ -271,6 +276,7 @@ def test_a_setting_in_the_frameworks_own_words_is_read_into_kl_py(framework, ver
      ("TRL", "1.16.0", ["beta=0.04", "loss_type=sapo"], "loss_type"),
      ("TRL", "1.16.0", ["beta=0.04", "importance_sampling_level=sequence"], "importance_sampling_level"),
      ("OpenRLHF", "0.11.0", ["--algo.advantage.estimator", "gae"], "critic"),
+     ("verl", "0.7.0", ["algorithm.adv_estimator=gae"], "critic, outside the toy; the toy models"),
      ("OpenRLHF", "0.11.0", ["--rollout.n_samples_per_prompt", "16"], "--rollout.n_samples_per_prompt"),
      ("slime", "0.3.1", ["--use-kl-loss", "--kl-loss-type", "k2"], "--kl-loss-type"),
      ("SkyRL", "0.3.0", ["trainer.algorithm.use_kl_loss=true"], "--kl")],
@@ -278,6 +284,15 @@ def test_a_setting_in_the_frameworks_own_words_is_read_into_kl_py(framework, ver
 def test_an_option_not_read_is_named_in_the_error(framework, version, words, named):
     with pytest.raises(ValueError, match=named.replace("+", "[+]")):
         framework_settings.read(presets.PRESETS[explain.preset_for(framework, version)], words)
+
+
+def test_verl_without_its_advantage_estimator_says_its_default_gae_is_modelled_as_grpo():
+    """verl's own default is gae (PPO with a critic): a setting that leaves it out is read as verl's GRPO, said."""
+    preset = presets.PRESETS[explain.preset_for("verl", "0.7.0")]
+    omitted = framework_settings.read(preset, ["algorithm.use_kl_in_reward=True"])
+    given = framework_settings.read(preset, ["algorithm.use_kl_in_reward=True", "algorithm.adv_estimator=grpo"])
+    assert any("its default, gae, is PPO with a critic" in note for note in omitted.notes)
+    assert not any("gae" in note for note in given.notes)
 
 
 def test_a_group_of_one_is_refused_naming_the_field():

@@ -162,7 +162,7 @@ def verl_groups(seed, groups, group_size):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("norm_by_std, advantage", [(True, "group_std"), (False, "grpo")])
+@pytest.mark.parametrize("norm_by_std, advantage", [(True, "group_std"), (False, "mean")])
 def test_verl_grpo_advantage(norm_by_std, advantage, seed):
     """compute_grpo_outcome_advantage (core_algos.py:268-331): per uid, ÷ (Bessel std + 1e-6), or the mean alone."""
     core_algos = release_module(VERL, "verl.trainer.ppo.core_algos")
@@ -186,7 +186,7 @@ def advantages_of(name, rewards, epsilon):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("norm_by_std, advantage", [(True, "group_std"), (False, "grpo")])
+@pytest.mark.parametrize("norm_by_std, advantage", [(True, "group_std"), (False, "mean")])
 @pytest.mark.parametrize("name, estimator", [("kl", "k1"), ("mse", "k2"), ("low_var_kl", "k3")])
 def test_verl_kl_in_the_reward(name, estimator, norm_by_std, advantage, seed):
     """use_kl_in_reward: apply_kl_penalty (ray_trainer.py:78-117) on verl's own DataProto, then GRPO's advantage:
@@ -282,7 +282,7 @@ def openrlhf_advantages(release, estimator, rewards, token_kl, mask, beta, seed=
 OPENRLHF_ADVANTAGES = [
     ("rloo", "rloo", None),
     ("group_norm", "group_std", 1e-9),
-    ("dr_grpo", "grpo", None),
+    ("dr_grpo", "mean", None),
     ("reinforce_baseline", "group_whiten", None),
     ("reinforce", "whiten", None),
 ]
@@ -397,7 +397,7 @@ def test_skyrl_0_1_kl_loss_has_no_gradient(estimator):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("norm_by_std, advantage", [(True, "group_std"), (False, "grpo")])
+@pytest.mark.parametrize("norm_by_std, advantage", [(True, "group_std"), (False, "mean")])
 def test_skyrl_grpo_advantage(norm_by_std, advantage, seed):
     """compute_grpo_outcome_advantage (ppo_utils.py:1287-1336 in 0.3.0): ÷ (Bessel std + 1e-6) with
     grpo_norm_by_std, the group mean alone without."""
@@ -465,7 +465,7 @@ def areal_advantages(rewards, logp, ref_logp, mask, kl_ctl, estimator, reward_no
 # AReaL's reward_norm (a NormConfig, group level, its default eps 1e-5) and kl.py's normalisation.
 AREAL_NORMS = [
     ({"mean_level": "group", "std_level": "group"}, "group_std", 1e-5),
-    ({"mean_level": "group", "std_level": None}, "grpo", None),
+    ({"mean_level": "group", "std_level": None}, "mean", None),
     ({"mean_level": "group", "mean_leave1out": True, "std_level": None}, "rloo", None),
 ]
 
@@ -679,11 +679,11 @@ def test_polgrad_vendored_openrlhf_aggregate_loss_is_the_wheels(token_level_loss
 
 # What the tests above check for each framework: kl.py's configurations (N: any estimator) and normalisations.
 CHECKED = {
-    "TRL": ({"k3-loss", "k3-loss-ratio", "k3-loss-score"}, {"group_std", "batch_std", "grpo"}),
-    "verl": ({"kN-loss", "kN-loss-st", "kN-reward"}, {"group_std", "grpo"}),
-    "OpenRLHF": ({"kN-loss", "kN-loss-isst", "kN-advantage"}, {"rloo", "group_std", "grpo", "group_whiten", "whiten"}),
-    "SkyRL": ({"kN-loss"}, {"group_std", "grpo"}),
-    "AReaL": ({"kN-loss", "kN-advantage"}, {"group_std", "grpo", "rloo"}),
+    "TRL": ({"k3-loss", "k3-loss-ratio", "k3-loss-score"}, {"group_std", "batch_std", "mean"}),
+    "verl": ({"kN-loss", "kN-loss-st", "kN-reward"}, {"group_std", "mean"}),
+    "OpenRLHF": ({"kN-loss", "kN-loss-isst", "kN-advantage"}, {"rloo", "group_std", "mean", "group_whiten", "whiten"}),
+    "SkyRL": ({"kN-loss"}, {"group_std", "mean"}),
+    "AReaL": ({"kN-loss", "kN-advantage"}, {"group_std", "mean", "rloo"}),
 }
 
 

@@ -71,7 +71,7 @@ TRAIN = dict(steps=4, batch_prompts=8, minibatch_prompts=8, micro_batch=16, roll
 CELLS = {
     "onpolicy": dict(kl="k1-both", train=TRAIN),
     "four_updates": dict(kl="k1-loss", train={**TRAIN, "steps": 3, "minibatch_prompts": 2, "micro_batch": 8}),
-    "async": dict(kl="k3-loss", train={**TRAIN, "async_level": 2, "advantage": "grpo", "loss_type": "dr_grpo"}),
+    "async": dict(kl="k3-loss", train={**TRAIN, "async_level": 2, "advantage": "mean", "loss_type": "dr_grpo"}),
 }
 KILLED = dict(kl="k1-loss", train=TRAIN, snapshot_steps=[2, 4])  # killed after step 3; Fig. 12 reads its snapshots
 KILL_AT = 3

@@ -143,7 +143,7 @@ def test_token_advantages_add_the_penalty_before_whitening():
     logp, ref_logp, mask, rewards = batch(groups=4)
     spec = kl.KLSpec("k1", "advantage", 0.5)
     penalty = kl.advantage_penalty(logp, ref_logp, mask, spec)
-    for name in ("rloo", "grpo", "group_std", "loo_std"):  # no whitening: the sequence's advantage minus the penalty
+    for name in ("rloo", "mean", "group_std", "loo_std"):  # no whitening: the sequence's advantage minus the penalty
         expected = kl.ADVANTAGES[name](rewards).unsqueeze(-1) - penalty
         torch.testing.assert_close(kl.token_advantages(rewards, penalty, mask, name), expected, rtol=0, atol=0)
     got = kl.token_advantages(rewards, penalty, mask, "group_whiten")
@@ -307,7 +307,7 @@ def test_each_normalisation_by_hand():
     batch_std = rewards.flatten().std()
     torch.testing.assert_close(kl.batch_std_advantages(rewards), centred / (batch_std + 1e-4))
     # A group without spread has no advantage under any normalisation.
-    for name in ("rloo", "grpo", "group_std", "batch_std", "loo_std"):
+    for name in ("rloo", "mean", "group_std", "batch_std", "loo_std"):
         assert kl.ADVANTAGES[name](torch.ones(1, 3)).abs().max() == 0
 
 
@@ -335,7 +335,7 @@ def test_batch_std_takes_the_last_two_dimensions_as_the_batch():
         torch.testing.assert_close(together[run], kl.batch_std_advantages(rewards[run]))
 
 
-@pytest.mark.parametrize("name", ["rloo", "grpo", "group_std", "batch_std", "loo_std"])
+@pytest.mark.parametrize("name", ["rloo", "mean", "group_std", "batch_std", "loo_std"])
 def test_every_normalisation_is_zero_mean_and_increasing_in_the_own_reward(name):
     """What the tabular fixed-point derivation of docs/record/atlas-derivations.md needs of an
     advantage: Σ_i A_i = 0 in each group (RLOO

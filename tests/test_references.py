@@ -91,6 +91,7 @@ REFUSED = [
     {"policy_loss": "gspo"},
     {"advantage": "none"},
     {"loss_type": "grpo"},
+    {"advantage": "grpo"},  # the group mean is "mean" (GRPO itself divides by the std: group_std)
     {"updates_per_batch": 0},
     {"scale_rewards": "group"},
     {"steps_per_generation": 3},

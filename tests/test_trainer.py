@@ -139,7 +139,7 @@ def test_every_normalisation_matches_stock_trl(model_dir, tmp_path, advantage):
 def test_k3_in_loss_with_group_mean_matches_stock_trl(model_dir, tmp_path, loss_gradient, use_bias_correction_kl):
     """K3 in the loss is TRL's KL loss with use_bias_correction_kl off; k3-loss-ratio is the same with it on."""
     mine = ours(
-        model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="grpo", kl_loss_gradient=loss_gradient
+        model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="mean", kl_loss_gradient=loss_gradient
     )
     stock = stock_trl(model_dir, tmp_path, use_bias_correction_kl=use_bias_correction_kl)
     batch_mine, batch_stock = scored(mine), scored(stock)
@@ -158,7 +158,7 @@ def test_k3_in_loss_with_group_mean_matches_stock_trl(model_dir, tmp_path, loss_
 
 def test_trl_default_bias_correction_would_differ(model_dir, tmp_path):
     """Why the trainer turns TRL's use_bias_correction_kl off: with it on, the gradient is not the paper's."""
-    mine = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="grpo")
+    mine = ours(model_dir, tmp_path, kl_estimator="k3", kl_placement="loss", advantage="mean")
     assert mine.args.use_bias_correction_kl is False
     stock = stock_trl(model_dir, tmp_path, use_bias_correction_kl=True)
     _, grad_mine = gradient(mine, scored(mine))

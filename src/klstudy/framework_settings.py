@@ -117,14 +117,21 @@ def read_verl(keys: Keys, preset: Preset, group: int | None) -> Read:
     """verl 0.7.0 (ppo_trainer.yaml:84-102, actor/actor.yaml:95-105): GRPO, the KL in the reward, the KL loss or
     both (one estimator and one β: kl.py's 'both')."""
     notes = []
-    keys.choice("algorithm.adv_estimator", "grpo", {"grpo": "grpo"})  # the presets read verl's GRPO only
+    # omitted, its default gae is read as grpo (modelled, said in the notes); given, gae is refused
+    keys.choice("algorithm.adv_estimator", "grpo", {"grpo": "grpo", "gae": None}) or _refuse(
+        "verl algorithm.adv_estimator=gae (its default) is PPO with a critic, outside the toy; the toy models "
+        "algorithm.adv_estimator=grpo, as verl's example scripts set it"
+    )
+    if not keys.given("algorithm.adv_estimator"):
+        notes.append("advantages modelled as algorithm.adv_estimator=grpo: its default, gae, is PPO with a critic, "
+                     "outside the toy")  # fmt: skip
     in_reward = keys.flag("algorithm.use_kl_in_reward", False)
     reward_estimator = keys.choice("algorithm.kl_penalty", "kl", VERL_ESTIMATORS)
     reward_beta = keys.number("algorithm.kl_ctrl.kl_coef", 0.001)
     in_loss = keys.flag("actor_rollout_ref.actor.use_kl_loss", False)
     loss_estimator = keys.choice("actor_rollout_ref.actor.kl_loss_type", "low_var_kl", VERL_ESTIMATORS)
     loss_beta = keys.number("actor_rollout_ref.actor.kl_loss_coef", 0.001)
-    normalisation = "group_std" if keys.flag("algorithm.norm_adv_by_std_in_grpo", True) else "grpo"
+    normalisation = "group_std" if keys.flag("algorithm.norm_adv_by_std_in_grpo", True) else "mean"
     size = _group(keys, "actor_rollout_ref.rollout.n", preset, group, notes)
     parts = [(e, b, p) for on, e, b, p in ((in_reward, reward_estimator, reward_beta, "reward"),
                                            (in_loss, loss_estimator, loss_beta, "loss")) if on and b > 0]  # fmt: skip
@@ -180,7 +187,7 @@ def read_slime(keys: Keys, preset: Preset, group: int | None) -> Read:
 
 # TRL's scale_rewards, as GRPOConfig takes it (True is "group", False "none"): kl.TRL_SCALE_REWARDS read backwards.
 TRL_NORMALISATIONS = {text: name for name, text in kl.TRL_SCALE_REWARDS.items()} | {"True": "group_std",
-                                                                                      "False": "grpo"}  # fmt: skip
+                                                                                      "False": "mean"}  # fmt: skip
 # loss_type's token aggregations: every answer of the toy has the same length T, so each is the same positive
 # multiple of both the task and the KL term there, and none moves the end point. Other loss types change the
 # policy term itself and are refused.

@@ -58,6 +58,9 @@ class Preset:
     def as_row(self) -> dict:
         return asdict(self)
 
+# verl's own default advantage (ppo_trainer.yaml `adv_estimator: gae`, read at v0.9.0:74), as OpenRLHF's, is PPO
+# with a critic: its presets model its GRPO, as its example scripts set it.
+VERL_GAE = "its default `algorithm.adv_estimator=gae` (PPO with a critic) is outside the toy; modelled: `grpo`"
 
 PRESETS = {
     "trl-1.9": Preset(
@@ -87,6 +90,7 @@ PRESETS = {
         "k3-loss", "group_std", 5, 0.0, clamp=10.0, recipe_beta=0.001,
         note="the recipe trains 1024 prompts a batch in minibatches of 256 (:10, :18): 3 of 4 updates off-policy, "
         "which the toy's on-policy update leaves out",
+        modelled=VERL_GAE,
         is_default=True,
     ),
     "verl-0.7-k1-reward": Preset(
@@ -116,8 +120,8 @@ PRESETS = {
         "k1-advantage", "group_std", 8, 0.01, clamp=10.0,
         note="the default KL",
         is_default=True,
-        modelled="its default advantages, `--algo.advantage.estimator gae` (PPO with a critic, one response a "
-        "prompt), are outside the toy; modelled: `group_norm`, G = 8, as its GRPO script",
+        modelled="its default `--algo.advantage.estimator gae` (PPO with a critic) is outside the toy; modelled: "
+        "`group_norm`, G = 8, as its GRPO script",
     ),
     "openrlhf-0.11-reinforce-baseline": Preset(
         "OpenRLHF", "0.11.0",
@@ -250,13 +254,13 @@ BETA_KEYS = {
     "slime": {"*": "--kl-loss-coef"},
     "ROLL": {"*": "kl_loss_coef"},
 }
-# The switch that turns the advantage's ÷ std off (kl.ADVANTAGES "grpo": the group mean only), where it was read
+# The switch that turns the advantage's ÷ std off (kl.ADVANTAGES "mean": R − the group's mean only), where it was read
 # (SkyRL's: its ppo_base_config.yaml, "set to false to disable normalization by std in GRPO").
 STD_OFF = {"verl": "algorithm.norm_adv_by_std_in_grpo=False", "TRL": "scale_rewards='none'",
            "SkyRL": "trainer.algorithm.grpo_norm_by_std=false"}  # fmt: skip
 # Why the KL is off by default where β alone does not say it: switches off, with a coefficient that is not 0 once on
 # (the presets' sources). Elsewhere off means β = 0.
-OFF_BY_SWITCH = {"verl": "use_kl_loss and use_kl_in_reward false; β 0.001 once on"}
+OFF_BY_SWITCH = {"verl": "use_kl_loss and use_kl_in_reward false"}
 # Where a framework's own trainer offers no unbiased KL but klstudy's subclass of it does: (KL configuration,
 # advantages, how to ask for it). KLTrainer needs TRL 1.16.0 exactly (docs/tutorial-kltrainer.md).
 SUBCLASS = {"TRL": ("k1-reward", "rloo", "kl_estimator='k1', kl_placement='reward'")}

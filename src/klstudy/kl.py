@@ -460,7 +460,7 @@ def _whitened(centre):
 # (..., G) to advantages of the same shape; "none" (no baseline) is Figure 1's b = 0.
 ADVANTAGES = {
     "rloo": rloo_advantages,
-    "grpo": group_mean_advantages,
+    "mean": group_mean_advantages,
     "group_std": group_std_advantages,
     "batch_std": batch_std_advantages,
     "loo_std": loo_std_advantages,
@@ -469,7 +469,7 @@ ADVANTAGES = {
 # Normalisations that whiten the per-token advantages over the whole batch after any per-token term is added, and the
 # advantage they whiten: OpenRLHF's reinforce_baseline (the group mean) and reinforce (none; ROLL's reinforce with
 # whiten_advantages too).
-WHITENED = {"group_whiten": "grpo", "whiten": "none"}
+WHITENED = {"group_whiten": "mean", "whiten": "none"}
 ADVANTAGES.update({name: _whitened(centre) for name, centre in WHITENED.items()})
 
 
@@ -477,12 +477,12 @@ ADVANTAGES.update({name: _whitened(centre) for name, centre in WHITENED.items()}
 # one normalisation. "whiten" and "group_whiten" differ in what is subtracted before the whitening.
 ADVANTAGE_WORDS = {
     "rloo": "R − the others' mean (leave-one-out)",
-    "grpo": "the group mean only: Dr. GRPO's, not GRPO's",
+    "mean": "R − the group's mean, no ÷ std: Dr. GRPO's",
     "group_std": "GRPO's: − the group's mean, ÷ its std",
     "batch_std": "− the group's mean, ÷ the batch's std",
     "loo_std": "leave-one-out, ÷ the others' std",
-    "group_whiten": "− the group's mean, then every token's advantage whitened over the batch",
-    "whiten": "no baseline, then every token's advantage whitened over the batch",
+    "group_whiten": "− the group's mean, every token's advantage whitened over the batch",
+    "whiten": "no baseline, every token's advantage whitened over the batch",
 }
 
 STD_NORMALISATIONS = ("group_std", "batch_std", "loo_std")  # the ones that take a framework's ε
@@ -503,7 +503,7 @@ def token_advantages(rewards, penalty_to_go, mask, normalisation: str, epsilon: 
 
 
 # TRL 1.16's scale_rewards value that gives each normalisation (with the group mean as its baseline).
-TRL_SCALE_REWARDS = {"grpo": "none", "group_std": "group", "batch_std": "batch"}
+TRL_SCALE_REWARDS = {"mean": "none", "group_std": "group", "batch_std": "batch"}
 
 
 def reinforce_loss(logp, ref_logp, mask, task_rewards, spec: KLSpec, advantage="rloo") -> torch.Tensor:

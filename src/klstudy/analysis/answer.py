@@ -32,20 +32,20 @@ BEGIN, END = "<!-- the answer table: begin -->", "<!-- the answer table: end -->
 LEGEND = (
     "KLs are named estimator-placement ([KL names](kl-names.md)): `k1-reward`, K1 subtracted from the sequence's "
     "reward before the advantage; `k1-advantage`, K1 per token added to the advantage after its normalisation "
-    '(OpenRLHF\'s and AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: its gradient as '
-    "TRL ≥ 1.10, NeMo-RL 0.7 take it). Advantages of the G responses to a prompt "
-    "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): {advantages}. β_eff/β: strength obtained over strength "
-    "asked, in the toy's parametric family (the paper's policy; at G 4: the atlas's nearest G); off 1 by over "
-    "{tolerance}, set the β `klstudy explain` computes; or why none: {why}. "
+    '(OpenRLHF\'s and AReaL\'s "KL in the reward"); `k3-loss`, K3 in the loss (`-ratio`, `-score`: the gradient '
+    "of TRL ≥ 1.10, NeMo-RL 0.7). Advantages of the G responses to a prompt "
+    "([glossary](glossary.md#grpo-dr-grpo-rloo-whitening)): {advantages}. β_eff/β: strength obtained ÷ "
+    "asked, in the toy's parametric family{nearest}; `1 (exact)`: theory's, at any β and G; "
+    "off 1 by over {tolerance}, set the β `klstudy explain` computes; or why none: {why}. "
     f"{CLAMP_MARK}: the framework's clamp on the KL estimate binds, so the end point and the β to set depend on the "
-    "path ([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate)). `modelled:` the default is outside the toy. Below "
-    "the table: each row's keys, flags, and what it models."
+    "path ([pitfalls](pitfalls.md#a-clamp-on-the-kl-estimate)). `modelled:` the default is outside the toy."
 )
 # The atlas's words for a β_eff/β it has not (atlas.ratio_text), each said in the legend where the table uses it.
 WHY_NONE = {"<": "`< x`, more KL than any optimum", "unsettled": "`unsettled`, still moving",
             "drifts": "`drifts`, no fixed point"}  # fmt: skip
+SUBCLASS_HEAD = "none in {}; `KLTrainer`: "  # the recommended cell where only klstudy's subclass offers one
 COLUMNS = ("release", "default (advantages, G)", "its β_eff/β", "recommended (unbiased KL)",
-           f"its β_eff/β at β {FIELD_BETA:g} / {STRONG_BETA:g}")  # fmt: skip
+           f"β_eff/β at β {FIELD_BETA:g} / {STRONG_BETA:g}")  # fmt: skip
 
 
 def ratio_at(
@@ -94,17 +94,33 @@ def recommended(preset, atlas: pd.DataFrame, toy_section: dict, name: str | None
         how = f"none ({', '.join(kinds)}: biased)"
         if found is None:
             return Recommended("none", "–", how, None)
-        trainer = "klstudy's [`KLTrainer`](tutorial-kltrainer.md) (TRL 1.16.0)"
-        return Recommended(f"{found.config}, `KLTrainer` ({found.normalisation})", _strength(atlas, found, preset,
-                           name), f"{how}; {trainer}: {found.how}", found.normalisation)  # fmt: skip
+        how = f"none among {preset.framework}'s own keys ({', '.join(kinds)}: biased)"
+        trainer = "klstudy's [`KLTrainer`](tutorial-kltrainer.md), which needs TRL 1.16.0"
+        return Recommended(f"{SUBCLASS_HEAD.format(preset.framework)}{found.config} "
+                           f"({found.normalisation})", _strength(atlas, found, preset, name),
+                           f"{how}; {trainer}: {found.how}", found.normalisation)  # fmt: skip
     key = beta_key(preset.framework, found.config)
     how = found.how + ("" if key == beta_key(preset.framework, preset.kl) else f", β: `{key}`")
+    if (found.config, found.normalisation) == (preset.kl, preset.normalisation):
+        how = "its default KL" + ("" if _is_asked(atlas, preset, name) else ", at the β `klstudy explain` computes")
     return Recommended(f"{found.config} ({found.normalisation})", _strength(atlas, found, preset, name), how,
                        found.normalisation)  # fmt: skip
 
 
+def _is_asked(atlas: pd.DataFrame, preset, name: str | None) -> bool:
+    """Whether ``preset``'s own β_eff/β at its default β (the field's where it has none) is within TOLERANCE of 1."""
+    beta = preset.default_beta or FIELD_BETA
+    rows = atlas[(atlas.family == FAMILY) & (atlas.preset == name) & (atlas.beta == beta)]
+    return not rows.empty and rows.resolution.iloc[0] == "β_eff" and abs(rows.beta_eff_ratio.iloc[0] - 1) <= TOLERANCE
+
+
 def _strength(atlas: pd.DataFrame, found, preset, name: str | None) -> str:
-    """β_eff/β of the recommended setting at the field's and a strong β, read at ``preset``'s G (or the nearest)."""
+    """β_eff/β of the recommended setting at the field's and a strong β, read at ``preset``'s G (or the nearest); 1
+    exactly, at any β and G, where theory says so (explain.EXACT)."""
+    from klstudy.analysis import explain
+
+    if (found.config, found.normalisation) in explain.EXACT:
+        return explain.EXACT_ONE
     own = name if (found.config, found.normalisation) == (preset.kl, preset.normalisation) else None
     read = [ratio_at(atlas, found.config, found.normalisation, preset.group, b, own) for b in (FIELD_BETA, STRONG_BETA)]
     group = read[0][1]
@@ -116,9 +132,10 @@ def _default_key(p) -> str:
     key = beta_key(p.framework, p.kl)
     if p.default_beta:
         return f"β: `{key}`"
+    script = f"; its example script's β {p.recipe_beta:g}" if p.recipe_beta else ""
     if p.framework in OFF_BY_SWITCH:
-        return f"off: {OFF_BY_SWITCH[p.framework]}; β: `{key}`"
-    return f"off: `{key}` = 0"
+        return f"off: {OFF_BY_SWITCH[p.framework]}{script}; β: `{key}`"
+    return f"off: `{key}` = 0{script}"
 
 
 def row(name: str, p, atlas: pd.DataFrame, toy_section: dict) -> Row:
@@ -130,7 +147,7 @@ def row(name: str, p, atlas: pd.DataFrame, toy_section: dict) -> Row:
         default, amounts = f"off; on: {p.kl}", "–"
         if p.recipe_beta:
             ratio, _ = ratio_at(atlas, p.kl, p.normalisation, p.group, p.recipe_beta, name)
-            amounts = f"{ratio} (script's β {p.recipe_beta:g})"
+            amounts = f"{ratio} (β {p.recipe_beta:g})"  # the note says whose
     rec = recommended(p, atlas, toy_section, name)
     release = f"{p.framework} {p.version}"
     modelled_as = f"({'modelled: ' if p.modelled else ''}{p.normalisation}, {p.group})"
@@ -153,7 +170,8 @@ def markdown(atlas_path: Path = ATLAS, config_path: Path = ROOT / "config.yaml")
     advantages = "; ".join(f"`{name}`, {words}" for name, words in ADVANTAGE_WORDS.items() if name in used)
     cells = " ".join(" ".join(r.cells.values()) for r in rows)
     why = "; ".join(words for word, words in WHY_NONE.items() if word in cells)
-    legend = LEGEND.format(advantages=advantages, tolerance=f"{TOLERANCE:.0%}", why=why)
+    nearest = " (at G n: the atlas's nearest G)" if "(at G " in cells else ""
+    legend = LEGEND.format(advantages=advantages, tolerance=f"{TOLERANCE:.0%}", why=why, nearest=nearest)
     legend = textwrap.fill(legend, 120, break_long_words=False, break_on_hyphens=False)
     notes = "\n".join(textwrap.fill(r.note, 120, subsequent_indent="  ", break_long_words=False,
                                      break_on_hyphens=False) for r in rows)  # fmt: skip

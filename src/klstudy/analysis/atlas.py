@@ -167,7 +167,7 @@ def task_scale(normalisation: str, group: int, p: float) -> float:
     advantage over a batch of many groups (the KL in the loss: nothing per token is whitened with it)."""
     if normalisation in kl.WHITENED:
         centre = kl.WHITENED[normalisation]
-        spread_squared = p * (1 - p) * ((group - 1) / group if centre == "grpo" else 1.0)
+        spread_squared = p * (1 - p) * ((group - 1) / group if centre == "mean" else 1.0)
         return task_scale(centre, group, p) / math.sqrt(max(spread_squared, kl.WHITEN_EPSILON))
     if normalisation == "none":
         return 1.0

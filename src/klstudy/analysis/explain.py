@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from klstudy import framework_settings, kl
-from klstudy.frameworks import OFF_BY_SWITCH, OFFERS, PRESETS, STD_OFF, SUBCLASS, clamp_of
+from klstudy.frameworks import OFF_BY_SWITCH, OFFERS, PRESETS, STD_OFF, SUBCLASS, beta_key, clamp_of
 
 # The β over which the answer is computed beside the one asked for: the atlas's grid, weak to strong.
 RANGE_BETAS = (0.1, 0.3, 1.0, 3.0)
@@ -39,11 +39,13 @@ COMMAND = ".venv/bin/python -m klstudy explain"
 BIAS_SETTING, BIAS_LENGTHS = "apart", (1, 4)
 # Settings whose fixed point is the KL-regularised optimum at any β (β_eff/β = 1 exactly): K1 in the reward under RLOO,
 # and under the group mean only, which is (G−1)/G times RLOO's advantage for the task and the KL term alike
-# (docs/fixed-points.md). The toy cannot resolve them at a field's small β; these need no computing.
+# (docs/fixed-points.md). The toy cannot resolve them at a field's small β; these need no computing. EXACT_ONE: how
+# their β_eff/β is written, here and in the answer table.
+EXACT_ONE = "1 (exact)"
 EXACT = {
-    ("k1-reward", "rloo"): "β_eff/β = 1 at any β, exactly (theory, not measured: its end point is the "
+    ("k1-reward", "rloo"): f"β_eff/β = {EXACT_ONE} at any β (theory, not measured: its end point is the "
     "KL-regularised optimum)",
-    ("k1-reward", "grpo"): "β_eff/β = 1 at any β, exactly (theory, not measured: the group-mean advantage is (G−1)/G "
+    ("k1-reward", "mean"): f"β_eff/β = {EXACT_ONE} at any β (theory, not measured: the group-mean advantage is (G−1)/G "
     "times the leave-one-out one for the task and the KL term alike, so the end point is RLOO's, the KL-regularised "
     "optimum)",
 }
@@ -57,8 +59,10 @@ WORDS = (
     "words: G, responses per prompt; T, tokens per sequence of the toy; β_eff, the β whose exact optimum of "
     "E[R] − β·KL has the KL this setting's training ends at, so β_eff/β is the strength obtained over the strength "
     "asked (< 1: weaker); measured: the toy's training run to its end point, in its two policy families (tabular: "
-    "any distribution over sequences; parametric: the paper's two-parameter policy); exactly: by theory; †: the "
-    "framework's clamp on the KL estimate binds, so the end point depends on the path"
+    "any distribution over sequences; parametric: the paper's two-parameter policy); exact: by theory; not "
+    "resolved: no β_eff read, because the end point is unsettled (training still moving when it stopped), drifts "
+    "(no fixed point) or < x (more KL than the optimum at the smallest β computed, x·β); †: the framework's clamp "
+    "on the KL estimate binds, so the end point depends on the path"
 )
 
 
@@ -168,6 +172,14 @@ def kl_gradient_bias(config: str, toy_section: dict) -> dict[int, float]:
     }  # fmt: skip
 
 
+def kl_gradient_size(toy_section: dict) -> dict[int, float]:
+    """{T: max |∇KL(π‖π_ref)|} in kl_gradient_bias's setting: the scale its bias is read against."""
+    from klstudy.analysis import toy
+
+    setting = toy.ToySetting(BIAS_SETTING, **toy_section["settings"][BIAS_SETTING])
+    return {length: float(np.abs(toy.exact_reverse_kl_grad(setting, length)).max()) for length in BIAS_LENGTHS}
+
+
 def unbiased(bias: dict[int, float], scale: float = 1.0) -> bool:
     return all(kl.exactly_zero(value, scale) for value in bias.values())
 
@@ -235,6 +247,7 @@ def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS, config
     and the fixed points' families, reward and flow)."""
     section = toy_section["fixed_points"]
     bias = kl_gradient_bias(setting.config, toy_section)
+    size = kl_gradient_size(toy_section)
     lines = [
         f"setting: {setting.label or setting.config}: {setting.config}, advantages {setting.normalisation} "
         f"({kl.ADVANTAGE_WORDS[setting.normalisation]}), G = {setting.group}, β = {setting.beta:g}"
@@ -243,8 +256,9 @@ def explain(setting: Setting, toy_section: dict, range_betas=RANGE_BETAS, config
         f"KL term: {describe(setting.config)}",
         "its gradient: "
         + ("unbiased" if unbiased(bias) else "biased")
-        + " for the sequence-level KL (its bias, exactly, in the toy with the policy far from the reference: "
-        + ", ".join(f"{b:.2g} at T = {t}" for t, b in bias.items())
+        + " for the sequence-level KL (its bias, exactly, in the toy with the policy far from the reference: the "
+        "largest |E[ĝ_KL] − ∇KL| over the policy's two parameters, and that over ∇KL's largest: "
+        + ", ".join(f"{b:.2g} ({b / size[t]:.0%}) at T = {t}" for t, b in bias.items())
         + ")",
     ]
     tables = end_points(setting, section, range_betas)
@@ -264,13 +278,14 @@ def strength_line(family: str, table, beta: float, section: dict) -> str:
     low, high = (
         (f"{resolved.beta_eff_ratio.min():.2f}", f"{resolved.beta_eff_ratio.max():.2f}") if len(resolved) else ("", "")
     )
-    span = (
-        (low if low == high else f"{low}–{high}") + " at β = " + ", ".join(f"{b:g}" for b in resolved.beta)
-        if len(resolved)
-        else "not resolved at any other β of " + ", ".join(f"{b:g}" for b in rest.beta)
-    )
-    if len(resolved) and len(resolved) < len(rest):
-        span += "; not resolved at β = " + ", ".join(f"{b:g}" for b in rest.beta[rest.resolution != "β_eff"])
+    from klstudy.analysis import atlas  # torch: only when something is computed
+
+    unresolved = rest[rest.resolution != "β_eff"]
+    reasons = {r.beta: atlas.ratio_text(r) for r in unresolved.itertuples()}  # why each is not resolved (WORDS)
+    why = "; ".join(f"{reason} at β = " + ", ".join(f"{b:g}" for b, r in reasons.items() if r == reason)
+                    for reason in dict.fromkeys(reasons.values()))  # fmt: skip
+    span = (low if low == high else f"{low}–{high}") + " at β = " + ", ".join(f"{b:g}" for b in resolved.beta)
+    span = (span + (f"; {why}" if len(unresolved) else "")) if len(resolved) else why
     if not len(rest):
         span = ""
     return (
@@ -312,7 +327,7 @@ def recommendation(setting: Setting, toy_section: dict, own: str = "this setting
         return Recommendation(*SUBCLASS[setting.framework], via_subclass=True)
     name, switch = found
     if setting.framework in STD_OFF and name.endswith("-reward") and (name, setting.normalisation) not in EXACT:
-        return Recommendation(name, "grpo", f"{switch}, {STD_OFF[setting.framework]}")
+        return Recommendation(name, "mean", f"{switch}, {STD_OFF[setting.framework]}")
     return Recommendation(name, setting.normalisation, switch)
 
 
@@ -341,7 +356,8 @@ def recommended_lines(setting: Setting, found: Recommendation | None, toy_sectio
     name, normalisation, switch = found.config, found.normalisation, _how(found)
     candidate = Setting(name, normalisation, setting.group, setting.beta, clamp_of(setting.framework, name),
                         setting.framework, name)  # fmt: skip
-    head = f"recommended (its KL gradient unbiased): {name} ({switch}), advantages {normalisation}, "
+    head = f"recommended (its KL gradient unbiased): {name} ({switch}; β: {beta_key(setting.framework, name)}), "
+    head += f"advantages {normalisation} ({kl.ADVANTAGE_WORDS[normalisation]}), "
     head += f"G = {setting.group}: "
     if (name, normalisation) in EXACT:
         return [head + f"{EXACT[name, normalisation]}; {command(setting_arguments(candidate), config)}"]
@@ -349,8 +365,8 @@ def recommended_lines(setting: Setting, found: Recommendation | None, toy_sectio
     same = name == setting.config and normalisation == setting.normalisation
     lines = [head + strength_at(candidate, section, tables if same else end_points(candidate, section, ()), config)]
     std_off = STD_OFF.get(setting.framework)
-    if std_off and normalisation != "grpo":
-        plain = Setting(name, "grpo", setting.group, setting.beta, candidate.clamp, setting.framework, name)
+    if std_off and normalisation != "mean":
+        plain = Setting(name, "mean", setting.group, setting.beta, candidate.clamp, setting.framework, name)
         lines.append(f"  with the std off ({std_off}): " + strength_at(plain, section, end_points(plain, section, ()),
                                                                         config))  # fmt: skip
     return lines

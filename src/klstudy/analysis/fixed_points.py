@@ -235,7 +235,7 @@ class ExpectedUpdate:
 # other member's reward replaced by its mean (batch_std with the policy's own spread, that of a batch of many groups;
 # the whitening ones, kl.WHITENED, are their centre's advantage whitened with the batch's mean and spread, the same
 # limit).
-LINEAR_NORMALISATIONS = ("rloo", "grpo", "batch_std", *kl.WHITENED)
+LINEAR_NORMALISATIONS = ("rloo", "mean", "batch_std", *kl.WHITENED)
 ENUMERATION_LIMIT = 2_000_000  # (classes × multisets × G) per θ beyond which a non-linear one is not enumerated
 
 
@@ -327,7 +327,7 @@ class NormalisedUpdate:
         add, (G − 1)/G²·Var_π(shaped reward) (A_1 = (G − 1)/G·R_1 − Σ_{j>1} R_j/G)."""
         mean = (prob * per_token.mean(-1)).sum(-1)
         second = (prob * per_token.square().mean(-1)).sum(-1)
-        if self.centre == "grpo":
+        if self.centre == "mean":
             centred = shaped - (prob * shaped).sum(-1, keepdim=True)
             second = second + (self.group - 1) / self.group**2 * (prob * centred.square()).sum(-1)
         variance = (second - mean.square()).clamp(min=kl.WHITEN_EPSILON)

@@ -81,11 +81,8 @@ class KLTrainerConfig(GRPOConfig):
     advantage: str = field(
         default="rloo",
         metadata={
-            "help": "Advantage normalisation (kl.ADVANTAGES): rloo (leave-one-out, the paper's), grpo (group mean, "
-            "Dr. GRPO), group_std (÷ the group's std, TRL's default), batch_std (÷ the batch's std), loo_std "
-            "(leave-one-out ÷ the other responses' std, NeMo-RL), group_whiten (group mean, then whitened over every "
-            "token of the batch: OpenRLHF's reinforce_baseline) or whiten (no baseline, whitened: OpenRLHF's "
-            "reinforce)."
+            "help": "Advantage normalisation, one of kl.ADVANTAGES: rloo (the paper's), mean (Dr. GRPO's), group_std "
+            "(GRPO's; TRL's default), batch_std, loo_std, group_whiten or whiten (docs/glossary.md says each)."
         },
     )
     updates_per_batch: int = field(

@@ -17,7 +17,7 @@ from klstudy.report.figures.captions import Caption, as_math, finish, table
 from klstudy.report.figures.encoding import config_colour, key_handles, kl_label, marker_of, save, style_of, tag
 from klstudy.report.figures.toy import coinciding
 
-AXIS_NAMES = {"rloo": "RLOO", "grpo": "− mean", "group_std": "÷ group std", "batch_std": "÷ batch std",
+AXIS_NAMES = {"rloo": "RLOO", "mean": "− mean", "group_std": "÷ group std", "batch_std": "÷ batch std",
               "loo_std": "LOO ÷ std", "none": "none", "group_whiten": "− mean, whitened",
               "whiten": "whitened"}  # fmt: skip
 GRID_FIGURE, LENGTH_FIGURE = "atlas_grid", "atlas_length"  # beside the atlas's presets (each PNG and caption, .md)
