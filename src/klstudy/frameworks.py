@@ -60,7 +60,8 @@ class Preset:
 
 # verl's own default advantage (ppo_trainer.yaml `adv_estimator: gae`, read at v0.9.0:74), as OpenRLHF's, is PPO
 # with a critic: its presets model its GRPO, as its example scripts set it.
-VERL_GAE = "its default `algorithm.adv_estimator=gae` (PPO with a critic) is outside the toy; modelled: `grpo`"
+VERL_GAE = ("its default `algorithm.adv_estimator=gae` (PPO with a critic) is outside the toy; modelled: "
+            "`adv_estimator=grpo` (÷ the group's std), as its GRPO example script")
 
 PRESETS = {
     "trl-1.9": Preset(
