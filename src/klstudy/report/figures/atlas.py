@@ -22,6 +22,10 @@ AXIS_NAMES = {"rloo": "RLOO", "grpo": "− mean", "group_std": "÷ group std", "
               "whiten": "whitened"}  # fmt: skip
 GRID_FIGURE, LENGTH_FIGURE = "atlas_grid", "atlas_length"  # beside the atlas's presets (each PNG and caption, .md)
 BOUND_MARKERS = {"x": r"$\leftarrow$", "y": r"$\downarrow$"}  # no β_eff: below this bound
+CLAMP_MARKER = r"$\dagger$"  # beside an end point where the preset's clamp binds (the table's †, analysis/atlas.py)
+MARK_WORDS = {**dict.fromkeys(BOUND_MARKERS.values(), "no β_eff: below the bound"), **{m: w for w, m in
+              encoding.UNSETTLED_MARKERS.items()}, "x": "no β_eff, no bound",
+              CLAMP_MARKER: "† clamp binds: end point depends on the path"}  # fmt: skip
 # The length caption's two values of a line: β_eff/β where its first and last values are, not at T = 1 and the last T.
 ENDS_OF_A_LINE = ("at the first T with a value", "at the last T with a value")
 
@@ -65,7 +69,8 @@ def _draw_point(ax, at: float, ratio: float, bound: float, config: str, axis: st
     if taken is not None and not np.isfinite(ratio):
         k = taken[(round(at), "arrow")] = taken.get((round(at), "arrow"), -1) + 1
     line = ax.plot(*xy, linestyle="", markersize=5 if np.isfinite(ratio) else 8, color=config_colour(config),
-                   label="_point", transform=ax.transData + ScaledTranslation(0.06 * k, 0, ax.figure.dpi_scale_trans),
+                   label="_point" if np.isfinite(ratio) else "_bound",
+                   transform=ax.transData + ScaledTranslation(0.06 * k, 0, ax.figure.dpi_scale_trans),
                    **marker)[0]  # fmt: skip
     return tag(line, config, None, "marker") if np.isfinite(ratio) else line
 
@@ -84,15 +89,19 @@ def _stops(ax, places, rows: pd.DataFrame, config: str, taken: dict, axis: str =
                     marker=encoding.UNSETTLED_MARKERS.get(status, "x"), clip_on=False)[0], config, None, "band")
 
 
-def _mark_handles() -> list:
-    """The legend's entries for what a setup without a β_eff draws (BOUND_MARKERS, _stops)."""
-    marks = {"no β_eff: below the bound": BOUND_MARKERS["y"], **encoding.UNSETTLED_MARKERS, "no β_eff, no bound": "x"}
-    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for w, m in marks.items()]
+def _mark_handles(fig) -> list:
+    """The legend's entries for the marks drawn in ``fig`` besides β_eff (MARK_WORDS: BOUND_MARKERS, _stops, the
+    clamp's †), each as drawn, in the order of MARK_WORDS."""
+    drawn = {line.get_marker() for ax in fig.axes for line in ax.get_lines()
+             if line.get_label() in ("_bound", "_stop", "_clamp")}
+    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for m, w in MARK_WORDS.items()
+            if m in drawn]
 
 
 def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
     """β_eff/β on one log scale for these panels, 1 and all drawn inside, the bottom ``room`` (a fraction) left."""
-    values = [1.0] + [v for ax in axes for line in ax.get_lines() if line.get_label() != "_stop" for v in np.asarray(
+    values = [1.0] + [v for ax in axes for line in ax.get_lines() if line.get_label() not in (
+        "_stop", "_clamp") for v in np.asarray(
         line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float) if np.isfinite(v) and v > 0]  # fmt: skip
     high, lowest = max(values) * 1.6, min(values)
     low = min(lowest / 1.6, lowest / (high / lowest) ** (room / (1 - room)))
@@ -133,7 +142,7 @@ def figure(points: pd.DataFrame, section: dict | None = None):
     for row, family in zip(axes, families, strict=True):
         _presets_row(row, points[preset & (points.family == family)], presets, betas, family, caption, quoted)
     _log_axis(list(axes.ravel()), "x")
-    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), 3)
+    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(fig), 3)
     fig.suptitle("How strongly each framework's preset regularises: β_eff/β (toy model, exact)")
     caption.add(
         "**How strongly each framework's KL setup regularises, as its code ships it (toy model of §3.3, exact).** "
@@ -154,7 +163,7 @@ def grid_figure(points: pd.DataFrame, section: dict | None = None):
         row = _panels(fig, [spec[f * pairs + i // 2, k] for k in range(len(betas[i : i + 2]))])
         grid = points[~preset & (points.family == families[f])]
         _log_axis(row, "y", _grid_row(row, grid, families[f], betas[i : i + 2]))
-    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), 3)
+    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(fig), 3)
     fig.suptitle("How strongly each KL configuration regularises: β_eff/β over normalisation and G (toy model, exact)")
     (caption := Caption()).add(
         "**How strongly each KL configuration regularises over the advantage normalisations and group sizes G (toy "
@@ -172,8 +181,9 @@ def _panels(fig, cells) -> list:
 def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: str, caption: Caption, quoted: list):
     """A panel per β, a row per group of presets that end alike at every β, named on the left in its KL
     configuration's colour; adds to ``quoted`` the values at the largest β."""
-    rows = rows.assign(bound=_bounds(rows), state=pd.factorize(rows.status)[0])  # alike: in status too
-    ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound", "state"]].to_numpy(dtype=float).ravel()
+    rows = rows.assign(bound=_bounds(rows), state=pd.factorize(rows.status)[0],  # alike: in status and clamp too
+                       clamped=rows.get("clamp_binds", pd.Series(0.0, index=rows.index)).fillna(0) > 0)
+    ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound", "state", "clamped"]].to_numpy(float).ravel()
             for s, g in rows.groupby("setting", sort=False)}  # fmt: skip
     groups = coinciding(ends)
     names = [" = ".join(dict.fromkeys(setting_name(rows[rows.setting == s].iloc[0], presets) for s in g))
@@ -182,8 +192,13 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
         for y, group in enumerate(groups):
             at = rows[(rows.setting == group[0]) & (rows.beta == beta)]
             _stops(ax, [y] * len(at), at, rows[rows.setting == group[0]].config.iloc[0], {}, "x")
+            clamped = len(at) and at.clamped.iloc[0]
             at = at[["beta_eff_ratio", "bound", "config"]].to_numpy()[0] if len(at) else (np.nan, np.nan, "")
             line = _draw_point(ax, y, float(at[0]), float(at[1]), at[2], "x")
+            if clamped:  # the dagger up right of the point, arrow or stop (at 0.03 of the panel: _stops)
+                xy, place = ((line.get_xdata()[0], y), ax.transData) if line else ((0.03, y), ax.get_yaxis_transform())
+                ax.plot(*xy, ls="", ms=6, marker=CLAMP_MARKER, color=config_colour(at[2]), label="_clamp",
+                        clip_on=False, transform=place + ScaledTranslation(5 / 72, 4 / 72, ax.figure.dpi_scale_trans))
             if line is not None and beta == betas[-1] and np.isfinite(float(at[0])):
                 quoted.append([f"{family}, {caption.design(names[y])}", caption.value(line, -1, ".2f", axis="x")])
         ax.set_gid("dots against a reference")  # each point read against 1 (the tests' rule)
@@ -285,7 +300,8 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     said = {c: "".join(f"\n(β = {b} coincide{where(c, on)})" for b, on in alike.get(c, {}).items()) for c in names}
     handles = [plt.Line2D([], [], color=config_colour(c), label="; ".join(n) + said[c], **marker_of(c))
                for c, n in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
-    encoding.legend_below(fig, handles + _mark_handles(), 4)
+    handles += _mark_handles(fig)
+    encoding.legend_below(fig, handles, -(-len(handles) // 3))  # three rows
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
     caption.add("**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
