@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib import patheffects, ticker
 from matplotlib.transforms import ScaledTranslation
 
-from klstudy.frameworks import presets_of  # not analysis.atlas, which imports torch
+from klstudy.frameworks import OFFERS, PRESETS, presets_of  # not analysis.atlas, which imports torch
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, as_math, finish, table
 from klstudy.report.figures.encoding import config_colour, key_handles, kl_label, marker_of, save, style_of, tag
@@ -153,8 +153,8 @@ def figure(points: pd.DataFrame, section: dict | None = None):
 
 
 def grid_figure(points: pd.DataFrame, section: dict | None = None):
-    """Per policy family, a panel per β (two a row): each KL configuration over the advantage normalisations and G.
-    Returns (figure, caption)."""
+    """Per policy family, a panel per β (two a row): each KL configuration of toy.atlas.configs over the advantage
+    normalisations and G. Returns (figure, caption)."""
     points, preset, betas, families = _selected(points, section)
     pairs, n = -(-len(betas) // 2), len(betas)
     fig = plt.figure(figsize=(encoding.FULL_WIDTH, encoding.MAX_HEIGHT), layout="constrained")
@@ -163,12 +163,19 @@ def grid_figure(points: pd.DataFrame, section: dict | None = None):
         row = _panels(fig, [spec[f * pairs + i // 2, k] for k in range(len(betas[i : i + 2]))])
         grid = points[~preset & (points.family == families[f])]
         _log_axis(row, "y", _grid_row(row, grid, families[f], betas[i : i + 2]))
-    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(fig), 3)
-    fig.suptitle("How strongly each KL configuration regularises: β_eff/β over normalisation and G (toy model, exact)")
+    encoding.legend_below(fig, key_handles(drawn := encoding.drawn_configs(fig), []) + _mark_handles(fig), 3)
+    fig.suptitle(f"How strongly {len(drawn)} KL configurations regularise: β_eff/β over normalisation and G "
+                 "(toy model, exact)")  # fmt: skip
+    shipped = {p.kl for p in PRESETS.values()} | {c for offers in OFFERS.values() for c, _ in offers}
+    named = [(c in shipped, kl_label(c)) for c in drawn]
     (caption := Caption()).add(
-        "**How strongly each KL configuration regularises over the advantage normalisations and group sizes G (toy "
-        "model of §3.3, exact).** β_eff/β per policy family and β, a line per configuration, broken between "
-        "normalisations (RLOO's update does not depend on G); below the dashed 1 weaker than asked.")
+        f"**How strongly {len(drawn)} KL configurations (config toy.atlas.configs) regularise over the advantage "
+        "normalisations and group sizes G (toy model of §3.3, exact)**: those the frameworks' presets and offers use ("
+        + ("; ".join(n for ship, n in named if ship) or "none") + ")" + "".join(
+            f", and {n}" for ship, n in named if not ship) + "; every other configuration is in the toy model's fixed "
+        "points (docs/toy). β_eff/β per policy family and β, a "
+        "line per configuration, broken between normalisations (RLOO's update does not depend on G); below the dashed "
+        "1 weaker than asked.")
     return fig, finish(fig, caption)
 
 
