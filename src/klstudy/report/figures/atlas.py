@@ -274,7 +274,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     panels = list(dict.fromkeys(zip(rows.family, rows.normalisation, strict=True)))
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(encoding.FULL_WIDTH, 3.6), squeeze=False, sharey=True,
                              layout="constrained")  # fmt: skip
-    caption, quoted, names, alike, shown = Caption(), [], {}, {}, {}  # alike: {configuration: {"0.3 and 1": axes}}
+    caption, quoted, alike, shown = Caption(), [], {}, {}  # alike: {configuration: {"0.3 and 1": axes}}
     for ax, (family, normalisation) in zip(axes[0], panels, strict=False):
         taken = {}
         mine = rows[(rows.family == family) & (rows.normalisation == normalisation)].assign(bound=lambda r: _bounds(r))
@@ -287,7 +287,6 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
             group = group.sort_values("T").assign(T=lambda g, k=k: g["T"] + encoding.dodge(k, len(lines), 0.4))
             first = group.iloc[0]
             name = setting_name(first, presets)
-            names.setdefault(first.config, []).append(name) if name not in names.get(first.config, []) else None
             line = tag(ax.plot(group["T"], group.beta_eff_ratio, markersize=3, label="_setting",
                                **style_of(first.config, beta))[0], first.config, beta)  # fmt: skip
             for t, bound in zip(group["T"], group.bound, strict=True):
@@ -304,17 +303,17 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     axes[0][0].set_ylabel("β_eff / β")
     _log_axis(list(axes[0]), "y")
     where = lambda c, on: "" if on.keys() == shown[c].keys() else ": " + "; ".join(ax.get_title() for ax in on)
-    said = {c: "".join(f"\n(β = {b} coincide{where(c, on)})" for b, on in alike.get(c, {}).items()) for c in names}
-    handles = [plt.Line2D([], [], color=config_colour(c), label="; ".join(n) + said[c], **marker_of(c))
-               for c, n in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
+    said = {c: "".join(f"\n(β = {b} coincide{where(c, on)})" for b, on in alike.get(c, {}).items()) for c in shown}
+    handles = [plt.Line2D([], [], color=config_colour(c), label=kl_label(c) + said[c], **marker_of(c))
+               for c in shown] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
     handles += _mark_handles(fig)
     encoding.legend_below(fig, handles, -(-len(handles) // 3))  # three rows
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
     caption.add("**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
         f"ceil({fraction} × T) ones in T tokens; below the dashed 1 a setup regularises more weakly than asked. A "
-        "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration) and "
-        "β (line style); where two β of a setting coincide, the legend says so.",
+        "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration; the "
+        "table names it) and β (line style); where two β of a setting coincide, the legend says so.",
         table(["panel", "setting", "β", *ENDS_OF_A_LINE], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 
