@@ -90,19 +90,16 @@ def _stops(ax, places, rows: pd.DataFrame, config: str, taken: dict, axis: str =
 
 
 def _mark_handles(fig) -> list:
-    """The legend's entries for the marks drawn in ``fig`` besides β_eff (MARK_WORDS: BOUND_MARKERS, _stops, the
-    clamp's †), each as drawn, in the order of MARK_WORDS."""
-    drawn = {line.get_marker() for ax in fig.axes for line in ax.get_lines()
-             if line.get_label() in ("_bound", "_stop", "_clamp")}
-    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for m, w in MARK_WORDS.items()
-            if m in drawn]
+    """The legend's entries for the marks besides β_eff (MARK_WORDS) that ``fig`` draws, each as drawn."""
+    drawn = {ln.get_marker() for ax in fig.axes for ln in ax.lines if ln.get_label() in ("_bound", "_stop", "_clamp")}
+    return [plt.Line2D([], [], color="0.3", ls="", marker=m, label=w) for m, w in MARK_WORDS.items() if m in drawn]
 
 
 def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
     """β_eff/β on one log scale for these panels, 1 and all drawn inside, the bottom ``room`` (a fraction) left."""
-    values = [1.0] + [v for ax in axes for line in ax.get_lines() if line.get_label() not in (
-        "_stop", "_clamp") for v in np.asarray(
-        line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float) if np.isfinite(v) and v > 0]  # fmt: skip
+    values = [1.0] + [v for ax in axes for ln in ax.lines if ln.get_label() not in ("_stop", "_clamp")  # on the edge
+                      for v in np.asarray(ln.get_ydata() if axis == "y" else ln.get_xdata(), dtype=float)
+                      if np.isfinite(v) and v > 0]  # fmt: skip
     high, lowest = max(values) * 1.6, min(values)
     low = min(lowest / 1.6, lowest / (high / lowest) ** (room / (1 - room)))
     subs = (1, 2, 5)[:: 1 + (axis == "x")] if high / low < (100 if room else 1000) else (1,)  # else decades
@@ -171,11 +168,10 @@ def grid_figure(points: pd.DataFrame, section: dict | None = None):
     (caption := Caption()).add(
         f"**How strongly {len(drawn)} KL configurations (config toy.atlas.configs) regularise over the advantage "
         "normalisations and group sizes G (toy model of §3.3, exact)**: those the frameworks' presets and offers use ("
-        + ("; ".join(n for ship, n in named if ship) or "none") + ")" + "".join(
-            f", and {n}" for ship, n in named if not ship) + "; every other configuration is in the toy model's fixed "
-        "points (docs/toy). β_eff/β per policy family and β, a "
-        "line per configuration, broken between normalisations (RLOO's update does not depend on G); below the dashed "
-        "1 weaker than asked.")
+        + ("; ".join(n for ship, n in named if ship) or "none") + ")" + "".join(f", and {n}" for ship, n in named
+        if not ship) + "; every other configuration is in the toy model's fixed points (docs/toy). β_eff/β per policy "
+        "family and β, a line per configuration, broken between normalisations (RLOO's update does not depend on G); "
+        "below the dashed 1 weaker than asked.")  # fmt: skip
     return fig, finish(fig, caption)
 
 
@@ -305,8 +301,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     where = lambda c, on: "" if on.keys() == shown[c].keys() else ": " + "; ".join(ax.get_title() for ax in on)
     said = {c: "".join(f"\n(β = {b} coincide{where(c, on)})" for b, on in alike.get(c, {}).items()) for c in shown}
     handles = [plt.Line2D([], [], color=config_colour(c), label=kl_label(c) + said[c], **marker_of(c))
-               for c in shown] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
-    handles += _mark_handles(fig)
+               for c in shown] + key_handles([], sorted(rows.beta.unique())) + _mark_handles(fig)  # fmt: skip
     encoding.legend_below(fig, handles, -(-len(handles) // 3))  # three rows
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
