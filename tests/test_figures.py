@@ -122,6 +122,26 @@ def test_the_length_figure_says_where_two_beta_lines_of_a_setting_coincide():
     plt.close("all")
 
 
+def test_the_atlas_legends_key_only_the_marks_drawn_and_the_presets_figure_marks_where_a_clamp_binds():
+    """On the shipped atlas table: each legend keys a mark besides β_eff (arrow, ▶ ✚ ×, †) exactly where a panel draws
+    it, with the marker drawn (← on the presets' horizontal axes); a † is drawn only where atlas.csv's clamp_binds is
+    above 0 (the table's †): none once no clamp binds."""
+    tables = ROOT / "docs/atlas/tables"
+    points, section = pd.read_csv(tables / "atlas.csv"), yaml.safe_load((tables / "config.yaml").read_text())
+    section = section["toy"]["atlas"]
+    marks, words = ("_bound", "_stop", "_clamp"), set(atlas_figures.MARK_WORDS.values())
+    for draw, other in ((atlas_figures.figure, "y"), (atlas_figures.grid_figure, "x")):
+        fig, _ = draw(points, section)
+        drawn = {ln.get_marker() for ax in fig.axes for ln in ax.lines if ln.get_label() in marks}
+        keyed = [h.get_marker() for h in fig.legends[0].legend_handles if h.get_label() in words]
+        assert drawn and sorted(keyed) == sorted(drawn) and atlas_figures.BOUND_MARKERS[other] not in keyed
+    fig, _ = atlas_figures.figure(points, section)
+    assert any(ln.get_label() == "_clamp" for ax in fig.axes for ln in ax.lines)
+    fig, _ = atlas_figures.figure(points.assign(clamp_binds=0.0), section)
+    assert not any(ln.get_label() == "_clamp" for ax in fig.axes for ln in ax.lines)
+    plt.close("all")
+
+
 @pytest.fixture(scope="module")
 def run():
     """A synthetic run of config.yaml: the on-policy study with two seeds, the others with one."""

@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib import patheffects, ticker
 from matplotlib.transforms import ScaledTranslation
 
-from klstudy.frameworks import presets_of  # not analysis.atlas, which imports torch
+from klstudy.frameworks import OFFERS, PRESETS, presets_of  # not analysis.atlas, which imports torch
 from klstudy.report.figures import encoding
 from klstudy.report.figures.captions import Caption, as_math, finish, table
 from klstudy.report.figures.encoding import config_colour, key_handles, kl_label, marker_of, save, style_of, tag
@@ -22,6 +22,10 @@ AXIS_NAMES = {"rloo": "RLOO", "mean": "− mean", "group_std": "÷ group std", "
               "whiten": "whitened"}  # fmt: skip
 GRID_FIGURE, LENGTH_FIGURE = "atlas_grid", "atlas_length"  # beside the atlas's presets (each PNG and caption, .md)
 BOUND_MARKERS = {"x": r"$\leftarrow$", "y": r"$\downarrow$"}  # no β_eff: below this bound
+CLAMP_MARKER = r"$\dagger$"  # beside an end point where the preset's clamp binds (the table's †, analysis/atlas.py)
+MARK_WORDS = {**dict.fromkeys(BOUND_MARKERS.values(), "no β_eff: below the bound"), **{m: w for w, m in
+              encoding.UNSETTLED_MARKERS.items()}, "x": "no β_eff, no bound",
+              CLAMP_MARKER: "† clamp binds: end point depends on the path"}  # fmt: skip
 # The length caption's two values of a line: β_eff/β where its first and last values are, not at T = 1 and the last T.
 ENDS_OF_A_LINE = ("at the first T with a value", "at the last T with a value")
 
@@ -65,7 +69,8 @@ def _draw_point(ax, at: float, ratio: float, bound: float, config: str, axis: st
     if taken is not None and not np.isfinite(ratio):
         k = taken[(round(at), "arrow")] = taken.get((round(at), "arrow"), -1) + 1
     line = ax.plot(*xy, linestyle="", markersize=5 if np.isfinite(ratio) else 8, color=config_colour(config),
-                   label="_point", transform=ax.transData + ScaledTranslation(0.06 * k, 0, ax.figure.dpi_scale_trans),
+                   label="_point" if np.isfinite(ratio) else "_bound",
+                   transform=ax.transData + ScaledTranslation(0.06 * k, 0, ax.figure.dpi_scale_trans),
                    **marker)[0]  # fmt: skip
     return tag(line, config, None, "marker") if np.isfinite(ratio) else line
 
@@ -84,16 +89,17 @@ def _stops(ax, places, rows: pd.DataFrame, config: str, taken: dict, axis: str =
                     marker=encoding.UNSETTLED_MARKERS.get(status, "x"), clip_on=False)[0], config, None, "band")
 
 
-def _mark_handles() -> list:
-    """The legend's entries for what a setup without a β_eff draws (BOUND_MARKERS, _stops)."""
-    marks = {"no β_eff: below the bound": BOUND_MARKERS["y"], **encoding.UNSETTLED_MARKERS, "no β_eff, no bound": "x"}
-    return [plt.Line2D([], [], color="0.3", linestyle="", marker=m, label=w) for w, m in marks.items()]
+def _mark_handles(fig) -> list:
+    """The legend's entries for the marks besides β_eff (MARK_WORDS) that ``fig`` draws, each as drawn."""
+    drawn = {ln.get_marker() for ax in fig.axes for ln in ax.lines if ln.get_label() in ("_bound", "_stop", "_clamp")}
+    return [plt.Line2D([], [], color="0.3", ls="", marker=m, label=w) for m, w in MARK_WORDS.items() if m in drawn]
 
 
 def _log_axis(axes: list, axis: str, room: float = 0.0) -> None:
     """β_eff/β on one log scale for these panels, 1 and all drawn inside, the bottom ``room`` (a fraction) left."""
-    values = [1.0] + [v for ax in axes for line in ax.get_lines() if line.get_label() != "_stop" for v in np.asarray(
-        line.get_ydata() if axis == "y" else line.get_xdata(), dtype=float) if np.isfinite(v) and v > 0]  # fmt: skip
+    values = [1.0] + [v for ax in axes for ln in ax.lines if ln.get_label() not in ("_stop", "_clamp")  # on the edge
+                      for v in np.asarray(ln.get_ydata() if axis == "y" else ln.get_xdata(), dtype=float)
+                      if np.isfinite(v) and v > 0]  # fmt: skip
     high, lowest = max(values) * 1.6, min(values)
     low = min(lowest / 1.6, lowest / (high / lowest) ** (room / (1 - room)))
     subs = (1, 2, 5)[:: 1 + (axis == "x")] if high / low < (100 if room else 1000) else (1,)  # else decades
@@ -133,7 +139,7 @@ def figure(points: pd.DataFrame, section: dict | None = None):
     for row, family in zip(axes, families, strict=True):
         _presets_row(row, points[preset & (points.family == family)], presets, betas, family, caption, quoted)
     _log_axis(list(axes.ravel()), "x")
-    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), 3)
+    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(fig), 3)
     fig.suptitle("How strongly each framework's preset regularises: β_eff/β (toy model, exact)")
     caption.add(
         "**How strongly each framework's KL setup regularises, as its code ships it (toy model of §3.3, exact).** "
@@ -144,8 +150,8 @@ def figure(points: pd.DataFrame, section: dict | None = None):
 
 
 def grid_figure(points: pd.DataFrame, section: dict | None = None):
-    """Per policy family, a panel per β (two a row): each KL configuration over the advantage normalisations and G.
-    Returns (figure, caption)."""
+    """Per policy family, a panel per β (two a row): each KL configuration of toy.atlas.configs over the advantage
+    normalisations and G. Returns (figure, caption)."""
     points, preset, betas, families = _selected(points, section)
     pairs, n = -(-len(betas) // 2), len(betas)
     fig = plt.figure(figsize=(encoding.FULL_WIDTH, encoding.MAX_HEIGHT), layout="constrained")
@@ -154,12 +160,18 @@ def grid_figure(points: pd.DataFrame, section: dict | None = None):
         row = _panels(fig, [spec[f * pairs + i // 2, k] for k in range(len(betas[i : i + 2]))])
         grid = points[~preset & (points.family == families[f])]
         _log_axis(row, "y", _grid_row(row, grid, families[f], betas[i : i + 2]))
-    encoding.legend_below(fig, key_handles(encoding.drawn_configs(fig), []) + _mark_handles(), 3)
-    fig.suptitle("How strongly each KL configuration regularises: β_eff/β over normalisation and G (toy model, exact)")
+    encoding.legend_below(fig, key_handles(drawn := encoding.drawn_configs(fig), []) + _mark_handles(fig), 3)
+    fig.suptitle(f"How strongly {len(drawn)} KL configurations regularise: β_eff/β over normalisation and G "
+                 "(toy model, exact)")  # fmt: skip
+    shipped = {p.kl for p in PRESETS.values()} | {c for offers in OFFERS.values() for c, _ in offers}
+    named = [(c in shipped, kl_label(c)) for c in drawn]
     (caption := Caption()).add(
-        "**How strongly each KL configuration regularises over the advantage normalisations and group sizes G (toy "
-        "model of §3.3, exact).** β_eff/β per policy family and β, a line per configuration, broken between "
-        "normalisations (RLOO's update does not depend on G); below the dashed 1 weaker than asked.")
+        f"**How strongly {len(drawn)} KL configurations (config toy.atlas.configs) regularise over the advantage "
+        "normalisations and group sizes G (toy model of §3.3, exact)**: those the frameworks' presets and offers use ("
+        + ("; ".join(n for ship, n in named if ship) or "none") + ")" + "".join(f", and {n}" for ship, n in named
+        if not ship) + "; every other configuration is in the toy model's fixed points (docs/toy). β_eff/β per policy "
+        "family and β, a line per configuration, broken between normalisations (RLOO's update does not depend on G); "
+        "below the dashed 1 weaker than asked.")  # fmt: skip
     return fig, finish(fig, caption)
 
 
@@ -172,8 +184,9 @@ def _panels(fig, cells) -> list:
 def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: str, caption: Caption, quoted: list):
     """A panel per β, a row per group of presets that end alike at every β, named on the left in its KL
     configuration's colour; adds to ``quoted`` the values at the largest β."""
-    rows = rows.assign(bound=_bounds(rows), state=pd.factorize(rows.status)[0])  # alike: in status too
-    ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound", "state"]].to_numpy(dtype=float).ravel()
+    rows = rows.assign(bound=_bounds(rows), state=pd.factorize(rows.status)[0],  # alike: in status and clamp too
+                       clamped=rows.get("clamp_binds", pd.Series(0.0, index=rows.index)).fillna(0) > 0)
+    ends = {s: g.sort_values("beta")[["beta_eff_ratio", "bound", "state", "clamped"]].to_numpy(float).ravel()
             for s, g in rows.groupby("setting", sort=False)}  # fmt: skip
     groups = coinciding(ends)
     names = [" = ".join(dict.fromkeys(setting_name(rows[rows.setting == s].iloc[0], presets) for s in g))
@@ -182,8 +195,13 @@ def _presets_row(axes, rows: pd.DataFrame, presets: dict, betas: list, family: s
         for y, group in enumerate(groups):
             at = rows[(rows.setting == group[0]) & (rows.beta == beta)]
             _stops(ax, [y] * len(at), at, rows[rows.setting == group[0]].config.iloc[0], {}, "x")
+            clamped = len(at) and at.clamped.iloc[0]
             at = at[["beta_eff_ratio", "bound", "config"]].to_numpy()[0] if len(at) else (np.nan, np.nan, "")
             line = _draw_point(ax, y, float(at[0]), float(at[1]), at[2], "x")
+            if clamped:  # the dagger up right of the point, arrow or stop (at 0.03 of the panel: _stops)
+                xy, place = ((line.get_xdata()[0], y), ax.transData) if line else ((0.03, y), ax.get_yaxis_transform())
+                ax.plot(*xy, ls="", ms=6, marker=CLAMP_MARKER, color=config_colour(at[2]), label="_clamp",
+                        clip_on=False, transform=place + ScaledTranslation(5 / 72, 4 / 72, ax.figure.dpi_scale_trans))
             if line is not None and beta == betas[-1] and np.isfinite(float(at[0])):
                 quoted.append([f"{family}, {caption.design(names[y])}", caption.value(line, -1, ".2f", axis="x")])
         ax.set_gid("dots against a reference")  # each point read against 1 (the tests' rule)
@@ -252,7 +270,7 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     panels = list(dict.fromkeys(zip(rows.family, rows.normalisation, strict=True)))
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(encoding.FULL_WIDTH, 3.6), squeeze=False, sharey=True,
                              layout="constrained")  # fmt: skip
-    caption, quoted, names, alike, shown = Caption(), [], {}, {}, {}  # alike: {configuration: {"0.3 and 1": axes}}
+    caption, quoted, alike, shown = Caption(), [], {}, {}  # alike: {configuration: {"0.3 and 1": axes}}
     for ax, (family, normalisation) in zip(axes[0], panels, strict=False):
         taken = {}
         mine = rows[(rows.family == family) & (rows.normalisation == normalisation)].assign(bound=lambda r: _bounds(r))
@@ -265,7 +283,6 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
             group = group.sort_values("T").assign(T=lambda g, k=k: g["T"] + encoding.dodge(k, len(lines), 0.4))
             first = group.iloc[0]
             name = setting_name(first, presets)
-            names.setdefault(first.config, []).append(name) if name not in names.get(first.config, []) else None
             line = tag(ax.plot(group["T"], group.beta_eff_ratio, markersize=3, label="_setting",
                                **style_of(first.config, beta))[0], first.config, beta)  # fmt: skip
             for t, bound in zip(group["T"], group.bound, strict=True):
@@ -282,16 +299,16 @@ def length_figure(length: pd.DataFrame, section: dict | None = None):
     axes[0][0].set_ylabel("β_eff / β")
     _log_axis(list(axes[0]), "y")
     where = lambda c, on: "" if on.keys() == shown[c].keys() else ": " + "; ".join(ax.get_title() for ax in on)
-    said = {c: "".join(f"\n(β = {b} coincide{where(c, on)})" for b, on in alike.get(c, {}).items()) for c in names}
-    handles = [plt.Line2D([], [], color=config_colour(c), label="; ".join(n) + said[c], **marker_of(c))
-               for c, n in names.items()] + key_handles([], sorted(rows.beta.unique()))  # fmt: skip
-    encoding.legend_below(fig, handles + _mark_handles(), 4)
+    said = {c: "".join(f"\n(β = {b} coincide{where(c, on)})" for b, on in alike.get(c, {}).items()) for c in shown}
+    handles = [plt.Line2D([], [], color=config_colour(c), label=kl_label(c) + said[c], **marker_of(c))
+               for c in shown] + key_handles([], sorted(rows.beta.unique())) + _mark_handles(fig)  # fmt: skip
+    encoding.legend_below(fig, handles, -(-len(handles) // 3))  # three rows
     fig.suptitle("How strongly each setup regularises against the answer's length T (toy model, exact)")
     fraction = caption.number(options.get("threshold_fraction", 0.75))
     caption.add("**β_eff/β against the answer's length T (toy model of §3.3, exact).** The reward is at least "
         f"ceil({fraction} × T) ones in T tokens; below the dashed 1 a setup regularises more weakly than asked. A "
-        "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration) and "
-        "β (line style); where two β of a setting coincide, the legend says so.",
+        "panel per policy family and advantage normalisation, a line per setting (colour: its KL configuration; the "
+        "table names it) and β (line style); where two β of a setting coincide, the legend says so.",
         table(["panel", "setting", "β", *ENDS_OF_A_LINE], quoted) if quoted else "")  # fmt: skip
     return fig, finish(fig, caption)
 

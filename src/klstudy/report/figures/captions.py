@@ -22,8 +22,7 @@ PIPELINE_CHECK = "Pipeline check, nothing testable at this scale: its claims pai
 
 
 def numbers_in(text: str) -> list[str]:
-    """The numbers a reader sees in a text ('−0.07', '15', '40%'), minus signs unified; digits inside names (K1,
-    pass@1, MATH500, π_θ) are not numbers."""
+    """The numbers a reader sees in text ('−0.07', '15', '40%'), minus signs unified; not digits in names (K1, π_θ)."""
     return [n.replace("−", "-") for n in NUMBER.findall(text)]
 
 

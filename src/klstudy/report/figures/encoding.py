@@ -196,8 +196,7 @@ def save(png: Path, fig, caption: str | None = None) -> None:
 
 
 def key_handles(kls: list[str], betas: list[float]) -> list:
-    """A legend that keys colour and line style apart: one entry per configuration (its colour and marker, solid)
-    and one per β (its line style, grey)."""
+    """A legend keying colour and line style apart: an entry per configuration (colour, marker) and per β (grey)."""
     handles = [tag(plt.Line2D([], [], **{**style_of(kl), "linestyle": "-"}, label=kl_label(kl)), kl, None, "marker")
                for kl in kls]  # fmt: skip
     handles += [tag(plt.Line2D([], [], color="0.3", linestyle=beta_linestyle(b), label=f"β = {b:g}"), NO_KL, b, "key")

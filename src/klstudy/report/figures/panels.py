@@ -283,9 +283,8 @@ def kl_vs_beta_panel(ax, panel: dict, config: dict, tables: dict) -> Drawn:
 
 def smoothed_series(ax, rows: pd.DataFrame, column: str, window: int, each_seed: bool = True) -> list:
     """Per configuration × β: each seed's steps as logged (thin; not ``each_seed``: its end a dot), and the trailing
-    mean over ``window`` steps averaged over seeds (thick; its last point is the runs' final value,
-    aggregate.trailing_mean), markers at steps staggered per series so that lines on top of each other show. Returns
-    [(label, thick line, seeds)]."""
+    mean over ``window`` steps averaged over seeds (thick; its last point the runs' final value, trailing_mean),
+    markers at steps staggered per series so that lines on top of each other show. Returns [(label, thick, seeds)]."""
     drawn = []
     groups = list(rows.groupby(["kl", "beta"], sort=False))
     for i, ((kl_config, beta), runs) in enumerate(groups):
@@ -346,8 +345,7 @@ def share_y(axes, drawn: list[Drawn]) -> None:
 
 
 def async_text(train: dict) -> str:
-    """With a lag k the batch trained at step t was sampled at max(0, t − k) (trainer.py): the first k + 1 steps
-    train on the reference's own samples."""
+    """With a lag k step t trains on samples of step max(0, t − k) (trainer.py): the first k + 1 on the reference's."""
     k = train.get("async_level", 0)
     return (f"With a lag of {k} steps the first {k + 1} steps train on the reference's own samples, so "
             "KL(π_sampling‖π_ref) is 0 there." if k else "")  # fmt: skip

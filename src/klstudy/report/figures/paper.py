@@ -138,8 +138,7 @@ def draw_paper_figure(name: str, config: dict, tables: dict, claims: pd.DataFram
 
 
 def _legend(kept, config: dict) -> list:
-    """Each configuration (colour and marker) and each β (line style; bars: hatching) once, then what else is drawn
-    (base model, chance, seeds, rings)."""
+    """Each configuration (colour, marker) and β (line style, hatching) once, then base, chance, seeds, rings."""
     kls, betas, labelled = [], [], {}
     for ax, panel, _, _ in kept:
         spec = config["studies"][panel["study"]]

@@ -20,8 +20,7 @@ EXACT = ("fig01_toy_bias_variance", "toy_fixed_points", "atlas", "atlas_grid", "
 
 def readme(config: dict, drawn: list[str] | None = None, link: str | None = None) -> str:
     """A run's figures/README.md: the conventions (or, ``link``ed, a pointer to them), then its figures as results
-    and as pipeline checks (``drawn``: those of a shipped folder; default: every figure the config draws), and the
-    studies with no training figure."""
+    and as pipeline checks (``drawn``: a shipped folder's; default: all the config draws), studies with no figure."""
     if drawn is None:
         drawn = [*config.get("figures", {}), *[Path(t).name for t in training_figures(config)],
                  *[Path(t).name for t in claims_figures(config)]]  # fmt: skip

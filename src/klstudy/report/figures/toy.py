@@ -130,8 +130,7 @@ def _bias_panel(ax, rows: pd.DataFrame) -> None:
 
 def draw_toy_fixed_points(points: pd.DataFrame, fronts: pd.DataFrame, agreed: pd.DataFrame, section: dict):
     """A reward–KL panel per policy family (the optimum over β, each configuration's end points), then the Monte Carlo
-    seeds' KL over the exact end points'. Configurations that end alike in every family share a line and one name.
-    Returns (figure, caption)."""
+    seeds' KL over the exact end points'. Configurations ending alike in every family share a line, named together."""
     families = list(dict.fromkeys(points.family))
     ends = {c: g.sort_values(["family", "beta"])[["beta", "kl", "reward"]].to_numpy(dtype=float).ravel()
             for c, g in points.groupby("config", sort=False)}  # fmt: skip
