@@ -232,6 +232,12 @@ def test_flags_that_cannot_be_combined_are_refused_before_computing():
         assert done.returncode != 0 and said in done.stderr, done.stderr
 
 
+
+def test_run_outside_the_repository_it_says_where_the_config_was_looked_for(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "klstudy", "explain", "--framework", "TRL", "--version", "1.16.0"],
+                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert done.returncode != 0 and "no config.yaml here" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
 @pytest.mark.parametrize(
     "framework, version, words, expected",
     [("verl", "0.7.0", ["algorithm.use_kl_in_reward=True", "actor_rollout_ref.rollout.n=5"],

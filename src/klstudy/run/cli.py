@@ -137,6 +137,8 @@ def _explain(args) -> None:
             spec = explain.Setting.of_preset(args.preset, args.beta)
     except ValueError as error:
         raise SystemExit(f"klstudy explain: {error}") from None
+    if not Path(args.config).is_file():  # the toy's settings are the config's: say where it was looked for
+        raise SystemExit(f"klstudy explain: no {args.config} here: run it in the repository's root, or give --config")
     toy = validate_config(yaml.safe_load(Path(args.config).read_text()))["toy"]
     import torch
 
