@@ -166,11 +166,11 @@ def grid_figure(points: pd.DataFrame, section: dict | None = None):
     shipped = {p.kl for p in PRESETS.values()} | {c for offers in OFFERS.values() for c, _ in offers}
     named = [(c in shipped, kl_label(c)) for c in drawn]
     (caption := Caption()).add(
-        f"**How strongly {len(drawn)} KL configurations (config toy.atlas.configs) regularise over the advantage "
-        "normalisations and group sizes G (toy model of §3.3, exact)**: those the frameworks' presets and offers use ("
-        + ("; ".join(n for ship, n in named if ship) or "none") + ")" + "".join(f", and {n}" for ship, n in named
-        if not ship) + "; every other configuration is in the toy model's fixed points (docs/toy). β_eff/β per policy "
-        "family and β, a line per configuration, broken between normalisations (RLOO's update does not depend on G); "
+        f"**How strongly {len(drawn)} KL configurations (config toy.atlas.configs) regularise under four advantage "
+        "normalisations and group sizes G (toy model of §3.3, exact)**: of them, presets or offers use (" + ("; ".join(
+        n for ship, n in named if ship) or "none") + ")" + "".join(f", not {n}" for ship, n in named if not ship) + "; "
+        "the presets' other settings: the presets' figure; every configuration: the toy's fixed points. β_eff/β per "
+        "policy family and β, a line per configuration, broken between normalisations (RLOO's does not depend on G); "
         "below the dashed 1 weaker than asked.")  # fmt: skip
     return fig, finish(fig, caption)
 
