@@ -122,7 +122,7 @@ PRESETS = {
         note="the default KL",
         is_default=True,
         modelled="its default `--algo.advantage.estimator gae` (PPO with a critic) is outside the toy; modelled: "
-        "`group_norm`, G = 8, as its GRPO script",
+        "`group_norm`, G = 8, as its GRPO script, less its `--algo.kl.use_loss` (K3 in the loss)",
     ),
     "openrlhf-0.11-reinforce-baseline": Preset(
         "OpenRLHF", "0.11.0",
